@@ -1,0 +1,66 @@
+"""Warehouse layout: every stage's output under a deterministic path (DESIGN section 5).
+
+A retried task overwrites its own output, so every path is a pure function of
+(source or target, epoch, ...). Defined here once; nothing else builds these strings.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlparse
+
+
+class Warehouse:
+    def __init__(self, uri: str):
+        self.uri = uri.rstrip("/")
+
+    def _join(self, *parts: str) -> str:
+        return "/".join([self.uri, *parts])
+
+    # --- source side
+    def records(self, source: str, epoch: int | None = None) -> str:
+        """Canonical records as Parquet, partitioned ``epoch=/server=``."""
+        base = self._join("records", f"source={source}")
+        return base if epoch is None else f"{base}/epoch={epoch}"
+
+    def quarantine(self, source: str, epoch: int) -> str:
+        return self._join("quarantine", f"source={source}", f"epoch={epoch}")
+
+    def cursors(self, source: str) -> str:
+        """Consumer cursors: one JSON file per consumer (target)."""
+        return self._join("cursors", f"source={source}")
+
+    def cursor(self, source: str, consumer: str) -> str:
+        return f"{self.cursors(source)}/{consumer}.json"
+
+    # --- target side
+    def snapshot(self, target: str, epoch: int) -> str:
+        return self._join("snapshots", f"target={target}", f"epoch={epoch}")
+
+    def snapshots(self, target: str) -> str:
+        return self._join("snapshots", f"target={target}")
+
+    def changes(self, target: str, epoch: int) -> str:
+        """The net change set of ``epoch`` for ``target``."""
+        return self._join("changes", f"target={target}", f"epoch={epoch}")
+
+    def plan(self, target: str, epoch: int) -> str:
+        return self._join("plans", f"target={target}", f"epoch={epoch}")
+
+    def undo(self, target: str, epoch: int) -> str:
+        return self._join("undo", f"target={target}", f"epoch={epoch}")
+
+    def stats(self, target: str, epoch: int) -> str:
+        return self._join("stats", f"target={target}", f"epoch={epoch}.json")
+
+    def stats_dir(self, target: str) -> str:
+        return self._join("stats", f"target={target}")
+
+
+def local_path(uri: str) -> str:
+    """The local path of a ``file://`` URI (or a plain path); others raise ValueError."""
+    if "://" not in uri:
+        return uri
+    u = urlparse(uri)
+    if u.scheme != "file":
+        raise ValueError(f"not a local warehouse URI: {uri}")
+    return u.path
