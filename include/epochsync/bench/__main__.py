@@ -1,0 +1,21 @@
+"""``python -m epochsync.bench NAME [args]``: run one benchmark."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from epochsync.bench import BENCHMARKS
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in BENCHMARKS:
+        print(f"usage: python -m epochsync.bench {{{','.join(BENCHMARKS)}}} [options]", file=sys.stderr)
+        return 2
+    module = importlib.import_module(BENCHMARKS[argv[0]])
+    return int(module.main(argv[1:]) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
