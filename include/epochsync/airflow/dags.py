@@ -1,0 +1,295 @@
+"""The DAG factory: one epoch DAG per (source, target), one hydrate DAG per target, one purge DAG per source.
+
+``dags/*.py`` call :func:`dags_from_env` with their markdown docstring; everything
+is declared from the YAML config named by ``$EPOCHSYNC_CONFIG``. Parsing reads only
+that small local file: no store, no Spark, no network at parse time.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from airflow.sdk import DAG, Param
+from airflow.task.trigger_rule import TriggerRule
+
+from epochsync.airflow.submit import EpochSparkSubmitOperator, package_zip
+from epochsync.airflow.tasks import EPOCHS_TASK, EpochClosedSensor, commit_task, config_path_from_env, rollback_task
+from epochsync.airflow.timetable import EpochTimetable
+from epochsync.config import Config, SourceConfig, TargetConfig, load_config
+
+log = logging.getLogger(__name__)
+
+EPOCH_TASKS = ("wait_epoch_closed", "ingest", "merge", "translate", "apply", "verify", "commit", "rollback")
+#: idempotent stages that only write their own warehouse output: safe to retry on a transient error.
+#: apply, verify and commit are not retried: their failure means rollback.
+TRANSIENT_STAGES = ("ingest", "merge", "translate")
+
+_FIRST = "{{ ti.xcom_pull(task_ids='" + EPOCHS_TASK + "')['first'] }}"
+_THROUGH = "{{ ti.xcom_pull(task_ids='" + EPOCHS_TASK + "')['through'] }}"
+_WHOLE_FILE = "{{ '--whole-file' if ti.xcom_pull(task_ids='" + EPOCHS_TASK + "')['whole_file'] else '' }}"
+_DRY_RUN = "{{ '--dry-run' if ti.xcom_pull(task_ids='" + EPOCHS_TASK + "')['dry_run'] else '' }}"
+
+
+def epoch_dag_id(source: str, target: str) -> str:
+    return f"epochsync__{source}__{target}"
+
+
+def hydrate_dag_id(target: str) -> str:
+    return f"epochsync_hydrate__{target}"
+
+
+def purge_dag_id(source: str) -> str:
+    return f"epochsync_purge__{source}"
+
+
+def _macros() -> dict:
+    # rendered on the worker when a task starts, never at parse time
+    return {"epochsync_package_zip": package_zip}
+
+
+def _conn_ids(source: SourceConfig, target: TargetConfig | None = None) -> list[str]:
+    ids = [source.store.conn_id, source.changelogs.conn_id]
+    if target is not None:
+        ids.append(target.conn_id)
+    return [i for i in ids if i]
+
+
+def _target_where(t: TargetConfig) -> str:
+    if t.kind == "s3":
+        return f"`s3://{t.bucket}/{t.prefix}` (connection `{t.conn_id}`)"
+    return f"`{t.path}`"
+
+
+def build_epoch_dag(
+    config: Config, source: SourceConfig, target: TargetConfig, *, doc_md: str = "", catchup: bool = True
+) -> DAG:
+    """``epochsync__<source>__<target>``: one run per epoch, wait → ingest → … → commit, rollback on failure."""
+    cfg = config.file
+    interval = source.epoch.interval_s
+    doc = (
+        f"{doc_md.strip()}\n\n"
+        f"### This DAG\n\n"
+        f"| | |\n|---|---|\n"
+        f"| source | `{source.name}`: servers {', '.join(f'`{s}`' for s in source.servers)}; "
+        f"changelogs `{source.changelogs.uri}` ({source.changelogs.format}) |\n"
+        f"| target | `{target.name}` ({target.kind}) at {_target_where(target)} |\n"
+        f"| epochs | every {EpochTimetable(source.epoch.start, interval).summary} |\n"
+        f"| config | `{cfg}` |\n"
+        f"| warehouse | `{config.warehouse}` |\n"
+    )
+    dag = DAG(
+        dag_id=epoch_dag_id(source.name, target.name),
+        description=f"replicate {source.name} into {target.name}, one epoch per run",
+        doc_md=doc,
+        schedule=EpochTimetable(source.epoch.start, interval),
+        start_date=source.epoch.start,
+        catchup=catchup,
+        max_active_runs=1,
+        tags=["epochsync", f"source:{source.name}", f"target:{target.name}"],
+        user_defined_macros=_macros(),
+        default_args={
+            "owner": "epochsync",
+            "depends_on_past": True,
+            "retries": 0,
+        },
+        params={
+            "epoch": Param(
+                None,
+                type=["null", "integer"],
+                minimum=1,
+                title="epoch",
+                description="Epoch to replicate; empty = the epoch of the run's data interval.",
+            ),
+            "dry_run": Param(
+                False,
+                type="boolean",
+                description="Plan only: stop after translate and print the plan summary in its log.",
+            ),
+            "whole_file": Param(
+                False,
+                type="boolean",
+                description="Pull every changed file whole instead of only its modified extents.",
+            ),
+            "max_epochs_per_run": Param(
+                1,
+                type="integer",
+                minimum=1,
+                description="Catch up: merge up to this many closed epochs after the committed one and "
+                "commit at the last boundary.",
+            ),
+        },
+    )
+    with dag:
+        wait = EpochClosedSensor(
+            task_id="wait_epoch_closed",
+            config_path=cfg,
+            source=source.name,
+            target=target.name,
+            poke_interval=max(5.0, min(60.0, interval / 10)),
+            # an epoch that does not close within a few intervals means a server is down
+            timeout=max(600.0, 3 * interval),
+            doc_md="Waits for every server's `EPOCH` record of the run's epoch; names the missing ones on timeout.",
+        )
+
+        def stage(name: str, args: list[str], **kw) -> EpochSparkSubmitOperator:
+            retry = name in TRANSIENT_STAGES
+            return EpochSparkSubmitOperator(
+                task_id=name,
+                stage=name,
+                conn_ids=_conn_ids(source, None if name == "ingest" else target),
+                application_args=args,
+                py_files="{{ epochsync_package_zip() }}",
+                retries=2 if retry else 0,
+                retry_delay=timedelta(seconds=30),
+                retry_exponential_backoff=retry,
+                **kw,
+            )
+
+        common = ["--config", cfg, "--epoch", _FIRST, "--through", _THROUGH]
+        tgt = ["--target", target.name]
+        ingest = stage("ingest", [*common, "--source", source.name])
+        merge = stage("merge", [*common, *tgt, _WHOLE_FILE])
+        translate = stage("translate", [*common, *tgt, _WHOLE_FILE, _DRY_RUN])
+        apply = stage("apply", [*common, *tgt, _WHOLE_FILE], skip_in_dry_run=True)
+        verify = stage("verify", [*common, *tgt], skip_in_dry_run=True)
+        from airflow.providers.standard.operators.python import PythonOperator
+
+        commit = PythonOperator(
+            task_id="commit",
+            python_callable=commit_task,
+            op_kwargs={"config_path": cfg, "target": target.name},
+            doc_md="Writes the target manifest at the run's last epoch (last, atomically) and advances cursors.",
+        )
+        rollback = PythonOperator(
+            task_id="rollback",
+            python_callable=rollback_task,
+            op_kwargs={"config_path": cfg, "target": target.name},
+            trigger_rule=TriggerRule.ONE_FAILED,
+            # rollback is idempotent and resumable: a transient error is retried
+            retries=2,
+            retry_delay=timedelta(seconds=10),
+            doc_md="Runs only if apply, verify or commit failed: replays the undo journal, then fails the run.",
+        )
+        wait >> ingest >> merge >> translate >> apply >> verify >> commit
+        [apply, verify, commit] >> rollback
+    return dag
+
+
+def build_hydrate_dag(config: Config, target: TargetConfig, *, doc_md: str = "") -> DAG:
+    """``epochsync_hydrate__<target>``: seed the target from a source dump at a closed epoch (manual)."""
+    from epochsync.airflow.hydrate import hydrate_task
+
+    source = config.source_of(target)
+    dag = DAG(
+        dag_id=hydrate_dag_id(target.name),
+        description=f"seed {target.name} from a {source.name} namespace dump at a closed epoch",
+        doc_md=f"{doc_md.strip()}\n\n### This DAG\n\nTarget `{target.name}` ({target.kind}) at "
+        f"{_target_where(target)}, from source `{source.name}`; config `{config.file}`.\n",
+        schedule=None,
+        start_date=source.epoch.start,
+        catchup=False,
+        max_active_runs=1,
+        tags=["epochsync", "hydrate", f"target:{target.name}"],
+        default_args={"owner": "epochsync", "retries": 0},
+        params={
+            "epoch": Param(
+                None,
+                type=["null", "integer"],
+                minimum=1,
+                description="Closed epoch whose snapshot/epoch=E/ dump seeds the target; empty = the latest dump.",
+            ),
+            "dump_uri": Param(
+                "",
+                type="string",
+                description="Where the source publishes snapshot/epoch=E/ dumps (file:// or s3://); "
+                "empty = next to the changelogs.",
+            ),
+            "force": Param(False, type="boolean", description="Overwrite a target that is ahead of the dump."),
+        },
+    )
+    with dag:
+        from airflow.providers.standard.operators.python import PythonOperator
+
+        PythonOperator(
+            task_id="hydrate",
+            python_callable=hydrate_task,
+            op_kwargs={"config_path": config.file, "target": target.name},
+            doc_md="Full-object copies of every file in the dump, then the manifest at E.",
+        )
+    return dag
+
+
+def build_purge_dag(config: Config, source: SourceConfig, *, doc_md: str = "") -> DAG:
+    """``epochsync_purge__<source>``: drop changelogs and records below every consumer's cursor."""
+    from epochsync.airflow.purge import purge_task
+
+    dag = DAG(
+        dag_id=purge_dag_id(source.name),
+        description=f"purge {source.name} changelogs and records every consumer has applied",
+        doc_md=f"{doc_md.strip()}\n\n### This DAG\n\nSource `{source.name}`, changelogs "
+        f"`{source.changelogs.uri}`, retention {source.retention.epochs} epochs, idle limit "
+        f"{source.retention.idle_limit_s:g}s; consumers: "
+        f"{', '.join(f'`{t.name}`' for t in config.targets if t.source == source.name) or 'none'}.\n",
+        schedule=timedelta(seconds=max(3600.0, source.epoch.interval_s)),
+        start_date=source.epoch.start,
+        catchup=False,
+        max_active_runs=1,
+        tags=["epochsync", "purge", f"source:{source.name}"],
+        default_args={"owner": "epochsync", "retries": 1, "retry_delay": timedelta(minutes=5)},
+        params={"dry_run": Param(False, type="boolean", description="List what would be deleted, delete nothing.")},
+    )
+    with dag:
+        from airflow.providers.standard.operators.python import PythonOperator
+
+        PythonOperator(
+            task_id="purge",
+            python_callable=purge_task,
+            op_kwargs={"config_path": config.file, "source": source.name},
+            doc_md="Deletes below the minimum cursor and past retention; fails if a consumer blocks purging.",
+        )
+    return dag
+
+
+def build_dags(config: Config, *, docs: dict[str, str] | None = None, catchup: bool = True) -> dict[str, DAG]:
+    """Every DAG of the config, by dag_id."""
+    docs = docs or {}
+    out: dict[str, DAG] = {}
+    for t in config.targets:
+        src = config.source_of(t)
+        d = build_epoch_dag(config, src, t, doc_md=docs.get("epoch", ""), catchup=catchup)
+        out[d.dag_id] = d
+        h = build_hydrate_dag(config, t, doc_md=docs.get("hydrate", ""))
+        out[h.dag_id] = h
+    for s in config.sources:
+        p = build_purge_dag(config, s, doc_md=docs.get("purge", ""))
+        out[p.dag_id] = p
+    return out
+
+
+def dags_from_env(kind: str, doc_md: str) -> dict[str, DAG]:
+    """The DAGs of one kind (``epoch``, ``hydrate``, ``purge``) for ``$EPOCHSYNC_CONFIG``; none if unset."""
+    import os
+
+    path = config_path_from_env()
+    if not path:
+        log.warning("EPOCHSYNC_CONFIG is not set: no epochsync DAGs")
+        return {}
+    config = load_config(path)
+    catchup = os.environ.get("EPOCHSYNC_CATCHUP", "true").lower() not in ("0", "false", "no")
+    out: dict[str, DAG] = {}
+    if kind == "epoch":
+        for t in config.targets:
+            d = build_epoch_dag(config, config.source_of(t), t, doc_md=doc_md, catchup=catchup)
+            out[d.dag_id] = d
+    elif kind == "hydrate":
+        for t in config.targets:
+            d = build_hydrate_dag(config, t, doc_md=doc_md)
+            out[d.dag_id] = d
+    elif kind == "purge":
+        for s in config.sources:
+            d = build_purge_dag(config, s, doc_md=doc_md)
+            out[d.dag_id] = d
+    else:
+        raise ValueError(f"unknown DAG kind {kind!r}: expected epoch, hydrate or purge")
+    return out

@@ -1,0 +1,205 @@
+"""What the epoch DAG's Python tasks do: resolve the run's epochs, wait for closure, commit, roll back.
+
+The functions here are thin adapters over the package's stage functions (the
+same ones ``epochsync replicate`` calls); heavy modules are imported inside them.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any
+
+from airflow.sdk import BaseSensorOperator, PokeReturnValue
+
+from epochsync.airflow.timetable import epoch_of_interval
+from epochsync.config import Config, load_config
+from epochsync.errors import EpochError
+
+#: the XCom the sensor publishes and every later task templates from
+EPOCHS_TASK = "wait_epoch_closed"
+
+
+@dataclass(frozen=True)
+class RunEpochs:
+    """The epochs one DAG run replicates: ``first..through`` inclusive, committed at ``through``."""
+
+    first: int
+    through: int
+    dry_run: bool = False
+    whole_file: bool = False
+
+    def as_xcom(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def resolve_run_epochs(
+    *,
+    start: datetime,
+    interval_s: float,
+    params: dict[str, Any],
+    data_interval_end: datetime | None,
+    committed: int | None = None,
+) -> RunEpochs:
+    """The epochs of a run: ``params.epoch`` if given, else the epoch of the run's data interval.
+
+    With ``max_epochs_per_run = N > 1`` the run catches up: it merges the epochs after
+    the target's committed one (at most N) and commits at the last boundary.
+    """
+    epoch = params.get("epoch")
+    if epoch in (None, ""):
+        if data_interval_end is None:
+            raise EpochError("this run has no data interval and no 'epoch' param: trigger it with {'epoch': E}")
+        epoch = epoch_of_interval(start, interval_s, data_interval_end)
+    try:
+        epoch = int(epoch)
+    except (TypeError, ValueError):
+        raise EpochError(f"param 'epoch' must be a whole number, got {epoch!r}") from None
+    if epoch < 1:
+        raise EpochError(f"param 'epoch' must be 1 or more (epoch 0 is the empty target), got {epoch}")
+    most = int(params.get("max_epochs_per_run") or 1)
+    if most < 1:
+        raise EpochError(f"param 'max_epochs_per_run' must be 1 or more, got {most}")
+    first = epoch
+    if most > 1 and committed is not None and committed < epoch:
+        first = max(committed + 1, epoch - most + 1)
+    return RunEpochs(first, epoch, bool(params.get("dry_run")), bool(params.get("whole_file")))
+
+
+def missing_epoch_servers(config: Config, source: str, epoch: int) -> list[str]:
+    """Servers of ``source`` that have not yet written an ``EPOCH`` record for ``epoch`` or later."""
+    from epochsync.ingest import missing_epoch_servers as missing
+
+    return sorted(missing(config, source, epoch))
+
+
+def committed_epoch(config: Config, target: str) -> int:
+    """The epoch in the target's manifest (0 for an empty target)."""
+    from epochsync.pipeline import committed_epoch as committed
+
+    return int(committed(config, target))
+
+
+class EpochClosedSensor(BaseSensorOperator):
+    """Waits until every server of the source has closed the run's epoch; publishes the run's epochs.
+
+    Reschedule mode by default (no worker slot held while waiting). On timeout the
+    task fails with the servers still missing their ``EPOCH`` record, by name.
+    """
+
+    template_fields = ("config_path",)
+
+    def __init__(self, *, config_path: str, source: str, target: str, **kwargs):
+        kwargs.setdefault("mode", "reschedule")
+        super().__init__(**kwargs)
+        self.config_path = config_path
+        self.source = source
+        self.target = target
+        self._missing: list[str] = []
+        self._epochs: RunEpochs | None = None
+
+    def poke(self, context) -> PokeReturnValue:
+        config = load_config(self.config_path)
+        src = config.source(self.source)
+        params = dict(context["params"])
+        committed = None
+        if int(params.get("max_epochs_per_run") or 1) > 1:
+            committed = committed_epoch(config, self.target)
+        epochs = resolve_run_epochs(
+            start=src.epoch.start,
+            interval_s=src.epoch.interval_s,
+            params=params,
+            data_interval_end=context.get("data_interval_end"),
+            committed=committed,
+        )
+        self._epochs = epochs
+        # E closed implies every earlier epoch closed: checking the last is enough
+        self._missing = missing_epoch_servers(config, self.source, epochs.through)
+        if self._missing:
+            self.log.info(
+                "epoch %d of %s not closed yet: waiting for EPOCH records from %s",
+                epochs.through,
+                self.source,
+                ", ".join(self._missing),
+            )
+            return PokeReturnValue(is_done=False)
+        self.log.info(
+            "epoch %d of %s is closed; this run replicates epochs %d..%d into %s%s",
+            epochs.through,
+            self.source,
+            epochs.first,
+            epochs.through,
+            self.target,
+            " (dry run: stops after translate)" if epochs.dry_run else "",
+        )
+        return PokeReturnValue(is_done=True, xcom_value=epochs.as_xcom())
+
+    def execute(self, context):
+        from airflow.sdk.exceptions import AirflowSensorTimeout
+
+        try:
+            return super().execute(context)
+        except AirflowSensorTimeout as exc:
+            epoch = self._epochs.through if self._epochs else "?"
+            raise AirflowSensorTimeout(
+                f"epoch {epoch} of source {self.source!r} did not close within {self.timeout:.0f}s: "
+                f"servers still missing their EPOCH record: {', '.join(self._missing) or '(unknown)'}; "
+                f"check that their changelog readers run and publish to the changelog URI ({exc})"
+            ) from exc
+
+
+def commit_task(config_path: str, target: str, ti=None, **_):
+    """The ``commit`` task: manifest at the run's last epoch, consumer cursors advanced, stats row."""
+    from epochsync.pipeline import commit_epoch
+
+    epochs = ti.xcom_pull(task_ids=EPOCHS_TASK)
+    if epochs.get("dry_run"):
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        raise AirflowSkipException("dry run: nothing to commit")
+    config = load_config(config_path)
+    result = commit_epoch(config, target, epochs["first"], epochs["through"])
+    return _jsonable(result)
+
+
+def rollback_task(config_path: str, target: str, ti=None, **_):
+    """The ``rollback`` task: undo the failed epoch, then fail the run on purpose.
+
+    Runs only when apply, verify or commit failed (trigger rule ``one_failed``). The
+    rollback leaves the target exactly at its last committed epoch; this task then
+    ends failed (without retry) so the run shows red and ``depends_on_past`` holds the
+    next epoch back until the operator retries this one.
+    """
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from epochsync.pipeline import rollback_epoch
+
+    epochs = ti.xcom_pull(task_ids=EPOCHS_TASK) or {}
+    config = load_config(config_path)
+    result = rollback_epoch(config, target, epochs.get("through"))
+    ti.xcom_push(key="rollback", value=_jsonable(result))
+    back_at = committed_epoch(config, target)
+    raise AirflowFailException(
+        f"epoch {epochs.get('through', '?')} of target {target!r} failed in apply, verify or commit "
+        f"(see those tasks' logs); rolled back: the target is at epoch {back_at} again. "
+        f"Fix the cause, then clear this run's failed tasks (or trigger the epoch again) to retry."
+    )
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "__dataclass_fields__"):
+        return _jsonable(asdict(value))
+    return str(value)
+
+
+def config_path_from_env() -> str | None:
+    """``$EPOCHSYNC_CONFIG`` made absolute (tasks may run in another working directory)."""
+    path = os.environ.get("EPOCHSYNC_CONFIG")
+    return os.path.abspath(path) if path else None

@@ -1,0 +1,163 @@
+"""``EpochTimetable``: one DAG run per epoch of a source.
+
+Epoch E covers ``[start + (E-1)*interval, start + E*interval)`` (``EpochConfig.window``).
+A run's data interval is exactly that window and it is scheduled when the window
+ends (the ``wait_epoch_closed`` sensor then waits for every server's ``EPOCH``
+record). The epoch number is a pure function of the data interval
+(:func:`epoch_of_interval`), so tasks get it from the run's data interval, or from
+the ``epoch`` param on a manual run.
+
+Registered through the plugin in ``plugins/epochsync_plugin.py`` so the scheduler
+can deserialize it.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from airflow.timetables.base import DagRunInfo, DataInterval, Timetable
+
+
+def _as_utc(dt: datetime) -> datetime:
+    import pendulum
+
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return pendulum.instance(dt).in_timezone("UTC")
+
+
+def epoch_window(start: datetime, interval_s: float, epoch: int) -> tuple[datetime, datetime]:
+    """The ``[begin, end)`` window of ``epoch`` (same arithmetic as ``EpochConfig.window``)."""
+    step = timedelta(seconds=interval_s)
+    start = _as_utc(start)
+    return start + (epoch - 1) * step, start + epoch * step
+
+
+def last_closed_epoch(start: datetime, interval_s: float, when: datetime) -> int:
+    """The highest epoch whose window has ended at ``when`` (0 if none has)."""
+    elapsed = (_as_utc(when) - _as_utc(start)).total_seconds()
+    # a tiny tolerance: float seconds of a boundary that is exact in microseconds
+    return max(0, math.floor(elapsed / interval_s + 1e-9))
+
+
+def first_epoch_at_or_after(start: datetime, interval_s: float, when: datetime) -> int:
+    """The first epoch whose window begins at or after ``when`` (1 at the latest for ``when <= start``)."""
+    elapsed = (_as_utc(when) - _as_utc(start)).total_seconds()
+    if elapsed <= 0:
+        return 1
+    return math.ceil(elapsed / interval_s - 1e-9) + 1
+
+
+def epoch_of_interval(start: datetime, interval_s: float, data_interval_end: datetime) -> int:
+    """The epoch a run with this data interval end replicates: the last one closed at that end."""
+    return last_closed_epoch(start, interval_s, data_interval_end)
+
+
+class EpochTimetable(Timetable):
+    """One run per epoch: data interval = the epoch's window, run after the window ends.
+
+    ``restriction.earliest`` (the DAG's start date) and ``restriction.latest`` (end
+    date) bound the epochs; with ``catchup=False`` the first run (or the next after a
+    pause) is the latest epoch already closed, skipping older ones.
+    """
+
+    description = "one run per epoch of the source"
+
+    def __init__(self, start: datetime, interval_s: float):
+        if interval_s <= 0:
+            raise ValueError(f"epoch interval must be positive, got {interval_s!r}")
+        self.start = _as_utc(start)
+        self.interval_s = float(interval_s)
+
+    # -- identity and serialization (the scheduler stores DAGs as JSON)
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, EpochTimetable) and self.start == other.start and self.interval_s == other.interval_s
+
+    def __hash__(self) -> int:
+        return hash((self.start, self.interval_s))
+
+    def serialize(self) -> dict[str, Any]:
+        return {"start": self.start.isoformat(), "interval_s": self.interval_s}
+
+    @classmethod
+    def deserialize(cls, data: dict[str, Any]) -> EpochTimetable:
+        return cls(datetime.fromisoformat(data["start"]), float(data["interval_s"]))
+
+    @property
+    def summary(self) -> str:
+        return f"epochs of {_human(self.interval_s)} from {self.start.isoformat()}"
+
+    def validate(self) -> None:
+        if not self.interval_s > 0:
+            from airflow.exceptions import AirflowTimetableInvalid
+
+            raise AirflowTimetableInvalid(f"epoch interval must be positive, got {self.interval_s}")
+
+    # -- the epoch arithmetic
+    def window(self, epoch: int) -> DataInterval:
+        begin, end = epoch_window(self.start, self.interval_s, epoch)
+        return DataInterval(begin, end)
+
+    def epoch_of(self, data_interval: DataInterval) -> int:
+        return epoch_of_interval(self.start, self.interval_s, data_interval.end)
+
+    # -- the Timetable protocol
+    def infer_manual_data_interval(self, *, run_after: datetime) -> DataInterval:
+        """A manual run replicates the latest epoch closed at ``run_after`` (epoch 1 before any closed).
+
+        The ``epoch`` param of the run, when given, overrides this: the timetable
+        cannot see params.
+        """
+        epoch = max(1, last_closed_epoch(self.start, self.interval_s, run_after))
+        return self.window(epoch)
+
+    def next_dagrun_info(
+        self,
+        *,
+        last_automated_data_interval: DataInterval | None,
+        restriction,
+    ) -> DagRunInfo | None:
+        if last_automated_data_interval is not None:
+            # the epoch after the last scheduled one; realigned in case the interval changed
+            epoch = last_closed_epoch(self.start, self.interval_s, last_automated_data_interval.end) + 1
+            last_epoch_start = last_automated_data_interval.start
+        else:
+            epoch = 1
+            last_epoch_start = None
+        if restriction.earliest is not None:
+            # never before the DAG's start date: the first epoch starting at or after it
+            epoch = max(epoch, first_epoch_at_or_after(self.start, self.interval_s, restriction.earliest))
+        if not restriction.catchup:
+            # skip missed epochs: the latest already closed one, or the next to close
+            epoch = max(epoch, last_closed_epoch(self.start, self.interval_s, _utcnow()))
+        window = self.window(epoch)
+        if last_epoch_start is not None and window.start <= last_epoch_start:
+            # a shortened interval can realign onto the last run: move past it
+            epoch = first_epoch_at_or_after(self.start, self.interval_s, last_epoch_start + timedelta(microseconds=1))
+            window = self.window(epoch)
+        if restriction.latest is not None and window.start > restriction.latest:
+            return None
+        return DagRunInfo.interval(start=window.start, end=window.end)
+
+    def generate_run_id(self, *, run_type, run_after, data_interval, **extra) -> str:
+        """``scheduled__epoch-000042__2026-01-01T03:30:00+00:00``: the epoch readable in the UI's run list."""
+        if data_interval is None:
+            return run_type.generate_run_id(suffix=run_after.isoformat())
+        epoch = self.epoch_of(data_interval)
+        return run_type.generate_run_id(suffix=f"epoch-{epoch:06d}__{run_after.isoformat()}")
+
+
+def _utcnow() -> datetime:
+    """The scheduler's clock (one place, so tests can pin it)."""
+    from airflow._shared.timezones.timezone import utcnow
+
+    return utcnow()
+
+
+def _human(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"

@@ -1,0 +1,180 @@
+"""Every DAG imports in a clean DagBag, has its tasks in order, one run at a time, and a doc."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+EPOCH_ORDER = ["wait_epoch_closed", "ingest", "merge", "translate", "apply", "verify", "commit"]
+
+
+def dagbag(config: Path | None, monkeypatch):
+    from airflow.dag_processing.dagbag import DagBag
+
+    if config is None:
+        monkeypatch.delenv("EPOCHSYNC_CONFIG", raising=False)
+    else:
+        monkeypatch.setenv("EPOCHSYNC_CONFIG", str(config))
+    return DagBag(dag_folder=str(ROOT / "dags"))
+
+
+@pytest.fixture()
+def bag(dag_config, monkeypatch):
+    return dagbag(dag_config, monkeypatch)
+
+
+def test_no_import_errors(bag):
+    assert bag.import_errors == {}
+
+
+def test_one_epoch_dag_per_source_target_pair(bag):
+    epoch_dags = sorted(d for d in bag.dag_ids if d.startswith("epochsync__"))
+    assert epoch_dags == ["epochsync__lustre1__dr", "epochsync__lustre1__scratch"]
+
+
+def test_epoch_dag_tasks_and_order(bag):
+    dag = bag.dags["epochsync__lustre1__dr"]
+    assert set(dag.task_ids) == set(EPOCH_ORDER) | {"rollback"}
+    for up, down in zip(EPOCH_ORDER, EPOCH_ORDER[1:]):
+        assert dag.get_task(up).downstream_task_ids == {down} | ({"rollback"} if up in ("apply", "verify") else set())
+    assert dag.get_task("commit").downstream_task_ids == {"rollback"}
+    rollback = dag.get_task("rollback")
+    assert rollback.upstream_task_ids == {"apply", "verify", "commit"}
+    assert rollback.trigger_rule == "one_failed"
+    assert rollback.downstream_task_ids == set()
+
+
+def test_epoch_dag_runs_one_epoch_at_a_time(bag):
+    dag = bag.dags["epochsync__lustre1__dr"]
+    assert dag.max_active_runs == 1
+    assert all(t.depends_on_past for t in dag.tasks)
+    assert dag.catchup is True
+    retries = {t.task_id: t.retries for t in dag.tasks}
+    assert retries == {
+        "wait_epoch_closed": 0,
+        "ingest": 2,
+        "merge": 2,
+        "translate": 2,
+        "apply": 0,
+        "verify": 0,
+        "commit": 0,
+        "rollback": 2,
+    }
+
+
+def test_sensor_reschedules_instead_of_holding_a_slot(bag):
+    wait = bag.dags["epochsync__lustre1__dr"].get_task("wait_epoch_closed")
+    assert wait.mode == "reschedule"
+    assert wait.timeout >= 600
+
+
+def test_spark_stages_use_the_spark_connection_and_the_apps(bag):
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+    dag = bag.dags["epochsync__lustre1__dr"]
+    for name in ("ingest", "merge", "translate", "apply", "verify"):
+        task = dag.get_task(name)
+        assert isinstance(task, SparkSubmitOperator)
+        assert task._conn_id == "spark_default"
+        assert task.application == str(ROOT / "spark_apps" / f"{name}.py")
+        assert task.py_files == "{{ epochsync_package_zip() }}"
+
+
+def test_params_for_manual_runs(bag):
+    params = bag.dags["epochsync__lustre1__dr"].params
+    assert set(params.keys()) >= {"epoch", "dry_run", "whole_file", "max_epochs_per_run"}
+    assert params["epoch"] is None and params["dry_run"] is False and params["max_epochs_per_run"] == 1
+
+
+def test_every_dag_has_a_doc_and_one_run_at_a_time(bag):
+    assert bag.dags
+    for dag_id, dag in bag.dags.items():
+        assert dag.doc_md and len(dag.doc_md) > 200, dag_id
+        assert dag.max_active_runs == 1, dag_id
+        assert dag_id.startswith("epochsync"), dag_id
+
+
+def test_epoch_dag_doc_names_its_source_and_target(bag):
+    doc = bag.dags["epochsync__lustre1__scratch"].doc_md
+    assert "`lustre1`" in doc and "`scratch` (posix)" in doc and "rollback" in doc
+
+
+def test_epoch_dag_schedule_is_the_epoch_timetable(bag, dag_config):
+    from epochsync.airflow.timetable import EpochTimetable
+
+    dag = bag.dags["epochsync__lustre1__dr"]
+    assert isinstance(dag.timetable, EpochTimetable)
+    assert dag.timetable.interval_s == 420
+    assert dag.timetable.window(1).start == dag.start_date
+
+
+def test_dags_serialize_for_the_scheduler(bag):
+    """The scheduler stores DAGs as JSON: every DAG must round-trip (the timetable through the plugin)."""
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    for dag_id, dag in bag.dags.items():
+        back = DagSerialization.deserialize_dag(DagSerialization.serialize_dag(dag))
+        assert back.dag_id == dag_id
+        assert type(back.timetable).__name__ == type(dag.timetable).__name__
+        if dag_id.startswith("epochsync__"):
+            assert back.timetable == dag.timetable
+            assert set(back.task_ids) == set(dag.task_ids)
+
+
+def test_no_config_means_no_dags_and_no_error(monkeypatch):
+    bag = dagbag(None, monkeypatch)
+    assert bag.import_errors == {}
+    assert not [d for d in bag.dag_ids if d.startswith("epochsync")]
+
+
+def test_bad_config_is_an_import_error_naming_the_key(tmp_path, monkeypatch):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("sources:\n  - name: s\n    servers: []\n")
+    bag = dagbag(bad, monkeypatch)
+    messages = "\n".join(bag.import_errors.values())
+    assert "sources[0].root_fid" in messages and str(bad) in messages
+
+
+def test_parsing_imports_no_heavy_module(dag_config):
+    """No pyspark, boto3, pandas at DAG parse time (checked in a fresh interpreter)."""
+    code = (
+        "import sys, os\n"
+        "from airflow.dag_processing.dagbag import DagBag\n"
+        f"bag = DagBag(dag_folder={str(ROOT / 'dags')!r})\n"
+        "assert not bag.import_errors, bag.import_errors\n"
+        "assert bag.dags\n"
+        "heavy = sorted(m for m in ('pyspark', 'boto3', 'botocore', 'pandas', 'pyarrow') if m in sys.modules)\n"
+        "print('HEAVY', heavy)\n"
+    )
+    import os
+
+    env = dict(os.environ, EPOCHSYNC_CONFIG=str(dag_config))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "HEAVY []" in out.stdout, out.stdout
+
+
+def test_ruff_bans_heavy_module_level_imports_in_dags():
+    ruff = Path(sys.executable).parent / "ruff"
+    for folder in ("dags", "plugins"):
+        bad = subprocess.run(
+            [str(ruff), "check", "--stdin-filename", f"{folder}/example.py", "-"],
+            input="import pyspark\nimport boto3\nimport pandas\n\nprint(pyspark, boto3, pandas)\n",
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
+        assert bad.returncode == 1
+        assert bad.stdout.count("TID253") == 3, bad.stdout
+        good = subprocess.run(
+            [str(ruff), "check", "--stdin-filename", f"{folder}/example.py", "-"],
+            input="def f():\n    import pyspark\n\n    return pyspark\n",
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
+        assert good.returncode == 0, good.stdout
