@@ -44,7 +44,7 @@ Mapping (DESIGN section 3):
 Errors name the byte offset (``FILE:@OFFSET: reason``). With ``on_error`` set, a record
 that is well formed but invalid (an unsafe name, say) is quarantined and parsing goes on
 with the next one; after a malformed record parsing resumes at the next position that
-looks like a record start (a NUL followed by ``E``/``M``/``D`` and a GFID), and the bytes
+looks like a record start (a NUL followed by ``E``, ``M`` or ``D``), and the bytes
 skipped are what gets quarantined.
 """
 
@@ -303,16 +303,18 @@ class _Reader:
         return rec, self._sep(p, "last field")
 
     def resync(self, pos: int) -> int:
-        """The next position at or after ``pos`` that looks like a record start, else the end."""
+        """The next position at or after ``pos`` that looks like a record start, else the end.
+
+        A record start is a type byte (E, M, D) right after a NUL. In ascii no field holds a
+        NUL and no field starts with those letters, so this finds the next record; in binary
+        raw integers and GFIDs can hold the same bytes, so it is a best effort.
+        """
         data = self.data
-        width = 16 if self.binary else 36
         while True:
-            nul = data.find(b"\x00", pos - 1 if pos > 0 else 0)
+            nul = data.find(b"\x00", max(pos - 1, 0))
             if nul < 0 or nul + 1 >= len(data):
                 return len(data)
             cand = nul + 1
-            if cand >= pos and data[cand : cand + 1] in (b"E", b"M", b"D"):
-                gfid = data[cand + 1 : cand + 1 + width]
-                if len(gfid) == width and (self.binary or _UUID_TEXT.fullmatch(gfid)):
-                    return cand
+            if data[cand : cand + 1] in (b"E", b"M", b"D") and (not self.binary or cand + 17 <= len(data)):
+                return cand
             pos = cand + 1

@@ -114,6 +114,7 @@ def parse_lustre(stream: IO[bytes], file: str, opts: ParseOptions) -> Iterator[R
                 rec.epoch = epoch_for(opts, rec.time_ns)
             checker.check(rec)
         except RecordError as exc:
+            index = getattr(exc, "index", index)
             report(
                 opts,
                 ParseError(file, lineno, str(exc), offset=line_offset, text=text, server=server, index=index),
@@ -143,16 +144,26 @@ def _parse_line(line: bytes, server: str, checker: RecordChecker) -> Record:
     m = _HEAD.match(text)
     if m is None:
         raise RecordError(_why_head_fails(text))
-    rtype = _record_type(m.group("num"), m.group("tname"))
     if m.group("index") is not None:
         index = _bounded_int(m.group("index"), "index", INT64_MAX)
     else:
         index = checker.next_index(server)
-    time_ns = _clock_time(m.group("clock"), m.group("date")) if m.group("clock") else _raw_time(m.group("raw"))
-    flags = int(m.group("flags"), 16) if len(m.group("flags")) <= 18 else LUSTRE_FLAG_MASK + 1
-    if flags > LUSTRE_FLAG_MASK:
-        raise RecordError(f"flags {m.group('flags')} out of range (Lustre flags fit in 0xffff)")
-    rec = Record(server=server, index=index, epoch=0, type=rtype, time_ns=time_ns, flags=flags)
+    try:
+        rtype = _record_type(m.group("num"), m.group("tname"))
+        time_ns = _clock_time(m.group("clock"), m.group("date")) if m.group("clock") else _raw_time(m.group("raw"))
+        flags = int(m.group("flags"), 16) if len(m.group("flags")) <= 18 else LUSTRE_FLAG_MASK + 1
+        if flags > LUSTRE_FLAG_MASK:
+            raise RecordError(f"flags {m.group('flags')} out of range (Lustre flags fit in 0xffff)")
+        rec = Record(server=server, index=index, epoch=0, type=rtype, time_ns=time_ns, flags=flags)
+        return _parse_fields(rec, text, m)
+    except RecordError as exc:
+        exc.index = index  # the quarantine entry names the record's index when the line has one
+        raise
+
+
+def _parse_fields(rec: Record, text: str, m: re.Match) -> Record:
+    """Everything after the time and flags: t=, the key=value fields, p=, names."""
+    rtype = rec.type
     tfid = _fid(m.group("tfid"))
 
     pos = m.end()
