@@ -66,6 +66,8 @@ from epochsync.schema import INT64_MAX, LUSTRE_TYPES, Record
 DEFAULT_SERVER = "MDT0000"
 
 _FID = r"\[(?:0x)?[0-9a-fA-F]{1,16}:(?:0x)?[0-9a-fA-F]{1,8}:(?:0x)?[0-9a-fA-F]{1,8}\]"
+#: a fid already spelled as Lustre's DFID prints it (non-zero sequence, lowercase hex)
+_DFID = re.compile(r"\[0x[1-9a-f][0-9a-f]*:0x(?:0|[1-9a-f][0-9a-f]*):0x(?:0|[1-9a-f][0-9a-f]*)\]")
 _HEAD = re.compile(
     r"(?:(?P<index>[0-9]+) +)?(?P<num>[0-9]{2})(?P<tname>[A-Z]+) +"
     r"(?:(?P<clock>[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{1,9}) +(?P<date>[0-9]{4}\.[0-9]{2}\.[0-9]{2})"
@@ -263,16 +265,27 @@ def _record_type(num: str, tname: str) -> str:
 
 
 def _clock_time(clock: str, date: str) -> int:
-    hh, mm, rest = clock.split(":")
-    ss, frac = rest.split(".")
-    year, month, day = (int(x) for x in date.split("."))
-    h, mi, s = int(hh), int(mm), int(ss)
-    if not (1970 <= year and 1 <= month <= 12 and 1 <= day <= _days_in(year, month)):
-        raise RecordError(f"bad date {date}")
+    h, mi, s = int(clock[0:2]), int(clock[3:5]), int(clock[6:8])
     if h > 23 or mi > 59 or s > 60:
         raise RecordError(f"bad time {clock}")
-    seconds = timegm((year, month, day, h, mi, s, 0, 0, 0))
-    return seconds * 1_000_000_000 + int(frac.ljust(9, "0"))
+    day_start = _DAY_STARTS.get(date)
+    if day_start is None:
+        day_start = _day_start(date)
+    return (day_start + h * 3600 + mi * 60 + s) * 1_000_000_000 + int(clock[9:].ljust(9, "0"))
+
+
+#: date text -> seconds of its midnight UTC (a changelog holds few distinct dates)
+_DAY_STARTS: dict[str, int] = {}
+
+
+def _day_start(date: str) -> int:
+    year, month, day = (int(x) for x in date.split("."))
+    if not (1970 <= year and 1 <= month <= 12 and 1 <= day <= _days_in(year, month)):
+        raise RecordError(f"bad date {date}")
+    if len(_DAY_STARTS) > 10_000:
+        _DAY_STARTS.clear()
+    _DAY_STARTS[date] = seconds = timegm((year, month, day, 0, 0, 0, 0, 0, 0))
+    return seconds
 
 
 def _days_in(year: int, month: int) -> int:
@@ -295,6 +308,8 @@ def _raw_time(raw: str) -> int:
 
 def _fid(text: str) -> str | None:
     """Lustre's DFID spelling, or None for the zero fid ``[0:0x0:0x0]``."""
+    if _DFID.fullmatch(text) is not None:
+        return text  # already in DFID spelling (the usual case): nothing to rewrite
     seq, oid, ver = (int(part, 16) for part in text[1:-1].split(":"))
     if seq == 0 and oid == 0 and ver == 0:
         return None
