@@ -327,3 +327,13 @@ def test_every_truncation_point_is_a_parse_error_naming_the_cut_record(binary):
         assert exc.value.offset == record_start, cut
         assert exc.value.reason == f"truncated record at byte {record_start}: the file ends at byte {cut} inside it"
         assert len(got) == starts.index(record_start)
+
+
+def test_an_epoch_before_the_first_window_is_an_error_for_every_record_and_the_epoch_record():
+    errors: list[ParseError] = []
+    got = parse(encode(OPS[:1]), "CHANGELOG.7", epoch_of_time=lambda ns: -1, on_error=errors.append)
+    assert got == []
+    assert [(e.index, e.reason) for e in errors] == [
+        (7_000_001, "negative epoch -1"),
+        (7_000_002, "closing EPOCH record: negative epoch -1"),
+    ]

@@ -22,7 +22,7 @@ from epochsync.schema import NAMING_TYPES, RECORD_TYPES, UNNAMING_TYPES, Record
 FLAG_OPEN_READ = 0x10000
 FLAG_OPEN_WRITE = 0x20000
 FLAG_OPEN_EXEC = 0x40000
-#: Lustre's own per-type flags fit in these bits (``CLF_FLAGMASK``).
+#: Lustre's own per-type flags (``CLF_FLAGMASK`` is 0x0FFF) must fit below the importer bits.
 LUSTRE_FLAG_MASK = 0xFFFF
 
 #: ``O_ACCMODE`` values of open(2) flags: Lustre OPEN/CLOSE flags are the open flags.

@@ -182,7 +182,11 @@ def parse_gluster(stream: IO[bytes], file: str, opts: ParseOptions) -> Iterator[
             continue
         yield rec
     closing = Record(server=server, index=base + ordinal + 1, epoch=epoch, type="EPOCH", time_ns=time_ns)
-    checker.check(closing)
+    try:
+        checker.check(closing)
+    except RecordError as exc:
+        report(opts, error(len(data), f"closing EPOCH record: {exc}", index=closing.index))
+        return
     yield closing
 
 
