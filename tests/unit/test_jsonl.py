@@ -128,3 +128,13 @@ def test_quarantine_goes_on_and_records_every_bad_line():
     got = parse("\n".join(lines), on_error=bad.append)
     assert [r.index for r in got] == [1, 2]
     assert [(e.line, e.text, e.index) for e in bad] == [(2, "oops", None), (3, lines[2], 1)]
+
+
+def test_an_s3_object_body_is_read_by_lines():
+    from botocore.response import StreamingBody
+
+    records = list(parse_file("lustre", str(SAMPLES / "lustre/icicle_normalized_whitespace.txt")))
+    data = to_jsonl(records).encode()
+    assert len(data) > 1024
+    got = list(parse_stream("jsonl", StreamingBody(io.BytesIO(data), len(data)), "s3://b/k", ParseOptions()))
+    assert got == records

@@ -451,3 +451,13 @@ def test_quarantine_goes_on_after_each_bad_line_and_drops_nothing_silently():
     assert [r["name"] for r in got] == ["ok1", "ok2"]
     assert [(e.line, e.index) for e in bad] == [(2, 17), (3, None), (5, 15)]
     assert [e.to_dict()["text"] for e in bad] == [lines[1], lines[2], lines[4]]
+
+
+def test_an_s3_object_body_is_read_by_lines_not_by_its_1k_iteration_chunks():
+    from botocore.response import StreamingBody
+
+    data = (SAMPLES / "icicle_normalized_whitespace.txt").read_bytes()
+    assert len(data) > 1024  # iterating the body would cut lines at 1 KiB
+    body = StreamingBody(io.BytesIO(data), len(data))
+    got = [r.to_dict() for r in parse_stream("lustre", body, "s3://b/MDT0000/1.txt", ParseOptions())]
+    assert got == parse_bytes(data)

@@ -11,8 +11,9 @@ them, so they never collide:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import IO
 
 from epochsync.errors import ParseError, RecordError
 from epochsync.names import check_basename
@@ -141,6 +142,25 @@ class RecordChecker:
         self.last_index[r.server] = r.index
         self.last_type[r.server] = r.type
         return r
+
+
+def iter_lines(stream: IO[bytes], block: int = 1 << 20) -> Iterator[bytes]:
+    """The lines of a binary stream, each with its ``\\n`` (the last one may lack it).
+
+    Reads with ``read(block)`` only, because iterating some streams does not yield lines:
+    a botocore ``StreamingBody`` (an S3 object's body) yields 1 KiB chunks.
+    """
+    pending = b""
+    while True:
+        chunk = stream.read(block)
+        if not chunk:
+            break
+        lines = (pending + chunk if pending else chunk).split(b"\n")
+        pending = lines.pop()
+        for line in lines:
+            yield line + b"\n"
+    if pending:
+        yield pending
 
 
 def report(opts: ParseOptions, error: ParseError) -> None:

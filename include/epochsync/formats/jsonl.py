@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import IO
 
 from epochsync.errors import ParseError, RecordError
-from epochsync.formats.common import ParseOptions, RecordChecker, report
+from epochsync.formats.common import ParseOptions, RecordChecker, iter_lines, report
 from epochsync.schema import Record
 
 
@@ -22,7 +22,7 @@ def parse_jsonl(stream: IO[bytes], file: str, opts: ParseOptions) -> Iterator[Re
     """Parse canonical JSON Lines; a bad line raises ParseError or is quarantined."""
     checker = RecordChecker(opts)
     offset = 0
-    for lineno, raw in enumerate(stream, 1):
+    for lineno, raw in enumerate(iter_lines(stream), 1):
         line_offset = offset
         offset += len(raw)
         if not raw.strip():

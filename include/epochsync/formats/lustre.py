@@ -58,6 +58,7 @@ from epochsync.formats.common import (
     ParseOptions,
     RecordChecker,
     epoch_for,
+    iter_lines,
     report,
 )
 from epochsync.names import check_basename
@@ -97,7 +98,7 @@ def parse_lustre(stream: IO[bytes], file: str, opts: ParseOptions) -> Iterator[R
     checker = RecordChecker(opts)
     marks = checker.context.mark_epoch
     offset = 0
-    for lineno, raw in enumerate(stream, 1):
+    for lineno, raw in enumerate(iter_lines(stream), 1):
         line_offset = offset
         offset += len(raw)
         line = raw.rstrip(b"\n").rstrip(b"\r")
