@@ -76,7 +76,7 @@ def run_parse(args: argparse.Namespace) -> int:
     def quarantine(error: ParseError) -> None:
         nonlocal quarantined
         quarantined += 1
-        qfile.write(json.dumps(error.to_dict(), ensure_ascii=False) + "\n")
+        qfile.write(json.dumps(error.to_dict(), separators=(",", ":"), ensure_ascii=False) + "\n")
 
     opts = ParseOptions(
         server=args.server,
