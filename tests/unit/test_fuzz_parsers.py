@@ -187,3 +187,17 @@ def test_gluster_truncated_files(data, cut):
     # a cut file never claims to be complete unless the cut fell between records
     if errors:
         assert not records or records[-1].type != "EPOCH"
+
+
+# --------------------------------------------------------------------------- JSON Lines
+
+JSON_ALPHABET = '{}[]":,0123456789-. \\nabcdefghijklmnopqrstuvwxyzEPOCHMARK'
+
+
+@FUZZ
+@given(st.text(alphabet=JSON_ALPHABET, max_size=300) | st.binary(max_size=200).map(lambda b: b.decode("latin-1")))
+def test_jsonl_random_text(text):
+    data = text.encode("utf-8", "surrogateescape")
+    parse_strict("jsonl", data, "f.jsonl")
+    records, errors = parse_quarantined("jsonl", data, "f.jsonl")
+    assert len(records) + len(errors) == sum(1 for line in data.split(b"\n") if line.strip())
