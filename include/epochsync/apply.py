@@ -1,0 +1,220 @@
+"""Apply a plan to a target: namespace on the driver, data on executors, then post ops.
+
+Order (DESIGN section 5 "Namespace application"): the plan's namespace operations run
+on the driver one by one in plan order; data operations run in parallel on Spark
+executors (one S3 client per partition for the source and one for the target); post
+operations (hard links, attributes, s3 deletes) run on the driver last. Every mutation
+is preceded by its undo entry, made durable (see :mod:`epochsync.journal`).
+
+Pulls read the source store with ranged GETs of the pinned object versions; the S3
+access retries throttling, 5xx and dropped connections with exponential backoff and
+fails with a clear error after ``max_attempts``.
+"""
+
+from __future__ import annotations
+
+import time
+
+from epochsync.errors import EpochsyncError
+from epochsync.journal import PHASE_DATA, PHASE_NAMESPACE, PHASE_POST, UndoJournal
+from epochsync.layout import object_range_to_file
+
+
+class Pulled:
+    """File bytes pulled from the source for one data operation (zeros where none)."""
+
+    def __init__(self):
+        self.chunks: list[tuple[int, bytes]] = []
+        self.bytes = 0
+
+    @classmethod
+    def fetch(cls, op: dict, source_io, bucket: str) -> Pulled:
+        out = cls()
+        layout = op.get("src_layout")
+        for pull in op["pulls"]:
+            for oo, on in pull["ranges"]:
+                data = source_io.get_range(bucket, pull["key"], pull.get("version"), oo, on)
+                out.bytes += len(data)
+                if layout:
+                    pos = 0
+                    for fo, n in object_range_to_file(layout[0], layout[1], pull["index"], oo, on):
+                        out.chunks.append((fo, data[pos : pos + n]))
+                        pos += n
+                else:
+                    out.chunks.append((oo, data))
+        out.chunks.sort(key=lambda c: c[0])
+        return out
+
+    def read(self, offset: int, length: int) -> bytes:
+        buf = bytearray(length)
+        end = offset + length
+        for fo, data in self.chunks:
+            if fo >= end:
+                break
+            ce = fo + len(data)
+            if ce <= offset:
+                continue
+            a, b = max(fo, offset), min(ce, end)
+            buf[a - offset : b - offset] = data[a - fo : b - fo]
+        return bytes(buf)
+
+
+def _compose(target, op: dict, state: dict, pulled: Pulled, a: int, b: int, to_file=None) -> bytes:
+    """Bytes ``[a, b)`` of the new object: base version, overlaid with pulled changes."""
+    base_len = int(op.get("base_size") or 0) if op.get("base") else 0
+    buf = bytearray(b - a)
+    if op.get("base") and a < base_len:
+        cur = (state.get(op["base"]) or {}).get("current")
+        data = target.io.get_range(
+            target.bucket, target._full(op["base"]), cur and cur["version"], a, min(b, base_len) - a
+        )
+        buf[: len(data)] = data
+    ranges = op.get("obj_ranges") if to_file else op["ranges"]
+    for o, n in ranges:
+        s, e = max(o, a), min(o + n, b)
+        if s >= e:
+            continue
+        if to_file is None:
+            buf[s - a : e - a] = pulled.read(s, e - s)
+        else:
+            pos = s
+            for fo, fn in to_file(s, e - s):
+                buf[pos - a : pos - a + fn] = pulled.read(fo, fn)
+                pos += fn
+    return bytes(buf)
+
+
+def run_data_op(op: dict, target, journal, source_io, source_bucket: str) -> dict:
+    """One data operation on an executor (or the driver in tests)."""
+    pulled = Pulled.fetch(op, source_io, source_bucket)
+    state = op.get("state") or {}
+    written = 0
+    if target.kind == "posix":
+        chunks = [(o, pulled.read(o, n)) for o, n in op["ranges"]]
+        target.run_data_op(op, journal, chunks)
+        written = sum(len(c) for _, c in chunks)
+        return {"pulled": pulled.bytes, "written": written}
+    from epochsync.targets.s3 import encode_meta
+
+    meta = encode_meta(op["attrs"]) if "stripe_index" not in op else {}
+    key = op["key"]
+    to_file = None
+    length = int(op["new_size"])
+    if "stripe_index" in op:
+        ss, sc, idx = int(target.cfg.stripe_size), int(target.cfg.stripe_count), op["stripe_index"]
+        length = int(op["new_len"])
+
+        def to_file(o, n, ss=ss, sc=sc, idx=idx):
+            return object_range_to_file(ss, sc, idx, o, n)
+
+    mode = op["write"]["mode"]
+    if mode == "delete":
+        target.delete(journal, state, key)
+    elif mode in ("put", "patch"):
+        body = _compose(target, op, state, pulled, 0, length, to_file)
+        target.put(journal, state, key, body, meta)
+        written += len(body)
+    else:
+        parts = [dict(p, base=op.get("base")) if "copy" in p else p for p in op["write"]["parts"]]
+        target.multipart(
+            journal, state, key, parts, meta, lambda a, b: _compose(target, op, state, pulled, a, b, to_file)
+        )
+    for extra in op.get("extra_keys") or []:
+        # hard links of an s3 path: one object per path, copied server-side from the first
+        state.pop(key, None)
+        target.copy(journal, state, extra, key, meta, length)
+    return {"pulled": pulled.bytes, "written": written}
+
+
+def _data_partition(index: int, ops, target, source_io, source_bucket: str, jdir: str, faults):
+    """Executor side: one journal file and one pair of clients per partition."""
+    t0 = time.monotonic()
+    result = {"pulled": 0, "written": 0, "ops": 0}
+    with UndoJournal(jdir, f"data-{index:05d}", PHASE_DATA, faults) as journal:
+        for op in ops:
+            r = run_data_op(op, target, journal, source_io, source_bucket)
+            result["pulled"] += r["pulled"]
+            result["written"] += r["written"]
+            result["ops"] += 1
+    result["source"] = source_io.counters.as_dict()
+    result["target"] = target.io.counters.as_dict() if hasattr(target, "io") else {}
+    result["seconds"] = time.monotonic() - t0
+    yield result
+
+
+def apply_plan(plan: dict, target, source_io, source_bucket: str, jdir: str, state: dict, *, spark=None, faults=None):
+    """Run a plan's three phases. Returns figures for the stats row."""
+    from epochsync.targets.s3 import Counters
+
+    t0 = time.monotonic()
+    target.prepare(plan["epoch"])
+    with UndoJournal(jdir, "ns", PHASE_NAMESPACE, faults) as journal:
+        for op in plan["namespace"]:
+            target.run_namespace_op(op, journal, state)
+    t1 = time.monotonic()
+    ops = []
+    for op in plan["data"]:
+        keys = [k for k in (op.get("key"), op.get("base"), *(op.get("extra_keys") or [])) if k]
+        ops.append(dict(op, state={k: state[k] for k in keys if k in state}))
+    results = []
+    if ops:
+        if spark is not None:
+            n = max(1, min(len(ops), spark.sparkContext.defaultParallelism * 2))
+            rdd = spark.sparkContext.parallelize(ops, n)
+            fn = _bind(target, source_io, source_bucket, jdir, faults)
+            try:
+                results = rdd.mapPartitionsWithIndex(fn).collect()
+            except Exception as exc:
+                raise EpochsyncError(
+                    f"apply of epoch {plan['epoch']} failed on an executor: {_root_cause(exc)}"
+                ) from None
+        else:
+            # the same isolation an executor has: its own clients and counters
+            import pickle
+
+            local_target, local_source = pickle.loads(pickle.dumps((target, source_io)))
+            results = list(_data_partition(0, ops, local_target, local_source, source_bucket, jdir, faults))
+    t2 = time.monotonic()
+    with UndoJournal(jdir, "post", PHASE_POST, faults) as journal:
+        for op in plan["post"]:
+            target.run_post_op(op, journal, state)
+    t3 = time.monotonic()
+    src, tgt = Counters(), Counters()
+    src.add(source_io.counters.as_dict())
+    if hasattr(target, "io"):
+        tgt.add(target.io.counters.as_dict())
+    pulled = written = 0
+    for r in results:
+        src.add(r["source"])
+        tgt.add(r["target"])
+        pulled += r["pulled"]
+        written += r["written"]
+    return {
+        "bytes_pulled": src.bytes_received,
+        "bytes_pulled_ops": pulled,
+        "bytes_written": tgt.bytes_sent if target.kind == "s3" else written,
+        "bytes_copied": tgt.bytes_copied,
+        "source_requests": src.as_dict(),
+        "target_requests": tgt.as_dict(),
+        "durations": {"namespace": t1 - t0, "data": t2 - t1, "post": t3 - t2},
+        "ops": {"namespace": len(plan["namespace"]), "data": len(ops), "post": len(plan["post"])},
+    }
+
+
+def _bind(target, source_io, source_bucket, jdir, faults):
+    def fn(index, it):
+        return _data_partition(index, it, target, source_io, source_bucket, jdir, faults)
+
+    return fn
+
+
+def _root_cause(exc: BaseException) -> str:
+    """The last Python exception line inside a Spark task failure."""
+    text = str(exc)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if ("Error:" in ln or "Failure:" in ln or "Exception:" in ln) and not ln.startswith("at "):
+            if "py4j" in ln or "org.apache.spark" in ln:
+                continue
+            return ln
+    return lines[0] if lines else type(exc).__name__

@@ -1,0 +1,137 @@
+"""Fault injection for tests, the demo and the DAG's ``inject_failure`` param.
+
+A spec says when the apply of an epoch fails::
+
+    EPOCHSYNC_INJECT_FAILURE="after=K[,epoch=E][,target=NAME][,mode=raise|kill][,repeat=1]"
+
+- ``after=K``: the (K+1)-th mutation of the apply fails: its undo entry is already
+  durable but the mutation is not done (the worst moment for a rollback). ``K=0``
+  fails before anything changed. Mutations are counted across the driver and every
+  executor of the apply (a counter file beside the undo journal, under a lock), in
+  journal order: namespace operations, then data (each multipart part is one), then
+  post operations (links, attributes, deletes).
+- ``epoch=E`` / ``target=NAME``: only that epoch / target (default: any).
+- ``mode=raise`` (default) raises :class:`InjectedFailure`; ``mode=kill`` sends
+  SIGKILL to the whole process group (a crashed worker: no cleanup runs at all).
+- by default a spec fires once per (target, epoch), remembered by a file in the
+  epoch's plan directory, so a retry or a rerun of the epoch succeeds; ``repeat=1``
+  fires every time.
+
+The same spec can be passed as ``inject=`` to :func:`epochsync.pipeline.run_apply` and
+``replicate`` (``--inject-failure``), which is how the DAG param reaches it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+from dataclasses import dataclass
+
+from epochsync.errors import EpochsyncError
+
+ENV_VAR = "EPOCHSYNC_INJECT_FAILURE"
+
+
+class InjectedFailure(EpochsyncError):
+    """The failure a fault spec asked for (never raised unless one is set)."""
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    after: int
+    epoch: int | None = None
+    target: str | None = None
+    mode: str = "raise"
+    repeat: bool = False
+
+    @classmethod
+    def parse(cls, text: str | None) -> FaultSpec | None:
+        """``after=3,epoch=2`` → FaultSpec; empty → None; anything else → a clear error."""
+        if not text or not text.strip():
+            return None
+        fields: dict[str, str] = {}
+        for part in text.split(","):
+            if "=" not in part:
+                raise EpochsyncError(f"{ENV_VAR}: expected key=value items, got {part!r} in {text!r}")
+            k, v = part.split("=", 1)
+            fields[k.strip()] = v.strip()
+        unknown = set(fields) - {"after", "epoch", "target", "mode", "repeat"}
+        if unknown or "after" not in fields:
+            raise EpochsyncError(
+                f"{ENV_VAR}: {text!r}: need after=K; optional epoch=E, target=NAME, mode=raise|kill, repeat=1"
+            )
+        try:
+            spec = cls(
+                after=int(fields["after"]),
+                epoch=int(fields["epoch"]) if "epoch" in fields else None,
+                target=fields.get("target"),
+                mode=fields.get("mode", "raise"),
+                repeat=fields.get("repeat", "0") in ("1", "true", "yes"),
+            )
+        except ValueError:
+            raise EpochsyncError(f"{ENV_VAR}: {text!r}: after and epoch are whole numbers") from None
+        if spec.mode not in ("raise", "kill") or spec.after < 0:
+            raise EpochsyncError(f"{ENV_VAR}: {text!r}: mode is raise or kill, after >= 0")
+        return spec
+
+    def to_text(self) -> str:
+        parts = [f"after={self.after}"]
+        if self.epoch is not None:
+            parts.append(f"epoch={self.epoch}")
+        if self.target:
+            parts.append(f"target={self.target}")
+        parts.append(f"mode={self.mode}")
+        if self.repeat:
+            parts.append("repeat=1")
+        return ",".join(parts)
+
+    def applies(self, target: str, epoch: int) -> bool:
+        return (self.epoch is None or self.epoch == epoch) and (self.target is None or self.target == target)
+
+
+def resolve(inject: str | FaultSpec | None) -> FaultSpec | None:
+    """An explicit spec wins over the environment variable."""
+    if isinstance(inject, FaultSpec):
+        return inject
+    return FaultSpec.parse(inject) if inject else FaultSpec.parse(os.environ.get(ENV_VAR))
+
+
+class FaultCounter:
+    """Counts mutations across processes and fires the spec once the count passes K.
+
+    Picklable (paths and the spec only), so executors get their own copy.
+    """
+
+    def __init__(self, spec: FaultSpec | None, counter_file: str, fired_file: str):
+        self.spec = spec
+        self.counter_file = counter_file
+        self.fired_file = fired_file
+
+    @property
+    def armed(self) -> bool:
+        return self.spec is not None and (self.spec.repeat or not os.path.exists(self.fired_file))
+
+    def tick(self, what: str) -> None:
+        """Called after each undo entry is durable, before its mutation."""
+        if not self.armed:
+            return
+        with open(self.counter_file, "a+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            f.seek(0)
+            n = int(f.read().strip() or 0) + 1
+            f.seek(0)
+            f.truncate()
+            f.write(str(n))
+            f.flush()
+            os.fsync(f.fileno())
+            fire = n > self.spec.after
+            if fire:
+                with open(self.fired_file, "w") as m:
+                    m.write(self.spec.to_text() + "\n")
+                    m.flush()
+                    os.fsync(m.fileno())
+        if fire:
+            if self.spec.mode == "kill":
+                os.killpg(os.getpgid(0), signal.SIGKILL)
+            raise InjectedFailure(f"injected failure at mutation {n} ({what}) [{self.spec.to_text()}]")

@@ -1,0 +1,219 @@
+"""The undo journal, the manifest document, consumer cursors and the stats row.
+
+Undo journal (``undo/target=T/epoch=E/`` in the warehouse): one JSON Lines file per
+writer (``ns`` = the driver's namespace operations, ``data-<partition>`` = one per
+executor partition, ``post`` = the driver's links, attributes and deletes). Each line
+is made durable (flush + fsync) BEFORE the mutation it describes, and says how to
+reverse it. ``preimages/`` holds saved bytes of overwritten ranges (posix).
+
+Rollback replays every entry in reverse journal order (phase, then sequence), and
+every undo step is idempotent, so a rollback killed half way simply runs again.
+Entries of one phase written by different partitions touch disjoint paths, so their
+relative order does not matter.
+
+The warehouse must be a local or shared file system (``file://``) for the journal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from epochsync.errors import EpochsyncError
+from epochsync.faults import FaultCounter, FaultSpec
+from epochsync.paths import Warehouse, local_path
+
+PHASE_NAMESPACE, PHASE_DATA, PHASE_POST = 1, 2, 3
+
+
+def journal_dir(warehouse: str, target: str, epoch: int) -> str:
+    return local_path(Warehouse(warehouse).undo(target, epoch))
+
+
+def plan_dir(warehouse: str, target: str, epoch: int) -> str:
+    return local_path(Warehouse(warehouse).plan(target, epoch))
+
+
+class UndoJournal:
+    """Appends undo entries for one writer; every append is durable before it returns."""
+
+    def __init__(
+        self, directory: str, writer: str, phase: int, faults: FaultCounter | None = None, *, tick: bool = True
+    ):
+        self.directory = directory
+        self.writer = writer
+        self.phase = phase
+        self.faults = faults
+        self.tick_enabled = tick
+        os.makedirs(os.path.join(directory, "preimages"), exist_ok=True)
+        self.path = os.path.join(directory, f"{writer}.jsonl")
+        self.seq = _count_lines(self.path)
+        self._f = open(self.path, "a", encoding="utf-8")
+
+    def append(self, entry: dict) -> dict:
+        """Write ``entry`` durably, then give the fault injector its chance to fire."""
+        self.seq += 1
+        entry = {"phase": self.phase, "writer": self.writer, "seq": self.seq, **entry}
+        self._f.write(json.dumps(entry, sort_keys=True) + "\n")
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        if self.faults is not None and self.tick_enabled:
+            self.faults.tick(f"{entry['op']} {entry.get('path') or entry.get('key') or ''}".strip())
+        return entry
+
+    def tick(self, what: str) -> None:
+        """A mutation that needs no undo entry of its own (a multipart part)."""
+        if self.faults is not None and self.tick_enabled:
+            self.faults.tick(what)
+
+    def save_preimage(self, name: str, data: bytes) -> str:
+        """Store bytes an overwrite will destroy; durable before returning its path."""
+        path = os.path.join(self.directory, "preimages", name)
+        tmp = path + ".tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        return path
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _count_lines(path: str) -> int:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return sum(1 for _ in f)
+    except FileNotFoundError:
+        return 0
+
+
+def read_journal(directory: str) -> list[dict]:
+    """Every entry of an epoch's journal, in the order the mutations happened.
+
+    A torn last line (a process killed while writing it) is ignored: its mutation
+    had not started, because a mutation only starts after its entry is durable.
+    """
+    entries = []
+    if not os.path.isdir(directory):
+        return entries
+    for name in sorted(os.listdir(directory)):
+        if not name.endswith(".jsonl"):
+            continue
+        with open(os.path.join(directory, name), encoding="utf-8") as f:
+            for line in f:
+                if not line.endswith("\n"):
+                    break
+                entries.append(json.loads(line))
+    entries.sort(key=lambda e: (e["phase"], e["writer"], e["seq"]))
+    return entries
+
+
+def journal_exists(directory: str) -> bool:
+    return os.path.isdir(directory) and any(n.endswith(".jsonl") for n in os.listdir(directory))
+
+
+def remove_journal(directory: str) -> None:
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def fault_counter(warehouse: str, target: str, epoch: int, spec: FaultSpec | None) -> FaultCounter | None:
+    """The counter for one apply run of (target, epoch), or None when no spec applies."""
+    if spec is None or not spec.applies(target, epoch):
+        return None
+    jdir = journal_dir(warehouse, target, epoch)
+    pdir = plan_dir(warehouse, target, epoch)
+    os.makedirs(jdir, exist_ok=True)
+    os.makedirs(pdir, exist_ok=True)
+    counter = os.path.join(jdir, "faults.count")
+    # a fresh apply run counts from zero
+    if os.path.exists(counter):
+        os.remove(counter)
+    return FaultCounter(spec, counter, os.path.join(pdir, "fault.fired"))
+
+
+# --------------------------------------------------------------------------- manifest
+
+
+def manifest_doc(target: str, source: str, epoch: int, snapshot_uri: str) -> dict:
+    """The manifest (docs/INTERNALS.md "Target manifest")."""
+    return {
+        "target": target,
+        "source": source,
+        "epoch": epoch,
+        "snapshot": snapshot_uri,
+        "committed_at": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+    }
+
+
+def manifest_epoch(doc: dict | None) -> int:
+    """A missing manifest means epoch 0 (an empty target)."""
+    if doc is None:
+        return 0
+    try:
+        return int(doc["epoch"])
+    except (KeyError, TypeError, ValueError):
+        raise EpochsyncError(f"target manifest is unreadable: {doc!r}") from None
+
+
+# --------------------------------------------------------------------------- files in the warehouse
+
+
+def write_json_atomic(path: str, doc) -> None:
+    """Write ``doc`` to ``path`` so a reader sees the old or the new file, never half."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=1, sort_keys=True)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: str, default=None):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return default
+
+
+def advance_cursor(warehouse: str, source: str, consumer: str, epoch: int, servers: dict[str, int]) -> dict:
+    """Move a consumer's cursor to ``epoch``; per-server indexes only ever grow."""
+    path = local_path(Warehouse(warehouse).cursor(source, consumer))
+    old = read_json(path, {}) or {}
+    merged = dict(old.get("servers") or {})
+    for server, index in servers.items():
+        if index is not None and (server not in merged or index > merged[server]):
+            merged[server] = int(index)
+    doc = {"epoch": max(int(old.get("epoch") or 0), epoch), "servers": merged}
+    write_json_atomic(path, doc)
+    return doc
+
+
+def write_stage_stats(warehouse: str, target: str, epoch: int, stage: str, stats: dict) -> None:
+    """One stage's figures, assembled into the stats row at commit."""
+    path = os.path.join(plan_dir(warehouse, target, epoch), "stages", f"{stage}.json")
+    write_json_atomic(path, {"stage": stage, "written_at": time.time(), **stats})
+
+
+def read_stage_stats(warehouse: str, target: str, epoch: int) -> dict[str, dict]:
+    d = os.path.join(plan_dir(warehouse, target, epoch), "stages")
+    out = {}
+    if os.path.isdir(d):
+        for name in sorted(os.listdir(d)):
+            if name.endswith(".json"):
+                out[name[:-5]] = read_json(os.path.join(d, name))
+    return out

@@ -1,0 +1,588 @@
+"""The data plane's stages, the ``replicate`` and ``rollback`` verbs, and what the DAGs call.
+
+Stage functions (``cfg`` is a :class:`~epochsync.config.Config` or a config file path,
+``target`` a target name; ``epoch`` is the last epoch of the run and ``first_epoch``
+the first one when a run merges a window of several closed epochs, default ``epoch``):
+
+``check_preconditions(cfg, target, epoch, first_epoch=None) -> dict``
+    DESIGN section 5 invariants before anything is written: ``{"action": "run" |
+    "noop" | "rollback_first", "committed": M, ...}``. A gap (the manifest is below
+    ``first_epoch - 1``) raises :class:`EpochError` naming the missing epochs and the
+    command that backfills them.
+``run_translate(cfg, target, epoch, spark, whole_file=False, first_epoch=None) -> dict``
+    Reads snapshots ``first-1`` and ``epoch`` and the change set (written by the merge),
+    writes ``plans/target=T/epoch=E/plan.json``; returns the plan summary.
+``run_apply(cfg, target, epoch, spark=None, inject=None, first_epoch=None) -> dict``
+    Checks the preconditions (an unfinished epoch is rolled back first), the write
+    fence, then applies the plan (namespace on the driver, data on executors when
+    ``spark`` is given, post operations on the driver), journaling before each mutation.
+``run_verify(cfg, target, epoch, spark=None, first_epoch=None) -> dict``
+    Checks every touched path against the source at E; raises if anything differs.
+``run_commit(cfg, target, epoch, first_epoch=None) -> dict``
+    Requires a passed verify; drops the posix scratch area, writes the stats row, the
+    manifest (last, atomically), advances the consumer cursor; returns the stats row.
+``run_rollback(cfg, target, spark=None) -> dict``
+    Replays the undo journal of the unfinished epoch in reverse (idempotent, resumable),
+    then checks the target against the snapshot of its committed epoch. A no-op when
+    nothing is unfinished. (Called with an argparse namespace it is the CLI verb.)
+``replicate(cfg, target, through_epoch, *, epoch=None, spark=None, inject=None, whole_file=False, progress=print)``
+    For every closed epoch after the committed one up to ``through_epoch`` (or just
+    ``epoch``): ingest → merge → translate → apply → verify → commit, one progress line
+    per stage; a failure in apply, verify or commit is rolled back and re-raised.
+``committed_epoch(cfg, target)``, ``commit_epoch(cfg, target, first, through)``,
+``rollback_epoch(cfg, target, through=None)``: the names the Airflow tasks use.
+
+Fault injection (tests, the demo, the DAG param): ``inject="after=K,epoch=E"`` or the
+environment variable ``EPOCHSYNC_INJECT_FAILURE``; see :mod:`epochsync.faults`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from typing import Any
+
+from epochsync.config import Config, TargetConfig, load_config
+from epochsync.errors import EpochError, EpochsyncError
+from epochsync.journal import (
+    advance_cursor,
+    fault_counter,
+    journal_dir,
+    journal_exists,
+    manifest_doc,
+    manifest_epoch,
+    plan_dir,
+    read_journal,
+    read_json,
+    read_stage_stats,
+    remove_journal,
+    write_json_atomic,
+    write_stage_stats,
+)
+from epochsync.paths import Warehouse, local_path
+
+
+def _config(cfg: Config | str | os.PathLike) -> Config:
+    return cfg if isinstance(cfg, Config) else load_config(cfg)
+
+
+def _target_cfg(cfg: Config, target: str | TargetConfig) -> TargetConfig:
+    return target if isinstance(target, TargetConfig) else cfg.target(target)
+
+
+def open_target_for(cfg: Config, tcfg: TargetConfig):
+    from epochsync.targets import open_target
+
+    return open_target(tcfg)
+
+
+def source_access(cfg: Config, tcfg: TargetConfig):
+    from epochsync.connections import resolve_s3
+    from epochsync.targets.s3 import S3Access
+
+    src = cfg.source_of(tcfg)
+    return S3Access(resolve_s3(src.store.conn_id), max_attempts=tcfg.max_attempts), src.store.bucket
+
+
+def committed_epoch(cfg, target) -> int:
+    """The epoch in the target's manifest (0 for an empty target)."""
+    cfg = _config(cfg)
+    return manifest_epoch(open_target_for(cfg, _target_cfg(cfg, target)).read_manifest())
+
+
+def unfinished_epochs(cfg: Config, tcfg: TargetConfig, committed: int) -> list[int]:
+    """Epochs above the committed one that have an undo journal (an apply that did not commit)."""
+    base = local_path(Warehouse(cfg.warehouse).uri + f"/undo/target={tcfg.name}")
+    out = []
+    if os.path.isdir(base):
+        for name in os.listdir(base):
+            m = re.fullmatch(r"epoch=(\d+)", name)
+            if m and int(m.group(1)) > committed and journal_exists(os.path.join(base, name)):
+                out.append(int(m.group(1)))
+    return sorted(out)
+
+
+def check_preconditions(cfg, target, epoch: int, first_epoch: int | None = None) -> dict:
+    """DESIGN section 5 invariants; raises EpochError on a gap. See the module docstring."""
+    cfg = _config(cfg)
+    tcfg = _target_cfg(cfg, target)
+    first = first_epoch or epoch
+    committed = committed_epoch(cfg, tcfg)
+    unfinished = unfinished_epochs(cfg, tcfg, committed)
+    if committed >= epoch:
+        return {"action": "noop", "committed": committed, "unfinished": unfinished,
+                "message": f"target {tcfg.name} is already at epoch {committed}: epoch {epoch} is a no-op"}  # fmt: skip
+    if committed < first - 1:
+        missing = list(range(committed + 1, first))
+        span = f"{missing[0]}" if len(missing) == 1 else f"{missing[0]}..{missing[-1]}"
+        raise EpochError(
+            f"target {tcfg.name} is at epoch {committed}, so epoch {first} would leave a gap: epoch(s) {span} "
+            f"are missing. Backfill them first: epochsync replicate --config {cfg.file} --target {tcfg.name} "
+            f"--through {first - 1} (or in Airflow: airflow backfill create --dag-id "
+            f"epochsync__{tcfg.source}__{tcfg.name} ...)"
+        )
+    if unfinished:
+        return {"action": "rollback_first", "committed": committed, "unfinished": unfinished,
+                "message": f"epoch(s) {unfinished} of target {tcfg.name} did not commit: rolling back first"}  # fmt: skip
+    return {"action": "run", "committed": committed, "unfinished": [], "message": "ok"}
+
+
+# --------------------------------------------------------------------------- translate
+
+
+def _target_dict(tcfg: TargetConfig) -> dict:
+    return {
+        "name": tcfg.name, "kind": tcfg.kind, "fileset": list(tcfg.fileset), "coalesce_gap": tcfg.coalesce_gap,
+        "part_size": tcfg.part_size, "small_object": tcfg.small_object,
+        "stripe_size": tcfg.stripe_size, "stripe_count": tcfg.stripe_count,
+    }  # fmt: skip
+
+
+def _store_dict(cfg: Config, tcfg: TargetConfig) -> dict:
+    store = cfg.source_of(tcfg).store
+    return {"key": store.key, "unstriped_key": store.unstriped_key, "bucket": store.bucket}
+
+
+def plan_path(cfg: Config, target: str, epoch: int) -> str:
+    return os.path.join(plan_dir(cfg.warehouse, target, epoch), "plan.json")
+
+
+def run_translate(cfg, target, epoch: int, spark, whole_file: bool = False, first_epoch: int | None = None) -> dict:
+    """Build and store the plan of ``first_epoch..epoch`` for ``target``; returns its summary."""
+    from pyspark.sql import functions as F
+
+    from epochsync.snapshot import path_exists, read_snapshot, resolve_paths  # noqa: F401
+    from epochsync.translate import build_plan, plan_entries
+
+    t0 = time.monotonic()
+    cfg = _config(cfg)
+    tcfg = _target_cfg(cfg, target)
+    src = cfg.source_of(tcfg)
+    first = first_epoch or epoch
+    wh = Warehouse(cfg.warehouse)
+    old = read_snapshot(spark, wh, tcfg.name, first - 1, src.root_fid)
+    new = read_snapshot(spark, wh, tcfg.name, epoch, src.root_fid)
+    if not path_exists(spark, wh.changes(tcfg.name, epoch)):
+        raise EpochError(f"no change set for target {tcfg.name} epoch {epoch}: run the merge stage first")
+    changes = spark.read.parquet(wh.changes(tcfg.name, epoch))
+    if whole_file:
+        changes = changes.withColumn("whole_file", F.col("data_changed"))
+    entries = plan_entries(old, new, changes, root_fid=src.root_fid, fileset=tcfg.fileset)
+    plan = build_plan(entries, target=_target_dict(tcfg), store=_store_dict(cfg, tcfg), epoch=epoch, first_epoch=first)
+    plan["source"] = src.name
+    plan["snapshot"] = wh.snapshot(tcfg.name, epoch)
+    records_in = 0
+    if all(path_exists(spark, wh.records(src.name, e)) for e in range(first, epoch + 1)):
+        records_in = (
+            spark.read.parquet(*(wh.records(src.name, e) for e in range(first, epoch + 1)))
+            .filter(F.col("type") != "EPOCH")
+            .count()
+        )
+    plan["summary"]["records_in"] = records_in
+    write_json_atomic(plan_path(cfg, tcfg.name, epoch), plan)
+    summary = dict(plan["summary"], seconds=round(time.monotonic() - t0, 3))
+    write_stage_stats(cfg.warehouse, tcfg.name, epoch, "translate", summary)
+    return summary
+
+
+def load_plan(cfg: Config, target: str, epoch: int) -> dict:
+    plan = read_json(plan_path(cfg, target, epoch))
+    if plan is None:
+        raise EpochError(f"no plan for target {target} epoch {epoch}: run the translate stage first")
+    return plan
+
+
+# --------------------------------------------------------------------------- apply
+
+
+def run_apply(cfg, target, epoch: int, spark=None, inject=None, first_epoch: int | None = None) -> dict:
+    """Apply the stored plan (see the module docstring); returns the apply figures."""
+    from epochsync.apply import apply_plan
+    from epochsync.faults import resolve
+
+    t0 = time.monotonic()
+    cfg = _config(cfg)
+    tcfg = _target_cfg(cfg, target)
+    pre = check_preconditions(cfg, tcfg, epoch, first_epoch)
+    if pre["action"] == "noop":
+        return {"noop": True, "message": pre["message"]}
+    if pre["action"] == "rollback_first":
+        run_rollback(cfg, tcfg, spark=spark)
+    plan = load_plan(cfg, tcfg.name, epoch)
+    tgt = open_target_for(cfg, tcfg)
+    if tgt.kind == "s3":
+        tgt.ensure_bucket()
+    problems, state = tgt.fence_check(plan["fence"], tgt.fence_time_ns())
+    if problems:
+        shown = "; ".join(problems[:20]) + (f"; and {len(problems) - 20} more" if len(problems) > 20 else "")
+        raise EpochError(
+            f"write fence: target {tcfg.name} ({tgt.describe()}) was changed by someone else since epoch "
+            f"{pre['committed']}: {shown}. Nothing was written. Restore those paths or re-hydrate the target."
+        )
+    source_io, bucket = source_access(cfg, tcfg)
+    jdir = journal_dir(cfg.warehouse, tcfg.name, epoch)
+    os.makedirs(jdir, exist_ok=True)
+    write_json_atomic(os.path.join(jdir, "meta.json"), {"epoch": epoch, "first_epoch": plan.get("first_epoch")})
+    faults = fault_counter(cfg.warehouse, tcfg.name, epoch, resolve(inject))
+    figures = apply_plan(plan, tgt, source_io, bucket, jdir, state, spark=spark, faults=faults)
+    figures["seconds"] = round(time.monotonic() - t0, 3)
+    write_stage_stats(cfg.warehouse, tcfg.name, epoch, "apply", figures)
+    return figures
+
+
+# --------------------------------------------------------------------------- verify
+
+
+def run_verify(cfg, target, epoch: int, spark=None, first_epoch: int | None = None) -> dict:
+    """Verify the applied epoch against the source; raises EpochError on any difference."""
+    from epochsync.verify import verify_plan
+
+    t0 = time.monotonic()
+    cfg = _config(cfg)
+    tcfg = _target_cfg(cfg, target)
+    plan = load_plan(cfg, tcfg.name, epoch)
+    tgt = open_target_for(cfg, tcfg)
+    source_io, bucket = source_access(cfg, tcfg)
+    result = verify_plan(plan, tgt, source_io, bucket, sample=tcfg.verify.sample)
+    result["seconds"] = round(time.monotonic() - t0, 3)
+    result["source_requests"] = source_io.counters.as_dict()
+    write_json_atomic(os.path.join(plan_dir(cfg.warehouse, tcfg.name, epoch), "verify.json"), result)
+    write_stage_stats(cfg.warehouse, tcfg.name, epoch, "verify", result)
+    if not result["ok"]:
+        raise EpochError(
+            f"verify of target {tcfg.name} epoch {epoch}: {result['problem_count']} difference(s) with the source: "
+            + "; ".join(result["problems"][:10])
+        )
+    return result
+
+
+# --------------------------------------------------------------------------- commit
+
+
+def _last_indexes(cfg: Config, source: str, first: int, last: int) -> dict[str, int]:
+    """Per server, the last record index of the window (from the ingested Parquet)."""
+    import pyarrow.dataset as ds
+
+    out: dict[str, int] = {}
+    wh = Warehouse(cfg.warehouse)
+    for e in range(first, last + 1):
+        path = local_path(wh.records(source, e))
+        if not os.path.isdir(path):
+            continue
+        table = ds.dataset(path, format="parquet", partitioning="hive").to_table(columns=["server", "index"])
+        servers = table.column("server").to_pylist()
+        for server, index in zip(servers, table.column("index").to_pylist()):
+            if index is not None and (server not in out or index > out[server]):
+                out[server] = index
+    return out
+
+
+def run_commit(cfg, target, epoch: int, first_epoch: int | None = None) -> dict:
+    """Commit a verified epoch; returns the stats row (see the module docstring)."""
+    t0 = time.monotonic()
+    cfg = _config(cfg)
+    tcfg = _target_cfg(cfg, target)
+    tgt = open_target_for(cfg, tcfg)
+    committed = manifest_epoch(tgt.read_manifest())
+    if committed >= epoch:
+        return {"noop": True, "message": f"target {tcfg.name} is already at epoch {committed}"}
+    pdir = plan_dir(cfg.warehouse, tcfg.name, epoch)
+    verify = read_json(os.path.join(pdir, "verify.json"))
+    if not verify or not verify.get("ok"):
+        raise EpochError(f"target {tcfg.name} epoch {epoch} has not passed verify: run the verify stage first")
+    plan = load_plan(cfg, tcfg.name, epoch)
+    first = first_epoch or plan.get("first_epoch") or epoch
+    if committed != first - 1:
+        raise EpochError(f"target {tcfg.name} is at epoch {committed}; cannot commit epochs {first}..{epoch}")
+    src = cfg.source_of(tcfg)
+    tgt.finish_commit(epoch)
+    stages = read_stage_stats(cfg.warehouse, tcfg.name, epoch)
+    row = stats_row(tcfg, src.name, first, epoch, stages, plan)
+    row["durations"]["commit"] = round(time.monotonic() - t0, 3)
+    write_json_atomic(local_path(Warehouse(cfg.warehouse).stats(tcfg.name, epoch)), row)
+    tgt.write_manifest(manifest_doc(tcfg.name, src.name, epoch, plan.get("snapshot") or ""))
+    # after the manifest: a cursor ahead of the manifest could let records be purged too early
+    advance_cursor(cfg.warehouse, src.name, tcfg.name, epoch, _last_indexes(cfg, src.name, first, epoch))
+    remove_journal(journal_dir(cfg.warehouse, tcfg.name, epoch))
+    return row
+
+
+def stats_row(tcfg: TargetConfig, source: str, first: int, epoch: int, stages: dict, plan: dict) -> dict:
+    """The per-epoch stats row (DESIGN section 5 commit)."""
+    s = plan.get("summary", {})
+    apply = stages.get("apply", {})
+    tr = apply.get("target_requests", {})
+    sr = apply.get("source_requests", {})
+    return {
+        "target": tcfg.name,
+        "source": source,
+        "first_epoch": first,
+        "epoch": epoch,
+        "status": "committed",
+        "records_in": s.get("records_in", 0),
+        "net_operations": {
+            k: s.get(k, 0) for k in ("created", "deleted", "moved", "linked", "unlinked", "attrs", "data")
+        },
+        "bytes_changed": s.get("changed_bytes", 0),
+        "bytes_pulled": apply.get("bytes_pulled", 0),
+        "bytes_written": apply.get("bytes_written", 0),
+        "bytes_copied": apply.get("bytes_copied", 0),
+        "requests": {
+            "source": sr.get("total_requests", 0),
+            "target": tr.get("total_requests", 0),
+            "source_by_op": sr.get("requests", {}),
+            "target_by_op": tr.get("requests", {}),
+            "retries": sr.get("retries", 0) + tr.get("retries", 0),
+        },
+        "durations": {k: v.get("seconds") for k, v in stages.items() if isinstance(v, dict) and "seconds" in v},
+        "committed_at": time.time(),
+    }
+
+
+def commit_epoch(cfg, target, first: int, through: int) -> dict:
+    """Airflow's ``commit`` task: :func:`run_commit` of the window ``first..through``."""
+    return run_commit(cfg, target, through, first_epoch=first)
+
+
+# --------------------------------------------------------------------------- rollback
+
+
+def _expected_namespace(cfg: Config, tcfg: TargetConfig, epoch: int, spark) -> dict[str, dict]:
+    """path → attributes of every path the target should hold at ``epoch`` (snapshot)."""
+    from epochsync.snapshot import read_snapshot
+    from epochsync.translate import attrs_of, resolve_links, visible
+
+    src = cfg.source_of(tcfg)
+    snap = read_snapshot(spark, Warehouse(cfg.warehouse), tcfg.name, epoch, src.root_fid)
+    links = visible(resolve_links(snap, src.root_fid), tcfg.fileset).select("fid", "path")
+    rows = links.join(snap, "fid").collect()
+    return {r["path"]: attrs_of(r["fid"], r.asDict(recursive=True)) for r in rows}
+
+
+def rollback_target(cfg, target, spark=None, *, check: bool = True, progress=None) -> dict:
+    """Undo every unfinished epoch of ``target`` (see :func:`run_rollback`)."""
+    from epochsync.verify import compare_with_snapshot
+
+    cfg = _config(cfg)
+    tcfg = _target_cfg(cfg, target)
+    tgt = open_target_for(cfg, tcfg)
+    committed = manifest_epoch(tgt.read_manifest())
+    epochs = unfinished_epochs(cfg, tcfg, committed)
+    if not epochs:
+        return {"rolled_back": [], "committed": committed, "undone": 0, "message": "nothing to roll back"}
+    t0 = time.monotonic()
+    undone = 0
+    for e in sorted(epochs, reverse=True):
+        jdir = journal_dir(cfg.warehouse, tcfg.name, e)
+        entries = read_journal(jdir)
+        for entry in reversed(entries):
+            tgt.undo(entry, jdir)
+            undone += 1
+        tgt.finish_rollback(e)
+        if progress:
+            progress(f"rollback: epoch {e}: {len(entries)} journal entries undone")
+    problems: list[str] = []
+    if check:
+        if spark is None:
+            from epochsync.spark import spark_session
+
+            spark = spark_session("epochsync-rollback")
+        expected = _expected_namespace(cfg, tcfg, committed, spark)
+        scaffold = _fileset_ancestors(tcfg)
+        problems = [p for p in compare_with_snapshot(tgt, expected) if p.split(":", 1)[0] not in scaffold]
+        if problems:
+            raise EpochError(
+                f"rollback of target {tcfg.name}: the undo journal was replayed but the target does not match "
+                f"snapshot {committed}: " + "; ".join(problems[:10]) + " (the journal is kept; run rollback again "
+                "after fixing the cause, or re-hydrate the target)"
+            )
+    tgt.mark_rollback(max(epochs))
+    for e in epochs:
+        remove_journal(journal_dir(cfg.warehouse, tcfg.name, e))
+    return {
+        "rolled_back": epochs,
+        "committed": committed,
+        "undone": undone,
+        "checked": check,
+        "seconds": round(time.monotonic() - t0, 3),
+        "message": f"target {tcfg.name} is back at epoch {committed}",
+    }
+
+
+def _fileset_ancestors(tcfg: TargetConfig) -> set[str]:
+    out = set()
+    for sub in tcfg.fileset:
+        parts = sub.strip("/").split("/")
+        for i in range(1, len(parts)):
+            out.add("/".join(parts[:i]))
+    return out
+
+
+def rollback_epoch(cfg, target, through: int | None = None) -> dict:
+    """Airflow's ``rollback`` task."""
+    return rollback_target(cfg, target)
+
+
+# --------------------------------------------------------------------------- replicate
+
+
+def _closed(cfg: Config, source: str, epoch: int) -> list[str]:
+    from epochsync.ingest import missing_epoch_servers
+
+    return sorted(missing_epoch_servers(cfg, source, epoch))
+
+
+def _ingest(cfg: Config, source: str, first: int, last: int, spark) -> dict:
+    from epochsync.ingest import run_ingest
+
+    return run_ingest(cfg, source, first, last, spark)
+
+
+def replicate(
+    cfg,
+    target,
+    through_epoch: int | None = None,
+    *,
+    epoch: int | None = None,
+    spark=None,
+    inject=None,
+    whole_file: bool = False,
+    progress=print,
+) -> list[dict]:
+    """Replicate every closed epoch up to ``through_epoch`` (or only ``epoch``); returns stats rows."""
+    cfg = _config(cfg)
+    tcfg = _target_cfg(cfg, target)
+    if spark is None:
+        from epochsync.spark import spark_session
+
+        spark = spark_session(f"epochsync-replicate-{tcfg.name}")
+    committed = committed_epoch(cfg, tcfg)
+    if epoch is not None:
+        epochs = [epoch]
+    else:
+        epochs = list(range(committed + 1, (through_epoch or 0) + 1))
+    rows = []
+    if not epochs:
+        progress(f"{tcfg.name}: at epoch {committed}, nothing to do up to epoch {through_epoch}")
+    for e in epochs:
+        row = _replicate_epoch(cfg, tcfg, e, spark, inject, whole_file, progress)
+        if row is not None:
+            rows.append(row)
+    return rows
+
+
+def _replicate_epoch(cfg: Config, tcfg: TargetConfig, e: int, spark, inject, whole_file: bool, progress):
+    """One epoch through every stage; a failure after apply started is rolled back."""
+    from epochsync.merge import run_merge
+
+    src = cfg.source_of(tcfg)
+    pre = check_preconditions(cfg, tcfg, e)
+    if pre["action"] == "noop":
+        progress(f"{tcfg.name} epoch {e}: {pre['message']}")
+        return None
+    if pre["action"] == "rollback_first":
+        progress(f"{tcfg.name} epoch {e}: {pre['message']}")
+        r = rollback_target(cfg, tcfg, spark, progress=progress)
+        progress(f"{tcfg.name}: {r['message']}")
+    missing = _closed(cfg, src.name, e)
+    if missing:
+        raise EpochError(f"epoch {e} of source {src.name} is not closed: no EPOCH record yet from {', '.join(missing)}")
+
+    def step(name, fn, detail):
+        t = time.monotonic()
+        progress(f"{tcfg.name} epoch {e}: {name} ...")
+        out = fn()
+        took = time.monotonic() - t
+        progress(f"{tcfg.name} epoch {e}: {name} done in {took:.1f}s{detail(out)}")
+        if name in ("ingest", "merge"):
+            write_stage_stats(cfg.warehouse, tcfg.name, e, name, {**_plain(out), "seconds": round(took, 3)})
+        return out
+
+    step("ingest", lambda: _ingest(cfg, src.name, e, e, spark), lambda o: _fmt(o, "records"))
+    step("merge", lambda: run_merge(cfg, tcfg.name, e, e, spark), lambda o: _fmt(o, "changes"))
+    step("translate", lambda: run_translate(cfg, tcfg, e, spark, whole_file=whole_file),
+         lambda o: f": {o['namespace_ops']} namespace, {o['data_ops']} data, {o['post_ops']} post operations")  # fmt: skip
+    try:
+        step("apply", lambda: run_apply(cfg, tcfg, e, spark, inject=inject),
+             lambda o: f": {o.get('bytes_pulled', 0)} bytes pulled, {o.get('bytes_written', 0)} written, "
+                       f"{o.get('bytes_copied', 0)} copied server-side")  # fmt: skip
+        step("verify", lambda: run_verify(cfg, tcfg, e, spark),
+             lambda o: f": {o['paths_checked']} paths, {o['files_hashed']} files hashed")  # fmt: skip
+        return step("commit", lambda: run_commit(cfg, tcfg, e), lambda o: f": manifest at epoch {e}")
+    except Exception as exc:
+        progress(f"{tcfg.name} epoch {e}: FAILED: {exc}")
+        try:
+            r = rollback_target(cfg, tcfg, spark, progress=progress)
+            progress(f"{tcfg.name} epoch {e}: rolled back: {r['message']}")
+        except Exception as rexc:
+            raise EpochsyncError(
+                f"epoch {e} failed ({exc}) and its rollback failed too ({rexc}); run "
+                f"'epochsync rollback --config {cfg.file} --target {tcfg.name}' again"
+            ) from rexc
+        if isinstance(exc, EpochsyncError):
+            raise EpochError(f"epoch {e} of target {tcfg.name} failed and was rolled back: {exc}") from exc
+        raise
+
+
+def _plain(d) -> dict:
+    return {k: v for k, v in (d or {}).items() if isinstance(v, (int, float, str, bool))} if isinstance(d, dict) else {}
+
+
+def _fmt(o, key) -> str:
+    return f": {o[key]} {key}" if isinstance(o, dict) and key in o else ""
+
+
+# --------------------------------------------------------------------------- CLI verbs
+
+
+def configure_replicate(parser) -> None:
+    parser.add_argument("--config", required=True, metavar="FILE", help="epochsync YAML config")
+    parser.add_argument("--target", required=True, metavar="NAME", help="target to replicate into")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--epoch", type=int, metavar="E", help="replicate exactly this epoch (the next one)")
+    which.add_argument("--through", type=int, metavar="E", help="replicate every closed epoch up to E")
+    parser.add_argument("--whole-file", action="store_true", help="pull changed files whole, not only their extents")
+    parser.add_argument(
+        "--inject-failure", metavar="SPEC", help="fault injection, e.g. after=3,epoch=2 (see epochsync.faults)"
+    )
+
+
+def run_replicate(args) -> int:
+    cfg = load_config(args.config)
+
+    def progress(line: str) -> None:
+        print(line, flush=True)
+
+    rows = replicate(
+        cfg, args.target, args.through, epoch=args.epoch, inject=args.inject_failure,
+        whole_file=args.whole_file, progress=progress,
+    )  # fmt: skip
+    for r in rows:
+        print(
+            f"epoch {r['epoch']}: committed; {r['records_in']} records, ops {r['net_operations']}, "
+            f"{r['bytes_changed']} bytes changed, {r['bytes_pulled']} pulled, {r['bytes_written']} written, "
+            f"{r['bytes_copied']} copied server-side"
+        )
+    return 0
+
+
+def configure_rollback(parser) -> None:
+    parser.add_argument("--config", required=True, metavar="FILE", help="epochsync YAML config")
+    parser.add_argument("--target", required=True, metavar="NAME", help="target to roll back")
+    parser.add_argument("--no-check", action="store_true", help="skip the final check against the snapshot")
+
+
+def run_rollback(cfg_or_args, target=None, spark=None) -> Any:
+    """Stage: ``run_rollback(cfg, target, spark=None) -> dict``. CLI: ``run_rollback(args) -> int``."""
+    if target is not None or isinstance(cfg_or_args, (Config, str, os.PathLike)):
+        return rollback_target(cfg_or_args, target, spark)
+    args = cfg_or_args
+    r = rollback_target(args.config, args.target, check=not args.no_check, progress=lambda s: print(s, flush=True))
+    print(r["message"] + (f" ({r['undone']} journal entries undone)" if r["rolled_back"] else ""))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit("use: epochsync replicate|rollback ...")

@@ -1,0 +1,160 @@
+"""The target contract every backend implements, and the path-safety rule they share.
+
+A target holds one replica. The data plane talks to it only through this contract:
+
+- ``read_manifest()`` / ``write_manifest(doc)``: the single source of truth for the
+  committed epoch (docs/INTERNALS.md "Target manifest"), written last and atomically.
+- ``fence_time_ns()``: the instant of the last commit or rollback, for the write fence.
+- ``fence_check(expect)``: which of the paths a plan touches were changed by someone
+  else since that instant (DESIGN section 5 "write fence").
+- ``run_namespace_op`` / ``run_data_op`` / ``run_post_op``: mutate the replica, each
+  mutation preceded by an undo entry made durable in the :class:`UndoJournal` given.
+- ``undo(entry)``: reverse one journal entry; idempotent, so a rollback can resume.
+- ``walk()``: every entry of the replica with its content hash, excluding
+  ``.epochsync/``: what tests and the rollback check compare.
+- ``finish_commit(epoch)`` / ``finish_rollback(epoch)``: drop or clean the epoch's
+  scratch area (posix moved-aside originals).
+
+Paths are replica-relative (``a/b/c``). :func:`safe_relpath` refuses anything that
+could address something outside the replica, whatever names a changelog holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from epochsync.errors import EpochsyncError, RecordError
+from epochsync.names import check_relative_path
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from epochsync.config import TargetConfig
+
+#: The replica's own area (manifest, scratch); never a replicated path.
+CONTROL_DIR = ".epochsync"
+
+
+class UnsafePathError(EpochsyncError):
+    """A plan or changelog named a path that could leave the replica."""
+
+
+def safe_relpath(path: str, what: str = "path") -> str:
+    """Return ``path`` if it is a safe replica-relative path, else raise UnsafePathError.
+
+    Every component must be a safe basename (epochsync.names) and the first one may
+    not be the control directory, so no plan can touch the manifest or the journal.
+    """
+    try:
+        check_relative_path(path, what)
+    except RecordError as exc:
+        raise UnsafePathError(f"refusing {what} {path!r}: {exc}") from None
+    if path.split("/", 1)[0] == CONTROL_DIR:
+        raise UnsafePathError(f"refusing {what} {path!r}: {CONTROL_DIR}/ belongs to epochsync")
+    return path
+
+
+@dataclass
+class Entry:
+    """One path of a replica as a reader sees it (what replicas are compared on)."""
+
+    path: str
+    type: str  # file, dir, symlink, other
+    size: int = 0
+    mode: int | None = None  # permission bits only (& 0o7777)
+    uid: int | None = None
+    gid: int | None = None
+    symlink: str | None = None
+    xattrs: dict[str, bytes] = field(default_factory=dict)
+    sha256: str | None = None
+    mtime_ns: int | None = None
+    fid: str | None = None
+
+    def comparable(self, *, owners: bool = True, xattrs: bool = True) -> tuple:
+        """The fields replica comparisons use (times are not compared)."""
+        return (
+            self.path,
+            self.type,
+            self.size if self.type == "file" else 0,
+            self.mode,
+            self.uid if owners else None,
+            self.gid if owners else None,
+            self.symlink,
+            tuple(sorted(self.xattrs.items())) if xattrs else (),
+            self.sha256 if self.type == "file" else None,
+        )
+
+
+class Target:
+    """Base class of the backends. See the module docstring for the contract."""
+
+    kind = "?"
+
+    def __init__(self, cfg: TargetConfig):
+        self.cfg = cfg
+        self.name = cfg.name
+
+    # -- identity and manifest
+    def describe(self) -> str:
+        raise NotImplementedError
+
+    def read_manifest(self) -> dict | None:
+        raise NotImplementedError
+
+    def write_manifest(self, doc: dict) -> None:
+        raise NotImplementedError
+
+    def fence_time_ns(self) -> int | None:
+        raise NotImplementedError
+
+    def mark_rollback(self, epoch: int) -> None:
+        """Record that a rollback finished now (it moves the fence instant forward)."""
+        raise NotImplementedError
+
+    # -- reading
+    def walk(self, *, hashes: bool = True) -> Iterator[Entry]:
+        raise NotImplementedError
+
+    def read_file(self, path: str) -> bytes:
+        raise NotImplementedError
+
+    def stat(self, path: str, type_hint: str | None = None) -> Entry | None:
+        raise NotImplementedError
+
+    # -- write fence
+    def fence_check(self, expect: list[dict], since_ns: int | None) -> tuple[list[str], dict[str, Any]]:
+        """Problems (one line per foreign change) and per-path state the apply needs."""
+        raise NotImplementedError
+
+    # -- mutations
+    def prepare(self, epoch: int) -> None:
+        """Create what an apply of ``epoch`` needs (scratch area, parents of the fileset)."""
+
+    def run_namespace_op(self, op: dict, journal, state: dict) -> None:
+        raise NotImplementedError
+
+    def run_post_op(self, op: dict, journal, state: dict) -> None:
+        raise NotImplementedError
+
+    def undo(self, entry: dict, journal_dir: str) -> None:
+        raise NotImplementedError
+
+    def finish_commit(self, epoch: int) -> None:
+        """Make the epoch's deletes final (drop moved-aside originals)."""
+
+    def finish_rollback(self, epoch: int) -> None:
+        """Remove what is left of the epoch's scratch area after a rollback."""
+
+
+def open_target(cfg: TargetConfig) -> Target:
+    """The backend for ``cfg.kind``."""
+    if cfg.kind == "posix":
+        from epochsync.targets.posix import PosixTarget
+
+        return PosixTarget(cfg)
+    if cfg.kind == "s3":
+        from epochsync.targets.s3 import S3Target
+
+        return S3Target(cfg)
+    raise EpochsyncError(f"target {cfg.name}: unknown kind {cfg.kind!r}")

@@ -1,0 +1,391 @@
+"""The ``posix`` target: a directory tree under ``path`` (DESIGN section 4).
+
+Namespace operations are renames (zero copy), so a delete is a rename into the
+epoch's scratch area ``.epochsync/tmp/<E>/`` (same file system) that the commit
+removes and a rollback renames back. Overwritten byte ranges are saved as pre-images
+in the undo journal before ``pwrite``. Ownership is set only when running as root;
+xattrs in the ``user.`` namespace only.
+
+Path safety: every path is checked with :func:`epochsync.targets.base.safe_relpath`
+and no parent component may be a symlink (a replicated symlink must never let a
+later write land outside the tree); final components are never followed.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import stat as st
+from typing import Any
+
+from epochsync.errors import EpochsyncError, StoreError
+from epochsync.targets.base import CONTROL_DIR, Entry, Target, UnsafePathError, safe_relpath
+
+XATTR_NAMESPACE = "user."
+
+
+def _type_of(mode: int) -> str:
+    if st.S_ISREG(mode):
+        return "file"
+    if st.S_ISDIR(mode):
+        return "dir"
+    if st.S_ISLNK(mode):
+        return "symlink"
+    return "other"
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class PosixTarget(Target):
+    kind = "posix"
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        if not cfg.path:
+            raise EpochsyncError(f"target {cfg.name}: a posix target needs 'path'")
+        self.root = os.path.abspath(cfg.path)
+        self.control = os.path.join(self.root, CONTROL_DIR)
+        self.as_root = os.geteuid() == 0
+
+    def describe(self) -> str:
+        return f"posix:{self.root}"
+
+    # ------------------------------------------------------------------ paths
+    def _abs(self, rel: str) -> str:
+        """Absolute path of a replica path; refuses escapes and symlinked parents."""
+        if rel.startswith("@tmp/"):
+            return self._tmp_abs(rel)
+        safe_relpath(rel)
+        path = os.path.join(self.root, rel)
+        parent = os.path.dirname(path)
+        if os.path.realpath(parent) != os.path.join(os.path.realpath(self.root), os.path.dirname(rel)).rstrip("/"):
+            raise UnsafePathError(f"refusing path {rel!r}: a parent directory is a symlink or missing")
+        return path
+
+    def tmp_dir(self, epoch: int) -> str:
+        return os.path.join(self.control, "tmp", str(int(epoch)))
+
+    def _tmp_abs(self, ref: str) -> str:
+        # "@tmp/<epoch>/<n>": the per-epoch scratch area, names made by translate
+        parts = ref.split("/")
+        if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
+            raise UnsafePathError(f"refusing scratch reference {ref!r}")
+        return os.path.join(self.control, "tmp", parts[1], parts[2])
+
+    # ------------------------------------------------------------------ manifest
+    def read_manifest(self) -> dict | None:
+        try:
+            with open(os.path.join(self.control, "manifest.json"), encoding="utf-8") as f:
+                return json.load(f)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise StoreError(f"{self.describe()}: manifest unreadable: {exc}") from None
+
+    def write_manifest(self, doc: dict) -> None:
+        os.makedirs(self.control, exist_ok=True)
+        path = os.path.join(self.control, "manifest.json")
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=1, sort_keys=True)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(self.control)
+
+    def fence_time_ns(self) -> int | None:
+        times = []
+        for name in ("manifest.json", "rollback.json"):
+            try:
+                times.append(os.lstat(os.path.join(self.control, name)).st_mtime_ns)
+            except FileNotFoundError:
+                pass
+        return max(times) if times else None
+
+    def mark_rollback(self, epoch: int) -> None:
+        os.makedirs(self.control, exist_ok=True)
+        path = os.path.join(self.control, "rollback.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump({"rolled_back_epoch": epoch}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(path + ".tmp", path)
+
+    # ------------------------------------------------------------------ reading
+    def _entry(self, rel: str, path: str, s: os.stat_result, hashes: bool) -> Entry:
+        kind = _type_of(s.st_mode)
+        e = Entry(
+            path=rel, type=kind, size=s.st_size if kind == "file" else 0, mode=st.S_IMODE(s.st_mode),
+            uid=s.st_uid, gid=s.st_gid, mtime_ns=s.st_mtime_ns,
+        )  # fmt: skip
+        if kind == "symlink":
+            e.symlink = os.readlink(path)
+            e.mode = None  # Linux symlink modes are meaningless
+        else:
+            e.xattrs = self._xattrs(path)
+        if kind == "file" and hashes:
+            h = hashlib.sha256()
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+            e.sha256 = h.hexdigest()
+        return e
+
+    def _xattrs(self, path: str) -> dict[str, bytes]:
+        try:
+            names = os.listxattr(path, follow_symlinks=False)
+        except OSError:
+            return {}
+        return {n: os.getxattr(path, n, follow_symlinks=False) for n in names if n.startswith(XATTR_NAMESPACE)}
+
+    def walk(self, *, hashes: bool = True):
+        if not os.path.isdir(self.root):
+            return
+        stack = [""]
+        while stack:
+            rel_dir = stack.pop()
+            base = os.path.join(self.root, rel_dir) if rel_dir else self.root
+            for name in sorted(os.listdir(base)):
+                if not rel_dir and name == CONTROL_DIR:
+                    continue
+                rel = f"{rel_dir}/{name}" if rel_dir else name
+                path = os.path.join(base, name)
+                s = os.lstat(path)
+                e = self._entry(rel, path, s, hashes)
+                yield e
+                if e.type == "dir":
+                    stack.append(rel)
+
+    def read_file(self, path: str) -> bytes:
+        with open(self._abs(path), "rb") as f:
+            return f.read()
+
+    def stat(self, path: str, type_hint: str | None = None) -> Entry | None:
+        p = self._abs(path)
+        try:
+            s = os.lstat(p)
+        except FileNotFoundError:
+            return None
+        return self._entry(path, p, s, hashes=False)
+
+    # ------------------------------------------------------------------ fence
+    def fence_check(self, expect: list[dict], since_ns: int | None) -> tuple[list[str], dict[str, Any]]:
+        problems = []
+        for item in expect:
+            rel = item["path"]
+            try:
+                s = os.lstat(self._abs(rel))
+            except FileNotFoundError:
+                s = None
+            except UnsafePathError as exc:
+                problems.append(f"{rel}: {exc}")
+                continue
+            want = item.get("type")
+            if want is None:
+                if s is not None:
+                    problems.append(f"{rel}: exists but the replica at the last epoch did not have it")
+                continue
+            if s is None:
+                problems.append(f"{rel}: missing (expected a {want})")
+                continue
+            have = _type_of(s.st_mode)
+            if have != want:
+                problems.append(f"{rel}: is a {have}, expected a {want}")
+            elif want == "file" and item.get("size") is not None and s.st_size != item["size"]:
+                problems.append(f"{rel}: size {s.st_size}, expected {item['size']}")
+            elif want != "dir" and since_ns is not None and s.st_ctime_ns > since_ns:
+                problems.append(f"{rel}: changed after the last commit (ctime)")
+        return problems, {}
+
+    # ------------------------------------------------------------------ mutations
+    def prepare(self, epoch: int) -> None:
+        os.makedirs(self.tmp_dir(epoch), exist_ok=True)
+        # parents of the fileset's subtrees are scaffolding, not replicated entries
+        for sub in self.cfg.fileset:
+            parent = os.path.dirname(sub.strip("/"))
+            if parent:
+                os.makedirs(self._abs(parent) if "/" in parent else os.path.join(self.root, parent), exist_ok=True)
+
+    def run_namespace_op(self, op: dict, journal, state: dict) -> None:
+        kind = op["op"]
+        if kind == "rename":
+            src, dst = self._abs(op["src"]), self._abs(op["dst"])
+            journal.append({"op": "rename", "src": op["src"], "dst": op["dst"]})
+            if os.path.lexists(dst):
+                raise StoreError(f"{self.describe()}: cannot move {op['src']} to {op['dst']}: destination exists")
+            os.rename(src, dst)
+        elif kind == "mkdir":
+            path = self._abs(op["path"])
+            journal.append({"op": "mkdir", "path": op["path"]})
+            os.mkdir(path, 0o700)
+        elif kind == "symlink":
+            path = self._abs(op["path"])
+            journal.append({"op": "create", "path": op["path"]})
+            os.symlink(op["target"], path)
+        elif kind == "mknod":
+            path = self._abs(op["path"])
+            journal.append({"op": "create", "path": op["path"]})
+            mode = int(op.get("mode") or 0o600)
+            if st.S_ISFIFO(mode):
+                os.mkfifo(path, st.S_IMODE(mode) or 0o600)
+            else:
+                try:
+                    os.mknod(path, mode, int(op.get("rdev") or 0))
+                except PermissionError:
+                    # device nodes need privileges: keep a placeholder of the right name
+                    os.mkfifo(path, 0o600)
+        else:
+            raise EpochsyncError(f"posix target: unknown namespace operation {kind!r}")
+
+    def run_post_op(self, op: dict, journal, state: dict) -> None:
+        kind = op["op"]
+        if kind == "link":
+            path, existing = self._abs(op["path"]), self._abs(op["existing"])
+            journal.append({"op": "create", "path": op["path"]})
+            os.link(existing, path, follow_symlinks=False)
+        elif kind == "attrs":
+            path = self._abs(op["path"])
+            journal.append({"op": "attrs", "path": op["path"], "old": self._attrs_of(path)})
+            self._set_attrs(path, op["attrs"])
+        else:
+            raise EpochsyncError(f"posix target: unknown post operation {kind!r}")
+
+    def run_data_op(self, op: dict, journal, chunks: list[tuple[int, bytes]]) -> None:
+        """Write one file: create it, or patch ranges in place with pre-images saved first."""
+        rel = op["path"]
+        path = self._abs(rel)
+        new_size = int(op["new_size"])
+        if op.get("create"):
+            journal.append({"op": "create", "path": rel})
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        else:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+            old_size = os.fstat(fd).st_size
+            pre = []
+            spans = [(o, len(b)) for o, b in chunks]
+            if new_size < old_size:
+                spans.append((new_size, old_size - new_size))
+            for i, (o, n) in enumerate(spans):
+                n = min(n, old_size - o)
+                if n <= 0:
+                    continue
+                data = os.pread(fd, n, o)
+                name = f"{journal.writer}-{journal.seq + 1}-{i}"
+                journal.save_preimage(name, data)
+                pre.append({"offset": o, "length": len(data), "file": name})
+            journal.append(
+                {"op": "write", "path": rel, "old_size": old_size, "preimages": pre, "old": self._attrs_of(path)}
+            )
+        try:
+            if os.fstat(fd).st_size != new_size:
+                os.ftruncate(fd, new_size)
+            for offset, data in chunks:
+                if offset < new_size:
+                    os.pwrite(fd, data[: new_size - offset], offset)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if op.get("attrs"):
+            self._set_attrs(path, op["attrs"])
+
+    # ------------------------------------------------------------------ attributes
+    def _attrs_of(self, path: str) -> dict | None:
+        try:
+            s = os.lstat(path)
+        except FileNotFoundError:
+            return None
+        is_link = st.S_ISLNK(s.st_mode)
+        return {
+            "mode": None if is_link else st.S_IMODE(s.st_mode),
+            "uid": s.st_uid,
+            "gid": s.st_gid,
+            "atime_ns": s.st_atime_ns,
+            "mtime_ns": s.st_mtime_ns,
+            "xattrs": {} if is_link else {k: v.hex() for k, v in self._xattrs(path).items()},
+        }
+
+    def _set_attrs(self, path: str, attrs: dict) -> None:
+        s = os.lstat(path)
+        is_link = st.S_ISLNK(s.st_mode)
+        if attrs.get("xattrs") is not None and not is_link:
+            want = {k: bytes.fromhex(v) for k, v in attrs["xattrs"].items() if k.startswith(XATTR_NAMESPACE)}
+            have = self._xattrs(path)
+            for k in have.keys() - want.keys():
+                os.removexattr(path, k, follow_symlinks=False)
+            for k, v in want.items():
+                if have.get(k) != v:
+                    os.setxattr(path, k, v, follow_symlinks=False)
+        if self.as_root and attrs.get("uid") is not None and attrs.get("gid") is not None:
+            os.chown(path, int(attrs["uid"]), int(attrs["gid"]), follow_symlinks=False)
+        if attrs.get("mode") is not None and not is_link:
+            os.chmod(path, st.S_IMODE(int(attrs["mode"])))
+        if attrs.get("mtime_ns") is not None:
+            atime = attrs.get("atime_ns")
+            atime = int(atime) if atime is not None else s.st_atime_ns
+            os.utime(path, ns=(atime, int(attrs["mtime_ns"])), follow_symlinks=False)
+
+    # ------------------------------------------------------------------ undo
+    def undo(self, entry: dict, journal_dir: str) -> None:
+        op = entry["op"]
+        if op == "rename":
+            src, dst = self._abs(entry["src"]), self._abs(entry["dst"])
+            if os.path.lexists(dst) and not os.path.lexists(src):
+                os.rename(dst, src)
+        elif op == "mkdir":
+            path = self._abs(entry["path"])
+            if os.path.isdir(path) and not os.path.islink(path):
+                try:
+                    os.rmdir(path)
+                except OSError as exc:
+                    if exc.errno == errno.ENOTEMPTY:
+                        raise StoreError(
+                            f"{self.describe()}: cannot undo mkdir {entry['path']}: it holds entries the journal "
+                            "does not account for"
+                        ) from None
+                    raise
+        elif op == "create":
+            path = self._abs(entry["path"])
+            if os.path.lexists(path):
+                os.unlink(path)
+        elif op == "write":
+            path = self._abs(entry["path"])
+            if not os.path.lexists(path):
+                return
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+            try:
+                os.ftruncate(fd, int(entry["old_size"]))
+                for p in entry["preimages"]:
+                    with open(os.path.join(journal_dir, "preimages", p["file"]), "rb") as f:
+                        data = f.read()
+                    if len(data) != p["length"]:
+                        raise StoreError(f"undo journal: pre-image {p['file']} is damaged")
+                    os.pwrite(fd, data, int(p["offset"]))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            if entry.get("old"):
+                self._set_attrs(path, entry["old"])
+        elif op == "attrs":
+            path = self._abs(entry["path"])
+            if entry.get("old") and os.path.lexists(path):
+                self._set_attrs(path, entry["old"])
+        else:
+            raise EpochsyncError(f"posix target: unknown undo entry {op!r}")
+
+    def finish_commit(self, epoch: int) -> None:
+        shutil.rmtree(self.tmp_dir(epoch), ignore_errors=False) if os.path.exists(self.tmp_dir(epoch)) else None
+        if os.path.isdir(os.path.dirname(self.tmp_dir(epoch))):
+            _fsync_dir(os.path.dirname(self.tmp_dir(epoch)))
+
+    def finish_rollback(self, epoch: int) -> None:
+        shutil.rmtree(self.tmp_dir(epoch), ignore_errors=True)

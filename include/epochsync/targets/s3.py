@@ -1,0 +1,606 @@
+"""The ``s3`` target, and the retrying, counting S3 access both sides of the data plane use.
+
+Layout (DESIGN section 4): one object per path under ``prefix`` (hard links: one object
+per path), directories as ``path/`` markers, symlinks and special files as empty
+objects whose metadata says what they are. A directory is the empty object
+``path/.epochsync-dir`` (see :data:`DIR_SIDECAR`; a source entry of that name is refused).
+Attributes and xattrs live in object
+metadata (``x-amz-meta-es-*``). A striped target (``stripe_size``/``stripe_count``)
+keeps a small head object per path and the file's bytes in stripe objects per fid
+under ``.epochsync/stripes/`` (RAID-0 with the target's own geometry), so a rename or
+a hard link copies only the head.
+
+The bucket is versioned. Every mutation is journaled first with the set of versions
+the key had (from the write fence's listing); undo deletes every version of the key
+that is not in that set, which restores the previous state with no data copied, and
+is idempotent. Started multipart uploads are journaled and aborted by a rollback.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import random
+import time
+import urllib.parse
+from collections import defaultdict
+from datetime import UTC
+from typing import Any
+
+from epochsync.errors import EpochsyncError, StoreError
+from epochsync.targets.base import CONTROL_DIR, Entry, Target, UnsafePathError, safe_relpath
+
+META_PREFIX = "es-"
+#: A directory is an empty object ``<path>/.epochsync-dir`` holding its attributes: a
+#: ``path/`` marker cannot carry metadata or versions on SeaweedFS (its filer turns it
+#: into a real directory), and this keeps one versioned, rollback-able object per path.
+DIR_SIDECAR = ".epochsync-dir"
+RETRYABLE_CODES = {
+    "SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeoutException",
+    "InternalError", "ServiceUnavailable", "503", "500", "502", "504", "RequestLimitExceeded",
+}  # fmt: skip
+
+
+# --------------------------------------------------------------------------- counting + retries
+
+
+class Counters:
+    """Requests and bytes seen by botocore's events on one client (not estimates).
+
+    ``requests`` counts every HTTP request sent (retries included), ``bytes_sent`` the
+    request bodies, ``bytes_received`` the GET response bodies' Content-Length;
+    ``bytes_copied`` is added by the caller from the ranges of server-side copies.
+    """
+
+    def __init__(self):
+        self.requests: dict[str, int] = defaultdict(int)
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self.bytes_copied = 0
+        self.retries = 0
+
+    def attach(self, client) -> None:
+        client.meta.events.register("before-send.s3", self._before_send)
+        client.meta.events.register("after-call.s3.GetObject", self._after_get)
+
+    def _before_send(self, request=None, **kwargs):
+        op = kwargs.get("event_name", "before-send.s3.?").rsplit(".", 1)[-1]
+        self.requests[op] += 1
+        body = getattr(request, "body", None)
+        if isinstance(body, (bytes, bytearray)):
+            self.bytes_sent += len(body)
+        elif body is not None and hasattr(body, "seek") and hasattr(body, "tell"):
+            pos = body.tell()
+            body.seek(0, 2)
+            self.bytes_sent += body.tell() - pos
+            body.seek(pos)
+
+    def _after_get(self, http_response=None, parsed=None, **kwargs):
+        if parsed and http_response is not None and http_response.status_code < 300:
+            self.bytes_received += int(parsed.get("ContentLength") or 0)
+
+    def as_dict(self) -> dict:
+        return {
+            "requests": dict(self.requests),
+            "total_requests": sum(self.requests.values()),
+            "bytes_sent": self.bytes_sent,
+            "bytes_received": self.bytes_received,
+            "bytes_copied": self.bytes_copied,
+            "retries": self.retries,
+        }
+
+    def add(self, other: dict) -> None:
+        for k, v in (other.get("requests") or {}).items():
+            self.requests[k] += v
+        self.bytes_sent += other.get("bytes_sent", 0)
+        self.bytes_received += other.get("bytes_received", 0)
+        self.bytes_copied += other.get("bytes_copied", 0)
+        self.retries += other.get("retries", 0)
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Throttling, 5xx, timeouts and dropped connections are worth another attempt."""
+    from botocore.exceptions import (
+        ClientError,
+        ConnectionError,
+        HTTPClientError,
+        IncompleteReadError,
+        ResponseStreamingError,
+    )
+
+    if isinstance(exc, ClientError):
+        err = exc.response.get("Error", {})
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+        return err.get("Code") in RETRYABLE_CODES or status >= 500 or status == 429
+    if isinstance(exc, (ConnectionError, HTTPClientError, IncompleteReadError, ResponseStreamingError)):
+        return True
+    try:
+        from urllib3.exceptions import ProtocolError
+
+        if isinstance(exc, ProtocolError):
+            return True
+    except ImportError:  # pragma: no cover
+        pass
+    return isinstance(exc, (ConnectionResetError, TimeoutError))
+
+
+def error_code(exc: BaseException) -> str | None:
+    resp = getattr(exc, "response", None)
+    return resp.get("Error", {}).get("Code") if isinstance(resp, dict) else None
+
+
+class S3Access:
+    """A boto3 client (made lazily, one per process) with bounded retries and counters.
+
+    botocore's own retries are off: every attempt, including reading the body of a
+    ranged GET, goes through :meth:`call`, which backs off exponentially (with
+    jitter) on retryable errors and fails clearly after ``max_attempts``.
+    """
+
+    def __init__(self, settings, *, max_attempts: int = 6, base_delay: float = 0.05, max_delay: float = 2.0):
+        self.settings = settings
+        self.max_attempts = max_attempts
+        self.base_delay = base_delay
+        self.max_delay = max_delay
+        self._client = None
+        self.counters = Counters()
+
+    def __getstate__(self):
+        d = dict(self.__dict__)
+        d["_client"] = None
+        d["counters"] = Counters()
+        return d
+
+    def __setstate__(self, d):
+        self.__dict__.update(d)
+
+    @property
+    def client(self):
+        if self._client is None:
+            self._client = self.settings.client(max_attempts=1)
+            self.counters.attach(self._client)
+        return self._client
+
+    def call(self, what: str, fn, *args, **kwargs):
+        """``fn(client, ...)`` with retries; ``what`` names the request in the error."""
+        for attempt in range(1, self.max_attempts + 1):
+            try:
+                return fn(self.client, *args, **kwargs)
+            except Exception as exc:
+                if not is_retryable(exc):
+                    raise
+                if attempt == self.max_attempts:
+                    raise StoreError(
+                        f"{what}: failed after {attempt} attempts against {self.settings.describe()}: "
+                        f"{type(exc).__name__}: {exc}"
+                    ) from exc
+                self.counters.retries += 1
+                delay = min(self.max_delay, self.base_delay * 2 ** (attempt - 1))
+                time.sleep(delay * (0.5 + random.random() / 2))
+        raise AssertionError("unreachable")
+
+    def get_range(self, bucket: str, key: str, version: str | None, offset: int, length: int) -> bytes:
+        """Bytes ``[offset, offset+length)`` of an object; past its end (or no object): zeros."""
+        if length <= 0:
+            return b""
+
+        def fetch(c):
+            kw = {"Bucket": bucket, "Key": key, "Range": f"bytes={offset}-{offset + length - 1}"}
+            if version:
+                kw["VersionId"] = version
+            try:
+                resp = c.get_object(**kw)
+            except Exception as exc:
+                if error_code(exc) in ("InvalidRange", "NoSuchKey", "404"):
+                    return b""
+                raise
+            return resp["Body"].read()
+
+        data = self.call(f"GET s3://{bucket}/{key} bytes {offset}+{length}", fetch)
+        if len(data) > length:
+            data = data[:length]
+        return data + bytes(length - len(data))
+
+    def get_all(self, bucket: str, key: str, version: str | None = None) -> bytes:
+        def fetch(c):
+            kw = {"Bucket": bucket, "Key": key}
+            if version:
+                kw["VersionId"] = version
+            return c.get_object(**kw)["Body"].read()
+
+        return self.call(f"GET s3://{bucket}/{key}", fetch)
+
+
+# --------------------------------------------------------------------------- metadata
+
+
+def encode_meta(attrs: dict) -> dict[str, str]:
+    """Snapshot attributes → S3 user metadata (ASCII only, as S3 requires)."""
+    m = {"type": attrs.get("type") or "file"}
+    for k in ("mode", "uid", "gid", "mtime_ns", "atime_ns", "size"):
+        if attrs.get(k) is not None:
+            m[k.replace("_ns", "")] = str(int(attrs[k]))
+    if attrs.get("fid"):
+        m["fid"] = urllib.parse.quote(attrs["fid"], safe="")
+    if attrs.get("symlink") is not None:
+        m["symlink"] = urllib.parse.quote(attrs["symlink"], safe="")
+    if attrs.get("xattrs"):
+        doc = {k: base64.b64encode(bytes.fromhex(v)).decode() for k, v in sorted(attrs["xattrs"].items())}
+        m["xattrs"] = base64.urlsafe_b64encode(json.dumps(doc, sort_keys=True).encode()).decode()
+    if attrs.get("stripe"):
+        m["stripe"] = attrs["stripe"]
+    return {META_PREFIX + k: v for k, v in m.items()}
+
+
+def decode_meta(meta: dict[str, str]) -> dict:
+    m = {k[len(META_PREFIX) :]: v for k, v in (meta or {}).items() if k.startswith(META_PREFIX)}
+    out: dict[str, Any] = {"type": m.get("type")}
+    for k in ("mode", "uid", "gid", "mtime", "size"):
+        out[k] = int(m[k]) if k in m else None
+    out["fid"] = urllib.parse.unquote(m["fid"]) if "fid" in m else None
+    out["symlink"] = urllib.parse.unquote(m["symlink"]) if "symlink" in m else None
+    xattrs = {}
+    if "xattrs" in m:
+        doc = json.loads(base64.urlsafe_b64decode(m["xattrs"]))
+        xattrs = {k: base64.b64decode(v) for k, v in doc.items()}
+    out["xattrs"] = xattrs
+    out["stripe"] = m.get("stripe")
+    return out
+
+
+def key_for(path: str, type_: str | None) -> str:
+    """Key (under the prefix) of a replica path: directories are their sidecar object."""
+    safe_relpath(path)
+    if path.rsplit("/", 1)[-1] == DIR_SIDECAR:
+        raise UnsafePathError(f"refusing path {path!r}: {DIR_SIDECAR} is reserved by the s3 target")
+    return f"{path}/{DIR_SIDECAR}" if type_ == "dir" else path
+
+
+def stripe_key(fid: str, index: int) -> str:
+    """Key (under the prefix) of stripe object ``index`` of a file in a striped target."""
+    token = base64.urlsafe_b64encode(fid.encode()).decode().rstrip("=")
+    return f"{CONTROL_DIR}/stripes/{token}/{index:05d}"
+
+
+# --------------------------------------------------------------------------- the target
+
+
+class S3Target(Target):
+    kind = "s3"
+
+    def __init__(self, cfg, settings=None):
+        super().__init__(cfg)
+        if not cfg.bucket or not cfg.conn_id:
+            raise EpochsyncError(f"target {cfg.name}: an s3 target needs conn_id and bucket")
+        if settings is None:
+            from epochsync.connections import resolve_s3
+
+            settings = resolve_s3(cfg.conn_id)
+        self.bucket = cfg.bucket
+        self.prefix = cfg.prefix or ""
+        self.io = S3Access(settings, max_attempts=cfg.max_attempts)
+        self.striped = bool(cfg.stripe_size and cfg.stripe_count)
+
+    def describe(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}"
+
+    # ------------------------------------------------------------------ keys
+    def key_of(self, path: str, type_: str) -> str:
+        """The key (relative to the prefix) that holds ``path``."""
+        return key_for(path, type_)
+
+    def _full(self, rel_key: str) -> str:
+        if rel_key.startswith("/") or ".." in rel_key.split("/"):
+            raise StoreError(f"refusing key {rel_key!r}")
+        return self.prefix + rel_key
+
+    def ensure_bucket(self) -> None:
+        """Create the bucket if needed and turn versioning on (epochsync relies on it)."""
+        c = self.io.client
+        try:
+            self.io.call(f"HEAD bucket {self.bucket}", lambda c: c.head_bucket(Bucket=self.bucket))
+        except Exception as exc:
+            if error_code(exc) not in ("404", "NoSuchBucket", "NotFound"):
+                raise
+            self.io.call(f"create bucket {self.bucket}", lambda c: c.create_bucket(Bucket=self.bucket))
+        status = c.get_bucket_versioning(Bucket=self.bucket).get("Status")
+        if status != "Enabled":
+            c.put_bucket_versioning(Bucket=self.bucket, VersioningConfiguration={"Status": "Enabled"})
+
+    # ------------------------------------------------------------------ manifest
+    def _control_key(self, name: str) -> str:
+        return f"{self.prefix}{CONTROL_DIR}/{name}"
+
+    def read_manifest(self) -> dict | None:
+        try:
+            data = self.io.get_all(self.bucket, self._control_key("manifest.json"))
+        except Exception as exc:
+            if error_code(exc) in ("NoSuchKey", "404", "NoSuchBucket"):
+                return None
+            raise
+        return json.loads(data)
+
+    def write_manifest(self, doc: dict) -> None:
+        # one PUT is atomic: a reader sees the old or the new manifest
+        body = (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
+        self.io.call(
+            "PUT manifest",
+            lambda c: c.put_object(Bucket=self.bucket, Key=self._control_key("manifest.json"), Body=body),
+        )
+
+    def _last_modified_ns(self, key: str) -> int | None:
+        try:
+            h = self.io.call(f"HEAD {key}", lambda c: c.head_object(Bucket=self.bucket, Key=key))
+        except Exception as exc:
+            if error_code(exc) in ("NoSuchKey", "404", "NotFound"):
+                return None
+            raise
+        return int(h["LastModified"].astimezone(UTC).timestamp() * 1e9)
+
+    def fence_time_ns(self) -> int | None:
+        times = [t for n in ("manifest.json", "rollback.json") if (t := self._last_modified_ns(self._control_key(n)))]
+        return max(times) if times else None
+
+    def mark_rollback(self, epoch: int) -> None:
+        body = json.dumps({"rolled_back_epoch": epoch}).encode()
+        self.io.call(
+            "PUT rollback marker",
+            lambda c: c.put_object(Bucket=self.bucket, Key=self._control_key("rollback.json"), Body=body),
+        )
+
+    # ------------------------------------------------------------------ reading
+    def list_keys(self) -> list[dict]:
+        out = []
+        token = None
+        while True:
+            kw = {"Bucket": self.bucket, "Prefix": self.prefix}
+            if token:
+                kw["ContinuationToken"] = token
+            resp = self.io.call("LIST target", lambda c, kw=kw: c.list_objects_v2(**kw))
+            out.extend(resp.get("Contents", []))
+            if not resp.get("IsTruncated"):
+                return out
+            token = resp["NextContinuationToken"]
+
+    def head(self, rel_key: str) -> dict | None:
+        key = self._full(rel_key)
+        try:
+            return self.io.call(f"HEAD {key}", lambda c: c.head_object(Bucket=self.bucket, Key=key))
+        except Exception as exc:
+            if error_code(exc) in ("NoSuchKey", "404", "NotFound"):
+                return None
+            raise
+
+    def walk(self, *, hashes: bool = True):
+        for obj in sorted(self.list_keys(), key=lambda o: o["Key"]):
+            rel = obj["Key"][len(self.prefix) :]
+            if rel.split("/", 1)[0] == CONTROL_DIR:
+                continue
+            h = self.head(rel)
+            if h is None:
+                continue
+            yield self._entry(rel, h, hashes)
+
+    def _entry(self, rel: str, h: dict, hashes: bool) -> Entry:
+        m = decode_meta(h.get("Metadata", {}))
+        is_dir = rel.endswith("/" + DIR_SIDECAR)
+        kind = "dir" if is_dir else (m["type"] or "file")
+        path = rel[: -len(DIR_SIDECAR) - 1] if is_dir else rel
+        size = m["size"] if m["size"] is not None else int(h.get("ContentLength") or 0)
+        e = Entry(
+            path=path, type=kind, size=size if kind == "file" else 0,
+            mode=None if kind == "symlink" or m["mode"] is None else m["mode"] & 0o7777,
+            uid=m["uid"], gid=m["gid"], symlink=m["symlink"], xattrs=m["xattrs"], mtime_ns=m["mtime"], fid=m["fid"],
+        )  # fmt: skip
+        if kind == "file" and hashes:
+            e.sha256 = hashlib.sha256(self.read_file(path, head=h)).hexdigest()
+        return e
+
+    def read_file(self, path: str, head: dict | None = None) -> bytes:
+        h = head or self.head(self.key_of(path, "file"))
+        if h is None:
+            raise StoreError(f"{self.describe()}: no object for {path}")
+        m = decode_meta(h.get("Metadata", {}))
+        if m["stripe"]:
+            from epochsync.layout import assemble_file
+
+            ss, sc = (int(x) for x in m["stripe"].split(":"))
+            objs = []
+            for i in range(sc):
+                try:
+                    objs.append(self.io.get_all(self.bucket, self._full(stripe_key(m["fid"], i))))
+                except Exception as exc:
+                    if error_code(exc) not in ("NoSuchKey", "404"):
+                        raise
+                    objs.append(None)
+            from epochsync.schema import Layout
+
+            return assemble_file(Layout(ss, sc), int(m["size"] or 0), objs)
+        return self.io.get_all(self.bucket, self._full(self.key_of(path, "file")))
+
+    def stat(self, path: str, type_hint: str | None = None) -> Entry | None:
+        for t in [type_hint] if type_hint else ["file", "dir"]:
+            h = self.head(self.key_of(path, t))
+            if h is not None:
+                return self._entry(self.key_of(path, t), h, hashes=False)
+        return None
+
+    # ------------------------------------------------------------------ fence
+    def key_versions(self, rel_key: str) -> dict:
+        """Every version and delete marker of exactly this key: ids, the current one, times."""
+        key = self._full(rel_key)
+        ids, current, times = [], None, []
+        kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": key}
+        while True:
+            resp = self.io.call(f"LIST versions {key}", lambda c, kw=kw: c.list_object_versions(**kw))
+            other = False
+            for kind in ("Versions", "DeleteMarkers"):
+                for v in resp.get(kind, []):
+                    if v["Key"] != key:
+                        other = True
+                        continue
+                    ids.append(v["VersionId"])
+                    times.append(int(v["LastModified"].astimezone(UTC).timestamp() * 1e9))
+                    if v.get("IsLatest"):
+                        current = {
+                            "version": v["VersionId"],
+                            "marker": kind == "DeleteMarkers",
+                            "size": v.get("Size", 0),
+                            "time_ns": times[-1],
+                        }
+            if other or not resp.get("IsTruncated"):
+                break
+            kw = {**kw, "KeyMarker": resp.get("NextKeyMarker"), "VersionIdMarker": resp.get("NextVersionIdMarker")}
+        live = current if current and not current["marker"] else None
+        return {"known": ids, "current": live}
+
+    def fence_check(self, expect: list[dict], since_ns: int | None) -> tuple[list[str], dict[str, Any]]:
+        """``expect`` items: ``{"key", "present", "size"}``; returns problems and key → versions."""
+        problems, state = [], {}
+        for item in expect:
+            rel = item["key"]
+            v = self.key_versions(rel)
+            state[rel] = v
+            cur = v["current"]
+            if not item.get("present"):
+                if cur is not None:
+                    problems.append(f"{rel}: exists but the replica at the last epoch did not have it")
+                continue
+            if cur is None:
+                problems.append(f"{rel}: missing")
+            elif item.get("size") is not None and cur["size"] != item["size"]:
+                problems.append(f"{rel}: size {cur['size']}, expected {item['size']}")
+            elif since_ns is not None and cur["time_ns"] > since_ns:
+                problems.append(f"{rel}: written after the last commit")
+        return problems, state
+
+    # ------------------------------------------------------------------ mutations
+    def _journal_key(self, journal, op: str, rel_key: str, state: dict) -> None:
+        known = state.get(rel_key)
+        if known is None:
+            known = self.key_versions(rel_key)
+            state[rel_key] = known
+        journal.append({"op": op, "key": rel_key, "known": known["known"]})
+
+    def copy(self, journal, state: dict, rel_key: str, src_key: str, meta: dict, size: int) -> None:
+        """Server-side copy of the E-1 version of ``src_key`` to ``rel_key`` with new metadata."""
+        src = state.get(src_key) or self.key_versions(src_key)
+        state.setdefault(src_key, src)
+        if src["current"] is None:
+            raise StoreError(f"{self.describe()}: cannot copy {src_key}: it has no current version")
+        self._journal_key(journal, "put", rel_key, state)
+        source = {"Bucket": self.bucket, "Key": self._full(src_key), "VersionId": src["current"]["version"]}
+        self.io.call(
+            f"COPY {src_key} -> {rel_key}",
+            lambda c: c.copy_object(
+                Bucket=self.bucket, Key=self._full(rel_key), CopySource=source,
+                MetadataDirective="REPLACE", Metadata=meta,
+            ),
+        )  # fmt: skip
+        self.io.counters.bytes_copied += size
+
+    def put(self, journal, state: dict, rel_key: str, body: bytes, meta: dict) -> None:
+        self._journal_key(journal, "put", rel_key, state)
+        self.io.call(
+            f"PUT {rel_key}",
+            lambda c: c.put_object(Bucket=self.bucket, Key=self._full(rel_key), Body=body, Metadata=meta),
+        )
+
+    def delete(self, journal, state: dict, rel_key: str) -> None:
+        self._journal_key(journal, "delete", rel_key, state)
+        self.io.call(f"DELETE {rel_key}", lambda c: c.delete_object(Bucket=self.bucket, Key=self._full(rel_key)))
+
+    def multipart(self, journal, state: dict, rel_key: str, parts: list[dict], meta: dict, read_upload) -> None:
+        """Build a new version from parts: ``{"copy": [a, b)}`` from the key's E-1 version or
+        ``{"upload": [a, b)}`` whose bytes ``read_upload(a, b)`` returns. Each part is a mutation."""
+        self._journal_key(journal, "put", rel_key, state)
+        key = self._full(rel_key)
+        cur = (state.get(rel_key) or {}).get("current")
+        base_key = parts[0].get("base") if parts else None
+        if base_key is not None and base_key != rel_key:
+            src = state.get(base_key) or self.key_versions(base_key)
+            state.setdefault(base_key, src)
+            cur = src["current"]
+        up = self.io.call(
+            f"CREATE multipart {rel_key}",
+            lambda c: c.create_multipart_upload(Bucket=self.bucket, Key=key, Metadata=meta),
+        )
+        upload_id = up["UploadId"]
+        journal.append({"op": "mpu", "key": rel_key, "upload_id": upload_id})
+        done = []
+        for n, part in enumerate(parts, start=1):
+            journal.tick(f"part {n} of {rel_key}")
+            if "copy" in part:
+                a, b = part["copy"]
+                source = {"Bucket": self.bucket, "Key": self._full(part.get("base") or rel_key)}
+                if cur is not None:
+                    source["VersionId"] = cur["version"]
+                r = self.io.call(
+                    f"UploadPartCopy {rel_key} part {n}",
+                    lambda c, source=source, a=a, b=b, n=n: c.upload_part_copy(
+                        Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=n,
+                        CopySource=source, CopySourceRange=f"bytes={a}-{b - 1}",
+                    ),
+                )  # fmt: skip
+                self.io.counters.bytes_copied += b - a
+                done.append({"PartNumber": n, "ETag": r["CopyPartResult"]["ETag"]})
+            else:
+                a, b = part["upload"]
+                body = read_upload(a, b)
+                r = self.io.call(
+                    f"UploadPart {rel_key} part {n}",
+                    lambda c, body=body, n=n: c.upload_part(
+                        Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=n, Body=body
+                    ),
+                )
+                done.append({"PartNumber": n, "ETag": r["ETag"]})
+        self.io.call(
+            f"COMPLETE multipart {rel_key}",
+            lambda c: c.complete_multipart_upload(
+                Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": done}
+            ),
+        )
+
+    def run_namespace_op(self, op: dict, journal, state: dict) -> None:
+        kind = op["op"]
+        if kind == "delete":
+            self.delete(journal, state, op["key"])
+        elif kind == "copy":
+            self.copy(journal, state, op["key"], op["src"], encode_meta(op["attrs"]), int(op.get("size") or 0))
+        elif kind == "put_empty":
+            self.put(journal, state, op["key"], b"", encode_meta(op["attrs"]))
+        else:
+            raise EpochsyncError(f"s3 target: unknown namespace operation {kind!r}")
+
+    def run_post_op(self, op: dict, journal, state: dict) -> None:
+        if op["op"] == "delete":
+            self.delete(journal, state, op["key"])
+        else:
+            self.run_namespace_op(op, journal, state)
+
+    # ------------------------------------------------------------------ undo
+    def undo(self, entry: dict, journal_dir: str) -> None:
+        op = entry["op"]
+        if op == "mpu":
+            key = self._full(entry["key"])
+            try:
+                self.io.call(
+                    f"ABORT multipart {key}",
+                    lambda c: c.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=entry["upload_id"]),
+                )
+            except Exception as exc:
+                if error_code(exc) not in ("NoSuchUpload", "404"):
+                    raise
+            return
+        if op not in ("put", "delete"):
+            raise EpochsyncError(f"s3 target: unknown undo entry {op!r}")
+        known = set(entry["known"])
+        now = self.key_versions(entry["key"])
+        key = self._full(entry["key"])
+        for vid in now["known"]:
+            if vid not in known:
+                self.io.call(
+                    f"DELETE {key} version {vid}",
+                    lambda c, vid=vid: c.delete_object(Bucket=self.bucket, Key=key, VersionId=vid),
+                )
