@@ -43,6 +43,10 @@ class Warehouse:
         """The net change set of ``epoch`` for ``target``."""
         return self._join("changes", f"target={target}", f"epoch={epoch}")
 
+    def cookie_groups(self, target: str, epoch: int) -> str:
+        """Cross-server operations (records sharing a cookie) seen by the merge of ``epoch``."""
+        return self._join("cookies", f"target={target}", f"epoch={epoch}")
+
     def plan(self, target: str, epoch: int) -> str:
         return self._join("plans", f"target={target}", f"epoch={epoch}")
 
@@ -54,6 +58,10 @@ class Warehouse:
 
     def stats_dir(self, target: str) -> str:
         return self._join("stats", f"target={target}")
+
+    def events(self, target: str) -> str:
+        """Append-only JSON Lines of what happened to a target (commits, failures, rollbacks)."""
+        return self._join("events", f"target={target}.jsonl")
 
 
 def local_path(uri: str) -> str:

@@ -1,0 +1,676 @@
+"""The merge stage: snapshot E-1 + records of E (or a window E1..E2) → snapshot E + net change set.
+
+:func:`merge_epoch` is a pure ``DataFrame -> DataFrame`` transform (no I/O); :func:`run_merge`
+reads the warehouse, calls it and writes the results. The rules are DESIGN section 5
+"Net-change rules"; the sequential replayer :func:`epochsync.oracle.replay` is the reference
+and the property tests compare the two on random simulated histories.
+
+How it is computed (Spark SQL functions, window functions and aggregates only; no Python
+UDF, no ``applyInPandas``):
+
+- Records of a fid are ordered by ``ord = (time_ns, server, index)`` (the oracle's order);
+  "last value wins" is ``max(named_struct('o', ord, 'v', value))`` with a ``FILTER`` on the
+  records that set the value (struct comparison orders by ``ord`` first).
+- Links: every namespace record becomes add/remove events per ``(fid, pfid, name)`` (a
+  ``RENME`` removes the old name of ``sfid``, adds the new one, and removes the new name
+  from the overwritten ``tfid``; a rename onto another name of the same fid does nothing);
+  the last event per triple wins; the final links are the links of E-1 minus the names
+  whose last event is a remove plus those whose last event is an add. A fid exists at E
+  iff it has a link or is the root. A rename back to the original name ends with an add
+  of the original name: links unchanged, no change row.
+- Attributes and xattrs: last value wins (creates set mode/uid/gid/layout even when null;
+  ``SATTR`` sets what it carries, a mode without file-type bits keeps the node's;
+  ``MTIME``/``CTIME``/``ATIME`` without a value use ``time_ns``; creates, ``SATTR``,
+  ``TRUNC``, the time records and ``WRITE`` set the times they carry). An xattr whose last
+  event is a remove is removed, which is no change if it was absent at E-1.
+- Data (files existing at E only: writes to a fid that does not exist at E are dropped):
+  ``WRITE`` extents in object offsets are mapped to file offsets through the file's final
+  layout (RAID-0, DESIGN section 4; no layout = one object, the identity) by exploding each
+  extent into its stripe chunks with ``sequence``; the intervals are united with a window
+  (sort by start, running max of the ends before), clipped to the final size, and the
+  truncate rule adds ``[min size, final size)`` when the size went below its E-1 value.
+  Sizes: a ``WRITE`` extends the size to its highest byte, ``TRUNC``/``SATTR`` with a size
+  set it, so the final size is the last set size raised by the writes after it, and the
+  lowest size reached is ``min(old size, set sizes)``.
+- Whole file (``ranges`` empty): with ``extents_known=False`` (Lustre text and Gluster
+  sources, whose records carry no byte ranges and no attribute or xattr values) any
+  ``CLOSE`` after an open for write, ``MTIME``, ``TRUNC``, ``LYOUT`` or ``WRITE``; with
+  extents known, a ``WRITE`` with neither extents nor object, a ``WRITE`` to an object that
+  is not in the file's layout, or a ``LYOUT``. An OST ``WRITE`` with an object and no
+  extents only reports the object's new version (the oracle's rule): no bytes.
+- ``extents_known=False`` also means values are unknown: ``SATTR``/time records mark
+  ``attrs_changed`` and ``XATTR`` records mark ``xattrs_changed`` (translate reads the
+  values from the source); the snapshot keeps the xattrs it had.
+
+Only fids a record touches are recomputed; every other row of snapshot E-1 is copied.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from epochsync.errors import EpochError, EpochsyncError
+from epochsync.formats.common import FLAG_OPEN_EXEC, FLAG_OPEN_READ, FLAG_OPEN_WRITE
+from epochsync.model import CHANGE_FIELDS, DIR, FILE, OTHER, SNAPSHOT_FIELDS, SYMLINK
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import DataFrame, SparkSession
+
+    from epochsync.config import Config
+
+#: record types that create ``tfid`` (MKNOD: the type comes from the mode's type bits)
+CREATORS = ("CREAT", "MKDIR", "SLINK", "MKNOD")
+#: types that add a name to ``tfid`` / remove one
+LINK_ADDERS = (*CREATORS, "HLINK")
+LINK_REMOVERS = ("UNLNK", "RMDIR")
+TIME_TYPES = {"atime_ns": "ATIME", "mtime_ns": "MTIME", "ctime_ns": "CTIME"}
+#: non-WRITE types that set the times they carry
+TIME_SETTERS = (*CREATORS, "SATTR", "TRUNC", "MTIME", "CTIME", "ATIME")
+#: attributes compared for ``attrs_changed``
+ATTR_COLUMNS = ("mode", "uid", "gid", "atime_ns", "mtime_ns", "ctime_ns")
+#: types that set the size
+SIZE_SETTERS = ("TRUNC", "SATTR")
+#: every type the merge reads; the rest (EPOCH, MARK, OPEN, HSM, ...) do not change the replica
+MERGED_TYPES = (*CREATORS, "HLINK", "UNLNK", "RMDIR", "RENME", "CLOSE", "LYOUT", "TRUNC", "SATTR",
+                "XATTR", "MTIME", "CTIME", "ATIME", "WRITE")  # fmt: skip
+S_IFMT = 0o170000
+
+_LINK = "struct<pfid:string,name:string>"
+_XATTR = "struct<name:string,value:binary>"
+_OBJECT = "struct<ost:string,oid:string,version:string>"
+_IV = "struct<s:bigint,e:bigint,whole:boolean>"
+_EXTENT = "struct<offset:bigint,length:bigint>"
+
+
+def _in(values) -> str:
+    return "(" + ", ".join(f"'{v}'" for v in values) + ")"
+
+
+def _empty(element_type: str) -> str:
+    return f"CAST(array() AS array<{element_type}>)"
+
+
+def _last(value: str, cond: str, alias: str):
+    """The ``(o, v)`` struct of the last record (by ``ord``) matching ``cond``; null if none."""
+    from pyspark.sql import functions as F
+
+    return F.expr(f"max(named_struct('o', ord, 'v', {value})) FILTER (WHERE {cond})").alias(alias)
+
+
+#: SQL for "this CLOSE follows an open for write" (formats.common.opened_for_write)
+_CLOSE_FOR_WRITE = (
+    f"(type = 'CLOSE' AND flags IS NOT NULL AND CASE WHEN flags & {FLAG_OPEN_READ | FLAG_OPEN_WRITE | FLAG_OPEN_EXEC} != 0"
+    f" THEN flags & {FLAG_OPEN_WRITE} != 0 ELSE flags & 3 IN (1, 2) END)"
+)
+_NODE_TYPE = (
+    f"CASE type WHEN 'CREAT' THEN '{FILE}' WHEN 'MKDIR' THEN '{DIR}' WHEN 'SLINK' THEN '{SYMLINK}' ELSE "
+    f"CASE coalesce(mode, 0) & {S_IFMT} WHEN {0o100000} THEN '{FILE}' WHEN {0o040000} THEN '{DIR}'"
+    f" WHEN {0o120000} THEN '{SYMLINK}' ELSE '{OTHER}' END END"
+)
+
+
+def prepare_records(records: DataFrame) -> DataFrame:
+    """Keep the record types the merge reads; add ``ord`` (replay order) and ``fid``.
+
+    ``fid`` is the fid a record is about: ``sfid`` for a rename, ``tfid`` otherwise.
+    """
+    from pyspark.sql import functions as F
+
+    return records.filter(F.col("type").isin(*MERGED_TYPES)).select(
+        "*",
+        F.struct(F.coalesce("time_ns", F.lit(0)).alias("t"), "server", "index").alias("ord"),
+        F.when(F.col("type") == "RENME", F.col("sfid")).otherwise(F.col("tfid")).alias("fid"),
+    )
+
+
+def attribute_changes(recs: DataFrame) -> DataFrame:
+    """Per fid (non-``WRITE`` records): last-value structs of the attributes and the facts
+    the size and whole-file rules need."""
+    from pyspark.sql import functions as F
+
+    creators = f"type IN {_in(CREATORS)}"
+    size_set = f"type IN {_in(SIZE_SETTERS)} AND size IS NOT NULL"
+    times = [
+        _last(
+            f"CASE WHEN type = '{rtype}' THEN coalesce({col}, time_ns) ELSE {col} END",
+            f"(type IN {_in(TIME_SETTERS)} AND {col} IS NOT NULL) OR type = '{rtype}'",
+            "l_" + col,
+        )
+        for col, rtype in TIME_TYPES.items()
+    ]
+    return (
+        recs.filter((F.col("type") != "WRITE") & F.col("fid").isNotNull())
+        .groupBy("fid")
+        .agg(
+            F.expr(f"max(named_struct('o', ord, 'v', {_NODE_TYPE})) FILTER (WHERE {creators})").alias("l_type"),
+            _last("mode", f"{creators} OR (type = 'SATTR' AND mode IS NOT NULL)", "l_mode"),
+            _last("mode", f"(type = 'SATTR' OR {creators}) AND mode & {S_IFMT} != 0", "l_type_bits"),
+            _last("uid", f"{creators} OR (type = 'SATTR' AND uid IS NOT NULL)", "l_uid"),
+            _last("gid", f"{creators} OR (type = 'SATTR' AND gid IS NOT NULL)", "l_gid"),
+            *times,
+            _last(f"CASE WHEN {_NODE_TYPE} = '{SYMLINK}' THEN symlink END", creators, "l_symlink"),
+            _last("layout", f"{creators} OR type = 'LYOUT'", "l_layout"),
+            _last("size", size_set, "l_size"),
+            F.expr(f"min(size) FILTER (WHERE {size_set})").alias("min_set_size"),
+            F.expr("bool_or(type = 'LYOUT')").alias("relayout"),
+            F.expr(f"bool_or(type IN ('MTIME', 'TRUNC', 'LYOUT') OR {_CLOSE_FOR_WRITE})").alias("blind_data"),
+            F.expr("bool_or(type IN ('SATTR', 'MTIME', 'CTIME', 'ATIME'))").alias("attr_touch"),
+            F.expr("bool_or(type = 'XATTR')").alias("xattr_touch"),
+        )
+    )
+
+
+def link_changes(recs: DataFrame) -> DataFrame:
+    """Per fid: ``added`` and ``removed`` names (the last event per (fid, pfid, name) wins)."""
+    from pyspark.sql import functions as F
+
+    def ev(fid: str, pfid: str, name: str, add: bool, sub: int) -> str:
+        return f"named_struct('fid', {fid}, 'pfid', {pfid}, 'name', {name}, 'add', {str(add).lower()}, 'sub', {sub})"
+
+    # A name-less event would silently lose an unlink: fail naming the record instead.
+    bad = (
+        "raise_error(concat('record ', server, ':', index, ' (', type, ') has no fid, parent fid or name;"
+        " fix the importer or quarantine the record'))"
+    )
+    # RENME onto another name of the same fid (sfid = tfid) changes nothing (POSIX).
+    ren = "type = 'RENME' AND NOT (tfid IS NOT NULL AND tfid = sfid)"
+    events = f"""filter(array(
+        CASE WHEN type IN {_in(LINK_ADDERS)} THEN {ev("tfid", "pfid", "name", True, 0)} END,
+        CASE WHEN type IN {_in(LINK_REMOVERS)} THEN {ev("tfid", "pfid", "name", False, 0)} END,
+        CASE WHEN {ren} THEN {ev("sfid", "spfid", "sname", False, 0)} END,
+        CASE WHEN {ren} THEN {ev("sfid", "pfid", "name", True, 1)} END,
+        CASE WHEN {ren} AND tfid IS NOT NULL THEN {ev("tfid", "pfid", "name", False, 0)} END
+    ), e -> e IS NOT NULL)"""
+    exploded = (
+        recs.filter(F.col("type").isin(*LINK_ADDERS, *LINK_REMOVERS, "RENME"))
+        .select("ord", "server", "index", "type", F.explode(F.expr(events)).alias("ev"))
+        .select(
+            F.col("ev.fid").alias("fid"),
+            F.expr(f"CASE WHEN ev.fid IS NULL OR ev.pfid IS NULL OR ev.name IS NULL THEN {bad} ELSE ev.pfid END")
+            .alias("pfid"),
+            F.col("ev.name").alias("name"),
+            F.col("ev.add").alias("add"),
+            F.struct("ord", F.col("ev.sub").alias("sub")).alias("at"),
+        )
+    )  # fmt: skip
+    last = exploded.groupBy("fid", "pfid", "name").agg(F.expr("max_by(add, at)").alias("add"))
+    return last.groupBy("fid").agg(
+        F.expr("collect_list(named_struct('pfid', pfid, 'name', name)) FILTER (WHERE add)").alias("added"),
+        F.expr("collect_list(named_struct('pfid', pfid, 'name', name)) FILTER (WHERE NOT add)").alias("removed"),
+    )
+
+
+def xattr_changes(recs: DataFrame) -> DataFrame:
+    """Per fid: the xattr names touched and the (name, value) pairs whose last event is a set."""
+    from pyspark.sql import functions as F
+
+    last = (
+        recs.filter((F.col("type") == "XATTR") & F.col("xattr_name").isNotNull() & F.col("fid").isNotNull())
+        .groupBy("fid", "xattr_name")
+        .agg(F.expr("max_by(named_struct('value', xattr_value), ord)").alias("last"))
+    )
+    return last.groupBy("fid").agg(
+        F.collect_list("xattr_name").alias("x_touched"),
+        F.expr("collect_list(named_struct('name', xattr_name, 'value', last.value)) FILTER (WHERE last.value IS NOT NULL)")
+        .alias("x_set"),
+    )  # fmt: skip
+
+
+def write_intervals(writes: DataFrame, files: DataFrame, extents_known: bool) -> DataFrame:
+    """One row per stripe chunk written: file-offset interval ``[s, e)``, or ``whole``.
+
+    ``files`` gives each file that exists at E and was written: its final ``layout`` and
+    ``set_ord`` (the order of its last size set). Rows with ``s`` null carry no bytes (a
+    whole-file write, or a write of no bytes kept for its times).
+    """
+    from pyspark.sql import functions as F
+
+    whole = f"array(CAST(named_struct('s', NULL, 'e', NULL, 'whole', true) AS {_IV}))"
+    nothing = f"array(CAST(named_struct('s', NULL, 'e', NULL, 'whole', false) AS {_IV}))"
+    identity = "transform(ext, x -> named_struct('s', x.offset, 'e', x.offset + x.length, 'whole', false))"
+    # RAID-0: row j of object k is file stripe j*count + k (DESIGN section 4); an object
+    # extent crossing rows is cut into one file interval per row.
+    striped = """flatten(transform(ext, x -> transform(
+        sequence(x.offset div ss, (x.offset + x.length - 1) div ss),
+        j -> named_struct(
+            's', (j * cnt + k) * ss + greatest(x.offset, j * ss) - j * ss,
+            'e', (j * cnt + k) * ss + least(x.offset + x.length, (j + 1) * ss) - j * ss,
+            'whole', false))))"""
+    if extents_known:
+        chunks = f"""CASE
+            WHEN extents IS NULL AND object IS NULL THEN {whole}
+            WHEN extents IS NULL THEN {nothing}
+            WHEN object IS NULL OR layout IS NULL OR cnt = 1 THEN {identity}
+            WHEN k < 0 OR ss <= 0 OR cnt < 1 THEN {whole}
+            ELSE {striped} END"""
+    else:
+        chunks = whole
+    chunks = f"CASE WHEN size({chunks}) = 0 THEN {nothing} ELSE {chunks} END"
+    return (
+        writes.join(files, "fid")
+        .select(
+            "fid",
+            "ord",
+            "set_ord",
+            *TIME_TYPES,
+            "extents",
+            "object",
+            "layout",
+            F.expr("filter(extents, x -> x.length > 0)").alias("ext"),
+            F.col("layout.stripe_size").alias("ss"),
+            F.col("layout.stripe_count").cast("bigint").alias("cnt"),
+            F.expr(
+                "array_position(transform(layout.objects, o -> named_struct('ost', o.ost, 'oid', o.oid)),"
+                " named_struct('ost', object.ost, 'oid', object.oid)) - 1"
+            ).alias("k"),
+        )
+        .select("fid", "ord", "set_ord", *TIME_TYPES, F.inline(F.expr(chunks)))
+    )
+
+
+def union_intervals(chunks: DataFrame) -> DataFrame:
+    """Per fid: sorted disjoint non-adjacent ``ranges_raw`` [(s, e)], ``wmax`` (the highest
+    end written after the last size set), ``write_whole``, and the writes' last times.
+
+    Sort + running max: an interval starts a new group when it begins after every end
+    before it (adjacent intervals join); a group is one merged interval.
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    w = Window.partitionBy("fid").orderBy("s", "e")
+    grouped = chunks.withColumn("prev_end", F.max("e").over(w.rowsBetween(Window.unboundedPreceding, -1))).withColumn(
+        "grp",
+        F.sum(F.expr("CASE WHEN s IS NULL OR prev_end IS NULL OR s > prev_end THEN 1 ELSE 0 END")).over(
+            w.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+        ),
+    )
+    times = [_last(c, f"{c} IS NOT NULL", "w_" + c) for c in TIME_TYPES]
+    merged = grouped.groupBy("fid", "grp").agg(
+        F.min("s").alias("s"),
+        F.max("e").alias("e"),
+        F.expr("max(e) FILTER (WHERE set_ord IS NULL OR ord > set_ord)").alias("wmax"),
+        F.expr("bool_or(whole)").alias("whole"),
+        *times,
+    )
+    return merged.groupBy("fid").agg(
+        F.expr("array_sort(collect_list(named_struct('s', s, 'e', e)) FILTER (WHERE s IS NOT NULL))").alias("ranges_raw"),
+        F.max("wmax").alias("wmax"),
+        F.expr("bool_or(whole)").alias("write_whole"),
+        *(F.max("w_" + c).alias("w_" + c) for c in TIME_TYPES),
+    )  # fmt: skip
+
+
+def latest_objects(writes: DataFrame) -> DataFrame:
+    """Per fid: the latest reported version of each stripe object written (``new_objects``)."""
+    from pyspark.sql import functions as F
+
+    last = (
+        writes.filter(F.col("object").isNotNull())
+        .groupBy("fid", F.col("object.ost").alias("ost"), F.col("object.oid").alias("oid"))
+        .agg(F.expr("max(named_struct('o', ord, 'v', object.version))").alias("last"))
+    )
+    return last.groupBy("fid").agg(
+        F.expr(f"collect_list(CAST(named_struct('ost', ost, 'oid', oid, 'version', last.v) AS {_OBJECT}))").alias(
+            "new_objects"
+        )
+    )
+
+
+def merge_epoch(
+    prev_snapshot: DataFrame, records: DataFrame, root_fid: str | Iterable[str], extents_known: bool = True
+) -> tuple[DataFrame, DataFrame]:
+    """Snapshot E-1 and the records of E (or of a window) → (snapshot E, net change set).
+
+    Pure transform: ``prev_snapshot`` has the snapshot columns (:data:`epochsync.model.SNAPSHOT_FIELDS`),
+    ``records`` the canonical record columns. Returns DataFrames with the columns and types
+    of ``snapshot_struct_type()`` and ``change_struct_type()``, in order (see
+    :mod:`epochsync.model` for their meaning). ``extents_known`` is False for sources whose
+    changelogs carry no byte ranges and no attribute values (Lustre text, Gluster).
+
+    A record that gives a name to a fid that neither exists at E-1 nor is created in the
+    window fails the job with a message naming the fid (the snapshot and the changelog
+    disagree). Records about such fids that give no name (a late ``CLOSE`` or ``WRITE`` of a
+    file deleted before) change nothing, as in the oracle.
+
+    ``root_fid`` may be several fids: independent namespaces merged in one job (the tests
+    batch many small histories this way); each root exists without links.
+    """
+    from pyspark.sql import functions as F
+
+    recs = prepare_records(records)
+    writes = recs.filter((F.col("type") == "WRITE") & F.col("fid").isNotNull()).select(
+        "fid", "ord", "object", "extents", *TIME_TYPES
+    )
+    touched = (
+        attribute_changes(recs)
+        .join(link_changes(recs), "fid", "full")
+        .join(xattr_changes(recs), "fid", "full")
+        .join(writes.groupBy("fid").agg(F.lit(True).alias("has_write")), "fid", "full")
+    )
+    prev = prev_snapshot.select(*SNAPSHOT_FIELDS)
+    old = prev.select("fid", *(F.col(c).alias("p_" + c) for c in SNAPSHOT_FIELDS if c != "fid"))
+    roots = [root_fid] if isinstance(root_fid, str) else list(root_fid)
+    unknown = (
+        "raise_error(concat('fid ', fid, ' gains a name in this window but is neither in snapshot E-1 nor created"
+        " by a CREAT/MKDIR/MKNOD/SLINK record: the snapshot and the changelog disagree (hydrate the target)'))"
+    )
+    links = (
+        f"array_sort(array_union(array_except(coalesce(p_links, {_empty(_LINK)}), coalesce(removed, {_empty(_LINK)})),"
+        f" coalesce(added, {_empty(_LINK)})))"
+    )
+    st = (
+        touched.join(old, "fid", "left")
+        .withColumn("existed_before", F.col("p_type").isNotNull())
+        .withColumn("links", F.when(F.col("fid").isin(*roots), F.expr(_empty(_LINK))).otherwise(F.expr(links)))
+        .withColumn("exists_after", F.col("fid").isin(*roots) | (F.size("links") > 0))
+        .withColumn(
+            "type", F.expr(f"CASE WHEN p_type IS NOT NULL THEN p_type WHEN exists_after AND l_type IS NULL THEN {unknown} ELSE l_type.v END")
+        )
+    )  # fmt: skip
+
+    def last_or_prev(col: str):
+        return F.when(F.col("l_" + col).isNull(), F.col("p_" + col)).otherwise(F.col("l_" + col + ".v"))
+
+    # a mode without file-type bits keeps the node's (the last mode that had them)
+    mode = F.expr(
+        f"CASE WHEN l_mode IS NULL THEN p_mode WHEN l_mode.v IS NULL OR l_mode.v & {S_IFMT} != 0 THEN l_mode.v"
+        f" ELSE l_mode.v | (coalesce(l_type_bits.v, p_mode, 0) & {S_IFMT}) END"
+    )
+    xattrs = (
+        f"array_sort(concat(filter(coalesce(p_xattrs, {_empty(_XATTR)}),"
+        f" x -> NOT array_contains(coalesce(x_touched, CAST(array() AS array<string>)), x.name)),"
+        f" coalesce(x_set, {_empty(_XATTR)})))"
+    )
+    if not extents_known:  # values are not in the changelog: the snapshot keeps what it had
+        xattrs = f"coalesce(p_xattrs, {_empty(_XATTR)})"
+    st = st.select(
+        "*",
+        mode.alias("n_mode"),
+        *(last_or_prev(c).alias("n_" + c) for c in ("uid", "gid", "symlink", "layout")),
+        F.expr(xattrs).alias("n_xattrs"),
+        F.coalesce("p_size", F.lit(0)).alias("old0"),
+        F.col("l_size.o").alias("set_ord"),
+        F.col("l_size.v").alias("set_size"),
+    )
+
+    # --- data: the writes of files that exist at E
+    files = st.filter(F.col("exists_after") & (F.col("type") == FILE) & F.col("has_write")).select(
+        "fid", F.col("n_layout").alias("layout"), "set_ord"
+    )
+    st = st.join(union_intervals(write_intervals(writes, files, extents_known)), "fid", "left").join(
+        latest_objects(writes), "fid", "left"
+    )
+    for col in TIME_TYPES:  # the last of the non-write and the write records that set it
+        st = st.withColumn(
+            "n_" + col,
+            F.expr(f"CASE WHEN coalesce(l_{col}, w_{col}) IS NULL THEN p_{col} ELSE greatest(l_{col}, w_{col}).v END"),
+        )
+
+    is_file = F.col("exists_after") & (F.col("type") == FILE)
+    st = st.withColumn(
+        "n_size",
+        F.expr(
+            f"""CASE WHEN type = '{FILE}' THEN
+                  CASE WHEN set_size IS NOT NULL THEN greatest(set_size, wmax)
+                       WHEN wmax IS NOT NULL THEN greatest(old0, wmax)
+                       WHEN existed_before THEN p_size ELSE 0 END
+                ELSE CASE WHEN set_size IS NOT NULL THEN set_size WHEN existed_before THEN p_size ELSE 0 END END"""
+        ),
+    )
+    whole = F.coalesce("write_whole", F.lit(False)) | F.coalesce("relayout", F.lit(False))
+    if not extents_known:
+        whole = whole | F.coalesce("blind_data", F.lit(False))
+    st = st.withColumn("whole_file", is_file & whole)
+    # The replica holds stale bytes from the lowest size reached up to the old size.
+    st = st.withColumn(
+        "trunc_from",
+        F.expr("CASE WHEN existed_before AND least(old0, min_set_size) < old0 THEN least(old0, min_set_size) END"),
+    )
+    clipped = (
+        "filter(transform(coalesce(ranges_raw, CAST(array() AS array<struct<s:bigint,e:bigint>>)),"
+        " r -> named_struct('s', r.s, 'e', least(r.e, n_size))), r -> r.e > r.s)"
+    )
+    # Every clipped range ending at or after trunc_from touches [trunc_from, n_size): one range.
+    with_trunc = """CASE WHEN trunc_from IS NOT NULL AND trunc_from < n_size THEN concat(
+            filter(rc, r -> r.e < trunc_from),
+            array(named_struct(
+                's', least(trunc_from, coalesce(array_min(transform(filter(rc, r -> r.e >= trunc_from), r -> r.s)), trunc_from)),
+                'e', n_size)))
+        ELSE rc END"""  # fmt: skip
+    st = st.withColumn("rc", F.expr(clipped)).withColumn(
+        "ranges",
+        F.when(is_file & ~F.col("whole_file"), F.expr(f"transform({with_trunc}, r -> named_struct('offset', r.s, 'length', r.e - r.s))"))
+        .otherwise(F.expr(_empty(_EXTENT))),
+    )  # fmt: skip
+    # objects: the latest version per written object; a LYOUT forgets objects not in the new layout
+    merged_objects = (
+        f"array_sort(concat(filter(coalesce(p_objects, {_empty(_OBJECT)}),"
+        f" o -> NOT exists(coalesce(new_objects, {_empty(_OBJECT)}), n -> n.ost = o.ost AND n.oid = o.oid)),"
+        f" coalesce(new_objects, {_empty(_OBJECT)})))"
+    )
+    in_layout = (
+        f"filter({merged_objects}, o -> n_layout IS NOT NULL"
+        " AND exists(n_layout.objects, l -> l.ost = o.ost AND l.oid = o.oid))"
+    )
+    st = st.withColumn(
+        "n_objects",
+        F.expr(
+            f"CASE WHEN coalesce(relayout, false) THEN {in_layout} WHEN new_objects IS NULL"
+            f" THEN coalesce(p_objects, {_empty(_OBJECT)}) ELSE {merged_objects} END"
+        ),
+    )
+
+    new_rows = st.filter("exists_after").select(
+        *(F.col(c if c in ("fid", "type", "links") else "n_" + c).alias(c) for c in SNAPSHOT_FIELDS)
+    )
+    untouched = prev.join(touched.select("fid"), "fid", "left_anti")
+    snapshot = _conform(untouched.unionByName(new_rows), _snapshot_type())
+
+    attrs_differ = " OR ".join(f"NOT (n_{c} <=> p_{c})" for c in ATTR_COLUMNS)
+    xattrs_differ = "(NOT existed_before AND size(n_xattrs) > 0) OR (existed_before AND NOT (n_xattrs <=> p_xattrs))"
+    if not extents_known:
+        attrs_differ += " OR coalesce(attr_touch, false)"
+        xattrs_differ = "coalesce(xattr_touch, false)"
+    changes = (
+        st.filter("existed_before OR exists_after")
+        .select(
+            "fid",
+            "type",
+            F.expr("NOT existed_before AND exists_after").alias("created"),
+            F.expr("existed_before AND NOT exists_after").alias("deleted"),
+            F.expr("existed_before <> exists_after OR NOT (links <=> p_links)").alias("links_changed"),
+            F.expr(f"exists_after AND (NOT existed_before OR {attrs_differ})").alias("attrs_changed"),
+            F.expr(f"exists_after AND ({xattrs_differ})").alias("xattrs_changed"),
+            F.expr(f"exists_after AND type = '{FILE}' AND (whole_file OR size(ranges) > 0 OR NOT (n_size <=> old0))").alias("data_changed"),
+            "whole_file",
+            "ranges",
+            F.col("p_size").alias("old_size"),
+            F.when(F.col("exists_after"), F.col("n_size")).alias("new_size"),
+        )
+        .filter("created OR deleted OR links_changed OR attrs_changed OR xattrs_changed OR data_changed")
+    )  # fmt: skip
+    return snapshot, _conform(changes, _change_type())
+
+
+def cookie_groups(records: DataFrame) -> DataFrame:
+    """Distributed operations: records that share a ``cookie`` across two or more servers.
+
+    One row per such cookie: ``cookie, servers, fids, types, records, first_epoch,
+    last_epoch, first_time_ns, last_time_ns``. A group whose ``first_epoch`` and
+    ``last_epoch`` differ was torn across an epoch boundary (one server closed the epoch
+    before the other logged its part).
+    """
+    from pyspark.sql import functions as F
+
+    return (
+        records.filter(F.col("cookie").isNotNull())
+        .groupBy("cookie")
+        .agg(
+            F.array_sort(F.collect_set("server")).alias("servers"),
+            F.array_sort(F.array_distinct(F.flatten(F.collect_list(F.expr("filter(array(tfid, sfid), f -> f IS NOT NULL)"))))).alias("fids"),
+            F.array_sort(F.collect_set("type")).alias("types"),
+            F.count(F.lit(1)).alias("records"),
+            F.min("epoch").alias("first_epoch"),
+            F.max("epoch").alias("last_epoch"),
+            F.min("time_ns").alias("first_time_ns"),
+            F.max("time_ns").alias("last_time_ns"),
+        )
+        .filter(F.size("servers") > 1)
+    )  # fmt: skip
+
+
+def _snapshot_type():
+    from epochsync.model import snapshot_struct_type
+
+    return snapshot_struct_type()
+
+
+def _change_type():
+    from epochsync.model import change_struct_type
+
+    return change_struct_type()
+
+
+def _conform(df: DataFrame, schema) -> DataFrame:
+    """Columns of ``schema``, in its order, cast to its types (nullability aside: Spark
+    cannot cast to a non-null field; the values honour it by construction)."""
+    from pyspark.sql import functions as F
+
+    return df.select(*(F.col(f.name).cast(_nullable(f.dataType)).alias(f.name) for f in schema.fields))
+
+
+def _nullable(dt):
+    from pyspark.sql.types import ArrayType, StructField, StructType
+
+    if isinstance(dt, StructType):
+        return StructType([StructField(f.name, _nullable(f.dataType), True) for f in dt.fields])
+    if isinstance(dt, ArrayType):
+        return ArrayType(_nullable(dt.elementType), True)
+    return dt
+
+
+# --------------------------------------------------------------------------- the stage
+
+
+@dataclass(frozen=True)
+class MergeOutputs:
+    snapshot: str
+    changes: str
+    cookie_groups: str
+
+
+def extents_known_for(fmt: str) -> bool:
+    """Only canonical JSON Lines carries byte ranges; Lustre text and Gluster do not."""
+    return fmt == "jsonl"
+
+
+def run_merge(cfg: Config, target_name: str, first_epoch: int, last_epoch: int, spark: SparkSession) -> dict:
+    """Merge epochs ``first_epoch..last_epoch`` of ``target_name``'s source onto snapshot ``first_epoch - 1``.
+
+    Writes snapshot ``last_epoch``, the change set of ``last_epoch`` and the cookie groups
+    (each overwritten as a whole, so a retry is idempotent) and returns stats:
+    ``records`` (records in the window), ``merged_records`` (those the merge reads),
+    ``changes`` and per-kind counts, ``range_bytes``, ``snapshot_fids``,
+    ``net_to_raw_ratio`` (change rows / merged records), ``cookie_groups``, ``seconds``.
+    """
+    from pyspark.sql import functions as F
+
+    from epochsync.paths import Warehouse
+    from epochsync.snapshot import read_snapshot, write_table
+
+    if first_epoch < 1 or last_epoch < first_epoch:
+        raise EpochError(f"bad epoch window {first_epoch}..{last_epoch}: need 1 <= first <= last")
+    t0 = time.monotonic()
+    target = cfg.target(target_name)
+    source = cfg.source_of(target)
+    wh = Warehouse(cfg.warehouse)
+    prev = read_snapshot(spark, wh, target.name, first_epoch - 1, source.root_fid)
+    records = read_records(spark, wh, source.name, first_epoch, last_epoch)
+    snapshot, changes = merge_epoch(prev, records, source.root_fid, extents_known_for(source.changelogs.format))
+    out = MergeOutputs(
+        wh.snapshot(target.name, last_epoch),
+        wh.changes(target.name, last_epoch),
+        wh.cookie_groups(target.name, last_epoch),
+    )
+    try:
+        write_table(spark, snapshot, out.snapshot)
+        write_table(spark, changes, out.changes)
+        write_table(spark, cookie_groups(records), out.cookie_groups)
+    except Exception as exc:  # Py4J/Spark errors: surface raise_error messages as one line
+        raise _clean_error(exc, target.name, first_epoch, last_epoch) from None
+
+    counts = (
+        spark.read.parquet(out.changes)
+        .agg(
+            F.count(F.lit(1)).alias("changes"),
+            *(F.count_if(F.col(c)).alias(c) for c in CHANGE_FIELDS if c in _FLAG_COLUMNS),
+            F.expr("coalesce(sum(aggregate(ranges, 0L, (a, r) -> a + r.length)), 0)").alias("range_bytes"),
+        )
+        .first()
+        .asDict()
+    )
+    rec_counts = records.agg(
+        F.count(F.lit(1)).alias("records"), F.count_if(F.col("type").isin(*MERGED_TYPES)).alias("merged")
+    ).first()
+    stats = {
+        "target": target.name,
+        "source": source.name,
+        "first_epoch": first_epoch,
+        "epoch": last_epoch,
+        "records": rec_counts["records"],
+        "merged_records": rec_counts["merged"],
+        **counts,
+        "snapshot_fids": spark.read.parquet(out.snapshot).count(),
+        "cookie_groups": spark.read.parquet(out.cookie_groups).count(),
+        "net_to_raw_ratio": counts["changes"] / rec_counts["merged"] if rec_counts["merged"] else 0.0,
+        "snapshot": out.snapshot,
+        "changes_uri": out.changes,
+        "seconds": round(time.monotonic() - t0, 3),
+    }
+    return stats
+
+
+_FLAG_COLUMNS = ("created", "deleted", "links_changed", "attrs_changed", "xattrs_changed", "data_changed", "whole_file")
+
+
+def read_records(spark: SparkSession, wh, source: str, first_epoch: int, last_epoch: int) -> DataFrame:
+    """Records of epochs ``first..last`` of ``source`` from the warehouse (written by ingest).
+
+    Every epoch of the window must have been ingested: a missing one is an error naming it.
+    """
+    from pyspark.sql import functions as F
+
+    from epochsync.schema import record_struct_type
+    from epochsync.snapshot import path_exists
+
+    missing = [e for e in range(first_epoch, last_epoch + 1) if not path_exists(spark, wh.records(source, e))]
+    if missing:
+        raise EpochError(
+            f"records of source {source!r} epoch(s) {', '.join(map(str, missing))} are not in the warehouse "
+            f"({wh.records(source)}): run the ingest stage for them first"
+        )
+    return (
+        spark.read.schema(record_struct_type())
+        .option("basePath", wh.records(source))
+        .parquet(*(wh.records(source, e) for e in range(first_epoch, last_epoch + 1)))
+        .filter(F.col("epoch").between(first_epoch, last_epoch))
+    )
+
+
+def _clean_error(exc: Exception, target: str, first: int, last: int) -> EpochsyncError:
+    text = str(exc)
+    for marker in ("gains a name in this window", "has no parent fid or name"):
+        if marker in text:
+            line = next((ln for ln in text.splitlines() if marker in ln), text)
+            # raise_error messages arrive wrapped in Spark's error text; keep the sentence.
+            start = line.find("fid ") if marker.startswith("gains") else line.find("record ")
+            return EpochError(f"merge of target {target!r} epochs {first}..{last}: {line[start:].strip()}")
+    if isinstance(exc, EpochsyncError):
+        return exc
+    return EpochError(
+        f"merge of target {target!r} epochs {first}..{last} failed: {text.splitlines()[0] if text else exc!r}"
+    )
