@@ -8,7 +8,8 @@ that small local file: no store, no Spark, no network at parse time.
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+import os
+from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Param
 from airflow.task.trigger_rule import TriggerRule
@@ -62,9 +63,20 @@ def _target_where(t: TargetConfig) -> str:
 
 
 def build_epoch_dag(
-    config: Config, source: SourceConfig, target: TargetConfig, *, doc_md: str = "", catchup: bool = True
+    config: Config,
+    source: SourceConfig,
+    target: TargetConfig,
+    *,
+    doc_md: str = "",
+    catchup: bool = True,
+    schedule_from: datetime | None = None,
 ) -> DAG:
-    """``epochsync__<source>__<target>``: one run per epoch, wait → ingest → … → commit, rollback on failure."""
+    """``epochsync__<source>__<target>``: one run per epoch, wait → ingest → … → commit, rollback on failure.
+
+    ``schedule_from`` (default: the source's first epoch) is the DAG's start date: the
+    scheduler creates runs for the epochs starting at or after it; earlier epochs run
+    only when triggered or backfilled (a replica added to a source that is already old).
+    """
     cfg = config.file
     interval = source.epoch.interval_s
     doc = (
@@ -83,7 +95,7 @@ def build_epoch_dag(
         description=f"replicate {source.name} into {target.name}, one epoch per run",
         doc_md=doc,
         schedule=EpochTimetable(source.epoch.start, interval),
-        start_date=source.epoch.start,
+        start_date=max(source.epoch.start, schedule_from) if schedule_from else source.epoch.start,
         catchup=catchup,
         max_active_runs=1,
         tags=["epochsync", f"source:{source.name}", f"target:{target.name}"],
@@ -251,36 +263,28 @@ def build_purge_dag(config: Config, source: SourceConfig, *, doc_md: str = "") -
     return dag
 
 
-def build_dags(config: Config, *, docs: dict[str, str] | None = None, catchup: bool = True) -> dict[str, DAG]:
-    """Every DAG of the config, by dag_id."""
-    docs = docs or {}
-    out: dict[str, DAG] = {}
-    for t in config.targets:
-        src = config.source_of(t)
-        d = build_epoch_dag(config, src, t, doc_md=docs.get("epoch", ""), catchup=catchup)
-        out[d.dag_id] = d
-        h = build_hydrate_dag(config, t, doc_md=docs.get("hydrate", ""))
-        out[h.dag_id] = h
-    for s in config.sources:
-        p = build_purge_dag(config, s, doc_md=docs.get("purge", ""))
-        out[p.dag_id] = p
-    return out
-
-
 def dags_from_env(kind: str, doc_md: str) -> dict[str, DAG]:
     """The DAGs of one kind (``epoch``, ``hydrate``, ``purge``) for ``$EPOCHSYNC_CONFIG``; none if unset."""
-    import os
-
     path = config_path_from_env()
     if not path:
         log.warning("EPOCHSYNC_CONFIG is not set: no epochsync DAGs")
         return {}
     config = load_config(path)
     catchup = os.environ.get("EPOCHSYNC_CATCHUP", "true").lower() not in ("0", "false", "no")
+    schedule_from = None
+    if os.environ.get("EPOCHSYNC_SCHEDULE_FROM"):
+        from epochsync.config import parse_datetime
+
+        try:
+            schedule_from = parse_datetime(os.environ["EPOCHSYNC_SCHEDULE_FROM"])
+        except ValueError as exc:
+            raise ValueError(f"EPOCHSYNC_SCHEDULE_FROM: {exc}") from None
     out: dict[str, DAG] = {}
     if kind == "epoch":
         for t in config.targets:
-            d = build_epoch_dag(config, config.source_of(t), t, doc_md=doc_md, catchup=catchup)
+            d = build_epoch_dag(
+                config, config.source_of(t), t, doc_md=doc_md, catchup=catchup, schedule_from=schedule_from
+            )
             out[d.dag_id] = d
     elif kind == "hydrate":
         for t in config.targets:

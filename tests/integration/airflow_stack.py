@@ -1,0 +1,107 @@
+"""Shared set-up of the Airflow integration tests: a simulated source in SeaweedFS and an Airflow env."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def airflow_env(base: Path, seaweed, *, config: Path | None = None, extra: dict | None = None) -> dict[str, str]:
+    """Environment for Airflow processes: own home and SQLite DB, the project's dags and plugins."""
+    from epochsync.devstack import airflow_environment, spark_conn_json
+
+    conns = {
+        "spark_default": spark_conn_json("local[2]"),
+        "source_s3": seaweed.airflow_conn_json(),
+        "replica_s3": seaweed.airflow_conn_json(),
+    }
+    env = airflow_environment(
+        base / "airflow-home",
+        port=int((extra or {}).get("AIRFLOW__API__PORT", "8080")),
+        config=config,
+        connections=conns,
+        extra={"EPOCHSYNC_BUILD_DIR": str(base / "build"), **(extra or {})},
+    )
+    env.pop("EPOCHSYNC_INJECT_FAILURE", None)
+    return env
+
+
+def simulate(base: Path, env: dict[str, str], *, epochs: int, files: int, seed: int) -> Path:
+    """``epochsync simulate`` into a fresh bucket; returns the config it wrote."""
+    out = base / "sim"
+    bucket = "src-" + uuid.uuid4().hex[:10]
+    cmd = [sys.executable, "-m", "epochsync.cli", "simulate", "--out", str(out), "--epochs", str(epochs),
+           "--files", str(files), "--seed", str(seed), "--osts", "2", "--threads", "4", "--bucket", bucket]  # fmt: skip
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out / "epochsync.yaml"
+
+
+def with_prefix(config: Path, prefix: str) -> Path:
+    """The simulated config with the s3 target under its own prefix (tests share one bucket)."""
+    import yaml
+
+    doc = yaml.safe_load(config.read_text())
+    for t in doc["targets"]:
+        if t["kind"] == "s3":
+            t["prefix"] = prefix
+    config.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return config
+
+
+def dagtest(env: dict[str, str], dag_id: str, epoch: int, *, conf: dict | None = None, timeout: float = 1200) -> dict:
+    """Run one epoch with dag.test() in a fresh interpreter; returns run and task states."""
+    cmd = [sys.executable, "-m", "epochsync.airflow.dagtest", "--dag-id", dag_id, "--epoch", str(epoch),
+           "--conf", json.dumps(conf or {})]  # fmt: skip
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("DAGTEST_RESULT ")]
+    assert lines, f"dag.test produced no result (exit {done.returncode}):\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    result = json.loads(lines[-1].split(" ", 1)[1])
+    result["log"] = done.stdout + done.stderr
+    return result
+
+
+def truth(sim_dir: Path, epoch: int) -> dict[str, tuple]:
+    """Ground truth of the simulated source at ``epoch``: path -> (type, size, sha256, symlink, perms)."""
+    out = {}
+    for line in (sim_dir / "truth" / f"epoch={epoch}.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        out[r["path"]] = (
+            r["type"],
+            r["size"] if r["type"] == "file" else 0,
+            r["sha256"] if r["type"] == "file" else None,
+            r.get("symlink"),
+            r["mode"] & 0o7777,
+        )
+    return out
+
+
+def replica(config: Path, target: str, env: dict[str, str]) -> tuple[int, dict[str, tuple]]:
+    """(manifest epoch, path -> (type, size, sha256, symlink, perms)) of a target, read like a user would."""
+    code = (
+        "import json, sys\n"
+        "from epochsync.config import load_config\n"
+        "from epochsync.journal import manifest_epoch\n"
+        "from epochsync.targets import open_target\n"
+        f"t = open_target(load_config({str(config)!r}).target({target!r}))\n"
+        "rows = {e.path: [e.type, e.size if e.type == 'file' else 0, e.sha256 if e.type == 'file' else None,"
+        " e.symlink, e.mode] for e in t.walk()}\n"
+        "print(json.dumps({'epoch': manifest_epoch(t.read_manifest()), 'rows': rows}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = json.loads(done.stdout.strip().splitlines()[-1])
+    return doc["epoch"], {p: tuple(v) for p, v in doc["rows"].items() if p}
+
+
+def run_env_for(env: dict[str, str]) -> dict[str, str]:
+    return dict(env)
+
+
+__all__ = ["ROOT", "airflow_env", "simulate", "with_prefix", "dagtest", "truth", "replica", "run_env_for", "os"]
