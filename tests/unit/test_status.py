@@ -1,0 +1,120 @@
+"""status and report read a target's manifest, stats rows, events, cursors and pending records."""
+
+import json
+import textwrap
+
+import pytest
+
+from epochsync.cli import main
+from epochsync.config import load_config
+from epochsync.events import FAILED, ROLLED_BACK, record_event
+from epochsync.journal import write_json_atomic
+from epochsync.paths import Warehouse, local_path
+from epochsync.status import pending_operations, target_status
+
+
+@pytest.fixture()
+def cfg(tmp_path):
+    p = tmp_path / "epochsync.yaml"
+    p.write_text(
+        textwrap.dedent(f"""
+        warehouse: file://{tmp_path}/wh
+        sources:
+          - name: sim
+            root_fid: "[0x200000007:0x1:0x0]"
+            servers: [MDT0000, OST0000]
+            changelogs: {{uri: {tmp_path}/changelogs, format: jsonl}}
+            store: {{conn_id: source_s3, bucket: data}}
+            epoch: {{interval: 5m, start: 2026-01-01T00:00:00Z}}
+        targets:
+          - name: local
+            source: sim
+            kind: posix
+            path: {tmp_path}/replica
+    """)
+    )
+    return load_config(p)
+
+
+def commit(cfg, epoch, **row):
+    wh = Warehouse(cfg.warehouse)
+    doc = {"target": "local", "source": "sim", "epoch": epoch, "records_in": 40, "bytes_changed": 4096,
+           "bytes_pulled": 4096, "bytes_written": 4096, "bytes_copied": 0,
+           "net_operations": {"created": 3, "data": 2}, "durations": {"apply": 1.5, "merge": 2.0},
+           "committed_at": 1767225900.0 + 300 * epoch, **row}  # fmt: skip
+    write_json_atomic(local_path(wh.stats("local", epoch)), doc)
+    t = cfg.target("local")
+    write_json_atomic(f"{t.path}/.epochsync/manifest.json", {"target": "local", "source": "sim", "epoch": epoch})
+
+
+def write_records(cfg, epoch, types):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    d = local_path(Warehouse(cfg.warehouse).records("sim", epoch)) + "/server=MDT0000"
+    import os
+
+    os.makedirs(d, exist_ok=True)
+    pq.write_table(pa.table({"type": types, "index": list(range(len(types)))}), d + "/part-0.parquet")
+
+
+def test_empty_target_is_at_epoch_zero(cfg):
+    s = target_status(cfg, cfg.target("local"))
+    assert s["committed_epoch"] == 0
+    assert s["last_synced"] is None and s["last_run"] is None
+    assert s["failures"] == 0 and s["rollbacks"] == 0
+
+
+def test_status_reports_figures_failures_and_pending(cfg, capsys):
+    commit(cfg, 1)
+    commit(cfg, 2, records_in=77)
+    write_json_atomic(local_path(Warehouse(cfg.warehouse).cursor("sim", "local")),
+                      {"epoch": 2, "servers": {"MDT0000": 120, "OST0000": 88}})  # fmt: skip
+    record_event(cfg.warehouse, "local", FAILED, 3, message="apply: injected failure")
+    record_event(cfg.warehouse, "local", ROLLED_BACK, 3, message="back at epoch 2")
+    write_records(cfg, 2, ["CREAT"])  # committed: not pending
+    write_records(cfg, 3, ["CREAT", "RENME", "WRITE", "WRITE", "SATTR", "EPOCH"])
+    s = target_status(cfg, cfg.target("local"))
+    assert s["committed_epoch"] == 2
+    assert s["last_synced"] == "2026-01-01T00:10:00Z"
+    assert s["last_run"]["records_in"] == 77
+    assert (s["failures"], s["rollbacks"]) == (1, 1)
+    assert s["pending"] == {"entry": 2, "data": 2, "meta": 1}
+    assert s["cursors"] == {"MDT0000": 120, "OST0000": 88}
+    assert s["status"] == "Faulty"  # the last event is a rollback
+
+    rc = main(["status", "--config", cfg.file, "--format", "json"])
+    rows = json.loads(capsys.readouterr().out)
+    assert rc == 1 and rows[0]["committed_epoch"] == 2
+    main(["status", "--config", cfg.file])
+    table = capsys.readouterr().out
+    assert "local" in table and "Faulty" in table and "2026-01-01T00:10:00Z" in table
+    assert "last failure: rolled_back" in table and "MDT0000=120" in table
+
+
+def test_healthy_after_a_later_commit(cfg):
+    record_event(cfg.warehouse, "local", FAILED, 1, message="x")
+    commit(cfg, 1)
+    from epochsync.events import COMMITTED
+
+    record_event(cfg.warehouse, "local", COMMITTED, 1)
+    assert target_status(cfg, cfg.target("local"))["status"] in ("Active", "Lagging")
+
+
+def test_pending_is_none_without_ingested_records(cfg):
+    assert pending_operations(cfg, "sim", 0, None) is None
+
+
+def test_report_writes_html_with_charts(cfg, tmp_path, capsys):
+    commit(cfg, 1)
+    commit(cfg, 2)
+    out = tmp_path / "r.html"
+    assert main(["report", "--config", cfg.file, "--out", str(out)]) == 0
+    page = out.read_text()
+    assert page.count("<svg") == 2 and "bytes per epoch" in page and "<td>2</td>" in page
+    assert capsys.readouterr().out.strip() == str(out)
+
+
+def test_unknown_target_is_a_clear_error(cfg, capsys):
+    assert main(["status", "--config", cfg.file, "--target", "nope"]) == 1
+    assert "no target named 'nope'" in capsys.readouterr().err
