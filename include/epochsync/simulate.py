@@ -142,6 +142,10 @@ class EpochResult:
     contents: dict[str, bytes]
     snapshot: list[dict[str, Any]]
 
+    def truth_by_path(self) -> dict[str, dict[str, Any]]:
+        """The ground truth keyed by path."""
+        return {t["path"]: t for t in self.truth}
+
 
 @dataclass
 class History:

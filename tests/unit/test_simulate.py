@@ -254,3 +254,16 @@ def test_cli_missing_connection_is_one_clear_error(tmp_path, capsys, monkeypatch
     rc = main(["simulate", "--out", str(tmp_path / "s"), "--conn-id", "nope_s3", "--epochs", "1"])
     assert rc == 1
     assert "AIRFLOW_CONN_NOPE_S3" in capsys.readouterr().err
+
+
+def test_snapshot_dump_reads_in_spark_with_the_snapshot_schema(spark, tmp_path):
+    from epochsync.model import snapshot_struct_type
+    from epochsync.oracle import FsModel
+
+    out = tmp_path / "sim"
+    assert main(["simulate", "--out", str(out), "--no-data", "--seed", "2", "--epochs", "2", "--files", "30"]) == 0
+    h = simulate_history(2, 2, 30, data=False)
+    rows = spark.read.schema(snapshot_struct_type()).json(str(out / "snapshot" / "epoch=2")).collect()
+    assert FsModel.from_snapshot_rows(ROOT_FID, rows).snapshot_rows() == h.at(2).snapshot
+    assert any(r["xattrs"] for r in rows)  # binary values came back from base64
+    assert h.at(2).truth_by_path() == {t["path"]: t for t in h.at(2).truth}
