@@ -191,3 +191,10 @@ def test_schedule_from_moves_the_start_date_not_the_epoch_grid(dag_config, monke
     monkeypatch.setenv("EPOCHSYNC_SCHEDULE_FROM", "yesterday")
     bag = dagbag(dag_config, monkeypatch)
     assert "EPOCHSYNC_SCHEDULE_FROM" in "\n".join(bag.import_errors.values())
+
+
+def test_purge_dag_per_source(bag):
+    dag = bag.dags["epochsync_purge__lustre1"]
+    assert dag.task_ids == ["purge"]
+    assert dag.catchup is False and dag.max_active_runs == 1
+    assert "idle" in dag.doc_md and "`dr`" in dag.doc_md and "`scratch`" in dag.doc_md
