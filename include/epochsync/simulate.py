@@ -23,7 +23,8 @@ files get a RAID-0 layout (stripe size 4/16/64 KiB, 1-4 objects ``{ost, oid}`` w
 ``{ost}/{oid}``) or, with ``unstriped_ratio``, none: the file is then one object
 ``data/{fid}`` whose ``WRITE`` records name ``{ost: <the OST that logs it>, oid: <fid>}``
 with file offsets. Every write logs one ``WRITE`` per object touched (object offsets, the
-object's version after the write) then an ``MTIME`` on the MDT. A truncate that shrinks an
+object's version after the write), sometimes then an ``MTIME`` on the MDT; the records of
+one operation that span several servers share a ``cookie`` (``op-<n>``). A truncate that shrinks an
 object re-stores it and logs a ``WRITE`` without extents carrying the new version, so the
 latest version of an object in an epoch never holds bytes past the file's size (a pull of
 ``[min size, final size)`` reads zeros, not stale bytes). The objects a file loses with its
@@ -126,6 +127,22 @@ class SimConfig:
                 f"simulate: need epochs >= 1, files >= 0, 1..16 MDTs, 1..64 OSTs "
                 f"(got epochs={self.epochs}, files={self.files}, mdts={self.mdts}, osts={self.osts})"
             )
+        checks = [
+            (self.records is None or self.records >= 1, f"--records must be at least 1, got {self.records}"),
+            (
+                self.ops_per_epoch is None or self.ops_per_epoch >= 0,
+                f"--ops-per-epoch must be 0 or more, got {self.ops_per_epoch}",
+            ),
+            (0.0 <= self.unstriped_ratio <= 1.0, f"--unstriped-ratio must be in [0, 1], got {self.unstriped_ratio}"),
+            (self.max_file_size >= 1024, f"--max-file-size must be at least 1024 bytes, got {self.max_file_size}"),
+            (
+                self.write_share is None or 0.0 < self.write_share < 0.9,
+                f"--write-share must be in (0, 0.9), got {self.write_share}",
+            ),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise EpochsyncError(f"simulate: {message}")
 
     @property
     def servers(self) -> tuple[str, ...]:
@@ -228,6 +245,7 @@ class Workload:
         self.oid_seq = [0] * cfg.osts
         self.name_seq = 0
         self.version_seq = 0
+        self.cookie_seq = 0
         self.epoch = 0
         self.clock = int(EPOCH_START.timestamp()) * _NS
         self.epoch_records = 0
@@ -365,38 +383,63 @@ class Workload:
         """Write ``length`` random bytes at ``offset`` of file ``fid``: WRITE per object, then MTIME."""
         node = self.model.nodes[fid]
         pieces = layout_file_range_to_objects(node.layout, offset, length)
+        mtime = self.rng.random() < 0.3
+        servers = {self._object_ref(node, i)[0] for i in pieces} | ({self._mdt_of(fid)} if mtime else set())
+        cookie = self._cookie(servers)
         tokens = {}
         for index in sorted(pieces):
             obj_off, obj_len = pieces[index]
             ost, oid, _key = self._object_ref(node, index)
             tokens[index] = self._token()
             self.emit(
-                ost, "WRITE", tfid=fid, object=ObjectRef(ost, oid, tokens[index]), extents=(Extent(obj_off, obj_len),)
+                ost,
+                "WRITE",
+                tfid=fid,
+                object=ObjectRef(ost, oid, tokens[index]),
+                extents=(Extent(obj_off, obj_len),),
+                cookie=cookie,
             )
         if self.cfg.data:
             # the WRITE records grew the model's size (and zero-filled); now the bytes
             node.data[offset : offset + length] = self.bytes_rng.randbytes(length)
         for index, token in tokens.items():
             self._store(node, index, *self._object_ref(node, index), token)
-        if self.rng.random() < 0.3:
-            self.emit(self._mdt_of(fid), "MTIME", tfid=fid)
+        if mtime:
+            self.emit(self._mdt_of(fid), "MTIME", tfid=fid, cookie=cookie)
+
+    def _cookie(self, servers: set[str]) -> str | None:
+        """A cookie for the records of one operation when they span several servers."""
+        if len(servers) < 2:
+            return None
+        self.cookie_seq += 1
+        return f"op-{self.cookie_seq}"
 
     def truncate(self, fid: str, size: int) -> None:
         """TRUNC on the MDT, then re-store every object the truncate shrank."""
         node = self.model.nodes[fid]
-        t = self._times()
-        self.emit(self._mdt_of(fid), "TRUNC", tfid=fid, size=size, mtime_ns=t["mtime_ns"], ctime_ns=t["ctime_ns"])
         count = 1 if node.layout is None else node.layout.stripe_count
+        punch = []
         for index in range(count):
             ost, oid, key = self._object_ref(node, index)
             stored = self.stored_len.get((ost, oid))
-            if stored is None:
-                continue
             keep = size if node.layout is None else object_size(node.layout.stripe_size, count, index, size)
-            if stored > keep:
-                token = self._token()
-                self._store(node, index, ost, oid, key, token)
-                self.emit(ost, "WRITE", tfid=fid, object=ObjectRef(ost, oid, token), extents=())
+            if stored is not None and stored > keep:
+                punch.append((index, ost, oid, key))
+        cookie = self._cookie({self._mdt_of(fid)} | {p[1] for p in punch})
+        t = self._times()
+        self.emit(
+            self._mdt_of(fid),
+            "TRUNC",
+            tfid=fid,
+            size=size,
+            mtime_ns=t["mtime_ns"],
+            ctime_ns=t["ctime_ns"],
+            cookie=cookie,
+        )
+        for index, ost, oid, key in punch:
+            token = self._token()
+            self._store(node, index, ost, oid, key, token)
+            self.emit(ost, "WRITE", tfid=fid, object=ObjectRef(ost, oid, token), extents=(), cookie=cookie)
 
     def _forget(self, fid: str) -> None:
         """Bookkeeping once ``fid`` lost its last link: its objects are deleted from the store."""
@@ -884,11 +927,14 @@ def fast_record_json(r: Record) -> str:
         ext = ",".join(f'{{"offset":{e.offset},"length":{e.length}}}' for e in r.extents or ())
         o = r.object
         ver = "null" if o.version is None else f'"{o.version}"'
+        cookie = "" if r.cookie is None else f',"cookie":"{r.cookie}"'
         return (
-            f'{head},"tfid":"{r.tfid}","object":{{"ost":"{o.ost}","oid":"{o.oid}","version":{ver}}},"extents":[{ext}]}}'
+            f'{head},"tfid":"{r.tfid}","object":{{"ost":"{o.ost}","oid":"{o.oid}","version":{ver}}},'
+            f'"extents":[{ext}]{cookie}}}'
         )
     if r.type == "MTIME" and r.mtime_ns is None and r.flags is None:
-        return f'{head},"tfid":"{r.tfid}"}}'
+        cookie = "" if r.cookie is None else f',"cookie":"{r.cookie}"'
+        return f'{head},"tfid":"{r.tfid}"{cookie}}}'
     if r.type == "EPOCH":
         return head + "}"
     return record_to_json(r)

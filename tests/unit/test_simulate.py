@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from epochsync.cli import main
 from epochsync.config import load_config
+from epochsync.errors import EpochsyncError
 from epochsync.formats.common import ParseOptions, RecordChecker
 from epochsync.model import DIR, FILE
 from epochsync.oracle import replay, snapshot_row_from_json
@@ -161,6 +162,15 @@ def test_workload_exercises_every_rule():
     # rename back: a RENME whose new name is an earlier old name of the same fid
     olds = {(r.sfid, r.spfid, r.sname) for r in recs if r.type == "RENME"}
     assert any((r.sfid, r.pfid, r.name) in olds for r in recs if r.type == "RENME")
+    # the records of one operation spanning several servers share a cookie, and only they do
+    groups = defaultdict(list)
+    for r in recs:
+        if r.cookie:
+            groups[r.cookie].append(r)
+    assert len(groups) > 20
+    for group in groups.values():
+        assert len({r.server for r in group}) >= 2 and len({r.tfid for r in group}) == 1
+        assert max(r.time_ns for r in group) - min(r.time_ns for r in group) < 10 * len(group) * 1000
     # striped layouts of several sizes and counts, and unstriped files
     layouts = {r.layout and (r.layout.stripe_size, r.layout.stripe_count) for r in recs if r.type == "CREAT"}
     assert None in layouts and len({lay[0] for lay in layouts if lay}) >= 3
@@ -194,9 +204,18 @@ def test_records_budget_and_write_share():
     assert 0.67 < share < 0.73
 
 
-def test_bad_sizes_are_refused():
-    with pytest.raises(Exception, match="need epochs >= 1"):
-        simulate_history(0, 0, 5)
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"epochs": 0}, "need epochs >= 1"),
+        ({"records": 0}, "--records must be at least 1"),
+        ({"unstriped_ratio": 1.5}, "--unstriped-ratio must be in"),
+        ({"max_file_size": 10}, "--max-file-size must be at least 1024"),
+    ],
+)
+def test_bad_settings_are_refused(kwargs, message):
+    with pytest.raises(EpochsyncError, match=message):
+        simulate_history(**{"seed": 0, "epochs": 2, "files": 5, **kwargs})
 
 
 # --------------------------------------------------------------------------- the CLI, without S3
