@@ -31,7 +31,8 @@ class BucketCounters:
     requests: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     bytes_in: int = 0  # request bodies: data written to the store
     bytes_out: int = 0  # response bodies: data read from the store
-    bytes_copied: int = 0  # server-side copies (CopyObject, UploadPartCopy)
+    bytes_copied: int = 0  # server-side copies into this bucket (CopyObject, UploadPartCopy)
+    bytes_copied_out: int = 0  # server-side copies whose source is in this bucket
 
     @property
     def total_requests(self) -> int:
@@ -44,6 +45,7 @@ class BucketCounters:
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
             "bytes_copied": self.bytes_copied,
+            "bytes_copied_out": self.bytes_copied_out,
         }
 
 
@@ -157,7 +159,8 @@ class S3Proxy:
                 src = self.headers.get("x-amz-copy-source")
                 if src and resp.status < 300:
                     rng = _RANGE_RE.match(self.headers.get("x-amz-copy-source-range", ""))
-                    copied = int(rng.group(2)) - int(rng.group(1)) + 1 if rng else -1
+                    # a whole-object copy does not say its size: ask the store (outside the lock)
+                    copied = int(rng.group(2)) - int(rng.group(1)) + 1 if rng else proxy._object_size(src)
                 with proxy.lock:
                     c = proxy.counters[bucket]
                     c.requests[self.command] += 1
@@ -167,8 +170,8 @@ class S3Proxy:
                         c.bytes_out += len(data)
                     if copied > 0:
                         c.bytes_copied += copied
-                    elif copied < 0:  # whole-object copy: size unknown here, ask the store
-                        c.bytes_copied += proxy._object_size(src)
+                        src_bucket = unquote(src).lstrip("/").split("/", 1)[0]
+                        proxy.counters[src_bucket].bytes_copied_out += copied
 
             def _read_body(self) -> bytes:
                 if self.headers.get("Transfer-Encoding", "").lower() == "chunked":

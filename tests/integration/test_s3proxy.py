@@ -29,7 +29,7 @@ def test_counts_bytes_requests_and_copies(proxied, bucket_name):
     counts = proxy.snapshot()[bucket_name]
     assert counts["bytes_in"] == 1000
     assert counts["bytes_out"] == 10
-    assert counts["bytes_copied"] == 1000
+    assert counts["bytes_copied"] == 1000 and counts["bytes_copied_out"] == 1000
     assert counts["requests"] == {"PUT": 3, "GET": 1}
 
 
