@@ -113,6 +113,8 @@ class SimConfig:
     osts: int = 4
     ops_per_epoch: int | None = None
     records: int | None = None
+    #: records of every epoch after the first (epoch 1 is the initial tree plus ops_per_epoch ops)
+    records_per_epoch: int | None = None
     data: bool = True
     unstriped_ratio: float = 0.1
     #: files are trimmed back below this size (bytes)
@@ -129,6 +131,14 @@ class SimConfig:
             )
         checks = [
             (self.records is None or self.records >= 1, f"--records must be at least 1, got {self.records}"),
+            (
+                self.records_per_epoch is None or self.records_per_epoch >= 1,
+                f"--records-per-epoch must be at least 1, got {self.records_per_epoch}",
+            ),
+            (
+                self.records is None or self.records_per_epoch is None,
+                "give --records or --records-per-epoch, not both",
+            ),
             (
                 self.ops_per_epoch is None or self.ops_per_epoch >= 0,
                 f"--ops-per-epoch must be 0 or more, got {self.ops_per_epoch}",
@@ -325,6 +335,8 @@ class Workload:
         if cfg.records is not None:
             budget = cfg.records // cfg.epochs + (cfg.records % cfg.epochs if epoch == cfg.epochs else 0)
             budget -= len(self.next_index)  # the EPOCH records
+        elif cfg.records_per_epoch is not None and epoch > 1:
+            budget = cfg.records_per_epoch - len(self.next_index)
         ops = cfg.ops_per_epoch if cfg.ops_per_epoch is not None else max(6, cfg.files // 2)
         names = list(OP_WEIGHTS)
         weights = list(OP_WEIGHTS.values())
@@ -857,11 +869,13 @@ def simulate_history(
     osts: int = 4,
     ops_per_epoch: int | None = None,
     records: int | None = None,
+    records_per_epoch: int | None = None,
     data: bool = True,
     unstriped_ratio: float = 0.1,
     max_file_size: int = 256 * 1024,
+    write_share: float | None = None,
 ) -> History:
-    """Simulate ``epochs`` epochs in memory (no S3); see the module docstring."""
+    """Simulate ``epochs`` epochs in memory (no S3); see the module docstring and :class:`SimConfig`."""
     cfg = SimConfig(
         seed=seed,
         epochs=epochs,
@@ -870,9 +884,11 @@ def simulate_history(
         osts=osts,
         ops_per_epoch=ops_per_epoch,
         records=records,
+        records_per_epoch=records_per_epoch,
         data=data,
         unstriped_ratio=unstriped_ratio,
         max_file_size=max_file_size,
+        write_share=write_share,
     )
     collected: list[Record] = []
     w = Workload(cfg, collected.append)
@@ -1089,7 +1105,12 @@ def configure_simulate(parser) -> None:
     parser.add_argument("--mdts", type=int, default=1, help="metadata servers (default 1)")
     parser.add_argument("--osts", type=int, default=4, help="object servers (default 4)")
     parser.add_argument("--records", type=int, help="target record count over all epochs (sets the ops per epoch)")
-    parser.add_argument("--ops-per-epoch", type=int, help="operations per epoch after the first (default files/2)")
+    parser.add_argument(
+        "--records-per-epoch",
+        type=int,
+        help="records of each epoch after the first (epoch 1: the initial tree plus --ops-per-epoch operations)",
+    )
+    parser.add_argument("--ops-per-epoch", type=int, help="operations per epoch (default files/2)")
     parser.add_argument(
         "--write-share", type=float, help="steer each epoch to this share of WRITE records (e.g. 0.7 for benchmarks)"
     )
@@ -1120,6 +1141,7 @@ def run_simulate(args) -> int:
         osts=args.osts,
         ops_per_epoch=args.ops_per_epoch,
         records=args.records,
+        records_per_epoch=args.records_per_epoch,
         data=not args.no_data,
         unstriped_ratio=args.unstriped_ratio,
         max_file_size=args.max_file_size,

@@ -199,6 +199,9 @@ def test_records_budget_and_write_share():
     wl.run_epoch(2)
     total = sum(len(e.records) for e in h.epochs)
     assert 6000 <= total < 6050
+    per = simulate_history(1, 3, 50, data=False, records_per_epoch=2000)
+    assert [2000 <= len(e.records) < 2030 for e in per.epochs[1:]] == [True, True]
+    assert len(per.epochs[0].records) < 1000  # epoch 1: the initial tree and files/2 operations
     epoch2 = [r for r in recs if r.epoch == 2]
     share = sum(r.type == "WRITE" for r in epoch2) / len(epoch2)
     assert 0.67 < share < 0.73
