@@ -1,0 +1,1295 @@
+"""The ingest stage: raw changelogs of one or more epochs → canonical records in the warehouse.
+
+What it does, for a source and epochs ``first..last``:
+
+1. Lists every configured server's changelog files under ``<changelogs.uri>/<server>/``
+   (any names, read in name order; hidden files, starting with ``.``, are skipped so a
+   writer can stage a file before renaming it). A local directory is listed by the
+   driver; an ``s3://bucket/prefix/`` is listed and read with boto3 on the executors.
+2. Parses them on the executors and hands canonical records to Spark as Arrow batches
+   (``mapInArrow``): no per-record Python UDF. Canonical JSON Lines take a fast path
+   (pyarrow's strict JSON reader and vectorised checks, equivalent to the importer's
+   checks); any chunk the fast path has a doubt about, and every other format, goes
+   through the importers' ``parse_stream`` — the reference, which names ``FILE:LINE``.
+3. Writes ``records/source=S/epoch=E/server=X/`` Parquet into a staging directory, then
+   checks what the executors reported: bad records (the epoch fails, or with
+   ``on_bad_record: quarantine`` they go to ``quarantine/source=S/epoch=E/`` and the run
+   goes on), per-server index continuity against the consumer cursor, and that every
+   server has closed ``last``. Only then are the epochs' directories replaced (rename), so
+   a failed run leaves the warehouse as it was and a re-run overwrites its own output.
+
+Epoch closure (:func:`epoch_closure`, :func:`missing_epoch_servers`) is here too: the
+Airflow sensor calls it before ingest. Nothing heavy is imported at module level.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import re
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from epochsync.errors import EpochError, EpochsyncError, ParseError, StoreError
+from epochsync.paths import Warehouse, local_path
+from epochsync.schema import FIELD_NAMES, INT32_MAX, NAMING_TYPES, RECORD_TYPES, UNNAMING_TYPES, Record
+
+#: Bytes a fast-path chunk holds (cut at a line end); bounds an executor's memory per file.
+CHUNK_BYTES = 32 * 1024 * 1024
+#: Records per Arrow batch handed to Spark from the reference path.
+BATCH_RECORDS = 32768
+#: Bad records kept per file for the error message and the quarantine (the rest are counted).
+MAX_ERRORS_PER_FILE = 10000
+
+_BOM = b"\xef\xbb\xbf"
+#: a whitespace-only line (Python's json treats it as blank; the fast path wants none)
+_BLANK_LINE = re.compile(rb"(?:\A|\n)[ \t\r\f\v]*(?:\n|\Z)")
+#: what base64.b64decode(validate=True) accepts
+_BASE64 = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+
+
+# =========================================================================== epoch closure
+
+
+@dataclass(frozen=True)
+class Closure:
+    """Whether epoch ``epoch`` of a source is closed, and which servers it still waits for."""
+
+    epoch: int
+    #: server -> the highest epoch it has closed (None: no EPOCH record yet)
+    closed_through: dict[str, int | None]
+    source: str | None = None
+
+    @property
+    def waiting(self) -> tuple[str, ...]:
+        """Servers that have not written an EPOCH record for ``epoch`` or later, by name."""
+        return tuple(s for s, e in self.closed_through.items() if e is None or e < self.epoch)
+
+    @property
+    def closed(self) -> bool:
+        return not self.waiting
+
+    def describe(self) -> str:
+        what = f"epoch {self.epoch}" + (f" of source {self.source!r}" if self.source else "")
+        if self.closed:
+            return f"{what} is closed"
+        parts = []
+        for s in self.waiting:
+            e = self.closed_through[s]
+            parts.append(f"{s} (no EPOCH record yet)" if e is None else f"{s} (closed through {e})")
+        return f"{what} is not closed: waiting for {', '.join(parts)}"
+
+
+def closed_through_of(records: Iterable[Record], epochs_from: str = "records") -> dict[str, int]:
+    """Per server, the highest epoch its records close.
+
+    A server closes E with an ``EPOCH`` record of epoch E. With time-window epochs
+    (``epochs_from: time``) a record of a later window closes the earlier ones too, since
+    a server's records come in time order.
+    """
+    out: dict[str, int] = {}
+    for r in records:
+        if r.type == "EPOCH":
+            reached = r.epoch
+        elif epochs_from == "time":
+            reached = r.epoch - 1
+        else:
+            continue
+        if reached > out.get(r.server, -1):
+            out[r.server] = reached
+    return out
+
+
+def epoch_closure(
+    servers: Sequence[str], closed_through: Mapping[str, int | None], epoch: int, source: str | None = None
+) -> Closure:
+    """Epoch ``epoch`` is closed when every server in ``servers`` has closed it or a later one."""
+    return Closure(epoch, {s: closed_through.get(s) for s in servers}, source)
+
+
+def closure_of_records(
+    servers: Sequence[str], records: Iterable[Record], epoch: int, epochs_from: str = "records"
+) -> Closure:
+    """:func:`epoch_closure` from the servers' records (any order, any epochs)."""
+    return epoch_closure(servers, closed_through_of(records, epochs_from), epoch)
+
+
+def closure_of_dataframe(df, servers: Sequence[str], epoch: int, epochs_from: str = "records") -> Closure:
+    """:func:`epoch_closure` from a DataFrame of canonical records (e.g. the warehouse's)."""
+    from pyspark.sql import functions as F
+
+    reached = F.when(F.col("type") == "EPOCH", F.col("epoch"))
+    if epochs_from == "time":
+        reached = F.when(F.col("type") == "EPOCH", F.col("epoch")).otherwise(F.col("epoch") - 1)
+    rows = df.groupBy("server").agg(F.max(reached).alias("reached")).collect()
+    return epoch_closure(servers, {r["server"]: r["reached"] for r in rows}, epoch)
+
+
+def check_epoch_closed(cfg, source: str, epoch: int) -> Closure:
+    """Read the raw changelogs of ``source`` (driver side, no Spark) and say whether ``epoch`` is closed.
+
+    This is what the Airflow sensor asks. Bad lines are skipped here (ingest reports
+    them); only EPOCH records (and, for time-window epochs, record times) count.
+    """
+    src = cfg.source(source)
+    files = list_changelog_files(src)
+    s3 = _changelog_s3(src)
+    reached: dict[str, int | None] = {}
+    for server in src.servers:
+        reached[server] = _server_closed_through(src, server, files.get(server, []), s3)
+    return Closure(epoch, reached, source)
+
+
+def missing_epoch_servers(cfg, source: str, epoch: int) -> list[str]:
+    """Servers of ``source`` that have not yet written an ``EPOCH`` record for ``epoch`` or later."""
+    return list(check_epoch_closed(cfg, source, epoch).waiting)
+
+
+def latest_closed_epoch(cfg, source: str) -> int | None:
+    """The highest epoch every server of ``source`` has closed (None if some server closed none)."""
+    closure = check_epoch_closed(cfg, source, 0)
+    values = list(closure.closed_through.values())
+    if not values or any(v is None for v in values):
+        return None
+    return min(values)
+
+
+def _server_closed_through(src, server: str, files: list[ChangelogFile], s3) -> int | None:
+    from epochsync.formats import ParseOptions, parse_stream
+    from epochsync.formats.common import ParseContext
+
+    fmt, mode = src.changelogs.format, src.changelogs.epochs_from
+    if fmt == "jsonl" and mode == "records":
+        # Epochs only grow along a server's files: the last file with an EPOCH record has
+        # the answer, and only its EPOCH lines need parsing.
+        for f in reversed(files):
+            with _open(f, s3) as stream:
+                data = stream.read()
+            lines = b"".join(line + b"\n" for line in data.split(b"\n") if b'"EPOCH"' in line)
+            if not lines:
+                continue
+            opts = ParseOptions(server=server, on_error=lambda e: None)
+            found = closed_through_of(parse_stream(fmt, io.BytesIO(lines), f.uri, opts), mode).get(server)
+            if found is not None:
+                return found
+        return None
+    best: int | None = None
+    ctx = ParseContext()
+    for f in files:
+        opts = _parse_options(src, server, on_error=lambda e: None, context=ctx)
+        with _open(f, s3) as stream:
+            got = closed_through_of(parse_stream(fmt, stream, f.uri, opts), mode).get(server)
+        if got is not None and (best is None or got > best):
+            best = got
+    return best
+
+
+# =========================================================================== cursors
+
+
+def parse_cursor(text: str, file: str) -> dict[str, int]:
+    """The per-server last indexes of a cursor file ``{"epoch": E, "servers": {server: index}}``."""
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise EpochError(f"{file}: consumer cursor is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("servers", {}), dict):
+        raise EpochError(f'{file}: consumer cursor must be {{"epoch": E, "servers": {{SERVER: INDEX}}}}')
+    out = {}
+    for server, index in (doc.get("servers") or {}).items():
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            raise EpochError(f"{file}: consumer cursor: server {server!r} has index {index!r}, expected an integer ≥ 0")
+        out[str(server)] = index
+    return out
+
+
+def read_cursor_indexes(warehouse: str, source: str, consumer: str | None = None) -> dict[str, int] | None:
+    """The last applied index per server that ingest checks continuity from.
+
+    ``consumer`` given: that consumer's cursor (None if it has none yet). Otherwise the
+    minimum over every consumer of the source, because records are kept only above the
+    minimum cursor; a server some consumer has no index for is left unchecked.
+    """
+    wh = Warehouse(warehouse)
+    if consumer is not None:
+        path = local_path(wh.cursor(source, consumer))
+        if not os.path.exists(path):
+            return None
+        with open(path, encoding="utf-8") as fh:
+            return parse_cursor(fh.read(), path)
+    directory = local_path(wh.cursors(source))
+    if not os.path.isdir(directory):
+        return None
+    cursors = []
+    for name in sorted(os.listdir(directory)):
+        if name.endswith(".json") and not name.startswith("."):
+            path = os.path.join(directory, name)
+            with open(path, encoding="utf-8") as fh:
+                cursors.append(parse_cursor(fh.read(), path))
+    if not cursors:
+        return None
+    common = set.intersection(*(set(c) for c in cursors))
+    return {s: min(c[s] for c in cursors) for s in sorted(common)}
+
+
+# =========================================================================== index continuity
+
+
+@dataclass(frozen=True)
+class IndexSpan:
+    """The in-scope records of one changelog file of a server, in file order.
+
+    ``first_index``/``last_index`` bound them; ``bad_before``/``bad_after`` count the
+    quarantined lines before the first and after the last one (a quarantined line may be
+    a lost index, so it may explain a gap).
+    """
+
+    server: str
+    file: str
+    first_index: int | None
+    last_index: int | None
+    bad_before: int = 0
+    bad_after: int = 0
+    #: the file's last in-scope record is a MARK (its EPOCH may repeat the index)
+    last_is_mark: bool = False
+    first_is_epoch: bool = False
+
+
+def find_index_gaps(spans: Sequence[IndexSpan], after_index: Mapping[str, int] | None = None) -> list[str]:
+    """Continuity problems across the files of each server (spans in server, file order).
+
+    ``after_index`` is the consumer cursor per server: the first record must be the
+    next index (a server the cursor does not name is not checked at its start). Each
+    problem is one sentence naming the server and the missing index range.
+    """
+    problems: list[str] = []
+    prev: dict[str, IndexSpan] = {}
+    for span in spans:
+        if span.first_index is None:
+            # a file with no in-scope record: its bad lines still count between neighbours
+            p = prev.get(span.server)
+            if p is not None:
+                prev[span.server] = IndexSpan(
+                    p.server, p.file, p.first_index, p.last_index, p.bad_before,
+                    p.bad_after + span.bad_before + span.bad_after, p.last_is_mark,
+                )  # fmt: skip
+            continue
+        p = prev.get(span.server)
+        if p is None:
+            start = (after_index or {}).get(span.server)
+            if start is not None and span.first_index > start + 1 + span.bad_before:
+                problems.append(
+                    f"server {span.server}: records {start + 1}..{span.first_index - 1} are missing "
+                    f"(the consumer cursor is at index {start}; {span.file} starts at index {span.first_index})"
+                )
+        else:
+            expected = p.last_index + 1
+            tolerance = p.bad_after + span.bad_before
+            if span.first_index < expected and not (
+                span.first_index == p.last_index and p.last_is_mark and span.first_is_epoch
+            ):
+                problems.append(
+                    f"server {span.server}: index goes backwards: {span.file} starts at index {span.first_index} "
+                    f"after index {p.last_index} in {p.file}"
+                )
+            elif span.first_index > expected + tolerance:
+                problems.append(
+                    f"server {span.server}: records {expected}..{span.first_index - 1} are missing "
+                    f"({p.file} ends at index {p.last_index}; {span.file} starts at index {span.first_index})"
+                )
+        prev[span.server] = span
+    return problems
+
+
+# =========================================================================== listing and reading
+
+
+@dataclass(frozen=True)
+class ChangelogFile:
+    """One changelog file of a server: where it is and how errors name it."""
+
+    server: str
+    ordinal: int
+    #: ``/abs/path`` or ``s3://bucket/key``
+    uri: str
+    size: int = 0
+
+
+def _is_s3(uri: str) -> bool:
+    return uri.startswith("s3://")
+
+
+def _split_s3(uri: str) -> tuple[str, str]:
+    rest = uri[len("s3://") :]
+    bucket, _, prefix = rest.partition("/")
+    if prefix and not prefix.endswith("/"):
+        prefix += "/"
+    return bucket, prefix
+
+
+def _changelog_s3(src):
+    """S3 settings for an ``s3://`` changelog URI (``changelogs.conn_id``, else the store's)."""
+    if not _is_s3(src.changelogs.uri):
+        return None
+    from epochsync.connections import resolve_s3
+
+    return resolve_s3(src.changelogs.conn_id or src.store.conn_id)
+
+
+def _list_local(base: str, server: str) -> list[ChangelogFile]:
+    directory = os.path.join(base, server)
+    if not os.path.isdir(directory):
+        return []
+    names = sorted(n for n in os.listdir(directory) if not n.startswith("."))
+    out = []
+    for n in names:
+        path = os.path.join(directory, n)
+        if os.path.isfile(path):
+            out.append(ChangelogFile(server, len(out), path, os.path.getsize(path)))
+    return out
+
+
+def _list_s3(s3, bucket: str, prefix: str, server: str) -> list[ChangelogFile]:
+    client = s3.client()
+    keys = []
+    try:
+        for page in client.get_paginator("list_objects_v2").paginate(
+            Bucket=bucket, Prefix=f"{prefix}{server}/", Delimiter="/"
+        ):
+            for obj in page.get("Contents", []):
+                name = obj["Key"].rsplit("/", 1)[-1]
+                if name and not name.startswith("."):
+                    keys.append((obj["Key"], obj["Size"]))
+    except Exception as exc:  # botocore raises many types; the message names them
+        raise StoreError(f"cannot list s3://{bucket}/{prefix}{server}/ via {s3.describe()}: {exc}") from None
+    keys.sort()
+    return [ChangelogFile(server, i, f"s3://{bucket}/{k}", size) for i, (k, size) in enumerate(keys)]
+
+
+def list_changelog_files(src, spark=None) -> dict[str, list[ChangelogFile]]:
+    """Per configured server, its changelog files in name order.
+
+    With ``spark`` and an S3 URI, the listing runs on the executors (one task per server);
+    without it (the sensor), on the caller.
+    """
+    uri = src.changelogs.uri
+    if not _is_s3(uri):
+        base = local_path(uri)
+        return {s: _list_local(base, s) for s in src.servers}
+    s3 = _changelog_s3(src)
+    bucket, prefix = _split_s3(uri)
+    if spark is None:
+        return {s: _list_s3(s3, bucket, prefix, s) for s in src.servers}
+    servers = list(src.servers)
+    listed = (
+        spark.sparkContext.parallelize(servers, len(servers))
+        .map(lambda s: (s, _list_s3(s3, bucket, prefix, s)))
+        .collect()
+    )
+    return dict(listed)
+
+
+def _open(f: ChangelogFile, s3) -> IO[bytes]:
+    """A binary stream of the file (a local file, or the body of an S3 GET)."""
+    if not _is_s3(f.uri):
+        return open(f.uri, "rb")
+    bucket, _, key = f.uri[len("s3://") :].partition("/")
+    try:
+        body = s3.client().get_object(Bucket=bucket, Key=key)["Body"]
+    except Exception as exc:
+        raise StoreError(f"cannot read {f.uri} via {s3.describe()}: {exc}") from None
+    return _ClosingBody(body)
+
+
+class _ClosingBody(io.RawIOBase):
+    """A botocore StreamingBody as a context-managed raw stream."""
+
+    def __init__(self, body):
+        self.body = body
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        return self.body.read(None if size is None or size < 0 else size)
+
+    def readinto(self, b) -> int:
+        data = self.body.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self.body.close()
+        super().close()
+
+
+class _Chain(io.RawIOBase):
+    """``head`` bytes, then the rest of ``tail``: resumes a stream at a chunk already read."""
+
+    def __init__(self, head: bytes, tail: IO[bytes]):
+        self.head = memoryview(head)
+        self.tail = tail
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        if self.head.nbytes:
+            n = min(len(b), self.head.nbytes)
+            b[:n] = self.head[:n]
+            self.head = self.head[n:]
+            return n
+        data = self.tail.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+
+# =========================================================================== executor side
+
+
+@dataclass(frozen=True)
+class IngestJob:
+    """What every executor task needs to know (picklable)."""
+
+    source: str
+    fmt: str
+    epochs_from: str
+    first: int
+    last: int
+    continuity: bool
+    after_index: dict[str, int] | None
+    s3: Any = None
+    epoch_of_time: Callable[[int], int] | None = None
+    start_ns: int = 0
+    interval_ns: int = 1
+
+
+@dataclass
+class FileReport:
+    """What one file yielded: counts, the index span, EPOCH progress and bad records."""
+
+    server: str
+    ordinal: int
+    file: str
+    records: dict[int, int] = field(default_factory=dict)
+    span_first: int | None = None
+    span_last: int | None = None
+    bad_before: int = 0
+    bad_after: int = 0
+    last_is_mark: bool = False
+    first_is_epoch: bool = False
+    closed_through: int | None = None
+    #: (epoch the bad line belongs to, or None if unknown; ParseError.to_dict())
+    errors: list[tuple[int | None, dict]] = field(default_factory=list)
+    errors_dropped: int = 0
+    gaps: list[str] = field(default_factory=list)
+    fast_lines: int = 0
+    slow_lines: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+
+    def span(self) -> IndexSpan:
+        return IndexSpan(
+            self.server, self.file, self.span_first, self.span_last, self.bad_before, self.bad_after,
+            self.last_is_mark, self.first_is_epoch,
+        )  # fmt: skip
+
+
+def _epoch_of_time(start_ns: int, interval_ns: int):
+    def epoch_of(when_ns: int) -> int:
+        return (when_ns - start_ns) // interval_ns + 1
+
+    return epoch_of
+
+
+def _parse_options(src_or_job, server: str, *, on_error=None, context=None, after_index=None):
+    """ParseOptions for one server's files, from the source config or an IngestJob."""
+    from epochsync.formats import ParseOptions
+
+    if isinstance(src_or_job, IngestJob):
+        fmt, mode = src_or_job.fmt, src_or_job.epochs_from
+        start_ns, interval_ns = src_or_job.start_ns, src_or_job.interval_ns
+    else:
+        fmt, mode = src_or_job.changelogs.format, src_or_job.changelogs.epochs_from
+        start_ns, interval_ns = _epoch_grid(src_or_job)
+    return ParseOptions(
+        server=server,
+        epoch_of_time=_epoch_of_time(start_ns, interval_ns) if mode == "time" and fmt != "jsonl" else None,
+        epochs_from_marks=mode == "mark" and fmt == "lustre",
+        after_index=after_index,
+        on_error=on_error,
+        context=context,
+    )
+
+
+def _epoch_grid(src) -> tuple[int, int]:
+    return int(src.epoch.start.timestamp()) * 1_000_000_000, int(src.epoch.interval_s * 1_000_000_000)
+
+
+def _arrow_schemas():
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from epochsync.schema import record_struct_type
+
+    out = to_arrow_schema(record_struct_type())
+    # Reading: a missing server is filled from the directory; base64 is decoded after.
+    read = out.set(out.get_field_index("server"), pa.field("server", pa.string(), nullable=True))
+    read = read.set(read.get_field_index("xattr_value"), pa.field("xattr_value", pa.string()))
+    return out, read
+
+
+class _Sink:
+    """Collects one file's outcome while its records stream out as Arrow batches."""
+
+    def __init__(self, job: IngestJob, f: ChangelogFile, out_schema):
+        self.job = job
+        self.f = f
+        self.schema = out_schema
+        self.report = FileReport(f.server, f.ordinal, f.uri, bytes=f.size)
+        self.last_scoped: int | None = None
+        self.last_scoped_type: str | None = None
+        self.bad_since_scoped = 0
+        self.prev_epoch_after: int | None = None  # epoch a line after the last record belongs to
+        self.pending_bad: list[ParseError] = []
+        self.last_index_any: int | None = None  # last index the fast path accepted
+
+    # --- bad lines
+    def bad(self, err: ParseError, epoch: int | None) -> None:
+        rep = self.report
+        if epoch is not None and not (self.job.first <= epoch <= self.job.last):
+            return  # another epoch's problem: that epoch's ingest judges it
+        self.bad_since_scoped += 1
+        if rep.span_first is None:
+            rep.bad_before += 1
+        if len(rep.errors) < MAX_ERRORS_PER_FILE:
+            rep.errors.append((epoch, err.to_dict()))
+        else:
+            rep.errors_dropped += 1
+
+    def flush_pending(self, epoch: int | None) -> None:
+        for err in self.pending_bad:
+            self.bad(err, epoch)
+        self.pending_bad = []
+
+    # --- good records, in file order
+    def scoped(self, index: int, epoch: int, rtype: str) -> None:
+        """Continuity bookkeeping for a record with index above the cursor and epoch ≤ last."""
+        rep = self.report
+        last = self.last_scoped
+        if last is not None and self.job.continuity:
+            if index == last and rtype == "EPOCH" and self.last_scoped_type == "MARK":
+                pass
+            elif index > last + 1 + self.bad_since_scoped:
+                rep.gaps.append(
+                    f"server {self.f.server}: records {last + 1}..{index - 1} are missing "
+                    f"({self.f.uri} has index {index} after index {last})"
+                )
+        if rep.span_first is None:
+            rep.span_first = index
+            rep.first_is_epoch = rtype == "EPOCH"
+        rep.span_last = index
+        rep.last_is_mark = rtype == "MARK"
+        self.last_scoped = index
+        self.last_scoped_type = rtype
+        self.bad_since_scoped = 0
+
+    def finish(self) -> FileReport:
+        self.flush_pending(self.prev_epoch_after)
+        self.report.bad_after = self.bad_since_scoped if self.report.span_first is not None else 0
+        return self.report
+
+
+def _record_columns(records: list[Record]) -> list[list]:
+    rows = [r.to_row() for r in records]
+    return [list(c) for c in zip(*rows)] if rows else [[] for _ in FIELD_NAMES]
+
+
+def _records_to_batch(records: list[Record], schema):
+    """Arrow batch of canonical records (flags kept as their 32 bits)."""
+    import pyarrow as pa
+
+    cols = _record_columns(records)
+    flags = FIELD_NAMES.index("flags")
+    cols[flags] = [None if v is None else (v - (1 << 32) if v > INT32_MAX else v) for v in cols[flags]]
+    arrays = [pa.array(c, type=schema.field(i).type) for i, c in enumerate(cols)]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _unencodable(r: Record) -> str | None:
+    for name in FIELD_NAMES:
+        v = getattr(r, name)
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                return name
+    return None
+
+
+def _emit(records: list[Record], sink: _Sink):
+    """Batches of ``records``; a record Arrow cannot hold (not UTF-8) becomes a bad record."""
+    try:
+        return [_records_to_batch(records, sink.schema)] if records else []
+    except (UnicodeEncodeError, OverflowError, ValueError, TypeError) as exc:
+        first_error = exc
+    good = []
+    for r in records:
+        name = _unencodable(r)
+        if name is None:
+            try:
+                _records_to_batch([r], sink.schema)
+            except Exception as exc:  # pyarrow's conversion errors have several types
+                name = f"a value ({exc})"
+        if name is None:
+            good.append(r)
+        else:
+            reason = f"record index {r.index}: field {name} is not valid UTF-8 text"
+            sink.bad(ParseError(sink.f.uri, None, reason, server=r.server, index=r.index), r.epoch)
+    if len(good) == len(records):  # pragma: no cover - the batch failed for a reason we did not find
+        raise first_error
+    return [_records_to_batch(good, sink.schema)] if good else []
+
+
+def _reference_path(stream: IO[bytes], sink: _Sink, *, line_base=0, offset_base=0, context=None, after=None):
+    """Parse with the importer (``parse_stream``): exact ``FILE:LINE`` errors, any format."""
+    from epochsync.formats import parse_stream
+
+    job, f = sink.job, sink.f
+    errors: list[ParseError] = []
+    opts = _parse_options(job, f.server, on_error=errors.append, context=context, after_index=after)
+    cursor = (job.after_index or {}).get(f.server)
+    out: list[Record] = []
+    for r in parse_stream(job.fmt, stream, f.uri, opts):
+        if errors:
+            moved = [_shift(e, line_base, offset_base) for e in errors]
+            errors.clear()
+            sink.pending_bad.extend(moved)
+        if r.server != f.server:
+            reason = (
+                f"record index {r.index} names server {r.server!r} but lies in the changelog directory "
+                f"of server {f.server!r}"
+            )
+            sink.pending_bad.append(ParseError(f.uri, None, reason, server=r.server, index=r.index))
+            continue
+        # bad lines before this record belong to the epoch the stream was in
+        sink.flush_pending(sink.prev_epoch_after if sink.prev_epoch_after is not None else r.epoch)
+        sink.prev_epoch_after = r.epoch + 1 if r.type == "EPOCH" and job.epochs_from != "time" else r.epoch
+        sink.report.slow_lines += 1
+        if r.type == "EPOCH" or job.epochs_from == "time":
+            reached = r.epoch if r.type == "EPOCH" else r.epoch - 1
+            if sink.report.closed_through is None or reached > sink.report.closed_through:
+                sink.report.closed_through = reached
+        if r.epoch <= job.last and (cursor is None or r.index > cursor):
+            sink.scoped(r.index, r.epoch, r.type)
+        if job.first <= r.epoch <= job.last:
+            out.append(r)
+            if len(out) >= BATCH_RECORDS:
+                yield from _emit(out, sink)
+                out = []
+    if errors:
+        sink.pending_bad.extend(_shift(e, line_base, offset_base) for e in errors)
+    yield from _emit(out, sink)
+
+
+def _shift(e: ParseError, lines: int, offset: int) -> ParseError:
+    if not lines and not offset:
+        return e
+    return ParseError(
+        e.file,
+        None if e.line is None else e.line + lines,
+        e.reason,
+        offset=None if e.offset is None else e.offset + offset,
+        text=e.text,
+        server=e.server,
+        index=e.index,
+    )
+
+
+def _fast_chunk(chunk: bytes, server: str, read_schema):
+    """Canonical JSON Lines chunk → validated Arrow table, or None if any line needs the importer.
+
+    Conservative: it accepts a chunk only if every line is one JSON object that the
+    importer would accept unchanged (keep in step with ``Record.from_dict`` and
+    ``formats.common.RecordChecker``). Anything else — blank lines, unknown keys, a
+    number where a string belongs, an unsafe name — returns None.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.json as pj
+
+    body = chunk[:-1] if chunk.endswith(b"\n") else chunk
+    if not body or chunk.startswith(_BOM) or _BLANK_LINE.search(body):
+        return None
+    lines = body.count(b"\n") + 1
+    try:
+        table = pj.read_json(
+            io.BytesIO(chunk),
+            read_options=pj.ReadOptions(use_threads=False, block_size=max(len(chunk), 1 << 20) + 1),
+            parse_options=pj.ParseOptions(explicit_schema=read_schema, unexpected_field_behavior="error"),
+        )
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, UnicodeDecodeError):
+        return None
+    if table.num_rows != lines:
+        return None  # two objects on a line, or one object over several
+    table = table.combine_chunks()
+    t = {name: table.column(name) for name in table.column_names}
+
+    def any_(mask) -> bool:
+        return bool(pc.any(pc.fill_null(mask, False)).as_py())
+
+    def null_or_empty(col):
+        return pc.or_(pc.is_null(col), pc.equal(pc.fill_null(col, "x"), ""))
+
+    srv = t["server"]
+    if srv.null_count:
+        srv = pc.fill_null(srv, server)
+    if not pc.all(pc.equal(srv, server)).as_py():
+        return None
+    typ = t["type"]
+    if not pc.all(pc.is_in(typ, value_set=pa.array(sorted(RECORD_TYPES)))).as_py():
+        return None
+    if any_(pc.less(t["index"], 0)) or any_(pc.less(t["epoch"], 0)):
+        return None
+    for name in ("mode", "uid", "gid"):
+        col = t[name]
+        if col.null_count < len(col) and (any_(pc.less(col, 0)) or any_(pc.greater(col, 2**32 - 1))):
+            return None
+
+    def unsafe(names, present_only: bool):
+        bad = pc.or_(
+            pc.is_in(names, value_set=pa.array(["", ".", ".."])),
+            pc.or_(pc.match_substring(names, "/"), pc.match_substring(names, "\x00")),
+        )
+        bad = pc.or_(bad, pc.greater(pc.binary_length(names), 255))
+        return pc.fill_null(bad, not present_only)
+
+    naming = pc.is_in(typ, value_set=pa.array(sorted(NAMING_TYPES)))
+    unnaming = pc.is_in(typ, value_set=pa.array(sorted(UNNAMING_TYPES)))
+    if any_(pc.and_(naming, unsafe(t["name"], False))) or any_(pc.and_(unnaming, unsafe(t["name"], True))):
+        return None
+    renme = pc.equal(typ, "RENME")
+    if any_(renme):
+        if any_(pc.and_(renme, pc.or_(unsafe(t["sname"], False), null_or_empty(t["sfid"])))):
+            return None
+        if any_(pc.and_(renme, null_or_empty(t["spfid"]))):
+            return None
+    if any_(pc.and_(pc.or_(naming, unnaming), null_or_empty(t["pfid"]))):
+        return None
+    if any_(pc.and_(pc.equal(typ, "SLINK"), pc.match_substring(t["symlink"], "\x00"))):
+        return None
+
+    # nested values the importer checks one by one
+    layout = t["layout"]
+    if layout.null_count < len(layout):
+        ss, sc = pc.struct_field(layout, "stripe_size"), pc.struct_field(layout, "stripe_count")
+        present = pc.is_valid(layout)
+        if any_(pc.and_(present, pc.or_(pc.is_null(ss), pc.less(pc.fill_null(ss, 1), 1)))):
+            return None
+        if any_(pc.and_(present, pc.or_(pc.is_null(sc), pc.invert(pc.fill_null(pc.less_equal(sc, 65535), False))))):
+            return None
+        if any_(pc.and_(present, pc.less(pc.fill_null(sc, 0), 0))):
+            return None
+        objs = pc.struct_field(layout, "objects")
+        flat = pc.list_flatten(objs)
+        if flat.null_count or (
+            len(flat) and (pc.struct_field(flat, "ost").null_count or pc.struct_field(flat, "oid").null_count)
+        ):
+            return None
+    obj = t["object"]
+    if obj.null_count < len(obj):
+        present = pc.is_valid(obj)
+        if any_(
+            pc.and_(present, pc.or_(pc.is_null(pc.struct_field(obj, "ost")), pc.is_null(pc.struct_field(obj, "oid"))))
+        ):
+            return None
+    ext = t["extents"]
+    if ext.null_count < len(ext):
+        flat = pc.list_flatten(ext)
+        if flat.null_count:
+            return None
+        if len(flat):
+            off, length = pc.struct_field(flat, "offset"), pc.struct_field(flat, "length")
+            if off.null_count or length.null_count or any_(pc.less(off, 0)) or any_(pc.less(length, 0)):
+                return None
+    xv = t["xattr_value"]
+    if xv.null_count < len(xv) and not pc.all(pc.match_substring_regex(pc.drop_null(xv), _BASE64)).as_py():
+        return None
+    idx = t["index"]
+    if len(idx) > 1 and not pc.all(pc.greater(idx.slice(1), idx.slice(0, len(idx) - 1))).as_py():
+        return None  # not strictly increasing: the importer names the line
+    if srv is not t["server"]:
+        table = table.set_column(table.column_names.index("server"), "server", srv)
+    return table
+
+
+def _finish_fast(table, sink: _Sink):
+    """Continuity, closure and output for a validated fast-path table; False if the importer must judge."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    job = sink.job
+    idx = table.column("index")
+    epoch = table.column("epoch")
+    typ = table.column("type")
+    prev = sink.report.span_last
+    last_any = sink.last_index_any
+    if last_any is not None and len(idx) and idx[0].as_py() <= last_any:
+        return None
+    cursor = (job.after_index or {}).get(sink.f.server)
+    mask = pc.less_equal(epoch, job.last)
+    if cursor is not None:
+        mask = pc.and_(mask, pc.greater(idx, cursor))
+    scoped = pc.filter(idx, mask)
+    if len(scoped):
+        if job.continuity:
+            if (
+                len(scoped) > 1
+                and not pc.all(pc.equal(pc.subtract(scoped.slice(1), scoped.slice(0, len(scoped) - 1)), 1)).as_py()
+            ):
+                return None
+            if prev is not None and scoped[0].as_py() != prev + 1:
+                return None
+        if sink.report.span_first is None:
+            sink.report.span_first = scoped[0].as_py()
+            sink.report.first_is_epoch = pc.filter(typ, mask)[0].as_py() == "EPOCH"
+        sink.report.span_last = scoped[-1].as_py()
+        sink.report.last_is_mark = pc.filter(typ, mask)[-1].as_py() == "MARK"
+        sink.last_scoped = sink.report.span_last
+        sink.last_scoped_type = pc.filter(typ, mask)[-1].as_py()
+    if len(idx):
+        sink.last_index_any = idx[-1].as_py()
+        last_type = typ[-1].as_py()
+        last_epoch = epoch[-1].as_py()
+        sink.prev_epoch_after = last_epoch + 1 if last_type == "EPOCH" else last_epoch
+    is_epoch = pc.equal(typ, "EPOCH")
+    reached = pc.max(pc.filter(epoch, is_epoch)).as_py() if pc.any(is_epoch).as_py() else None
+    if job.epochs_from == "time" and len(epoch):
+        later = pc.max(epoch).as_py() - 1
+        reached = later if reached is None else max(reached, later)
+    if reached is not None and (sink.report.closed_through is None or reached > sink.report.closed_through):
+        sink.report.closed_through = reached
+    keep = pc.and_(pc.greater_equal(epoch, job.first), pc.less_equal(epoch, job.last))
+    out = pc.filter(table, keep) if not pc.all(keep).as_py() else table
+    counts = pc.value_counts(out.column("epoch"))
+    for item in counts.to_pylist():
+        sink.report.records[item["values"]] = sink.report.records.get(item["values"], 0) + item["counts"]
+    sink.report.fast_lines += table.num_rows
+    if out.num_rows == 0:
+        return []
+    # base64 → bytes for the few xattr values; a layout without "objects" has none (as the importer)
+    cols = {n: out.column(n) for n in out.column_names}
+    xv = cols["xattr_value"]
+    if xv.null_count < len(xv):
+        cols["xattr_value"] = pa.array(
+            [None if v is None else base64.b64decode(v) for v in xv.to_pylist()], type=pa.binary()
+        )
+    else:
+        cols["xattr_value"] = pa.nulls(len(xv), type=pa.binary())
+    lay = cols["layout"]
+    if lay.null_count < len(lay):
+        lay = lay.combine_chunks()
+        objs = pc.struct_field(lay, "objects")
+        if objs.null_count > lay.null_count:
+            empty = pa.scalar([], type=objs.type)
+            objs = pc.if_else(pc.is_null(objs), empty, objs)
+            cols["layout"] = pa.StructArray.from_arrays(
+                [pc.struct_field(lay, "stripe_size"), pc.struct_field(lay, "stripe_count"), objs],
+                fields=list(lay.type),
+                mask=pc.is_null(lay),
+            )
+    batches = pa.Table.from_arrays([cols[f.name] for f in sink.schema], schema=sink.schema).to_batches(
+        max_chunksize=65536
+    )
+    return batches
+
+
+def _count_epochs(records_counts: dict[int, int], batch) -> None:
+    import pyarrow.compute as pc
+
+    for item in pc.value_counts(batch.column("epoch")).to_pylist():
+        records_counts[item["values"]] = records_counts.get(item["values"], 0) + item["counts"]
+
+
+def _ingest_jsonl_file(f: ChangelogFile, job: IngestJob, out_schema, read_schema) -> tuple[list, FileReport]:
+    """One JSON Lines file: fast path chunk by chunk, the importer from the first doubtful chunk on."""
+    sink = _Sink(job, f, out_schema)
+    started = time.perf_counter()
+    batches: list = []
+    with _open(f, job.s3) as raw:
+        carry = b""
+        lines_before = 0
+        bytes_before = 0
+        while True:
+            data = raw.read(CHUNK_BYTES)
+            chunk = carry + data
+            if not chunk:
+                break
+            if data:
+                cut = chunk.rfind(b"\n") + 1
+                if cut == 0:
+                    carry = chunk
+                    continue
+                chunk, carry = chunk[:cut], chunk[cut:]
+            else:
+                carry = b""
+            table = _fast_chunk(chunk, f.server, read_schema)
+            out = None if table is None else _finish_fast(table, sink)
+            if out is None:
+                # the importer takes over from this chunk to the end of the file
+                after = sink.last_index_any
+                stream = io.BufferedReader(_Chain(chunk + carry, raw), buffer_size=1 << 20)
+                for b in _reference_path(
+                    stream, sink, line_base=lines_before, offset_base=bytes_before,
+                    after={f.server: after} if after is not None else None,
+                ):  # fmt: skip
+                    _count_epochs(sink.report.records, b)
+                    batches.append(b)
+                break
+            batches.extend(out)
+            lines_before += chunk.count(b"\n")
+            bytes_before += len(chunk)
+            if not data:
+                break
+    rep = sink.finish()
+    rep.seconds = time.perf_counter() - started
+    return batches, rep
+
+
+def _ingest_server_files(files: list[ChangelogFile], job: IngestJob, out_schema) -> Iterator[tuple[list, FileReport]]:
+    """One server's files through the importer, in order, sharing the parse context."""
+    from epochsync.formats.common import ParseContext
+
+    ctx = ParseContext()
+    for f in files:
+        sink = _Sink(job, f, out_schema)
+        started = time.perf_counter()
+        with _open(f, job.s3) as raw:
+            batches = []
+            for b in _reference_path(raw, sink, context=ctx):
+                _count_epochs(sink.report.records, b)
+                batches.append(b)
+        rep = sink.finish()
+        rep.seconds = time.perf_counter() - started
+        yield batches, rep
+
+
+def _task_runner(tasks: list[list[ChangelogFile]], job: IngestJob, acc):
+    """The ``mapInArrow`` function: each input row names a task (a file, or a server's files)."""
+
+    def run(batches):
+        out_schema, read_schema = _arrow_schemas()
+        for b in batches:
+            for task_id in b.column(0).to_pylist():
+                files = tasks[task_id]
+                if job.fmt == "jsonl":
+                    results = (_ingest_jsonl_file(f, job, out_schema, read_schema) for f in files)
+                else:
+                    results = _ingest_server_files(files, job, out_schema)
+                for produced, rep in results:
+                    yield from produced
+                    acc.add([_report_to_dict(rep)])
+
+    return run
+
+
+def _report_to_dict(rep: FileReport) -> dict:
+    d = dict(rep.__dict__)
+    d["records"] = dict(rep.records)
+    return d
+
+
+# =========================================================================== driver side
+
+
+class IngestError(EpochError):
+    """The epoch cannot be ingested: bad records, an index gap, or an open epoch."""
+
+    def __init__(self, problems: list[str], total: int | None = None, hint: str = ""):
+        self.problems = problems
+        total = len(problems) if total is None else total
+        more = f" (and {total - 1} more)" if total > 1 else ""
+        super().__init__(problems[0] + more + (f"; {hint}" if hint else ""))
+
+
+def _list_accumulator(spark):
+    from pyspark.accumulators import AccumulatorParam
+
+    class _ListParam(AccumulatorParam):
+        def zero(self, value):
+            return []
+
+        def addInPlace(self, a, b):  # noqa: N802 - pyspark's name
+            a.extend(b)
+            return a
+
+    return spark.sparkContext.accumulator([], _ListParam())
+
+
+def _fs(spark, uri: str):
+    jvm = spark._jvm
+    path = jvm.org.apache.hadoop.fs.Path(uri)
+    return path.getFileSystem(spark._jsc.hadoopConfiguration()), path
+
+
+def _uri(warehouse_path: str) -> str:
+    return warehouse_path if "://" in warehouse_path else "file://" + warehouse_path
+
+
+def _write_text(spark, uri: str, text: str) -> None:
+    fs, path = _fs(spark, uri)
+    out = fs.create(path, True)
+    try:
+        out.write(bytearray(text.encode("utf-8")))
+    finally:
+        out.close()
+
+
+def _exists(spark, uri: str) -> bool:
+    fs, path = _fs(spark, uri)
+    return bool(fs.exists(path))
+
+
+def _delete(spark, uri: str) -> None:
+    fs, path = _fs(spark, uri)
+    if fs.exists(path):
+        fs.delete(path, True)
+
+
+def run_ingest(
+    cfg,
+    source: str,
+    first_epoch: int,
+    last_epoch: int | None = None,
+    spark=None,
+    *,
+    consumer: str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict:
+    """Ingest epochs ``first_epoch..last_epoch`` of ``source`` into the warehouse; returns figures.
+
+    Raises :class:`IngestError` (nothing written) when a server has not closed
+    ``last_epoch``, an index is missing, or a record is bad and the source does not say
+    ``on_bad_record: quarantine``. ``consumer`` picks the cursor continuity starts from
+    (default: the minimum over the source's consumers).
+    """
+    from epochsync.schema import record_struct_type
+    from epochsync.spark import spark_session
+
+    last_epoch = first_epoch if last_epoch is None else last_epoch
+    if first_epoch < 1 or last_epoch < first_epoch:
+        raise EpochError(f"epochs to ingest must satisfy 1 ≤ first ≤ last, got {first_epoch}..{last_epoch}")
+    spark = spark or spark_session("epochsync-ingest")
+    say = progress or (lambda line: None)
+    started = time.perf_counter()
+    src = cfg.source(source)
+    wh = Warehouse(cfg.warehouse)
+    fmt = src.changelogs.format
+    after = read_cursor_indexes(cfg.warehouse, source, consumer)
+    start_ns, interval_ns = _epoch_grid(src)
+    job = IngestJob(
+        source=source,
+        fmt=fmt,
+        epochs_from=src.changelogs.epochs_from,
+        first=first_epoch,
+        last=last_epoch,
+        continuity=fmt != "gluster",  # Gluster has no native index (INTERNALS "Epochs")
+        after_index=after,
+        s3=_changelog_s3(src),
+        start_ns=start_ns,
+        interval_ns=interval_ns,
+    )
+    files = list_changelog_files(src, spark)
+    for server in src.servers:
+        fl = files.get(server, [])
+        say(f"{server}: {len(fl)} changelog file(s), {sum(f.size for f in fl)} bytes")
+
+    # jsonl files stand alone (one task each, biggest first); other formats carry MARK
+    # epochs and index order from file to file: one task per server.
+    if fmt == "jsonl":
+        tasks = sorted(([f] for fl in files.values() for f in fl), key=lambda t: -t[0].size)
+    else:
+        tasks = [fl for fl in files.values() if fl]
+    acc = _list_accumulator(spark)
+    staging = f"{wh.records(source)}/_ingest-{uuid.uuid4().hex[:12]}"
+    schema = record_struct_type()
+    try:
+        if tasks:
+            ids = spark.range(0, len(tasks), 1, numPartitions=len(tasks))
+            df = ids.mapInArrow(_task_runner(tasks, job, acc), schema)
+            df.write.mode("overwrite").partitionBy("epoch", "server").parquet(staging)
+        reports = _dedupe(acc.value)
+        result = _judge(src, job, files, reports)
+        _commit(spark, wh, src, job, staging, result)
+    finally:
+        _delete(spark, staging)
+
+    stats = _stats(src, job, files, reports, result, time.perf_counter() - started)
+    for server, s in stats["servers"].items():
+        say(
+            f"{server}: {s['records']} records of epochs {first_epoch}..{last_epoch}, "
+            f"closed through epoch {s['closed_through']}, {s['bad_records']} bad"
+        )
+    return stats
+
+
+def _dedupe(reports: list[dict]) -> list[dict]:
+    """One report per file (a retried task reports twice), in server, file order."""
+    by_file = {(r["server"], r["ordinal"]): r for r in reports}
+    return [by_file[k] for k in sorted(by_file)]
+
+
+@dataclass
+class _Judgement:
+    bad: list[tuple[int | None, dict]]
+    bad_total: int
+    records: dict[int, int]
+
+
+def _judge(src, job: IngestJob, files, reports: list[dict]) -> _Judgement:
+    """Closure, bad records and continuity; raises IngestError when the run must not commit."""
+    closed: dict[str, int | None] = {s: None for s in src.servers}
+    for r in reports:
+        c = r["closed_through"]
+        if c is not None and (closed[r["server"]] is None or c > closed[r["server"]]):
+            closed[r["server"]] = c
+    closure = Closure(job.last, closed, src.name)
+    if not closure.closed:
+        raise IngestError([closure.describe()], hint="ingest runs only on closed epochs (the sensor waits for them)")
+
+    bad = [(e, d) for r in reports for e, d in r["errors"]]
+    bad_total = len(bad) + sum(r["errors_dropped"] for r in reports)
+    if bad and src.on_bad_record != "quarantine":
+        d = bad[0][1]
+        first = ParseError(d["file"], d["line"], d["reason"], offset=d["offset"])
+        raise IngestError(
+            [f"bad record of server {d['server'] or '?'}: {first}"],
+            total=bad_total,
+            hint="fix the changelog, or set on_bad_record: quarantine for the source to set bad records aside",
+        )
+    gaps = [g for r in reports for g in r["gaps"]]
+    if job.continuity:
+        spans = [
+            IndexSpan(r["server"], r["file"], r["span_first"], r["span_last"], r["bad_before"], r["bad_after"],
+                      r["last_is_mark"], r["first_is_epoch"])
+            for r in reports
+        ]  # fmt: skip
+        gaps += find_index_gaps(spans, job.after_index)
+    if gaps:
+        raise IngestError(gaps, hint="records were lost: the epoch cannot be replicated exactly")
+    records: dict[int, int] = {}
+    for r in reports:
+        for e, n in r["records"].items():
+            records[int(e)] = records.get(int(e), 0) + n
+    return _Judgement(bad, bad_total, records)
+
+
+def _commit(spark, wh: Warehouse, src, job: IngestJob, staging: str, result: _Judgement) -> None:
+    """Quarantine first, then swap each epoch's directory in (a re-run redoes both)."""
+    by_epoch: dict[int, list[dict]] = {}
+    for epoch, d in result.bad:
+        by_epoch.setdefault(job.first if epoch is None else epoch, []).append(d)
+    for epoch in range(job.first, job.last + 1):
+        qdir = wh.quarantine(src.name, epoch)
+        _delete(spark, qdir)
+        entries = by_epoch.get(epoch)
+        if entries:
+            text = "".join(json.dumps(d, ensure_ascii=False, separators=(",", ":")) + "\n" for d in entries)
+            _write_text(spark, f"{qdir}/part-00000.jsonl", text)
+    for epoch in range(job.first, job.last + 1):
+        final = wh.records(src.name, epoch)
+        staged = f"{staging}/epoch={epoch}"
+        fs, final_path = _fs(spark, final)
+        _, staged_path = _fs(spark, staged)
+        if fs.exists(final_path):
+            fs.delete(final_path, True)
+        fs.mkdirs(final_path.getParent())
+        if fs.exists(staged_path):
+            if not fs.rename(staged_path, final_path):
+                raise StoreError(f"cannot move {staged} to {final}")
+        else:
+            fs.mkdirs(final_path)  # an epoch with no records is still ingested
+
+
+def _stats(src, job: IngestJob, files, reports: list[dict], result: _Judgement, seconds: float) -> dict:
+    servers = {}
+    for s in src.servers:
+        rs = [r for r in reports if r["server"] == s]
+        closed = [r["closed_through"] for r in rs if r["closed_through"] is not None]
+        servers[s] = {
+            "files": len(files.get(s, [])),
+            "bytes": sum(f.size for f in files.get(s, [])),
+            "records": sum(sum(r["records"].values()) for r in rs),
+            "bad_records": sum(len(r["errors"]) + r["errors_dropped"] for r in rs),
+            "closed_through": max(closed) if closed else None,
+            "fast_path_records": sum(r["fast_lines"] for r in rs),
+            "reference_path_records": sum(r["slow_lines"] for r in rs),
+        }
+    return {
+        "source": src.name,
+        "first_epoch": job.first,
+        "last_epoch": job.last,
+        "records": sum(result.records.values()),
+        "records_per_epoch": {e: result.records.get(e, 0) for e in range(job.first, job.last + 1)},
+        "quarantined": result.bad_total,
+        "servers": servers,
+        "seconds": round(seconds, 3),
+    }
+
+
+def read_records(spark, warehouse: str, source: str, first_epoch: int, last_epoch: int | None = None):
+    """Ingested records of epochs ``first..last`` as a DataFrame in the canonical schema."""
+    from pyspark.sql import functions as F
+
+    from epochsync.schema import record_struct_type
+
+    last_epoch = first_epoch if last_epoch is None else last_epoch
+    wh = Warehouse(warehouse)
+    schema = record_struct_type()
+    paths = [wh.records(source, e) for e in range(first_epoch, last_epoch + 1)]
+    missing = [p for p in paths if not _exists(spark, p)]
+    if missing:
+        raise EpochError(f"not ingested yet: {', '.join(missing)}")
+    df = spark.read.schema(schema).option("basePath", wh.records(source)).parquet(*paths)
+    return df.filter(F.col("epoch").between(first_epoch, last_epoch)).select(*schema.fieldNames())
+
+
+def ingest_main(argv: list[str] | None = None) -> int:
+    """``spark_apps/ingest.py``: ``--config FILE --source NAME --epoch E [--through E2] [--target T]``."""
+    import argparse
+    import sys
+
+    from epochsync.config import load_config
+
+    p = argparse.ArgumentParser(prog="ingest", description="Ingest a source's closed epochs into the warehouse.")
+    p.add_argument("--config", required=True, metavar="FILE", help="epochsync YAML config")
+    p.add_argument("--source", required=True, metavar="NAME", help="source to ingest")
+    p.add_argument("--epoch", required=True, type=int, metavar="E", help="first epoch")
+    p.add_argument("--through", type=int, metavar="E2", help="last epoch (default: --epoch)")
+    p.add_argument("--target", metavar="NAME", help="check continuity from this consumer's cursor")
+    args = p.parse_args(argv)
+    try:
+        from epochsync.spark import spark_session
+
+        cfg = load_config(args.config)
+        cfg.source(args.source)  # a wrong name fails before Spark starts
+        spark = spark_session(f"epochsync-ingest-{args.source}")
+        stats = run_ingest(
+            cfg, args.source, args.epoch, args.through, spark, consumer=args.target,
+            progress=lambda line: print(line, flush=True),
+        )  # fmt: skip
+    except EpochsyncError as exc:
+        print(f"ingest failed: {exc}", file=sys.stderr)
+        return 1
+    print(
+        f"ingested {stats['records']} records of source {stats['source']} epochs "
+        f"{stats['first_epoch']}..{stats['last_epoch']} in {stats['seconds']} s "
+        f"({stats['quarantined']} quarantined)",
+        flush=True,
+    )
+    return 0
