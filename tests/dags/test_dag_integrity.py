@@ -198,3 +198,21 @@ def test_purge_dag_per_source(bag):
     assert dag.task_ids == ["purge"]
     assert dag.catchup is False and dag.max_active_runs == 1
     assert "idle" in dag.doc_md and "`dr`" in dag.doc_md and "`scratch`" in dag.doc_md
+
+
+def test_hydrate_dag_per_target(bag):
+    dag = bag.dags["epochsync_hydrate__dr"]
+    assert dag.task_ids == ["hydrate"]
+    assert dag.timetable.can_be_scheduled is False  # manual only
+    assert set(dag.params.keys()) == {"epoch", "dump_uri"}
+    assert "snapshot/epoch=E/" in dag.doc_md and "`dr` (s3)" in dag.doc_md
+
+
+def test_dag_ids(bag):
+    assert sorted(bag.dag_ids) == [
+        "epochsync__lustre1__dr",
+        "epochsync__lustre1__scratch",
+        "epochsync_hydrate__dr",
+        "epochsync_hydrate__scratch",
+        "epochsync_purge__lustre1",
+    ]

@@ -73,6 +73,8 @@ def test_ingest_command(dag, with_config, tmp_path):
         "7",
         "--source",
         "lustre1",
+        "--target",
+        "dr",
     ]
 
 

@@ -160,7 +160,8 @@ def build_epoch_dag(
 
         common = ["--config", cfg, "--epoch", _FIRST, "--through", _THROUGH]
         tgt = ["--target", target.name]
-        ingest = stage("ingest", [*common, "--source", source.name])
+        # --target: index continuity is checked from this consumer's cursor
+        ingest = stage("ingest", [*common, "--source", source.name, *tgt])
         merge = stage("merge", [*common, *tgt, _WHOLE_FILE])
         translate = stage("translate", [*common, *tgt, _WHOLE_FILE, _DRY_RUN])
         apply = stage("apply", [*common, *tgt, _WHOLE_FILE], skip_in_dry_run=True)
@@ -217,7 +218,6 @@ def build_hydrate_dag(config: Config, target: TargetConfig, *, doc_md: str = "")
                 description="Where the source publishes snapshot/epoch=E/ dumps (file:// or s3://); "
                 "empty = next to the changelogs.",
             ),
-            "force": Param(False, type="boolean", description="Overwrite a target that is ahead of the dump."),
         },
     )
     with dag:

@@ -31,8 +31,16 @@ def run_epoch(dag_id: str, epoch: int, *, dags_folder: str | None = None, conf: 
     if dag_id not in bag.dags:
         raise RuntimeError(f"no DAG {dag_id!r} in {folder} (have: {', '.join(sorted(bag.dags))})")
     dag = bag.dags[dag_id]
-    window = dag.timetable.window(epoch)
-    dr = dag.test(logical_date=window.end, run_conf={"epoch": epoch, **(conf or {})})
+    from epochsync.airflow.timetable import EpochTimetable
+
+    if isinstance(dag.timetable, EpochTimetable):
+        # the end of E's window: the inferred data interval is E's window
+        logical_date = dag.timetable.window(epoch).end
+    else:  # hydrate, purge: any date; the params carry the epoch
+        from airflow.sdk import timezone
+
+        logical_date = timezone.utcnow()
+    dr = dag.test(logical_date=logical_date, run_conf={"epoch": epoch, **(conf or {})})
     from airflow.models.taskinstance import TaskInstance
     from airflow.utils.session import create_session
     from sqlalchemy import select

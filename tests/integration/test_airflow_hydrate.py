@@ -1,0 +1,33 @@
+"""Hydrate a new replica from the source's namespace dump, then the epoch DAG carries on."""
+
+from __future__ import annotations
+
+import pytest
+from airflow_stack import airflow_env, dagtest, replica, simulate, truth
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def test_hydrate_at_a_closed_epoch_then_the_next_epoch_replicates(seaweed, tmp_path):
+    env = airflow_env(tmp_path, seaweed)
+    config = simulate(tmp_path, env, epochs=3, files=20, seed=5)
+    env["EPOCHSYNC_CONFIG"] = str(config)
+    sim = config.parent
+
+    run = dagtest(env, "epochsync_hydrate__local", 2)
+    assert run["state"] == "success", run["log"][-6000:]
+    committed, rows = replica(config, "local", env)
+    assert committed == 2
+    assert rows == truth(sim, 2), "the hydrated replica must equal the source at the dump's epoch"
+
+    # the epoch DAG goes on from 3 (its changelogs are still there)
+    run = dagtest(env, "epochsync__sim__local", 3)
+    assert run["state"] == "success", run["log"][-6000:]
+    committed, rows = replica(config, "local", env)
+    assert committed == 3
+    assert rows == truth(sim, 3)
+
+    # hydrating a replica that is already there is refused with the reason
+    run = dagtest(env, "epochsync_hydrate__local", 2)
+    assert run["state"] == "failed"
+    assert "already at epoch 3" in run["log"]
