@@ -118,6 +118,27 @@ def test_stored_object_versions_assemble_to_the_ground_truth():
     assert striped > 10 and unstriped > 3  # the check covered both kinds
 
 
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 2**32),
+    osts=st.integers(1, 6),
+    unstriped=st.sampled_from([0.0, 0.3, 1.0]),
+    max_size=st.sampled_from([1024, 8192, 65536]),
+)
+def test_store_matches_contents_for_random_geometries(seed, osts, unstriped, max_size):
+    store: dict[tuple[str, str], bytes] = {}
+    cfg = SimConfig(seed=seed, epochs=3, files=15, osts=osts, unstriped_ratio=unstriped, max_file_size=max_size)
+    w = Workload(cfg, lambda r: None)
+    for e in range(1, 4):
+        w.run_epoch(e)
+        store.update({(u.key, u.token): u.data for u in w.uploads})
+        contents = w.contents()
+        for row in w.model.snapshot_rows():
+            if row["type"] == FILE:
+                assert read_file_at(row, lambda k, v: store[(k, v)]) == contents[row["fid"]]
+        w.finish_epoch()
+
+
 def test_index_continuity_epoch_records_and_time_order():
     h = simulate_history(2, 5, 30, mdts=2, osts=3)
     last_index: dict[str, int] = defaultdict(int)
