@@ -1008,8 +1008,8 @@ class SourceStore:
         if status != "Enabled":
             raise StoreError(f"source store {self.where}: bucket {self.bucket!r} did not enable versioning ({status})")
 
-    def put_versions(self, uploads: list[Upload]) -> dict[str, str]:
-        """Store every upload; returns ``{token: VersionId}``."""
+    def put_versions(self, uploads: list[Upload], progress: Callable[[str], None] | None = None) -> dict[str, str]:
+        """Store every upload; returns ``{token: VersionId}``. ``progress`` gets a line every 10 s."""
         from concurrent.futures import ThreadPoolExecutor
 
         from botocore.exceptions import BotoCoreError, ClientError
@@ -1032,9 +1032,14 @@ class SourceStore:
             return out
 
         versions: dict[str, str] = {}
+        started = last = time.monotonic()
         with ThreadPoolExecutor(self.threads) as pool:
             for pairs in pool.map(put_all, by_key.values()):
                 versions.update(pairs)
+                if progress and time.monotonic() - last > 10:
+                    last = time.monotonic()
+                    rate = len(versions) / (last - started)
+                    progress(f"stored {len(versions):,}/{len(uploads):,} object versions ({rate:,.0f}/s)")
         return versions
 
     def delete(self, keys: list[str]) -> None:
@@ -1164,6 +1169,12 @@ def run_simulate(args) -> int:
         store.ensure_versioned_bucket()
 
     # this run owns these folders: a rerun replaces them, never mixes two histories
+    stale = [p for p in (out / "warehouse", out / "replica") if p.exists()]
+    if stale:
+        print(
+            f"simulate: note: {', '.join(map(str, stale))} hold an earlier replication; remove them to start afresh",
+            file=sys.stderr,
+        )
     for sub in ("changelogs", "truth", "snapshot"):
         shutil.rmtree(out / sub, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
@@ -1196,7 +1207,7 @@ def run_simulate(args) -> int:
                 h.close()
         n_records = w.epoch_records
         if store is not None:
-            versions = store.put_versions(w.uploads)
+            versions = store.put_versions(w.uploads, lambda m: print(f"simulate: {m}", file=sys.stderr, flush=True))
             store.delete(w.deletes)
             stored_versions += len(w.uploads)
             stored_bytes += sum(len(u.data) for u in w.uploads)
