@@ -396,12 +396,12 @@ class Workload:
         node = self.model.nodes[fid]
         pieces = layout_file_range_to_objects(node.layout, offset, length)
         mtime = self.rng.random() < 0.3
-        servers = {self._object_ref(node, i)[0] for i in pieces} | ({self._mdt_of(fid)} if mtime else set())
+        refs = {i: self._object_ref(node, i) for i in sorted(pieces)}
+        servers = {ref[0] for ref in refs.values()} | ({self._mdt_of(fid)} if mtime else set())
         cookie = self._cookie(servers)
         tokens = {}
-        for index in sorted(pieces):
+        for index, (ost, oid, _key) in refs.items():
             obj_off, obj_len = pieces[index]
-            ost, oid, _key = self._object_ref(node, index)
             tokens[index] = self._token()
             self.emit(
                 ost,
@@ -415,7 +415,7 @@ class Workload:
             # the WRITE records grew the model's size (and zero-filled); now the bytes
             node.data[offset : offset + length] = self.bytes_rng.randbytes(length)
         for index, token in tokens.items():
-            self._store(node, index, *self._object_ref(node, index), token)
+            self._store(node, index, *refs[index], token)
         if mtime:
             self.emit(self._mdt_of(fid), "MTIME", tfid=fid, cookie=cookie)
 
