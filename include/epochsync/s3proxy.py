@@ -30,7 +30,8 @@ _HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "up
 class BucketCounters:
     requests: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     bytes_in: int = 0  # request bodies: data written to the store
-    bytes_out: int = 0  # response bodies: data read from the store
+    bytes_out: int = 0  # object GET response bodies: data read from the store
+    listing_bytes: int = 0  # bucket listing responses (metadata, not file data)
     bytes_copied: int = 0  # server-side copies into this bucket (CopyObject, UploadPartCopy)
     bytes_copied_out: int = 0  # server-side copies whose source is in this bucket
 
@@ -44,6 +45,7 @@ class BucketCounters:
             "total_requests": self.total_requests,
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
+            "listing_bytes": self.listing_bytes,
             "bytes_copied": self.bytes_copied,
             "bytes_copied_out": self.bytes_copied_out,
         }
@@ -166,8 +168,10 @@ class S3Proxy:
                     c.requests[self.command] += 1
                     decoded = self.headers.get("x-amz-decoded-content-length")
                     c.bytes_in += int(decoded) if decoded else len(body)
-                    if self.command == "GET":
+                    if self.command == "GET" and key:
                         c.bytes_out += len(data)
+                    elif self.command == "GET":
+                        c.listing_bytes += len(data)
                     if copied > 0:
                         c.bytes_copied += copied
                         src_bucket = unquote(src).lstrip("/").split("/", 1)[0]

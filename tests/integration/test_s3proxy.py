@@ -26,11 +26,13 @@ def test_counts_bytes_requests_and_copies(proxied, bucket_name):
     c.put_object(Bucket=bucket_name, Key="a/x", Body=b"0123456789" * 100)
     assert c.get_object(Bucket=bucket_name, Key="a/x", Range="bytes=10-19")["Body"].read() == b"0123456789"
     c.copy_object(Bucket=bucket_name, Key="b/x", CopySource={"Bucket": bucket_name, "Key": "a/x"})
+    assert len(c.list_objects_v2(Bucket=bucket_name)["Contents"]) == 2
     counts = proxy.snapshot()[bucket_name]
     assert counts["bytes_in"] == 1000
     assert counts["bytes_out"] == 10
     assert counts["bytes_copied"] == 1000 and counts["bytes_copied_out"] == 1000
-    assert counts["requests"] == {"PUT": 3, "GET": 1}
+    assert counts["requests"] == {"PUT": 3, "GET": 2}
+    assert counts["listing_bytes"] > 0  # a listing is metadata, not file data read
 
 
 def test_aws_cli_sync_is_counted(proxied, bucket_name, tmp_path):
