@@ -568,7 +568,10 @@ class _Sink:
         if rep.span_first is None:
             rep.bad_before += 1
         if len(rep.errors) < MAX_ERRORS_PER_FILE:
-            rep.errors.append((epoch, err.to_dict()))
+            entry = err.to_dict()
+            if entry["server"] is None:  # a line too broken to say: its directory says
+                entry["server"] = self.f.server
+            rep.errors.append((epoch, entry))
         else:
             rep.errors_dropped += 1
 
@@ -1042,6 +1045,14 @@ def _uri(warehouse_path: str) -> str:
 
 
 def _write_text(spark, uri: str, text: str) -> None:
+    if uri.startswith("file://") or "://" not in uri:
+        # plain files locally: Hadoop's local file system would add .crc files beside them
+        path = local_path(uri)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".tmp", "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(path + ".tmp", path)
+        return
     fs, path = _fs(spark, uri)
     out = fs.create(path, True)
     try:
@@ -1168,7 +1179,7 @@ def _judge(src, job: IngestJob, files, reports: list[dict]) -> _Judgement:
         d = bad[0][1]
         first = ParseError(d["file"], d["line"], d["reason"], offset=d["offset"])
         raise IngestError(
-            [f"bad record of server {d['server'] or '?'}: {first}"],
+            [f"bad record of server {d['server']}: {first}"],
             total=bad_total,
             hint="fix the changelog, or set on_bad_record: quarantine for the source to set bad records aside",
         )

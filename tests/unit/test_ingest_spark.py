@@ -1,0 +1,204 @@
+"""The ingest stage on Spark (local[2], tiny data): exact records in the warehouse, failures, quarantine, re-runs."""
+
+import io
+import json
+import shutil
+
+import pytest
+from pyspark.testing import assertDataFrameEqual
+
+from epochsync.config import config_from_dict
+from epochsync.errors import EpochError
+from epochsync.formats import ParseOptions, parse_stream
+from epochsync.formats.common import ParseContext
+from epochsync.ingest import read_records, run_ingest
+from epochsync.schema import Record, record_struct_type
+
+FIXTURES_SAMPLES = "tests/fixtures/samples"
+
+
+def rec(server, index, epoch, type_, **kw) -> Record:
+    return Record.from_dict({"server": server, "index": index, "epoch": epoch, "type": type_, **kw})
+
+
+MDT = [
+    rec("MDT0000", 1, 1, "MKDIR", tfid="[0x200000402:0x1:0x0]", pfid="[0x200000007:0x1:0x0]", name="pics",
+        mode=0o40755, uid=500, gid=500, time_ns=1767225601000000000),
+    rec("MDT0000", 2, 1, "CREAT", tfid="[0x200000402:0x2:0x0]", pfid="[0x200000402:0x1:0x0]", name="chloe.jpg",
+        layout={"stripe_size": 1048576, "stripe_count": 1, "objects": [{"ost": "OST0000", "oid": "0x2"}]}),
+    rec("MDT0000", 3, 1, "EPOCH"),
+    rec("MDT0000", 4, 2, "XATTR", tfid="[0x200000402:0x2:0x0]", xattr_name="user.tag", xattr_value="AP8="),
+    rec("MDT0000", 5, 2, "RENME", pfid="[0x200000402:0x1:0x0]", name="new name", sfid="[0x200000402:0x2:0x0]",
+        spfid="[0x200000402:0x1:0x0]", sname="chloe.jpg"),
+    rec("MDT0000", 6, 2, "EPOCH"),
+]  # fmt: skip
+OST = [
+    rec("OST0000", 40, 1, "WRITE", tfid="[0x200000402:0x2:0x0]", object={"ost": "OST0000", "oid": "0x2", "version": "v7"},
+        extents=[{"offset": 0, "length": 65536}]),
+    rec("OST0000", 41, 1, "EPOCH"),
+    rec("OST0000", 42, 2, "EPOCH"),
+]  # fmt: skip
+
+
+def line(r: Record) -> str:
+    return json.dumps(r.to_dict(), separators=(",", ":")) + "\n"
+
+
+def write_changelogs(root, files: dict[str, list]):
+    """files: 'SERVER/name' -> records or raw lines."""
+    for rel, items in files.items():
+        p = root / "cl" / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text("".join(line(i) if isinstance(i, Record) else i for i in items))
+
+
+def config(root, fmt="jsonl", servers=("MDT0000", "OST0000"), on_bad="fail", uri=None, **changelogs):
+    return config_from_dict(
+        {
+            "warehouse": f"file://{root}/wh",
+            "sources": [
+                {
+                    "name": "src",
+                    "root_fid": "[0x200000007:0x1:0x0]",
+                    "servers": list(servers),
+                    "changelogs": {"uri": uri or str(root / "cl"), "format": fmt, **changelogs},
+                    "store": {"conn_id": "store", "bucket": "data"},
+                    "epoch": {"interval": "5m", "start": "2026-01-01T00:00:00Z"},
+                    "on_bad_record": on_bad,
+                }
+            ],
+        }
+    )
+
+
+def expected(spark, records):
+    return spark.createDataFrame([r.to_row() for r in records], record_struct_type())
+
+
+def test_two_servers_several_files_and_epochs_land_exactly(spark, tmp_path):
+    # MDT0000's epochs straddle its two files; blank lines and a non-compact spelling take
+    # the importer's path for part of a file, the rest the fast path
+    pretty = json.dumps(MDT[4].to_dict(), indent=None, separators=(", ", ": ")) + "\n"
+    write_changelogs(
+        tmp_path,
+        {
+            "MDT0000/000001.jsonl": MDT[:4],
+            "MDT0000/000002.jsonl": ["\n", pretty, MDT[5]],
+            "MDT0000/.000003.jsonl.tmp": ["garbage being written\n"],
+            "OST0000/log": OST,
+        },
+    )
+    cfg = config(tmp_path)
+    lines = []
+    stats = run_ingest(cfg, "src", 1, 2, spark, progress=lines.append)
+    assertDataFrameEqual(read_records(spark, cfg.warehouse, "src", 1, 2), expected(spark, MDT + OST))
+    assertDataFrameEqual(read_records(spark, cfg.warehouse, "src", 2), expected(spark, MDT[3:] + OST[2:]))
+    assert stats["records"] == 9 and stats["records_per_epoch"] == {1: 5, 2: 4} and stats["quarantined"] == 0
+    assert stats["servers"]["MDT0000"]["closed_through"] == 2
+    assert (
+        lines[0]
+        == "MDT0000: 2 changelog file(s), "
+        + str(sum((tmp_path / "cl" / "MDT0000" / n).stat().st_size for n in ("000001.jsonl", "000002.jsonl")))
+        + " bytes"
+    )
+    assert "OST0000: 3 records of epochs 1..2, closed through epoch 2, 0 bad" in lines
+
+
+def test_bad_line_fails_the_epoch_with_file_and_line_and_writes_nothing(spark, tmp_path):
+    write_changelogs(tmp_path, {"MDT0000/a.jsonl": [*MDT[:2], '{"server":"MDT0000","index":3,\n', MDT[2]],
+                                "OST0000/a.jsonl": OST})  # fmt: skip
+    cfg = config(tmp_path)
+    with pytest.raises(EpochError) as err:
+        run_ingest(cfg, "src", 1, 1, spark)
+    path = tmp_path / "cl" / "MDT0000" / "a.jsonl"
+    assert str(err.value).startswith(f"bad record of server MDT0000: {path}:3: not valid JSON: ")
+    assert "on_bad_record: quarantine" in str(err.value)
+    assert not (tmp_path / "wh" / "records" / "source=src" / "epoch=1").exists()
+    assert list((tmp_path / "wh" / "records" / "source=src").iterdir()) == []  # no staging left
+
+
+def test_quarantine_mode_sets_bad_lines_aside_and_goes_on(spark, tmp_path):
+    unsafe = line(MDT[1]).replace('"chloe.jpg"', '"../etc"')
+    write_changelogs(tmp_path, {"MDT0000/a.jsonl": [MDT[0], unsafe, MDT[2]], "OST0000/a.jsonl": OST})
+    cfg = config(tmp_path, on_bad="quarantine")
+    stats = run_ingest(cfg, "src", 1, 1, spark)
+    assert stats["quarantined"] == 1
+    assertDataFrameEqual(read_records(spark, cfg.warehouse, "src", 1), expected(spark, [MDT[0], MDT[2], *OST[:2]]))
+    (qfile,) = (tmp_path / "wh" / "quarantine" / "source=src" / "epoch=1").iterdir()
+    entry = json.loads(qfile.read_text())
+    assert entry == {
+        "file": str(tmp_path / "cl" / "MDT0000" / "a.jsonl"),
+        "line": 2,
+        "offset": len(line(MDT[0])),
+        "server": "MDT0000",
+        "index": 2,
+        "reason": "CREAT name '../etc' contains '/' where a basename is expected",
+        "text": unsafe.rstrip("\n"),
+    }
+
+
+def test_rerun_overwrites_only_its_epochs(spark, tmp_path):
+    write_changelogs(tmp_path, {"MDT0000/a.jsonl": MDT, "OST0000/a.jsonl": OST})
+    cfg = config(tmp_path)
+    run_ingest(cfg, "src", 1, 2, spark)
+    changed = MDT[3].replace(xattr_value=b"new")
+    write_changelogs(tmp_path, {"MDT0000/a.jsonl": [*MDT[:3], changed, *MDT[4:]]})
+    run_ingest(cfg, "src", 2, 2, spark)
+    assertDataFrameEqual(
+        read_records(spark, cfg.warehouse, "src", 1, 2), expected(spark, [*MDT[:3], changed, *MDT[4:], *OST])
+    )
+
+
+def test_gap_against_the_consumer_cursor_and_open_epoch_are_errors(spark, tmp_path):
+    write_changelogs(tmp_path, {"MDT0000/a.jsonl": MDT[3:], "OST0000/a.jsonl": OST})
+    cursors = tmp_path / "wh" / "cursors" / "source=src"
+    cursors.mkdir(parents=True)
+    (cursors / "dr.json").write_text('{"epoch": 1, "servers": {"MDT0000": 1, "OST0000": 41}}')
+    cfg = config(tmp_path)
+    with pytest.raises(
+        EpochError, match=r"^server MDT0000: records 2\.\.3 are missing \(the consumer cursor is at index 1; "
+    ):
+        run_ingest(cfg, "src", 2, 2, spark)
+    with pytest.raises(
+        EpochError, match=r"^epoch 3 of source 'src' is not closed: waiting for MDT0000 \(closed through 2\)"
+    ):
+        run_ingest(cfg, "src", 3, 3, spark)
+
+
+LUSTRE = (
+    "1 02MKDIR 15:15:21.977666834 2018.01.09 0x0 t=[0x200000402:0x1:0x0] ef=0xf u=500:500 nid=10.128.11.159@tcp p=[0x200000007:0x1:0x0] pics\n"
+    "2 01CREAT 15:15:36.687592024 2018.01.09 0x0 t=[0x200000402:0x2:0x0] ef=0xf u=500:500 nid=10.128.11.159@tcp p=[0x200000402:0x1:0x0] my file.jpg\n"
+    "3 00MARK  15:56:39.603643887 2018.01.09 0x0 t=[0x20001:0x0:0x0] ef=0xf u=500:500 nid=0@<0:0> p=[0:0x50:0xb] mdd_obd-lustre-MDT0000-0\n"
+    "4 06UNLNK 15:15:41.305116815 2018.01.09 0x1 t=[0x200000402:0x2:0x0] ef=0xf u=500:500 nid=10.128.11.159@tcp p=[0x200000402:0x1:0x0] my file.jpg\n"
+)
+LUSTRE2 = "5 00MARK  15:56:40.603643887 2018.01.09 0x0 t=[0x20001:0x0:0x0] p=[0:0x50:0xb] mdd_obd-lustre-MDT0000-0\n"
+
+
+def test_lustre_text_with_mark_epochs_across_files(spark, tmp_path):
+    write_changelogs(tmp_path, {"MDT0000/001": [LUSTRE], "MDT0000/002": [LUSTRE2]})
+    cfg = config(tmp_path, fmt="lustre", servers=("MDT0000",))
+    run_ingest(cfg, "src", 1, 2, spark)
+    ctx = ParseContext()
+    want = []
+    for name in ("001", "002"):
+        opts = ParseOptions(server="MDT0000", epochs_from_marks=True, context=ctx)
+        want += parse_stream("lustre", (tmp_path / "cl" / "MDT0000" / name).open("rb"), name, opts)
+    assert [(r.index, r.type, r.epoch) for r in want] == [
+        (1, "MKDIR", 1), (2, "CREAT", 1), (3, "MARK", 1), (3, "EPOCH", 1), (4, "UNLNK", 2), (5, "MARK", 2), (5, "EPOCH", 2)
+    ]  # fmt: skip
+    assertDataFrameEqual(read_records(spark, cfg.warehouse, "src", 1, 2), expected(spark, want))
+
+
+def test_gluster_changelog_is_one_time_window_epoch(spark, tmp_path):
+    # rollover time 2026-01-01T00:07:00Z: epoch 2 of 5-minute windows from midnight
+    d = tmp_path / "cl" / "brick0"
+    d.mkdir(parents=True)
+    shutil.copy(f"{FIXTURES_SAMPLES}/gluster/v1.1_mkdir_create.changelog", d / "CHANGELOG.1767226020")
+    cfg = config(tmp_path, fmt="gluster", servers=("brick0",))
+    stats = run_ingest(cfg, "src", 2, 2, spark)
+    data = (d / "CHANGELOG.1767226020").read_bytes()
+    opts = ParseOptions(server="brick0", epoch_of_time=cfg.source("src").epoch.epoch_of)
+    want = list(parse_stream("gluster", io.BytesIO(data), str(d / "CHANGELOG.1767226020"), opts))
+    assert {r.epoch for r in want} == {2} and want[-1].type == "EPOCH"
+    assert stats["records"] == len(want)
+    assertDataFrameEqual(read_records(spark, cfg.warehouse, "src", 2), expected(spark, want))
