@@ -555,9 +555,11 @@ def _striped_data_ops(e: dict, target: dict, store: dict, same_type: bool) -> li
 def resolve_links(snapshot, root_fid: str, *, max_depth: int = 4096):
     """Every reachable link of a snapshot with its replica path: (fid, pfid, name, path).
 
-    Directory paths grow one level per join from the root (a directory's first link
-    only, so hostile hard-linked directories or cycles cannot loop); then every link
-    joins its parent's path. Links under unreachable parents are dropped.
+    Directory paths are resolved on the driver from the directories' links alone
+    (one collect: directories are a small share of a namespace), walking up with a
+    depth bound so hostile cycles cannot loop; a directory with several links uses
+    its first. Then every link (files included) joins its parent's path in Spark.
+    Links under unreachable parents are dropped.
     """
     from pyspark.sql import functions as F
 
@@ -565,29 +567,30 @@ def resolve_links(snapshot, root_fid: str, *, max_depth: int = 4096):
     links = snapshot.select("fid", "type", F.explode("links").alias("l")).select(
         "fid", "type", F.col("l.pfid").alias("pfid"), F.col("l.name").alias("name")
     )
-    dir_links = (
-        links.filter(F.col("type") == DIR)
-        .groupBy("fid")
-        .agg(F.min(F.struct("pfid", "name")).alias("l"))
-        .select("fid", "l.pfid", "l.name")
-        .cache()
-    )
-    frontier = spark.createDataFrame([(root_fid, "")], "fid string, path string")
-    known = frontier
-    for _ in range(max_depth):
-        nxt = (
-            dir_links.join(frontier.withColumnRenamed("fid", "pfid").withColumnRenamed("path", "ppath"), "pfid")
-            .select("fid", F.when(F.col("ppath") == "", F.col("name")).otherwise(F.concat_ws("/", "ppath", "name")).alias("path"))
-            .join(known.select("fid"), "fid", "left_anti")
-            .localCheckpoint()
-        )  # fmt: skip
-        if nxt.isEmpty():
-            break
-        known = known.unionByName(nxt).localCheckpoint()
-        frontier = nxt
-    dir_links.unpersist()
-    parents = known.withColumnRenamed("fid", "pfid").withColumnRenamed("path", "ppath")
-    return links.join(parents, "pfid").select(
+    parent: dict[str, tuple[str, str]] = {}
+    for r in links.filter(F.col("type") == DIR).select("fid", "pfid", "name").collect():
+        if r["fid"] not in parent or (r["pfid"], r["name"]) < parent[r["fid"]]:
+            parent[r["fid"]] = (r["pfid"], r["name"])
+    paths: dict[str, str | None] = {root_fid: ""}
+    for fid in parent:
+        chain = []
+        cur = fid
+        while cur not in paths and cur in parent and len(chain) <= max_depth:
+            chain.append(cur)
+            cur = parent[cur][0]
+            if cur in chain:
+                break
+        base = paths.get(cur) if cur not in chain else None
+        for f in reversed(chain):
+            if base is None:
+                paths[f] = None
+                continue
+            name = parent[f][1]
+            base = name if base == "" else f"{base}/{name}"
+            paths[f] = base
+    rows = [(f, p) for f, p in paths.items() if p is not None]
+    parents = spark.createDataFrame(rows, "pfid string, ppath string")
+    return links.join(F.broadcast(parents), "pfid").select(
         "fid", "pfid", "name",
         F.when(F.col("ppath") == "", F.col("name")).otherwise(F.concat_ws("/", "ppath", "name")).alias("path"),
     )  # fmt: skip
