@@ -321,7 +321,12 @@ def latest_objects(writes: DataFrame) -> DataFrame:
 
 
 def merge_epoch(
-    prev_snapshot: DataFrame, records: DataFrame, root_fid: str | Iterable[str], extents_known: bool = True
+    prev_snapshot: DataFrame,
+    records: DataFrame,
+    root_fid: str | Iterable[str],
+    extents_known: bool = True,
+    *,
+    cache: bool | list = False,
 ) -> tuple[DataFrame, DataFrame]:
     """Snapshot E-1 and the records of E (or of a window) → (snapshot E, net change set).
 
@@ -338,6 +343,10 @@ def merge_epoch(
 
     ``root_fid`` may be several fids: independent namespaces merged in one job (the tests
     batch many small histories this way); each root exists without links.
+
+    ``cache`` (True, or a list that receives the persisted DataFrame so the caller can
+    ``unpersist()`` it) persists the per-fid state both outputs derive from, so writing
+    the snapshot and then the change set computes the merge once.
     """
     from pyspark.sql import functions as F
 
@@ -464,6 +473,12 @@ def merge_epoch(
         ),
     )
 
+    if cache is not False:
+        from pyspark import StorageLevel
+
+        st = st.persist(StorageLevel.MEMORY_AND_DISK)
+        if isinstance(cache, list):
+            cache.append(st)
     new_rows = st.filter("exists_after").select(
         *(F.col(c if c in ("fid", "type", "links") else "n_" + c).alias(c) for c in SNAPSHOT_FIELDS)
     )
@@ -579,6 +594,7 @@ def run_merge(cfg: Config, target_name: str, first_epoch: int, last_epoch: int, 
     """
     from pyspark.sql import functions as F
 
+    from epochsync.ingest import read_records
     from epochsync.paths import Warehouse
     from epochsync.snapshot import read_snapshot, write_table
 
@@ -589,19 +605,26 @@ def run_merge(cfg: Config, target_name: str, first_epoch: int, last_epoch: int, 
     source = cfg.source_of(target)
     wh = Warehouse(cfg.warehouse)
     prev = read_snapshot(spark, wh, target.name, first_epoch - 1, source.root_fid)
-    records = read_records(spark, wh, source.name, first_epoch, last_epoch)
-    snapshot, changes = merge_epoch(prev, records, source.root_fid, extents_known_for(source.changelogs.format))
+    persisted: list = []
+    records = read_records(spark, cfg.warehouse, source.name, first_epoch, last_epoch)
+    snapshot, changes = merge_epoch(
+        prev, records, source.root_fid, extents_known_for(source.changelogs.format), cache=persisted
+    )
     out = MergeOutputs(
         wh.snapshot(target.name, last_epoch),
         wh.changes(target.name, last_epoch),
         wh.cookie_groups(target.name, last_epoch),
     )
     try:
-        write_table(spark, snapshot, out.snapshot)
+        # the snapshot last: its presence says the merge of this epoch is complete
         write_table(spark, changes, out.changes)
         write_table(spark, cookie_groups(records), out.cookie_groups)
+        write_table(spark, snapshot, out.snapshot)
     except Exception as exc:  # Py4J/Spark errors: surface raise_error messages as one line
         raise _clean_error(exc, target.name, first_epoch, last_epoch) from None
+    finally:
+        for df in persisted:
+            df.unpersist()
 
     counts = (
         spark.read.parquet(out.changes)
@@ -637,30 +660,6 @@ def run_merge(cfg: Config, target_name: str, first_epoch: int, last_epoch: int, 
 _FLAG_COLUMNS = ("created", "deleted", "links_changed", "attrs_changed", "xattrs_changed", "data_changed", "whole_file")
 
 
-def read_records(spark: SparkSession, wh, source: str, first_epoch: int, last_epoch: int) -> DataFrame:
-    """Records of epochs ``first..last`` of ``source`` from the warehouse (written by ingest).
-
-    Every epoch of the window must have been ingested: a missing one is an error naming it.
-    """
-    from pyspark.sql import functions as F
-
-    from epochsync.schema import record_struct_type
-    from epochsync.snapshot import path_exists
-
-    missing = [e for e in range(first_epoch, last_epoch + 1) if not path_exists(spark, wh.records(source, e))]
-    if missing:
-        raise EpochError(
-            f"records of source {source!r} epoch(s) {', '.join(map(str, missing))} are not in the warehouse "
-            f"({wh.records(source)}): run the ingest stage for them first"
-        )
-    return (
-        spark.read.schema(record_struct_type())
-        .option("basePath", wh.records(source))
-        .parquet(*(wh.records(source, e) for e in range(first_epoch, last_epoch + 1)))
-        .filter(F.col("epoch").between(first_epoch, last_epoch))
-    )
-
-
 def _clean_error(exc: Exception, target: str, first: int, last: int) -> EpochsyncError:
     text = str(exc)
     for marker in ("gains a name in this window", "has no parent fid or name"):
@@ -674,3 +673,38 @@ def _clean_error(exc: Exception, target: str, first: int, last: int) -> Epochsyn
     return EpochError(
         f"merge of target {target!r} epochs {first}..{last} failed: {text.splitlines()[0] if text else exc!r}"
     )
+
+
+def merge_main(argv: list[str] | None = None) -> int:
+    """``spark_apps/merge.py``: ``--config FILE --target NAME --epoch E [--through E2]``.
+
+    Merges epoch E (or the window E..E2) onto snapshot E-1 and prints the stats as one
+    JSON line; on failure prints one line on stderr and returns 1.
+    """
+    import argparse
+    import json
+    import sys
+
+    p = argparse.ArgumentParser(
+        prog="merge", description="Merge a target's epoch (or window) into snapshot and change set."
+    )
+    p.add_argument("--config", required=True, metavar="FILE", help="epochsync YAML config")
+    p.add_argument("--target", required=True, metavar="NAME", help="target whose snapshot to advance")
+    p.add_argument("--epoch", required=True, type=int, metavar="E", help="first epoch of the window")
+    p.add_argument("--through", type=int, metavar="E2", help="last epoch (default: --epoch)")
+    # accepted so every stage takes the same arguments; the merge only writes the warehouse
+    p.add_argument("--dry-run", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--whole-file", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    try:
+        from epochsync.config import load_config
+        from epochsync.spark import spark_session
+
+        cfg = load_config(args.config)
+        spark = spark_session(f"epochsync-merge-{args.target}")
+        stats = run_merge(cfg, args.target, args.epoch, args.through or args.epoch, spark)
+    except EpochsyncError as exc:
+        print(f"merge: error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(stats, sort_keys=True))
+    return 0

@@ -284,7 +284,7 @@ def _run(spark, cases, extents_known):
 
     prev = spark.createDataFrame([r for c, _, _ in cases.values() for r in c.prev], snapshot_struct_type())
     recs = spark.createDataFrame([r.to_row() for c, _, _ in cases.values() for r in c.records], record_struct_type())
-    snap, changes = merge_epoch(prev, recs, [c.root for c, _, _ in cases.values()], extents_known)
+    snap, changes = merge_epoch(prev, recs, [c.root for c, _, _ in cases.values()], extents_known, cache=True)
     return snap.collect(), changes.collect()
 
 

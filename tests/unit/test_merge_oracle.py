@@ -1,0 +1,216 @@
+"""Property tests: the Spark merge against the sequential oracle on simulated histories.
+
+For random histories (hypothesis, plus fixed seeds kept as regressions):
+
+- snapshot E from :func:`epochsync.merge.merge_epoch` equals
+  :func:`epochsync.oracle.replay` of the same records on snapshot E-1, for every epoch and
+  for catch-up windows E1..E2;
+- the data ranges of the change set cover every byte that differs between E-1 and E in
+  the simulator's file contents (a byte past the old size counts as zero, since the
+  replica grows a file by truncation), lie inside the new size, and no file whose bytes
+  and size did not change is marked as changed.
+
+Spark start-up and scheduling dominate tiny merges, so every batch of histories is one
+Spark job: each (history, epoch) item gets its own fid prefix and its own root.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pyspark.testing import assertDataFrameEqual
+
+from epochsync.model import SNAPSHOT_FIELDS, change_struct_type, snapshot_struct_type
+from epochsync.oracle import replay
+from epochsync.schema import Record, record_struct_type
+from epochsync.simulate import simulate_history
+
+
+@dataclass(frozen=True)
+class Params:
+    seed: int
+    epochs: int
+    files: int
+    mdts: int
+    osts: int
+    ops: int
+
+
+@dataclass
+class Item:
+    """One merge to check: snapshot first-1 + records of first..last."""
+
+    prefix: str
+    root: str
+    prev: list[dict]
+    records: list[Record]
+    old_contents: dict[str, bytes]
+    new_contents: dict[str, bytes]
+
+
+def _pf(prefix: str, fid: str | None) -> str | None:
+    return None if fid is None else prefix + fid
+
+
+def _rename_row(prefix: str, row: dict) -> tuple:
+    r = dict(row, fid=prefix + row["fid"], links=sorted((prefix + p, n) for p, n in row["links"]))
+    return tuple(r[f] for f in SNAPSHOT_FIELDS)
+
+
+def _rename_record(prefix: str, r: Record) -> Record:
+    return r.replace(tfid=_pf(prefix, r.tfid), pfid=_pf(prefix, r.pfid), sfid=_pf(prefix, r.sfid),
+                     spfid=_pf(prefix, r.spfid))  # fmt: skip
+
+
+def items_of(n: int, p: Params, windows: bool = True) -> list[Item]:
+    """Every single epoch of a history, plus (when there are 3+) a catch-up window 2..last."""
+    hist = simulate_history(p.seed, p.epochs, p.files, mdts=p.mdts, osts=p.osts, ops_per_epoch=p.ops,
+                            max_file_size=32 * 1024)  # fmt: skip
+    spans = [(e, e) for e in range(1, p.epochs + 1)]
+    if windows and p.epochs >= 3:
+        spans.append((2, p.epochs))
+    out = []
+    for first, last in spans:
+        prefix = f"h{n}e{first}-{last}/"
+        recs = [r for e in range(first, last + 1) for r in hist.at(e).records]
+        out.append(
+            Item(
+                prefix=prefix,
+                root=prefix + hist.root_fid,
+                prev=hist.snapshot_before(first),
+                records=recs,
+                old_contents={} if first == 1 else hist.at(first - 1).contents,
+                new_contents=hist.at(last).contents,
+            )
+        )
+    return out
+
+
+def check_batch(spark, items: list[Item]) -> None:
+    from epochsync.merge import merge_epoch
+
+    prev = [_rename_row(it.prefix, row) for it in items for row in it.prev]
+    recs = [_rename_record(it.prefix, r).to_row() for it in items for r in it.records]
+    expected = [
+        _rename_row(it.prefix, row) for it in items for row in replay(it.root[len(it.prefix) :], it.prev, it.records)
+    ]
+    snap, changes = merge_epoch(
+        spark.createDataFrame(prev, snapshot_struct_type()),
+        spark.createDataFrame(recs, record_struct_type()),
+        [it.root for it in items],
+        cache=True,
+    )
+    snap_rows = snap.collect()
+    change_rows = changes.collect()
+    assertDataFrameEqual(
+        spark.createDataFrame(snap_rows, snapshot_struct_type()),
+        spark.createDataFrame(expected, snapshot_struct_type()),
+    )
+    by_fid = {r.fid: r for r in change_rows}
+    assert len(by_fid) == len(change_rows), "one change row per fid"
+    for it in items:
+        _check_data(it, by_fid)
+
+
+def _check_data(it: Item, by_fid: dict) -> None:
+    for fid, new in it.new_contents.items():
+        row = by_fid.get(it.prefix + fid)
+        existed = fid in it.old_contents
+        old = it.old_contents.get(fid, b"")
+        a = np.frombuffer(new, dtype=np.uint8)
+        b = np.zeros(len(new), dtype=np.uint8)
+        keep = min(len(old), len(new))
+        b[:keep] = np.frombuffer(old, dtype=np.uint8)[:keep]
+        differ = a != b
+        unchanged = existed and old == new
+        where = f"{it.prefix}{fid} (old size {len(old)}, new size {len(new)})"
+        if row is None or not row.data_changed:
+            assert not differ.any() and (not existed or len(old) == len(new)), f"data change missed for {where}"
+            continue
+        assert not unchanged, f"{where} marked as changed but its bytes and size are the same: {row}"
+        assert row.new_size == len(new), where
+        if row.whole_file:
+            continue
+        covered = np.zeros(len(new), dtype=bool)
+        last_end = -1
+        for rg in row.ranges:
+            assert rg.length > 0 and rg.offset > last_end, f"ranges not disjoint, sorted, non-adjacent: {row.ranges}"
+            assert rg.offset + rg.length <= len(new), f"range past the new size for {where}: {row.ranges}"
+            covered[rg.offset : rg.offset + rg.length] = True
+            last_end = rg.offset + rg.length
+        missed = np.nonzero(differ & ~covered)[0]
+        assert missed.size == 0, f"bytes {missed[:5].tolist()}... of {where} differ but are not in {row.ranges}"
+    # files the oracle deleted: a change row says so, with no data
+    for fid in set(it.old_contents) - set(it.new_contents):
+        row = by_fid.get(it.prefix + fid)
+        assert row is not None and row.deleted and not row.data_changed, f"{it.prefix}{fid} deletion: {row}"
+
+
+params = st.builds(
+    Params,
+    seed=st.integers(0, 2**31),
+    epochs=st.integers(1, 4),
+    files=st.integers(0, 12),
+    mdts=st.integers(1, 3),
+    osts=st.integers(1, 4),
+    ops=st.integers(1, 30),
+)
+
+
+@settings(max_examples=3, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
+@given(batch=st.lists(params, min_size=5, max_size=5))
+def test_merge_equals_oracle_on_random_histories(spark, batch):
+    """3 batches x 5 histories x (every epoch + a window): 15 histories, 3 Spark jobs."""
+    check_batch(spark, [it for n, p in enumerate(batch) for it in items_of(n, p)])
+
+
+#: regressions and coverage of the bigger shapes: several MDTs and OSTs, more operations
+FIXED = [
+    Params(seed=1, epochs=4, files=20, mdts=2, osts=4, ops=40),
+    Params(seed=7, epochs=3, files=10, mdts=1, osts=1, ops=60),
+    Params(seed=42, epochs=5, files=15, mdts=3, osts=3, ops=30),
+    Params(seed=2026, epochs=2, files=30, mdts=1, osts=4, ops=80),
+]
+
+
+def test_merge_equals_oracle_fixed_seeds(spark):
+    check_batch(spark, [it for n, p in enumerate(FIXED) for it in items_of(n, p)])
+
+
+def test_data_check_is_not_vacuous():
+    """_check_data fails on a missed byte, a stray range, and a change that is not one."""
+    from types import SimpleNamespace as Row
+
+    it = Item("p/", "p/R", [], [], {"f": b"abcd", "same": b"xy"}, {"f": b"abXd", "same": b"xy"})
+
+    def row(fid, ranges, **kw):
+        base = dict(fid="p/" + fid, data_changed=True, whole_file=False, deleted=False, new_size=4)
+        return Row(**{**base, **kw, "ranges": [Row(offset=o, length=n) for o, n in ranges]})
+
+    _check_data(it, {"p/f": row("f", [(2, 1)])})  # exact: passes
+    with pytest.raises(AssertionError, match="differ but are not in"):
+        _check_data(it, {"p/f": row("f", [(0, 2)])})
+    with pytest.raises(AssertionError, match="data change missed"):
+        _check_data(it, {})
+    with pytest.raises(AssertionError, match="range past the new size"):
+        _check_data(it, {"p/f": row("f", [(2, 5)])})
+    with pytest.raises(AssertionError, match="bytes and size are the same"):
+        _check_data(it, {"p/f": row("f", [(2, 1)]), "p/same": row("same", [(0, 1)], new_size=2)})
+
+
+def test_change_rows_have_the_model_columns(spark):
+    from epochsync.merge import merge_epoch
+
+    it = items_of(0, Params(seed=5, epochs=1, files=3, mdts=1, osts=1, ops=1), windows=False)[0]
+    snap, changes = merge_epoch(
+        spark.createDataFrame([_rename_row("", r) for r in it.prev], snapshot_struct_type()),
+        spark.createDataFrame([r.to_row() for r in it.records], record_struct_type()),
+        it.root,
+    )
+    assert [f.name for f in changes.schema.fields] == [f.name for f in change_struct_type().fields]
+    assert [f.name for f in snap.schema.fields] == list(SNAPSHOT_FIELDS)

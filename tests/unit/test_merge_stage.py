@@ -1,0 +1,109 @@
+"""The merge stage around the transform: warehouse in, warehouse out, and its Spark app."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from pyspark.testing import assertDataFrameEqual
+
+from epochsync.config import load_config
+from epochsync.errors import EpochError
+from epochsync.model import SNAPSHOT_FIELDS, snapshot_struct_type
+from epochsync.oracle import replay
+from epochsync.paths import Warehouse
+from epochsync.schema import Record, record_struct_type
+from epochsync.simulate import ROOT_FID, simulate_history
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _config(tmp_path: Path) -> Path:
+    cfg = tmp_path / "epochsync.yaml"
+    cfg.write_text(
+        f"""
+warehouse: file://{tmp_path}/warehouse
+sources:
+  - name: sim
+    root_fid: "{ROOT_FID}"
+    servers: [MDT0000, MDT0001, OST0000, OST0001]
+    changelogs: {{uri: file://{tmp_path}/changelogs, format: jsonl}}
+    store: {{conn_id: source_s3, bucket: sim}}
+    epoch: {{interval: 5m, start: 2026-01-01T00:00:00Z}}
+targets:
+  - name: t
+    source: sim
+    kind: posix
+    path: {tmp_path}/replica
+"""
+    )
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def stage(spark, tmp_path_factory):
+    """A warehouse holding 3 ingested epochs of a simulated history (as ingest writes them)."""
+    tmp = tmp_path_factory.mktemp("merge-stage")
+    hist = simulate_history(11, 3, 12, mdts=2, osts=2, ops_per_epoch=25, max_file_size=16 * 1024)
+    records = [r for e in hist.epochs for r in e.records]
+    # one distributed operation: two servers' records sharing a cookie
+    records += [
+        Record("MDT0000", 10_000, 2, "MARK", time_ns=1, cookie="x-op", tfid="[0x1:0x2:0x0]"),
+        Record("MDT0001", 10_000, 3, "MARK", time_ns=2, cookie="x-op", sfid="[0x1:0x3:0x0]"),
+        Record("MDT0000", 10_001, 3, "MARK", time_ns=3, cookie="x-solo"),
+    ]
+    cfg_path = _config(tmp)
+    wh = Warehouse(load_config(cfg_path).warehouse)
+    df = spark.createDataFrame([r.to_row() for r in records], record_struct_type())
+    df.write.partitionBy("epoch", "server").parquet(wh.records("sim"))
+    return hist, cfg_path, wh, records
+
+
+def test_app_then_window_match_the_oracle(spark, stage, capsys):
+    hist, cfg_path, wh, records = stage
+    sys.path.insert(0, str(ROOT / "spark_apps"))
+    try:
+        import merge as merge_app  # spark_apps/merge.py
+    finally:
+        sys.path.pop(0)
+    assert merge_app.main(["--config", str(cfg_path), "--target", "t", "--epoch", "1"]) == 0
+    stats = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert stats["epoch"] == 1 and stats["changes"] > 0 and stats["created"] > 0
+    assert stats["snapshot_fids"] == len(hist.at(1).snapshot)
+
+    from epochsync.merge import run_merge
+
+    # catch-up: epochs 2..3 in one run, onto snapshot 1
+    stats = run_merge(load_config(cfg_path), "t", 2, 3, spark)
+    servers_of: dict[str, set] = {}
+    for r in records:
+        if r.cookie and r.epoch in (2, 3):
+            servers_of.setdefault(r.cookie, set()).add(r.server)
+    multi = sorted(c for c, s in servers_of.items() if len(s) > 1)
+    assert (stats["first_epoch"], stats["epoch"], stats["cookie_groups"]) == (2, 3, len(multi))
+    expected = replay(ROOT_FID, hist.at(1).snapshot, hist.at(2).records + hist.at(3).records)
+    assertDataFrameEqual(
+        spark.read.parquet(wh.snapshot("t", 3)),
+        spark.createDataFrame([tuple(r[f] for f in SNAPSHOT_FIELDS) for r in expected], snapshot_struct_type()),
+    )
+    changes = spark.read.parquet(wh.changes("t", 3))
+    assert changes.count() == stats["changes"]
+    cookies = spark.read.parquet(wh.cookie_groups("t", 3)).collect()
+    assert sorted(c.cookie for c in cookies) == multi
+    assert [
+        (c.servers, c.fids, c.types, c.records, c.first_epoch, c.last_epoch) for c in cookies if c.cookie == "x-op"
+    ] == [(["MDT0000", "MDT0001"], ["[0x1:0x2:0x0]", "[0x1:0x3:0x0]"], ["MARK"], 2, 2, 3)]
+
+
+def test_missing_inputs_name_what_to_run(spark, stage, capsys):
+    _, cfg_path, wh, _ = stage
+    from epochsync.merge import merge_main, run_merge
+
+    with pytest.raises(EpochError, match=r"no snapshot of target 't' at epoch 6 .*merge epoch 6 first"):
+        run_merge(load_config(cfg_path), "t", 7, 7, spark)
+    assert merge_main(["--config", str(cfg_path), "--target", "t", "--epoch", "9"]) == 1
+    assert "error" in capsys.readouterr().err
+    with pytest.raises(EpochError, match="bad epoch window"):
+        run_merge(load_config(cfg_path), "t", 3, 2, spark)
