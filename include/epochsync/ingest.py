@@ -919,11 +919,23 @@ def _count_epochs(records_counts: dict[int, int], batch) -> None:
         records_counts[item["values"]] = records_counts.get(item["values"], 0) + item["counts"]
 
 
-def _ingest_jsonl_file(f: ChangelogFile, job: IngestJob, out_schema, read_schema) -> tuple[list, FileReport]:
+def _timed(batches: Iterable, rep: FileReport) -> Iterator:
+    """Pass ``batches`` through, adding the time spent producing them (not consuming) to ``rep``."""
+    it = iter(batches)
+    while True:
+        started = time.perf_counter()
+        try:
+            item = next(it)
+        except StopIteration:
+            rep.seconds += time.perf_counter() - started
+            return
+        rep.seconds += time.perf_counter() - started
+        yield item
+
+
+def _ingest_jsonl_file(sink: _Sink, read_schema) -> Iterator:
     """One JSON Lines file: fast path chunk by chunk, the importer from the first doubtful chunk on."""
-    sink = _Sink(job, f, out_schema)
-    started = time.perf_counter()
-    batches: list = []
+    f, job = sink.f, sink.job
     with _open(f, job.s3) as raw:
         carry = b""
         lines_before = 0
@@ -952,51 +964,45 @@ def _ingest_jsonl_file(f: ChangelogFile, job: IngestJob, out_schema, read_schema
                     after={f.server: after} if after is not None else None,
                 ):  # fmt: skip
                     _count_epochs(sink.report.records, b)
-                    batches.append(b)
-                break
-            batches.extend(out)
+                    yield b
+                return
+            yield from out
             lines_before += chunk.count(b"\n")
             bytes_before += len(chunk)
             if not data:
                 break
-    rep = sink.finish()
-    rep.seconds = time.perf_counter() - started
-    return batches, rep
 
 
-def _ingest_server_files(files: list[ChangelogFile], job: IngestJob, out_schema) -> Iterator[tuple[list, FileReport]]:
-    """One server's files through the importer, in order, sharing the parse context."""
-    from epochsync.formats.common import ParseContext
-
-    ctx = ParseContext()
-    for f in files:
-        sink = _Sink(job, f, out_schema)
-        started = time.perf_counter()
-        with _open(f, job.s3) as raw:
-            batches = []
-            for b in _reference_path(raw, sink, context=ctx):
-                _count_epochs(sink.report.records, b)
-                batches.append(b)
-        rep = sink.finish()
-        rep.seconds = time.perf_counter() - started
-        yield batches, rep
+def _ingest_server_file(sink: _Sink, context) -> Iterator:
+    """One file through the importer; ``context`` carries index order and MARK epochs between files."""
+    with _open(sink.f, sink.job.s3) as raw:
+        for b in _reference_path(raw, sink, context=context):
+            _count_epochs(sink.report.records, b)
+            yield b
 
 
 def _task_runner(tasks: list[list[ChangelogFile]], job: IngestJob, acc):
-    """The ``mapInArrow`` function: each input row names a task (a file, or a server's files)."""
+    """The ``mapInArrow`` function: each input row names a task (a file, or a server's files).
+
+    JSON Lines files stand alone; other formats carry MARK epochs and index order from
+    file to file of a server, so a task is all of that server's files, in order.
+    """
 
     def run(batches):
+        from epochsync.formats.common import ParseContext
+
         out_schema, read_schema = _arrow_schemas()
         for b in batches:
             for task_id in b.column(0).to_pylist():
-                files = tasks[task_id]
-                if job.fmt == "jsonl":
-                    results = (_ingest_jsonl_file(f, job, out_schema, read_schema) for f in files)
-                else:
-                    results = _ingest_server_files(files, job, out_schema)
-                for produced, rep in results:
-                    yield from produced
-                    acc.add([_report_to_dict(rep)])
+                context = ParseContext()
+                for f in tasks[task_id]:
+                    sink = _Sink(job, f, out_schema)
+                    if job.fmt == "jsonl":
+                        produced = _ingest_jsonl_file(sink, read_schema)
+                    else:
+                        produced = _ingest_server_file(sink, context)
+                    yield from _timed(produced, sink.report)
+                    acc.add([_report_to_dict(sink.finish())])
 
     return run
 
@@ -1248,6 +1254,8 @@ def _stats(src, job: IngestJob, files, reports: list[dict], result: _Judgement, 
         "records": sum(result.records.values()),
         "records_per_epoch": {e: result.records.get(e, 0) for e in range(job.first, job.last + 1)},
         "quarantined": result.bad_total,
+        #: time the executors spent reading, parsing and checking (summed over tasks)
+        "parse_seconds": round(sum(r["seconds"] for r in reports), 3),
         "servers": servers,
         "seconds": round(seconds, 3),
     }
