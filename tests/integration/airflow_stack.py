@@ -105,3 +105,116 @@ def run_env_for(env: dict[str, str]) -> dict[str, str]:
 
 
 __all__ = ["ROOT", "airflow_env", "simulate", "with_prefix", "dagtest", "truth", "replica", "run_env_for", "os"]
+
+
+# --------------------------------------------------------------------------- a running `airflow standalone`
+
+
+class SchedulerStack:
+    """`airflow standalone` (what `make airflow` runs) on a free loopback port, with a simulated source."""
+
+    def __init__(self, base: Path, seaweed, *, epochs: int = 3, files: int = 16, seed: int = 21):
+        from datetime import UTC, datetime
+
+        from epochsync.devstack import AirflowStandalone, write_admin_password
+        from epochsync.embedded import free_port
+
+        self.base = base
+        env = airflow_env(base, seaweed)
+        self.config = simulate(base, env, epochs=epochs, files=files, seed=seed)
+        self.sim = self.config.parent
+        self.port = free_port()
+        home = base / "airflow-home"
+        self.password = write_admin_password(home)
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        self.env = airflow_env(
+            base,
+            seaweed,
+            config=self.config,
+            # scheduled runs only from now on: the simulated epochs run by backfill or trigger
+            extra={"AIRFLOW__API__PORT": str(self.port), "EPOCHSYNC_SCHEDULE_FROM": now},
+        )
+        self.airflow = AirflowStandalone(home, self.env, self.port)
+        self._token = None
+
+    def start(self) -> SchedulerStack:
+        self.airflow.start(timeout=600)
+        return self
+
+    def stop(self) -> None:
+        self.airflow.stop()
+
+    @property
+    def url(self) -> str:
+        return self.airflow.url
+
+    def token(self) -> str:
+        if self._token is None:
+            self._token = self.airflow.token(self.password)
+        return self._token
+
+    def api(self, method: str, path: str, body: dict | None = None) -> dict:
+        return self.airflow.api(method, path, self.token(), body)
+
+    def wait_for_dag(self, dag_id: str, timeout: float = 300) -> dict:
+        import time
+        import urllib.error
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                return self.api("GET", f"/dags/{dag_id}")
+            except urllib.error.HTTPError as exc:
+                if exc.code != 404:
+                    raise
+            time.sleep(3)
+        raise TimeoutError(f"DAG {dag_id} not parsed within {timeout:.0f}s:\n{self.airflow.tail()}")
+
+    def unpause(self, dag_id: str) -> None:
+        self.wait_for_dag(dag_id)
+        self.api("PATCH", f"/dags/{dag_id}", {"is_paused": False})
+
+    def runs(self, dag_id: str) -> list[dict]:
+        return self.api("GET", f"/dags/{dag_id}/dagRuns?order_by=logical_date&limit=100")["dag_runs"]
+
+    def task_states(self, dag_id: str, run_id: str) -> dict[str, str | None]:
+        from urllib.parse import quote
+
+        tis = self.api("GET", f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances")["task_instances"]
+        return {t["task_id"]: t["state"] for t in tis}
+
+    def wait_runs_done(self, dag_id: str, count: int, timeout: float) -> list[dict]:
+        import time
+
+        deadline = time.monotonic() + timeout
+        runs: list[dict] = []
+        while time.monotonic() < deadline:
+            runs = self.runs(dag_id)
+            if len(runs) >= count and all(r["state"] in ("success", "failed") for r in runs):
+                return runs
+            time.sleep(10)
+        raise TimeoutError(
+            f"{dag_id}: runs not finished within {timeout:.0f}s: "
+            f"{[(r['run_id'], r['state']) for r in runs]}\n{self.airflow.tail()}"
+        )
+
+
+_STACK: dict = {}
+
+
+def scheduler_stack_fixture(seaweed, tmp_path_factory):
+    """Body of the session-scoped ``scheduler_stack`` fixtures of the backfill and UI tests.
+
+    Each module declares its own fixture from this body; the first one starts the stack
+    and stops it at the end of the session, the other reuses it (one Airflow start, not two).
+    """
+    if "stack" in _STACK:
+        yield _STACK["stack"]
+        return
+    stack = SchedulerStack(tmp_path_factory.mktemp("scheduler"), seaweed).start()
+    _STACK["stack"] = stack
+    try:
+        yield stack
+    finally:
+        _STACK.pop("stack", None)
+        stack.stop()

@@ -153,6 +153,10 @@ def test_run_id_names_the_epoch():
     w = table.window(12)
     run_id = table.generate_run_id(run_type=DagRunType.SCHEDULED, run_after=w.end, data_interval=w)
     assert run_id == "scheduled__epoch-000012__2026-01-01T01:00:00+00:00"
+    backfill = table.generate_run_id(run_type=DagRunType.BACKFILL_JOB, run_after=w.end, data_interval=w)
+    assert backfill == "backfill__epoch-000012__2026-01-01T01:00:00+00:00"
+    manual = table.generate_run_id(run_type=DagRunType.MANUAL, run_after=w.end, data_interval=w)
+    assert manual == "manual__2026-01-01T01:00:00+00:00"
 
 
 def test_serialization_round_trip_through_airflow(monkeypatch):

@@ -142,8 +142,12 @@ class EpochTimetable(Timetable):
         return DagRunInfo.interval(start=window.start, end=window.end)
 
     def generate_run_id(self, *, run_type, run_after, data_interval, **extra) -> str:
-        """``scheduled__epoch-000042__2026-01-01T03:30:00+00:00``: the epoch readable in the UI's run list."""
-        if data_interval is None:
+        """``scheduled__epoch-000042__2026-01-01T03:30:00+00:00``: the epoch readable in the UI's run list.
+
+        Manual runs keep Airflow's plain id: their epoch may come from params, which a
+        timetable cannot see.
+        """
+        if data_interval is None or str(getattr(run_type, "value", run_type)) == "manual":
             return run_type.generate_run_id(suffix=run_after.isoformat())
         epoch = self.epoch_of(data_interval)
         return run_type.generate_run_id(suffix=f"epoch-{epoch:06d}__{run_after.isoformat()}")

@@ -1,0 +1,85 @@
+"""The Airflow UI of `make airflow` in headless Chromium: log in, find the epoch DAG, trigger it, see it succeed."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from airflow_stack import ROOT, replica, scheduler_stack_fixture, truth
+from cdp import Chromium, chromium_binary
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+DAG = "epochsync__sim__local"
+OUTPUT = ROOT / "tests" / "output" / "test_ui"
+
+scheduler_stack = pytest.fixture(scope="session")(scheduler_stack_fixture)
+
+
+@pytest.fixture()
+def browser():
+    binary = chromium_binary()
+    if binary is None:
+        pytest.skip(
+            "Chromium is not installed: install Debian's package (apt-get install -y chromium) to run the UI test"
+        )
+    b = Chromium(binary)
+    yield b
+    b.close()
+
+
+def test_login_find_trigger_and_see_the_run_succeed(scheduler_stack, browser):
+    stack, b = scheduler_stack, browser
+    stack.unpause(DAG)
+    shots: list[Path] = []
+
+    # log in through the simple auth manager's form
+    b.goto(stack.url + "/")
+    b.wait_for("!!document.querySelector('input[name=password]')", what="the login form")
+    b.type_into("input[name=username]", "admin")
+    b.type_into("input[name=password]", stack.password)
+    assert b.click_text("Sign in", exact=False)
+    b.wait_for("!location.pathname.startsWith('/auth')", what="the login to finish")
+
+    # find the DAG in the list and open it
+    b.goto(stack.url + "/dags")
+    b.wait_for(f"document.body.innerText.includes('{DAG}')", what="the DAG in the list")
+    b.js(f"[...document.querySelectorAll('a')].find(a => a.innerText.trim() === '{DAG}').click()")
+    b.wait_for(
+        f"location.pathname.endsWith('/dags/{DAG}') && document.body.innerText.includes('Latest Dag Version')",
+        what="the DAG page",
+    )
+    assert "replicate one source into one target" in b.text()  # the DAG's markdown doc
+    b.wait_for("[...document.querySelectorAll('button')].some(e => e.innerText.trim() === 'Trigger')", what="Trigger")
+
+    # trigger epoch 1 with the params form
+    assert b.click_text("Trigger")
+    b.wait_for("!!document.querySelector('[role=dialog] input[name=element_epoch]')", what="the trigger form")
+    assert b.js("(() => {const e = document.querySelector('input[name=element_epoch]'); e.focus(); return true;})()")
+    b.send("Input.insertText", {"text": "1"})
+    assert b.js("document.querySelector('input[name=element_epoch]').value") == "1"
+    shots.append(b.screenshot(OUTPUT / "01_trigger_form.png"))
+    assert b.click_text("Trigger", selector="[role=dialog] button")
+
+    # the run appears and succeeds, as the UI shows it
+    deadline = time.monotonic() + 1200
+    run = None
+    while time.monotonic() < deadline:
+        runs = [r for r in stack.runs(DAG) if r["run_type"] == "manual"]
+        if runs and runs[-1]["state"] in ("success", "failed"):
+            run = runs[-1]
+            break
+        time.sleep(10)
+    assert run is not None, f"the triggered run did not finish:\n{stack.airflow.tail()}"
+    assert run["conf"]["epoch"] == 1
+    assert run["state"] == "success", stack.task_states(DAG, run["dag_run_id"])
+    b.goto(f"{stack.url}/dags/{DAG}/runs")
+    b.wait_for(f"document.body.innerText.includes('{run['dag_run_id']}')", what="the run in the list")
+    b.wait_for("document.body.innerText.toLowerCase().includes('success')", what="the success state")
+    shots.append(b.screenshot(OUTPUT / "02_run_succeeded.png"))
+    states = stack.task_states(DAG, run["dag_run_id"])
+    assert states["commit"] == "success" and states["rollback"] == "skipped"
+    committed, rows = replica(stack.config, "local", stack.env)
+    assert committed == 1 and rows == truth(stack.sim, 1)
+    assert all(s.stat().st_size > 10_000 for s in shots)  # real screenshots, not blank files
