@@ -42,7 +42,14 @@ def render(dag, task_id, epochs, params=None):
     task = dag.get_task(task_id)
     context = {
         "ti": FakeTI(epochs),
-        "params": {"epoch": None, "dry_run": False, "whole_file": False, "max_epochs_per_run": 1, **(params or {})},
+        "params": {
+            "epoch": None,
+            "dry_run": False,
+            "whole_file": False,
+            "inject_failure": "",
+            "max_epochs_per_run": 1,
+            **(params or {}),
+        },
     }
     task.render_template_fields(context)
     task.prepare(context)
@@ -149,6 +156,13 @@ def test_connections_from_airflow_are_handed_to_the_spark_job(dag, monkeypatch):
     monkeypatch.setenv("AIRFLOW_CONN_REPLICA_S3", task.env_vars["AIRFLOW_CONN_REPLICA_S3"])
     s3 = resolve_s3("replica_s3")
     assert (s3.access_key, s3.secret_key, s3.endpoint_url) == ("key", "secret", "http://127.0.0.1:9")
+
+
+def test_inject_failure_param_reaches_the_apply_only(dag):
+    _, cmd = render(dag, "apply", epochs(2, 2), params={"inject_failure": "after=3,epoch=2"})
+    assert cmd[-2:] == ["--inject-failure", "after=3,epoch=2"]
+    _, cmd = render(dag, "verify", epochs(2, 2), params={"inject_failure": "after=3"})
+    assert "--inject-failure" not in cmd
 
 
 def test_dry_run_skips_apply_and_verify(dag):

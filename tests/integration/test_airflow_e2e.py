@@ -32,9 +32,9 @@ def test_three_epochs_then_a_failed_apply_rolls_back_and_the_retry_succeeds(stac
         assert committed == epoch
         assert rows == truth(sim, epoch), f"replica differs from the ground truth at epoch {epoch}"
 
-    # epoch 4: the apply fails after 3 mutations (the fault fires once per target and epoch)
-    failing = dict(env, EPOCHSYNC_INJECT_FAILURE="after=3,epoch=4,target=local")
-    run = dagtest(failing, DAG, 4)
+    # epoch 4: the apply fails after 3 mutations (the DAG's fault param; it fires once per target and epoch)
+    fault = {"inject_failure": "after=3,epoch=4"}
+    run = dagtest(env, DAG, 4, conf=fault)
     assert run["state"] == "failed"
     assert run["tasks"]["apply"] == "failed"
     assert run["tasks"]["verify"] == run["tasks"]["commit"] == "upstream_failed"
@@ -45,7 +45,7 @@ def test_three_epochs_then_a_failed_apply_rolls_back_and_the_retry_succeeds(stac
     assert committed == 3
     assert rows == truth(sim, 3), "after rollback the replica must equal epoch 3 exactly"
 
-    run = dagtest(failing, DAG, 4)
+    run = dagtest(env, DAG, 4, conf=fault)
     assert run["state"] == "success", run["log"][-6000:]
     committed, rows = replica(config, "local", env)
     assert committed == 4

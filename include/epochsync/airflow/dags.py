@@ -29,6 +29,10 @@ TRANSIENT_STAGES = ("ingest", "merge", "translate")
 _FIRST = "{{ ti.xcom_pull(task_ids='" + EPOCHS_TASK + "')['first'] }}"
 _THROUGH = "{{ ti.xcom_pull(task_ids='" + EPOCHS_TASK + "')['through'] }}"
 _WHOLE_FILE = "{{ '--whole-file' if ti.xcom_pull(task_ids='" + EPOCHS_TASK + "')['whole_file'] else '' }}"
+_INJECT = [
+    "{{ '--inject-failure' if params.inject_failure else '' }}",
+    "{{ params.inject_failure if params.inject_failure else '' }}",
+]
 _DRY_RUN = "{{ '--dry-run' if ti.xcom_pull(task_ids='" + EPOCHS_TASK + "')['dry_run'] else '' }}"
 
 
@@ -123,6 +127,13 @@ def build_epoch_dag(
                 type="boolean",
                 description="Pull every changed file whole instead of only its modified extents.",
             ),
+            "inject_failure": Param(
+                "",
+                type="string",
+                title="inject_failure (demo and tests)",
+                description="Fault spec for the apply stage, e.g. 'after=3': fail after 3 mutations to see "
+                "the rollback (fires once per target and epoch). Empty: no fault.",
+            ),
             "max_epochs_per_run": Param(
                 1,
                 type="integer",
@@ -164,7 +175,7 @@ def build_epoch_dag(
         ingest = stage("ingest", [*common, "--source", source.name, *tgt])
         merge = stage("merge", [*common, *tgt, _WHOLE_FILE])
         translate = stage("translate", [*common, *tgt, _WHOLE_FILE, _DRY_RUN])
-        apply = stage("apply", [*common, *tgt, _WHOLE_FILE], skip_in_dry_run=True)
+        apply = stage("apply", [*common, *tgt, _WHOLE_FILE, *_INJECT], skip_in_dry_run=True)
         verify = stage("verify", [*common, *tgt], skip_in_dry_run=True)
         from airflow.providers.standard.operators.python import PythonOperator
 
