@@ -158,7 +158,20 @@ class S3Access:
     @property
     def client(self):
         if self._client is None:
-            self._client = self.settings.client(max_attempts=1)
+            import boto3
+            from botocore.config import Config
+
+            st = self.settings
+            # total_max_attempts=1: botocore does not retry (its max_attempts counts
+            # retries, not attempts); every retry is ours, counted and bounded
+            self._client = boto3.client(
+                "s3", endpoint_url=st.endpoint_url, aws_access_key_id=st.access_key,
+                aws_secret_access_key=st.secret_key, region_name=st.region,
+                config=Config(
+                    s3={"addressing_style": "path"}, retries={"total_max_attempts": 1, "mode": "standard"},
+                    connect_timeout=5, read_timeout=60, max_pool_connections=16,
+                ),
+            )  # fmt: skip
             self.counters.attach(self._client)
         return self._client
 

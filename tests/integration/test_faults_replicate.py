@@ -1,0 +1,142 @@
+"""Fault injection on a real pipeline: the target ends exactly at E-1 after a rollback,
+or exactly at E after retries, never in between; a rerun then succeeds.
+
+A simulated source (SeaweedFS) is replicated to epoch 1 into a posix and an s3 target;
+epoch 2 is then applied with failures: after k mutations for several k (before
+anything, in the middle of the namespace operations, inside the executors' data phase,
+at the last post operation), a process killed with SIGKILL mid-apply, S3 503s and
+connection resets from a loopback fault proxy in front of the source store.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from epochsync.errors import EpochsyncError
+from epochsync.journal import journal_dir, journal_exists, read_json
+from epochsync.pipeline import (
+    check_preconditions,
+    committed_epoch,
+    plan_path,
+    rollback_target,
+    run_apply,
+    run_translate,
+    run_verify,
+)
+from epochsync.targets import open_target
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_replicate_e2e import (  # noqa: E402
+    assert_equals_truth,
+    ingest_epoch,
+    merge_once,
+    replicate_epoch,
+    simulate,
+)
+
+pytestmark = pytest.mark.integration
+TARGETS = ("local", "s3")
+
+
+@pytest.fixture(scope="module")
+def hist(seaweed, tmp_path_factory, spark):
+    out, cfg = simulate(seaweed, tmp_path_factory.mktemp("faults"), 2, seed=23)
+    cfg = cfg.__class__(cfg.file, cfg.warehouse, cfg.sources, tuple(t for t in cfg.targets if t.name in TARGETS))
+    for e in (1, 2):
+        ingest_epoch(spark, cfg, e)
+        merge_once(spark, cfg, e)
+    for t in TARGETS:
+        replicate_epoch(spark, cfg, t, 1)
+        run_translate(cfg, t, 2, spark)
+    return out, cfg
+
+
+def back_at_1(hist, t, spark):
+    out, cfg = hist
+    r = rollback_target(cfg, t, spark)
+    assert r["committed"] == 1
+    assert not journal_exists(journal_dir(cfg.warehouse, t, 2))
+    assert committed_epoch(cfg, t) == 1
+    assert_equals_truth(open_target(cfg.target(t)), out, 1)
+    # rollback is idempotent: nothing left to do
+    assert rollback_target(cfg, t, spark)["rolled_back"] == []
+
+
+def mutation_points(cfg, t) -> list[int]:
+    plan = read_json(plan_path(cfg, t, 2))
+    ns, data, post = len(plan["namespace"]), len(plan["data"]), len(plan["post"])
+    assert ns + data + post >= 3
+    # before anything; mid namespace; inside the executors' data phase; the last post op
+    points = {0, max(0, ns // 2), ns + max(0, data // 2), ns + data + post - 1}
+    return sorted(p for p in points if p < ns + data + post)
+
+
+@pytest.mark.parametrize("t", TARGETS)
+def test_fail_after_k_mutations_then_rollback_then_rerun(hist, spark, t):
+    out, cfg = hist
+    for k in mutation_points(cfg, t):
+        with pytest.raises(EpochsyncError, match="injected failure"):
+            run_apply(cfg, t, 2, spark, inject=f"after={k},epoch=2,repeat=1")
+        assert journal_exists(journal_dir(cfg.warehouse, t, 2))
+        assert check_preconditions(cfg, t, 2)["action"] == "rollback_first"
+        back_at_1(hist, t, spark)
+    # a rerun without the fault reaches epoch 2 exactly (verified), then is undone for the next test
+    run_apply(cfg, t, 2, spark)
+    run_verify(cfg, t, 2, spark)
+    assert_equals_truth(open_target(cfg.target(t)), out, 2)
+    back_at_1(hist, t, spark)
+
+
+@pytest.mark.parametrize("t", TARGETS)
+def test_process_killed_mid_apply(hist, spark, t):
+    out, cfg = hist
+    plan = read_json(plan_path(cfg, t, 2))
+    k = max(1, len(plan["namespace"]) // 2 + len(plan["data"]) // 2)
+    code = (
+        "import sys; from epochsync.pipeline import run_apply; "
+        f"run_apply(sys.argv[1], {t!r}, 2, None, inject='after={k},mode=kill,repeat=1')"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, cfg.file], start_new_session=True, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    assert journal_exists(journal_dir(cfg.warehouse, t, 2))
+    # the next run finds the unfinished epoch, rolls it back first, then applies
+    run_apply(cfg, t, 2, spark)
+    run_verify(cfg, t, 2, spark)
+    assert_equals_truth(open_target(cfg.target(t)), out, 2)
+    back_at_1(hist, t, spark)
+
+
+def test_s3_503s_and_resets_are_retried_or_fail_clearly(hist, spark, seaweed):
+    from epochsync.s3proxy import S3Proxy
+
+    out, cfg = hist
+    t = "s3"
+    plain = os.environ["AIRFLOW_CONN_SOURCE_S3"]
+    with S3Proxy(seaweed.url) as proxy:
+        os.environ["AIRFLOW_CONN_SOURCE_S3"] = plain.replace(seaweed.url, proxy.url)
+        try:
+            # transient: two 503s and a dropped connection on the source's GETs
+            proxy.add_fault("503", method="GET", nth=1, times=2)
+            proxy.add_fault("reset", method="GET", nth=4, times=1)
+            fig = run_apply(cfg, t, 2, spark)
+            assert (
+                fig["source_requests"]["retries"] >= 2
+            )  # a reset on a kept-alive connection may be re-sent below botocore
+            run_verify(cfg, t, 2, spark)
+            assert_equals_truth(open_target(cfg.target(t)), out, 2)
+            back_at_1(hist, t, spark)
+            # permanent: every GET fails; a bounded number of attempts, then a clear error
+            proxy.clear_faults()
+            proxy.add_fault("503", method="GET", nth=1, times=10_000)
+            with pytest.raises(EpochsyncError, match="failed after 6 attempts"):
+                run_apply(cfg, t, 2, spark)
+            back_at_1(hist, t, spark)
+        finally:
+            os.environ["AIRFLOW_CONN_SOURCE_S3"] = plain
