@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import base64
 import stat
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,7 +100,7 @@ def type_of_mode(mode: int | None) -> str:
     return OTHER
 
 
-@dataclass
+@dataclass(slots=True)
 class Node:
     """One fid of the model."""
 
@@ -185,7 +185,12 @@ class FsModel:
 
     def snapshot_rows(self) -> list[dict[str, Any]]:
         """Every existing fid as a snapshot row, sorted by fid."""
-        return [self.nodes[f].row() for f in sorted(self.nodes)]
+        return list(self.iter_snapshot_rows())
+
+    def iter_snapshot_rows(self) -> Iterator[dict[str, Any]]:
+        """:meth:`snapshot_rows` one at a time (large namespaces)."""
+        for f in sorted(self.nodes):
+            yield self.nodes[f].row()
 
     # ------------------------------------------------------------------ queries
 

@@ -58,7 +58,7 @@ import shutil
 import stat
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -840,15 +840,18 @@ class Workload:
 
     def truth(self) -> list[dict[str, Any]]:
         """Ground-truth rows of the current state (see the module docstring)."""
+        return list(self.iter_truth())
+
+    def iter_truth(self) -> Iterator[dict[str, Any]]:
+        """:meth:`truth` one row at a time (large namespaces)."""
         import base64
 
-        rows = []
         for path, fid in sorted(self.model.paths().items()):
             node = self.model.nodes[fid]
             sha = None
             if node.type == FILE and node.data is not None:
                 sha = hashlib.sha256(node.data).hexdigest()
-            rows.append(
+            yield (
                 {
                     "path": path,
                     "type": node.type,
@@ -863,7 +866,6 @@ class Workload:
                     "mtime_ns": node.mtime_ns,
                 }
             )
-        return rows
 
     def contents(self) -> dict[str, bytes]:
         return {fid: bytes(n.data) for fid, n in self.model.nodes.items() if n.type == FILE and n.data is not None}
@@ -1228,18 +1230,19 @@ def run_simulate(args) -> int:
                 with open(out / "changelogs" / s / name, "w", encoding="utf-8") as f:
                     for r in recs:
                         f.write(record_to_json(r) + "\n")
-        truth = w.truth()
+        n_paths = 0
         with open(out / "truth" / f"epoch={e}.jsonl", "w", encoding="utf-8") as f:
-            for row in truth:
+            for row in w.iter_truth():
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
+                n_paths += 1
         snap_dir = out / "snapshot" / f"epoch={e}"
         snap_dir.mkdir(parents=True)
         with open(snap_dir / "part-0.jsonl", "w", encoding="utf-8") as f:
-            for row in w.model.snapshot_rows():
+            for row in w.model.iter_snapshot_rows():
                 f.write(json.dumps(snapshot_row_to_json(row), ensure_ascii=False) + "\n")
         uploaded = f", {len(w.uploads)} object versions stored, {len(w.deletes)} deleted" if store else ""
         print(
-            f"simulate: epoch {e}/{cfg.epochs}: {n_records:,} records, {len(truth):,} paths{uploaded} "
+            f"simulate: epoch {e}/{cfg.epochs}: {n_records:,} records, {n_paths:,} paths{uploaded} "
             f"({time.monotonic() - t0:.1f}s)",
             file=sys.stderr,
             flush=True,
