@@ -25,10 +25,10 @@ Airflow sensor calls it before ingest. Nothing heavy is imported at module level
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import json
 import os
-import re
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -46,9 +46,6 @@ BATCH_RECORDS = 32768
 #: Bad records kept per file for the error message and the quarantine (the rest are counted).
 MAX_ERRORS_PER_FILE = 10000
 
-_BOM = b"\xef\xbb\xbf"
-#: a whitespace-only line (Python's json treats it as blank; the fast path wants none)
-_BLANK_LINE = re.compile(rb"(?:\A|\n)[ \t\r\f\v]*(?:\n|\Z)")
 #: what base64.b64decode(validate=True) accepts
 _BASE64 = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 
@@ -467,6 +464,9 @@ class IngestJob:
     epoch_of_time: Callable[[int], int] | None = None
     start_ns: int = 0
     interval_ns: int = 1
+    #: local staging directory the executors write Parquet into themselves (a local or
+    #: shared-file-system warehouse); None: they hand batches to Spark's writer
+    staging_dir: str | None = None
 
 
 @dataclass
@@ -727,9 +727,13 @@ def _fast_chunk(chunk: bytes, server: str, read_schema):
     import pyarrow.json as pj
 
     body = chunk[:-1] if chunk.endswith(b"\n") else chunk
-    if not body or chunk.startswith(_BOM) or _BLANK_LINE.search(body):
+    # Every line must start with "{" and end with "}": no blank lines (the importer skips
+    # them), no object spread over lines; with one row per line below, each line is then
+    # exactly one object. Counting bytes is far cheaper than a regular expression.
+    newlines = body.count(b"\n")
+    if body[:1] != b"{" or body[-1:] != b"}" or body.count(b"\n{") != newlines or body.count(b"}\n") != newlines:
         return None
-    lines = body.count(b"\n") + 1
+    lines = newlines + 1
     try:
         table = pj.read_json(
             io.BytesIO(chunk),
@@ -985,10 +989,14 @@ def _task_runner(tasks: list[list[ChangelogFile]], job: IngestJob, acc):
     """The ``mapInArrow`` function: each input row names a task (a file, or a server's files).
 
     JSON Lines files stand alone; other formats carry MARK epochs and index order from
-    file to file of a server, so a task is all of that server's files, in order.
+    file to file of a server, so a task is all of that server's files, in order. With
+    ``job.staging_dir`` the task writes the Parquet files itself and yields one report
+    row per file; otherwise it yields the records and reports through ``acc``.
     """
 
     def run(batches):
+        import pyarrow as pa
+
         from epochsync.formats.common import ParseContext
 
         out_schema, read_schema = _arrow_schemas()
@@ -1001,10 +1009,49 @@ def _task_runner(tasks: list[list[ChangelogFile]], job: IngestJob, acc):
                         produced = _ingest_jsonl_file(sink, read_schema)
                     else:
                         produced = _ingest_server_file(sink, context)
-                    yield from _timed(produced, sink.report)
-                    acc.add([_report_to_dict(sink.finish())])
+                    if job.staging_dir is None:
+                        yield from _timed(produced, sink.report)
+                        acc.add([_report_to_dict(sink.finish())])
+                    else:
+                        _write_parquet(_timed(produced, sink.report), job.staging_dir, f, out_schema)
+                        report = json.dumps(_report_to_dict(sink.finish()))
+                        yield pa.RecordBatch.from_arrays([pa.array([report])], names=["report"])
 
     return run
+
+
+def _write_parquet(batches: Iterable, staging_dir: str, f: ChangelogFile, schema) -> None:
+    """Write ``batches`` as ``epoch=E/server=X/part-*.parquet`` under ``staging_dir`` (Spark's layout).
+
+    Partition columns live in the path only, as Spark writes them. File names are a
+    function of the file (a retried task overwrites its own output) and appear only
+    when complete (written under a hidden name, then renamed).
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    data_fields = [fld for fld in schema if fld.name not in ("epoch", "server")]
+    data_schema = pa.schema(data_fields)
+    writers: dict[int, tuple[pq.ParquetWriter, str, str]] = {}
+    try:
+        for batch in batches:
+            epochs = batch.column("epoch")
+            for e in pc.unique(epochs).to_pylist():
+                part = batch if pc.all(pc.equal(epochs, e)).as_py() else batch.filter(pc.equal(epochs, e))
+                if e not in writers:
+                    d = os.path.join(staging_dir, f"epoch={e}", f"server={f.server}")
+                    os.makedirs(d, exist_ok=True)
+                    final = os.path.join(d, f"part-{f.ordinal:06d}-{f.server}.snappy.parquet")
+                    tmp = os.path.join(d, f".{os.path.basename(final)}.tmp")
+                    writers[e] = (pq.ParquetWriter(tmp, data_schema, compression="snappy"), tmp, final)
+                cols = [part.column(fld.name) for fld in data_fields]
+                writers[e][0].write_batch(pa.RecordBatch.from_arrays(cols, schema=data_schema))
+    finally:
+        for writer, _, _ in writers.values():
+            writer.close()
+    for _, tmp, final in writers.values():
+        os.replace(tmp, final)
 
 
 def _report_to_dict(rep: FileReport) -> dict:
@@ -1087,13 +1134,16 @@ def run_ingest(
     *,
     consumer: str | None = None,
     progress: Callable[[str], None] | None = None,
+    writer: str = "auto",
 ) -> dict:
     """Ingest epochs ``first_epoch..last_epoch`` of ``source`` into the warehouse; returns figures.
 
     Raises :class:`IngestError` (nothing written) when a server has not closed
     ``last_epoch``, an index is missing, or a record is bad and the source does not say
     ``on_bad_record: quarantine``. ``consumer`` picks the cursor continuity starts from
-    (default: the minimum over the source's consumers).
+    (default: the minimum over the source's consumers). ``writer``: who writes the
+    Parquet — ``executors`` (pyarrow, into a local or shared-file-system warehouse),
+    ``spark`` (Spark's writer, any warehouse URI), ``auto`` (executors for ``file://``).
     """
     from epochsync.schema import record_struct_type
     from epochsync.spark import spark_session
@@ -1134,13 +1184,22 @@ def run_ingest(
         tasks = [fl for fl in files.values() if fl]
     acc = _list_accumulator(spark)
     staging = f"{wh.records(source)}/_ingest-{uuid.uuid4().hex[:12]}"
-    schema = record_struct_type()
+    local = writer == "executors" or (writer == "auto" and staging.startswith("file://"))
+    if local:
+        # executors write Parquet with pyarrow straight into a local (or shared) staging
+        # directory: no Arrow → row conversion and no sort in the JVM (about half the time)
+        job = dataclasses.replace(job, staging_dir=local_path(staging))
     try:
         if tasks:
             ids = spark.range(0, len(tasks), 1, numPartitions=len(tasks))
-            df = ids.mapInArrow(_task_runner(tasks, job, acc), schema)
-            df.write.mode("overwrite").partitionBy("epoch", "server").parquet(staging)
-        reports = _dedupe(acc.value)
+            if local:
+                rows = ids.mapInArrow(_task_runner(tasks, job, acc), "report string").collect()
+                reports = _dedupe([json.loads(r["report"]) for r in rows])
+            else:
+                df = ids.mapInArrow(_task_runner(tasks, job, acc), record_struct_type())
+                df.write.mode("overwrite").partitionBy("epoch", "server").parquet(staging)
+        if not local or not tasks:
+            reports = _dedupe(acc.value)
         result = _judge(src, job, files, reports)
         _commit(spark, wh, src, job, staging, result)
     finally:

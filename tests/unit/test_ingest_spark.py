@@ -140,7 +140,9 @@ def test_quarantine_mode_sets_bad_lines_aside_and_goes_on(spark, tmp_path):
 def test_rerun_overwrites_only_its_epochs(spark, tmp_path):
     write_changelogs(tmp_path, {"MDT0000/a.jsonl": MDT, "OST0000/a.jsonl": OST})
     cfg = config(tmp_path)
-    run_ingest(cfg, "src", 1, 2, spark)
+    # the first run through Spark's own Parquet writer (any warehouse URI), the rerun
+    # through the executors' (local warehouses): same layout, one table
+    run_ingest(cfg, "src", 1, 2, spark, writer="spark")
     changed = MDT[3].replace(xattr_value=b"new")
     write_changelogs(tmp_path, {"MDT0000/a.jsonl": [*MDT[:3], changed, *MDT[4:]]})
     run_ingest(cfg, "src", 2, 2, spark)

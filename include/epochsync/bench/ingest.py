@@ -219,6 +219,7 @@ class TreeSampler:
 def _config(base: Path, fmt: str, servers: list[str]):
     from epochsync.config import config_from_dict
 
+    base = base.resolve()
     return config_from_dict(
         {
             "warehouse": f"file://{base / 'warehouse'}",
