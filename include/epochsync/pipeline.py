@@ -434,10 +434,11 @@ def _closed(cfg: Config, source: str, epoch: int) -> list[str]:
     return sorted(missing_epoch_servers(cfg, source, epoch))
 
 
-def _ingest(cfg: Config, source: str, first: int, last: int, spark) -> dict:
+def _ingest(cfg: Config, source: str, first: int, last: int, spark, consumer: str | None = None) -> dict:
     from epochsync.ingest import run_ingest
 
-    return run_ingest(cfg, source, first, last, spark)
+    # continuity is checked from this target's own cursor (it is the consumer)
+    return run_ingest(cfg, source, first, last, spark, consumer=consumer)
 
 
 def replicate(
@@ -500,7 +501,7 @@ def _replicate_epoch(cfg: Config, tcfg: TargetConfig, e: int, spark, inject, who
             write_stage_stats(cfg.warehouse, tcfg.name, e, name, {**_plain(out), "seconds": round(took, 3)})
         return out
 
-    step("ingest", lambda: _ingest(cfg, src.name, e, e, spark), lambda o: _fmt(o, "records"))
+    step("ingest", lambda: _ingest(cfg, src.name, e, e, spark, tcfg.name), lambda o: _fmt(o, "records"))
     step("merge", lambda: run_merge(cfg, tcfg.name, e, e, spark), lambda o: _fmt(o, "changes"))
     step("translate", lambda: run_translate(cfg, tcfg, e, spark, whole_file=whole_file),
          lambda o: f": {o['namespace_ops']} namespace, {o['data_ops']} data, {o['post_ops']} post operations")  # fmt: skip

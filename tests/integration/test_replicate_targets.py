@@ -228,3 +228,45 @@ def test_manifest_round_trip_and_walk_hides_control_area(env, target):
     assert target.read_manifest()["epoch"] == 3
     assert target.fence_time_ns() is not None
     assert list(target.walk()) == []
+
+
+@pytest.mark.parametrize("fail_at", [None, 3])
+def test_s3_partial_update_of_a_large_object_copies_unchanged_parts_server_side(env, fail_at, tmp_path):
+    from epochsync.faults import FaultCounter, FaultSpec, InjectedFailure
+
+    name = "big" + uuid.uuid4().hex[:6]
+    cfg = TargetConfig(name=name, source="sim", kind="s3", conn_id="contract_s3", bucket="replica-contract",
+                       prefix=f"{name}/")  # fmt: skip
+    target = open_target(cfg)
+    target.ensure_bucket()
+    mib = 1024 * 1024
+    data = os.urandom(11 * mib)
+    v1 = env["source"].put("B" + name, data)
+    fid = "B" + name
+    f1 = row("file", size=len(data), version=v1, fid=fid)
+    run(env, target, [entry(fid, new=f1, new_paths=["big"])], 1)
+    before = target.read_file("big")
+    assert before == data
+
+    new = bytearray(data)
+    new[6 * mib : 6 * mib + 100] = os.urandom(100)
+    v2 = env["source"].put(fid, bytes(new))
+    f2 = row("file", size=len(new), version=v2, fid=fid)
+    entries = [entry(fid, old=f1, new=f2, old_paths=["big"], new_paths=["big"], change=change([(6 * mib, 100)]))]
+    if fail_at is None:
+        plan, _, fig, _ = run(env, target, entries, 2)
+        (op,) = plan["data"]
+        assert op["write"] == {"mode": "multipart", "parts": [{"copy": [0, 6 * mib]}, {"upload": [6 * mib, 11 * mib]}]}
+        assert target.read_file("big") == bytes(new)
+        assert fig["bytes_copied"] == 6 * mib  # no byte of the unchanged 6 MiB travelled
+        assert fig["bytes_pulled"] == 100  # only the changed range came from the source
+        return
+    # fail between the parts of the multipart upload: rollback aborts it, the old version stays
+    counter = FaultCounter(FaultSpec(after=fail_at), str(tmp_path / "c"), str(tmp_path / "f"))
+    with pytest.raises(InjectedFailure):
+        run(env, target, entries, 2, inject=counter)
+    c = env["seaweed"].client()
+    assert c.list_multipart_uploads(Bucket="replica-contract", Prefix=f"{name}/").get("Uploads")
+    rollback(target, str(env["tmp"] / f"undo-{target.name}-2"))
+    assert not c.list_multipart_uploads(Bucket="replica-contract", Prefix=f"{name}/").get("Uploads")
+    assert target.read_file("big") == data
