@@ -204,3 +204,48 @@ def test_gluster_changelog_is_one_time_window_epoch(spark, tmp_path):
     assert {r.epoch for r in want} == {2} and want[-1].type == "EPOCH"
     assert stats["records"] == len(want)
     assertDataFrameEqual(read_records(spark, cfg.warehouse, "src", 2), expected(spark, want))
+
+
+def _spark_app_main():
+    import runpy
+
+    return runpy.run_path("spark_apps/ingest.py")["main"]
+
+
+def test_spark_app_prints_per_server_progress_and_fails_with_one_line(spark, tmp_path, capsys):
+    write_changelogs(tmp_path, {"MDT0000/a.jsonl": MDT, "OST0000/a.jsonl": OST})
+    cfg_file = tmp_path / "epochsync.yaml"
+    cfg_file.write_text(
+        json.dumps(
+            {
+                "warehouse": f"file://{tmp_path}/wh",
+                "sources": [
+                    {
+                        "name": "src",
+                        "root_fid": "[0x200000007:0x1:0x0]",
+                        "servers": ["MDT0000", "OST0000"],
+                        "changelogs": {"uri": str(tmp_path / "cl"), "format": "jsonl"},
+                        "store": {"conn_id": "store", "bucket": "data"},
+                        "epoch": {"interval": "5m", "start": "2026-01-01T00:00:00Z"},
+                    }
+                ],
+            }
+        )
+    )
+    main = _spark_app_main()
+    assert main(["--config", str(cfg_file), "--source", "src", "--epoch", "1", "--through", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[2:4] == [
+        "MDT0000: 6 records of epochs 1..2, closed through epoch 2, 0 bad",
+        "OST0000: 3 records of epochs 1..2, closed through epoch 2, 0 bad",
+    ]
+    assert out[4].startswith("ingested 9 records of source src epochs 1..2 in ")
+
+    assert main(["--config", str(cfg_file), "--source", "src", "--epoch", "3"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "ingest failed: epoch 3 of source 'src' is not closed: waiting for MDT0000 (closed through 2), "
+        "OST0000 (closed through 2); ingest runs only on closed epochs (the sensor waits for them)"
+    ]
+    assert main(["--config", str(cfg_file), "--source", "nope", "--epoch", "1"]) == 1
+    assert "no source named 'nope' (have: src)" in capsys.readouterr().err
