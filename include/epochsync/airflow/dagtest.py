@@ -49,7 +49,7 @@ def run_epoch(dag_id: str, epoch: int, *, dags_folder: str | None = None, conf: 
         tis = session.scalars(
             select(TaskInstance).where(TaskInstance.dag_id == dag_id, TaskInstance.run_id == dr.run_id)
         ).all()
-        tasks = {ti.task_id: (str(ti.state.value) if ti.state else None) for ti in tis}
+        tasks = {ti.task_id: (str(getattr(ti.state, "value", ti.state)) if ti.state else None) for ti in tis}
         tries = {ti.task_id: ti.try_number for ti in tis}
     state = dr.state.value if hasattr(dr.state, "value") else str(dr.state)
     return {"dag_id": dag_id, "epoch": epoch, "run_id": dr.run_id, "state": state, "tasks": tasks, "tries": tries}
