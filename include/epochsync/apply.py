@@ -96,34 +96,42 @@ def run_data_op(op: dict, target, journal, source_io, source_bucket: str) -> dic
         return {"pulled": pulled.bytes, "written": written}
     from epochsync.targets.s3 import encode_meta
 
-    meta = encode_meta(op["attrs"]) if "stripe_index" not in op else {}
+    if op.get("stripes"):
+        # a striped target: the pulled file bytes feed each target stripe object
+        ss, sc = int(target.cfg.stripe_size), int(target.cfg.stripe_count)
+        for sp in op["stripes"]:
+
+            def to_file(o, n, ss=ss, sc=sc, idx=sp["stripe_index"]):
+                return object_range_to_file(ss, sc, idx, o, n)
+
+            written += _write_object(target, journal, state, pulled, sp, sp["key"], int(sp["new_len"]), {}, to_file)
+        return {"pulled": pulled.bytes, "written": written}
+    meta = encode_meta(op["attrs"])
     key = op["key"]
-    to_file = None
     length = int(op["new_size"])
-    if "stripe_index" in op:
-        ss, sc, idx = int(target.cfg.stripe_size), int(target.cfg.stripe_count), op["stripe_index"]
-        length = int(op["new_len"])
-
-        def to_file(o, n, ss=ss, sc=sc, idx=idx):
-            return object_range_to_file(ss, sc, idx, o, n)
-
-    mode = op["write"]["mode"]
-    if mode == "delete":
-        target.delete(journal, state, key)
-    elif mode in ("put", "patch"):
-        body = _compose(target, op, state, pulled, 0, length, to_file)
-        target.put(journal, state, key, body, meta)
-        written += len(body)
-    else:
-        parts = [dict(p, base=op.get("base")) if "copy" in p else p for p in op["write"]["parts"]]
-        target.multipart(
-            journal, state, key, parts, meta, lambda a, b: _compose(target, op, state, pulled, a, b, to_file)
-        )
+    written += _write_object(target, journal, state, pulled, op, key, length, meta, None)
     for extra in op.get("extra_keys") or []:
         # hard links of an s3 path: one object per path, copied server-side from the first
         state.pop(key, None)
         target.copy(journal, state, extra, key, meta, length)
     return {"pulled": pulled.bytes, "written": written}
+
+
+def _write_object(target, journal, state, pulled, spec: dict, key: str, length: int, meta: dict, to_file) -> int:
+    """Write one target object as ``spec["write"]`` says (put, patch, multipart, delete)."""
+    mode = spec["write"]["mode"]
+    if mode == "delete":
+        target.delete(journal, state, key)
+        return 0
+    if mode in ("put", "patch"):
+        body = _compose(target, spec, state, pulled, 0, length, to_file)
+        target.put(journal, state, key, body, meta)
+        return len(body)
+    parts = [dict(p, base=spec.get("base")) if "copy" in p else p for p in spec["write"]["parts"]]
+    target.multipart(
+        journal, state, key, parts, meta, lambda a, b: _compose(target, spec, state, pulled, a, b, to_file)
+    )
+    return sum(p["upload"][1] - p["upload"][0] for p in parts if "upload" in p)
 
 
 def _data_partition(index: int, ops, target, source_io, source_bucket: str, jdir: str, faults):
@@ -155,6 +163,7 @@ def apply_plan(plan: dict, target, source_io, source_bucket: str, jdir: str, sta
     ops = []
     for op in plan["data"]:
         keys = [k for k in (op.get("key"), op.get("base"), *(op.get("extra_keys") or [])) if k]
+        keys += [k for sp in op.get("stripes") or [] for k in (sp["key"], sp.get("base")) if k]
         ops.append(dict(op, state={k: state[k] for k in keys if k in state}))
     results = []
     if ops:

@@ -489,10 +489,9 @@ def _plan_s3(entries: list[dict], target: dict, store: dict, epoch: int) -> dict
     fence.extend(old_keys.values())
     # stripe objects a striped write touches
     for op in data:
-        if "stripe_index" in op:
-            k = op["key"]
-            if k not in old_keys:
-                fence.append({"key": k, "present": bool(op.get("base")), "size": op.get("base_size")})
+        for sp in op.get("stripes") or []:
+            if sp["key"] not in old_keys:
+                fence.append({"key": sp["key"], "present": sp["had"], "size": sp["base_size"] if sp["had"] else None})
     ns.sort(key=lambda o: (o["key"].count("/"), o["key"]))
     return {"namespace": deletes + ns, "data": sorted(data, key=lambda o: o["key"]), "post": post,
             "fence": _dedupe_fence(fence, "key")}  # fmt: skip
@@ -510,7 +509,11 @@ def _write_mode(new_size: int, ranges: list, base: str | None, base_len: int, ta
 
 
 def _striped_data_ops(e: dict, target: dict, store: dict, same_type: bool) -> list[dict]:
-    """Layout translation proper: file ranges → the target's own stripe objects."""
+    """Layout translation proper: file ranges → the target's own stripe objects.
+
+    One operation per file: its source pulls are made once (coalesced per source
+    object) and feed every target stripe object the changed ranges touch.
+    """
     from epochsync.targets.s3 import stripe_key
 
     common = _data_common(e, target, store)
@@ -520,7 +523,7 @@ def _striped_data_ops(e: dict, target: dict, store: dict, same_type: bool) -> li
     for off, n in common["ranges"]:
         for idx, (oo, on) in file_range_to_objects(ss, sc, off, n).items():
             per_obj.setdefault(idx, []).append((oo, on))
-    ops = []
+    stripes = []
     for i in range(sc):
         new_len = object_size(ss, sc, i, common["new_size"])
         old_len = object_size(ss, sc, i, old_size) if same_type else 0
@@ -529,24 +532,12 @@ def _striped_data_ops(e: dict, target: dict, store: dict, same_type: bool) -> li
             continue
         key = stripe_key(e["fid"], i)
         base = key if (same_type and old_len and not common["whole"]) else None
-        if new_len == 0:
-            op = {**common, "key": key, "stripe_index": i, "base": base, "base_size": old_len, "delete": True}
-            op.update(pulls=[], ranges=[], obj_ranges=[], new_len=0, write={"mode": "delete"})
-            ops.append(op)
-            continue
-        # only the pulls this object needs
-        file_rs = []
-        from epochsync.layout import object_range_to_file
-
-        for oo, on in rs:
-            file_rs.extend(object_range_to_file(ss, sc, i, oo, on))
-        op = {**common, "key": key, "stripe_index": i, "base": base, "base_size": old_len, "extra_keys": []}
-        op["pulls"] = source_pulls(e["fid"], e["new"], merge_ranges(file_rs), store, int(target["coalesce_gap"]))
-        op["obj_ranges"] = [list(r) for r in rs]
-        op["new_len"] = new_len
-        op["write"] = _write_mode(new_len, rs, base, old_len, target)
-        ops.append(op)
-    return ops
+        write = {"mode": "delete"} if new_len == 0 else _write_mode(new_len, rs, base, old_len, target)
+        stripes.append({"key": key, "stripe_index": i, "base": base, "base_size": old_len, "had": old_len > 0,
+                        "obj_ranges": [list(r) for r in rs], "new_len": new_len, "write": write})  # fmt: skip
+    if not stripes:
+        return []
+    return [{**common, "key": stripes[0]["key"], "stripes": stripes, "extra_keys": []}]
 
 
 # --------------------------------------------------------------------------- Spark half

@@ -69,14 +69,15 @@ def env(seaweed, tmp_path_factory):
     return {"seaweed": seaweed, "source": src, "store": store, "tmp": tmp_path_factory.mktemp("contract")}
 
 
-@pytest.fixture(params=["posix", "s3"])
+@pytest.fixture(params=["posix", "s3", "s3-striped"])
 def target(request, env):
     name = "t" + uuid.uuid4().hex[:6]
     if request.param == "posix":
         cfg = TargetConfig(name=name, source="sim", kind="posix", path=str(env["tmp"] / name))
     else:
+        stripes = {"stripe_size": 1024, "stripe_count": 3} if request.param == "s3-striped" else {}
         cfg = TargetConfig(name=name, source="sim", kind="s3", conn_id="contract_s3", bucket="replica-contract",
-                           prefix=f"{name}/")  # fmt: skip
+                           prefix=f"{name}/", **stripes)  # fmt: skip
     t = open_target(cfg)
     if t.kind == "s3":
         t.ensure_bucket()
