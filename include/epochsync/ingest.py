@@ -491,7 +491,9 @@ class FileReport:
     fast_lines: int = 0
     slow_lines: int = 0
     bytes: int = 0
+    #: executor time reading, parsing and checking; and writing Parquet (executor writer)
     seconds: float = 0.0
+    write_seconds: float = 0.0
 
     def span(self) -> IndexSpan:
         return IndexSpan(
@@ -1013,7 +1015,9 @@ def _task_runner(tasks: list[list[ChangelogFile]], job: IngestJob, acc):
                         yield from _timed(produced, sink.report)
                         acc.add([_report_to_dict(sink.finish())])
                     else:
+                        started = time.perf_counter()
                         _write_parquet(_timed(produced, sink.report), job.staging_dir, f, out_schema)
+                        sink.report.write_seconds = time.perf_counter() - started - sink.report.seconds
                         report = json.dumps(_report_to_dict(sink.finish()))
                         yield pa.RecordBatch.from_arrays([pa.array([report])], names=["report"])
 
@@ -1171,7 +1175,9 @@ def run_ingest(
         start_ns=start_ns,
         interval_ns=interval_ns,
     )
+    phases: dict[str, float] = {}
     files = list_changelog_files(src, spark)
+    phases["list"] = time.perf_counter() - started
     for server in src.servers:
         fl = files.get(server, [])
         say(f"{server}: {len(fl)} changelog file(s), {sum(f.size for f in fl)} bytes")
@@ -1200,12 +1206,15 @@ def run_ingest(
                 df.write.mode("overwrite").partitionBy("epoch", "server").parquet(staging)
         if not local or not tasks:
             reports = _dedupe(acc.value)
+        phases["spark_job"] = time.perf_counter() - started - phases["list"]
         result = _judge(src, job, files, reports)
         _commit(spark, wh, src, job, staging, result)
     finally:
         _delete(spark, staging)
+    phases["check_and_commit"] = time.perf_counter() - started - phases["list"] - phases["spark_job"]
 
     stats = _stats(src, job, files, reports, result, time.perf_counter() - started)
+    stats["phase_seconds"] = {k: round(v, 3) for k, v in phases.items()}
     for server, s in stats["servers"].items():
         say(
             f"{server}: {s['records']} records of epochs {first_epoch}..{last_epoch}, "
@@ -1315,6 +1324,7 @@ def _stats(src, job: IngestJob, files, reports: list[dict], result: _Judgement, 
         "quarantined": result.bad_total,
         #: time the executors spent reading, parsing and checking (summed over tasks)
         "parse_seconds": round(sum(r["seconds"] for r in reports), 3),
+        "write_seconds": round(sum(r.get("write_seconds", 0.0) for r in reports), 3),
         "servers": servers,
         "seconds": round(seconds, 3),
     }
