@@ -246,19 +246,33 @@ def main(argv: list[str] | None = None) -> int:
         config = simulate_source(VAR / "demo", base_env, epochs=args.epochs, files=args.files)
         _ensure_bucket(endpoint, "replica")
         password = write_admin_password(args.home)
-        env = airflow_environment(args.home, port=port, config=config, connections=conns)
+        env = airflow_environment(
+            args.home,
+            port=port,
+            config=config,
+            connections=conns,
+            # the simulated epochs lie in the past: the scheduler creates no run by itself,
+            # the operator triggers epochs (or backfills them) and watches them in the UI
+            extra={"EPOCHSYNC_SCHEDULE_FROM": "never", "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False"},
+        )
         stack = AirflowStandalone(args.home, env, port)
         print("make airflow: starting airflow standalone (first start initialises the database) ...", flush=True)
         stack.start(timeout=600)
+        first, last = _epoch_dates(config, args.epochs)
         print(
             "\n"
             f"  Airflow UI   {stack.url}\n"
             f"  login        {ADMIN} / {password}\n"
-            f"  config       {config}\n"
+            f"  config       {config}  ({args.epochs} closed epochs)\n"
             f"  S3 endpoint  {endpoint.url}  (key {endpoint.access_key})\n"
             f"  logs         {stack.log_path}\n"
-            f"  DAGs         epochsync__sim__local, epochsync__sim__s3 (unpause, or trigger with "
-            f'{{"epoch": 1}})\n'
+            "  DAGs         epochsync__sim__local (posix replica), epochsync__sim__s3 (s3 replica),\n"
+            "               epochsync_hydrate__<target>, epochsync_purge__sim\n"
+            "\n"
+            "  Trigger epoch 1 in the UI (Trigger, param epoch = 1), or replay every epoch in order:\n"
+            f"    AIRFLOW_HOME={args.home} {Path(sys.executable).parent}/airflow backfill create \\\n"
+            f"      --dag-id epochsync__sim__s3 --from-date {first} --to-date {last}\n"
+            "  A failed epoch and its rollback: trigger the next epoch with inject_failure = after=3.\n"
             "\n  Ctrl-C stops Airflow and SeaweedFS.\n",
             flush=True,
         )
@@ -273,6 +287,14 @@ def main(argv: list[str] | None = None) -> int:
         if stack is not None:
             stack.stop()
         weed.stop()
+
+
+def _epoch_dates(config: Path, epochs: int) -> tuple[str, str]:
+    """The logical dates (window starts) of epoch 1 and of the last simulated epoch."""
+    from epochsync.config import load_config
+
+    epoch = load_config(config).sources[0].epoch
+    return epoch.window(1)[0].isoformat(), epoch.window(epochs)[0].isoformat()
 
 
 def _ensure_bucket(endpoint, bucket: str) -> None:

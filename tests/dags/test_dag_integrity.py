@@ -180,14 +180,17 @@ def test_ruff_bans_heavy_module_level_imports_in_dags():
         assert good.returncode == 0, good.stdout
 
 
-def test_schedule_from_moves_the_start_date_not_the_epoch_grid(dag_config, monkeypatch):
-    """EPOCHSYNC_SCHEDULE_FROM: scheduled runs from that time on; earlier epochs only by backfill or trigger."""
+def test_schedule_from_holds_the_scheduler_back_not_the_start_date(dag_config, monkeypatch):
+    """EPOCHSYNC_SCHEDULE_FROM: scheduled runs from that time on; earlier epochs by backfill or trigger."""
     from datetime import UTC, datetime
 
     monkeypatch.setenv("EPOCHSYNC_SCHEDULE_FROM", "2026-01-01T01:00:00Z")
     dag = dagbag(dag_config, monkeypatch).dags["epochsync__lustre1__dr"]
-    assert dag.start_date == datetime(2026, 1, 1, 1, 0, tzinfo=UTC)
-    assert dag.timetable.window(1).start == datetime(2026, 1, 1, tzinfo=UTC)
+    # the start date stays at the first epoch: manual runs of early epochs get their tasks
+    assert dag.start_date == datetime(2026, 1, 1, tzinfo=UTC)
+    assert dag.timetable.schedule_from == datetime(2026, 1, 1, 1, 0, tzinfo=UTC)
+    monkeypatch.setenv("EPOCHSYNC_SCHEDULE_FROM", "never")
+    assert dagbag(dag_config, monkeypatch).dags["epochsync__lustre1__dr"].timetable.schedule_from == "never"
     monkeypatch.setenv("EPOCHSYNC_SCHEDULE_FROM", "yesterday")
     bag = dagbag(dag_config, monkeypatch)
     assert "EPOCHSYNC_SCHEDULE_FROM" in "\n".join(bag.import_errors.values())

@@ -114,8 +114,6 @@ class SchedulerStack:
     """`airflow standalone` (what `make airflow` runs) on a free loopback port, with a simulated source."""
 
     def __init__(self, base: Path, seaweed, *, epochs: int = 3, files: int = 16, seed: int = 21):
-        from datetime import UTC, datetime
-
         from epochsync.devstack import AirflowStandalone, write_admin_password
         from epochsync.embedded import free_port
 
@@ -126,13 +124,12 @@ class SchedulerStack:
         self.port = free_port()
         home = base / "airflow-home"
         self.password = write_admin_password(home)
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         self.env = airflow_env(
             base,
             seaweed,
             config=self.config,
-            # scheduled runs only from now on: the simulated epochs run by backfill or trigger
-            extra={"AIRFLOW__API__PORT": str(self.port), "EPOCHSYNC_SCHEDULE_FROM": now},
+            # as `make airflow`: no scheduled run, the simulated epochs run by backfill or trigger
+            extra={"AIRFLOW__API__PORT": str(self.port), "EPOCHSYNC_SCHEDULE_FROM": "never"},
         )
         self.airflow = AirflowStandalone(home, self.env, self.port)
         self._token = None

@@ -138,6 +138,26 @@ def test_changed_interval_realigns_after_the_last_run(clock):
     assert info.data_interval == table.window(5)  # [28m, 35m): the window ending after 30m
 
 
+def test_schedule_from_holds_the_scheduler_back_but_not_backfills(clock):
+    table = EpochTimetable(START, 300, schedule_from=at(62))
+    # the scheduler (no end): the first epoch starting at or after 62m is epoch 14 [65m, 70m)
+    assert nxt(table, None).data_interval == table.window(14)
+    assert nxt(table, table.window(20)).data_interval == table.window(21)
+    # a backfill of 00:00..00:10 (it always has an end): epochs 1..3, untouched
+    assert nxt(table, None, latest=at(10)).data_interval == table.window(1)
+    assert nxt(table, table.window(2), latest=at(10)).data_interval == table.window(3)
+    assert nxt(table, table.window(3), latest=at(10)) is None
+
+
+def test_schedule_from_never_leaves_only_manual_runs_and_backfills(clock):
+    table = EpochTimetable(START, 300, schedule_from="never")
+    assert nxt(table, None) is None
+    assert nxt(table, table.window(4)) is None
+    assert nxt(table, None, latest=at(10)).data_interval == table.window(1)
+    assert table.infer_manual_data_interval(run_after=at(12)) == table.window(2)
+    assert "manual and backfill only" in table.summary
+
+
 def test_manual_run_gets_the_latest_closed_epoch():
     table = EpochTimetable(START, 300)
     assert table.infer_manual_data_interval(run_after=at(12)) == table.window(2)
@@ -169,7 +189,7 @@ def test_serialization_round_trip_through_airflow(monkeypatch):
     plugins_manager.get_timetables_plugins.cache_clear()
     assert "epochsync.airflow.timetable.EpochTimetable" in plugins_manager.get_timetables_plugins()
 
-    table = EpochTimetable(datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC), 420)
+    table = EpochTimetable(datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC), 420, schedule_from="2026-05-01T00:00:00Z")
     encoded = encode_timetable(table)
     assert encoded["__type"] == "epochsync.airflow.timetable.EpochTimetable"
     from airflow.serialization.decoders import decode_timetable
@@ -177,6 +197,8 @@ def test_serialization_round_trip_through_airflow(monkeypatch):
     back = decode_timetable(encoded)
     assert back == table
     assert back.window(5) == table.window(5)
+    assert back.schedule_from == datetime(2026, 5, 1, tzinfo=UTC)
+    assert decode_timetable(encode_timetable(EpochTimetable(START, 60, "never"))).schedule_from == "never"
     plugins_manager._get_plugins.cache_clear()
     plugins_manager.get_timetables_plugins.cache_clear()
 

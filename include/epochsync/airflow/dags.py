@@ -16,7 +16,7 @@ from airflow.task.trigger_rule import TriggerRule
 
 from epochsync.airflow.submit import EpochSparkSubmitOperator, package_zip
 from epochsync.airflow.tasks import EPOCHS_TASK, EpochClosedSensor, commit_task, config_path_from_env, rollback_task
-from epochsync.airflow.timetable import EpochTimetable
+from epochsync.airflow.timetable import NEVER, EpochTimetable
 from epochsync.config import Config, SourceConfig, TargetConfig, load_config
 
 log = logging.getLogger(__name__)
@@ -73,13 +73,13 @@ def build_epoch_dag(
     *,
     doc_md: str = "",
     catchup: bool = True,
-    schedule_from: datetime | None = None,
+    schedule_from: datetime | str | None = None,
 ) -> DAG:
     """``epochsync__<source>__<target>``: one run per epoch, wait → ingest → … → commit, rollback on failure.
 
-    ``schedule_from`` (default: the source's first epoch) is the DAG's start date: the
-    scheduler creates runs for the epochs starting at or after it; earlier epochs run
-    only when triggered or backfilled (a replica added to a source that is already old).
+    ``schedule_from`` (a time, or ``"never"``): the scheduler creates runs only for the
+    epochs starting at or after it; earlier epochs run when triggered or backfilled (a
+    replica added to a source that is already old, or a demo driven by hand).
     """
     cfg = config.file
     interval = source.epoch.interval_s
@@ -98,8 +98,10 @@ def build_epoch_dag(
         dag_id=epoch_dag_id(source.name, target.name),
         description=f"replicate {source.name} into {target.name}, one epoch per run",
         doc_md=doc,
-        schedule=EpochTimetable(source.epoch.start, interval),
-        start_date=max(source.epoch.start, schedule_from) if schedule_from else source.epoch.start,
+        schedule=EpochTimetable(source.epoch.start, interval, schedule_from),
+        # the epoch grid's start, never later: a manual run dated before the start date
+        # would get no task instances at all (and "succeed" doing nothing)
+        start_date=source.epoch.start,
         catchup=catchup,
         max_active_runs=1,
         tags=["epochsync", f"source:{source.name}", f"target:{target.name}"],
@@ -282,14 +284,14 @@ def dags_from_env(kind: str, doc_md: str) -> dict[str, DAG]:
         return {}
     config = load_config(path)
     catchup = os.environ.get("EPOCHSYNC_CATCHUP", "true").lower() not in ("0", "false", "no")
-    schedule_from = None
-    if os.environ.get("EPOCHSYNC_SCHEDULE_FROM"):
+    schedule_from: datetime | str | None = os.environ.get("EPOCHSYNC_SCHEDULE_FROM") or None
+    if schedule_from and schedule_from != NEVER:
         from epochsync.config import parse_datetime
 
         try:
-            schedule_from = parse_datetime(os.environ["EPOCHSYNC_SCHEDULE_FROM"])
+            schedule_from = parse_datetime(schedule_from)
         except ValueError as exc:
-            raise ValueError(f"EPOCHSYNC_SCHEDULE_FROM: {exc}") from None
+            raise ValueError(f"EPOCHSYNC_SCHEDULE_FROM: {exc} (or 'never')") from None
     out: dict[str, DAG] = {}
     if kind == "epoch":
         for t in config.targets:

@@ -19,6 +19,9 @@ from typing import Any
 
 from airflow.timetables.base import DagRunInfo, DataInterval, Timetable
 
+#: ``schedule_from`` value: the scheduler creates no run (manual runs and backfills only)
+NEVER = "never"
+
 
 def _as_utc(dt: datetime) -> datetime:
     import pendulum
@@ -61,33 +64,58 @@ class EpochTimetable(Timetable):
     ``restriction.earliest`` (the DAG's start date) and ``restriction.latest`` (end
     date) bound the epochs; with ``catchup=False`` the first run (or the next after a
     pause) is the latest epoch already closed, skipping older ones.
+
+    ``schedule_from`` (a time, or :data:`NEVER`) holds the *scheduler* back: it creates
+    runs only for epochs starting at or after it (none for NEVER), while backfills and
+    manual runs still reach every epoch. The DAG's start date cannot do this: a manual
+    run dated before it would get no task instances at all. The scheduler asks without
+    an end (``restriction.latest`` is None unless the DAG has an end date); a backfill
+    always gives its ``--to-date``.
     """
 
     description = "one run per epoch of the source"
 
-    def __init__(self, start: datetime, interval_s: float):
+    def __init__(self, start: datetime, interval_s: float, schedule_from: datetime | str | None = None):
         if interval_s <= 0:
             raise ValueError(f"epoch interval must be positive, got {interval_s!r}")
         self.start = _as_utc(start)
         self.interval_s = float(interval_s)
+        if isinstance(schedule_from, str) and schedule_from != NEVER:
+            schedule_from = datetime.fromisoformat(schedule_from.replace("Z", "+00:00"))
+        self.schedule_from = _as_utc(schedule_from) if isinstance(schedule_from, datetime) else schedule_from
 
     # -- identity and serialization (the scheduler stores DAGs as JSON)
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, EpochTimetable) and self.start == other.start and self.interval_s == other.interval_s
+        return (
+            isinstance(other, EpochTimetable)
+            and self.start == other.start
+            and self.interval_s == other.interval_s
+            and self.schedule_from == other.schedule_from
+        )
 
     def __hash__(self) -> int:
-        return hash((self.start, self.interval_s))
+        return hash((self.start, self.interval_s, str(self.schedule_from)))
 
     def serialize(self) -> dict[str, Any]:
-        return {"start": self.start.isoformat(), "interval_s": self.interval_s}
+        sf = self.schedule_from
+        return {
+            "start": self.start.isoformat(),
+            "interval_s": self.interval_s,
+            "schedule_from": sf.isoformat() if isinstance(sf, datetime) else sf,
+        }
 
     @classmethod
     def deserialize(cls, data: dict[str, Any]) -> EpochTimetable:
-        return cls(datetime.fromisoformat(data["start"]), float(data["interval_s"]))
+        return cls(datetime.fromisoformat(data["start"]), float(data["interval_s"]), data.get("schedule_from"))
 
     @property
     def summary(self) -> str:
-        return f"epochs of {_human(self.interval_s)} from {self.start.isoformat()}"
+        base = f"epochs of {_human(self.interval_s)} from {self.start.isoformat()}"
+        if self.schedule_from == NEVER:
+            return base + " (manual and backfill only)"
+        if self.schedule_from is not None:
+            return base + f" (scheduled from {self.schedule_from.isoformat()})"
+        return base
 
     def validate(self) -> None:
         if not self.interval_s > 0:
@@ -129,6 +157,11 @@ class EpochTimetable(Timetable):
         if restriction.earliest is not None:
             # never before the DAG's start date: the first epoch starting at or after it
             epoch = max(epoch, first_epoch_at_or_after(self.start, self.interval_s, restriction.earliest))
+        if self.schedule_from is not None and restriction.latest is None:
+            # the scheduler asking (a backfill always has an end): hold it back
+            if self.schedule_from == NEVER:
+                return None
+            epoch = max(epoch, first_epoch_at_or_after(self.start, self.interval_s, self.schedule_from))
         if not restriction.catchup:
             # skip missed epochs: the latest already closed one, or the next to close
             epoch = max(epoch, last_closed_epoch(self.start, self.interval_s, _utcnow()))
