@@ -307,3 +307,55 @@ def test_fast_path_leaves_every_line_the_importer_rejects_to_the_importer(bad):
     if bad not in IMPORTER_ACCEPTS:
         assert len(errors) == 1 and len(records) == len(GOOD_LINES)
     assert _fast_table(text) is None
+
+
+# --------------------------------------------------------------------------- one file on an executor
+
+
+def _run_file(path, server="M", first=1, last=1, after=None):
+    from epochsync.ingest import _ingest_jsonl_file
+
+    out, read = _arrow_schemas()
+    job = IngestJob(source="s", fmt="jsonl", epochs_from="records", first=first, last=last, continuity=True,
+                    after_index=after)  # fmt: skip
+    sink = _Sink(job, ChangelogFile(server, 0, str(path)), out)
+    batches = list(_ingest_jsonl_file(sink, read))
+    return [row for b in batches for row in b.to_pylist()], sink.finish()
+
+
+def test_gap_inside_a_file_names_server_and_range(tmp_path):
+    p = tmp_path / "a.jsonl"
+    p.write_text(_jsonl("M", 1, 1) + _jsonl("M", 2, 1) + _jsonl("M", 6, 1) + _jsonl("M", 7, 1, "EPOCH"))
+    rows, rep = _run_file(p)
+    assert [r["index"] for r in rows] == [1, 2, 6, 7]
+    assert rep.gaps == [f"server M: records 3..5 are missing ({p} has index 6 after index 2)"]
+    assert rep.fast_lines == 0 and rep.slow_lines == 4  # the importer judged the file
+
+
+def test_importer_takes_over_mid_file_with_absolute_line_numbers(tmp_path, monkeypatch):
+    import epochsync.ingest as ingest
+
+    monkeypatch.setattr(ingest, "CHUNK_BYTES", 200)  # several chunks: the bad line is in a later one
+    lines = [_jsonl("M", i, 1 if i < 8 else 2) for i in range(1, 12)]
+    lines[9] = '{"server":"M","index":10,"epoch":2,"type":"CREAT","pfid":"[0x1:0x1:0x0]","name":".."}\n'
+    lines[6] = _jsonl("M", 7, 1, "EPOCH")
+    p = tmp_path / "a.jsonl"
+    p.write_text("".join(lines))
+    rows, rep = _run_file(p, first=2, last=2)
+    assert [r["index"] for r in rows] == [8, 9, 11]
+    assert rep.fast_lines > 0 and rep.slow_lines > 0
+    assert rep.records == {2: 3} and rep.closed_through == 1
+    ((epoch, err),) = rep.errors
+    assert epoch == 2 and (err["line"], err["offset"]) == (10, sum(len(x) for x in lines[:9]))
+    assert err["reason"] == "CREAT name '..' could escape the replica"
+    # the bad record may stand for index 10: no gap
+    assert rep.gaps == [] and (rep.span_first, rep.span_last) == (1, 11)
+
+
+def test_bad_lines_of_other_epochs_are_left_to_their_own_run(tmp_path):
+    p = tmp_path / "a.jsonl"
+    p.write_text(_jsonl("M", 1, 1) + "garbage\n" + _jsonl("M", 3, 1, "EPOCH") + _jsonl("M", 4, 2, "EPOCH"))
+    _, rep = _run_file(p, first=2, last=2)
+    assert rep.errors == [] and rep.records == {2: 1}
+    _, rep = _run_file(p, first=1, last=1)
+    assert [(e, d["line"]) for e, d in rep.errors] == [(1, 2)]

@@ -11,7 +11,7 @@ from epochsync.config import config_from_dict
 from epochsync.errors import EpochError
 from epochsync.formats import ParseOptions, parse_stream
 from epochsync.formats.common import ParseContext
-from epochsync.ingest import read_records, run_ingest
+from epochsync.ingest import closure_of_dataframe, read_records, run_ingest
 from epochsync.schema import Record, record_struct_type
 
 FIXTURES_SAMPLES = "tests/fixtures/samples"
@@ -95,6 +95,9 @@ def test_two_servers_several_files_and_epochs_land_exactly(spark, tmp_path):
     assertDataFrameEqual(read_records(spark, cfg.warehouse, "src", 2), expected(spark, MDT[3:] + OST[2:]))
     assert stats["records"] == 9 and stats["records_per_epoch"] == {1: 5, 2: 4} and stats["quarantined"] == 0
     assert stats["servers"]["MDT0000"]["closed_through"] == 2
+    ingested = read_records(spark, cfg.warehouse, "src", 1, 2)
+    assert closure_of_dataframe(ingested, ["MDT0000", "OST0000"], 2).closed
+    assert closure_of_dataframe(ingested, ["MDT0000", "OST0000", "OST0001"], 2).waiting == ("OST0001",)
     assert (
         lines[0]
         == "MDT0000: 2 changelog file(s), "
