@@ -127,6 +127,15 @@ def closure_of_dataframe(df, servers: Sequence[str], epoch: int, epochs_from: st
     return epoch_closure(servers, {r["server"]: r["reached"] for r in rows}, epoch)
 
 
+def _require_epochs(src) -> None:
+    """Lustre and Gluster records carry no epoch: they must come from MARKs or time windows."""
+    if src.changelogs.format != "jsonl" and src.changelogs.epochs_from == "records":
+        raise EpochError(
+            f"source {src.name!r}: {src.changelogs.format} changelogs carry no epochs; set "
+            "changelogs.epochs_from to mark (Lustre MARK records) or time (the epoch windows)"
+        )
+
+
 def check_epoch_closed(cfg, source: str, epoch: int) -> Closure:
     """Read the raw changelogs of ``source`` (driver side, no Spark) and say whether ``epoch`` is closed.
 
@@ -134,6 +143,7 @@ def check_epoch_closed(cfg, source: str, epoch: int) -> Closure:
     them); only EPOCH records (and, for time-window epochs, record times) count.
     """
     src = cfg.source(source)
+    _require_epochs(src)
     files = list_changelog_files(src)
     s3 = _changelog_s3(src)
     reached: dict[str, int | None] = {}
@@ -461,7 +471,7 @@ class IngestJob:
     continuity: bool
     after_index: dict[str, int] | None
     s3: Any = None
-    epoch_of_time: Callable[[int], int] | None = None
+    #: the epoch grid for time-window epochs
     start_ns: int = 0
     interval_ns: int = 1
     #: local staging directory the executors write Parquet into themselves (a local or
@@ -1159,6 +1169,7 @@ def run_ingest(
     say = progress or (lambda line: None)
     started = time.perf_counter()
     src = cfg.source(source)
+    _require_epochs(src)
     wh = Warehouse(cfg.warehouse)
     fmt = src.changelogs.format
     after = read_cursor_indexes(cfg.warehouse, source, consumer)

@@ -359,3 +359,9 @@ def test_bad_lines_of_other_epochs_are_left_to_their_own_run(tmp_path):
     assert rep.errors == [] and rep.records == {2: 1}
     _, rep = _run_file(p, first=1, last=1)
     assert [(e, d["line"]) for e, d in rep.errors] == [(1, 2)]
+
+
+def test_lustre_source_without_an_epoch_source_is_refused(tmp_path):
+    cfg = _config(tmp_path, fmt="lustre", servers=("MDT0000",), epochs_from="records")
+    with pytest.raises(EpochError, match=r"lustre changelogs carry no epochs; set changelogs.epochs_from to mark"):
+        missing_epoch_servers(cfg, "src", 1)
