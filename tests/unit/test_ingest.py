@@ -365,3 +365,29 @@ def test_lustre_source_without_an_epoch_source_is_refused(tmp_path):
     cfg = _config(tmp_path, fmt="lustre", servers=("MDT0000",), epochs_from="records")
     with pytest.raises(EpochError, match=r"lustre changelogs carry no epochs; set changelogs.epochs_from to mark"):
         missing_epoch_servers(cfg, "src", 1)
+
+
+def test_lustre_time_window_epochs_close_when_a_later_window_has_records(tmp_path):
+    d = tmp_path / "cl" / "MDT0000"
+    d.mkdir(parents=True)
+    (d / "a.log").write_text(LUSTRE)  # 15:15:21, 15:56:39, 15:15:36 on 2018-01-09
+    cfg = config_from_dict(
+        {
+            "warehouse": f"file://{tmp_path}/wh",
+            "sources": [
+                {
+                    "name": "src",
+                    "root_fid": "[0x200000007:0x1:0x0]",
+                    "servers": ["MDT0000"],
+                    "changelogs": {"uri": str(tmp_path / "cl"), "format": "lustre", "epochs_from": "time"},
+                    "store": {"conn_id": "store", "bucket": "data"},
+                    "epoch": {"interval": "5m", "start": "2018-01-09T15:00:00Z"},
+                }
+            ],
+        }
+    )
+    # 15:56:39 is in window 12 (15:55-16:00): windows up to 11 are closed
+    assert check_epoch_closed(cfg, "src", 11).closed
+    assert check_epoch_closed(cfg, "src", 12).describe() == (
+        "epoch 12 of source 'src' is not closed: waiting for MDT0000 (closed through 11)"
+    )
