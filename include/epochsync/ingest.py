@@ -743,7 +743,7 @@ def _fast_chunk(chunk: bytes, server: str, read_schema):
     # them), no object spread over lines; with one row per line below, each line is then
     # exactly one object. Counting bytes is far cheaper than a regular expression.
     newlines = body.count(b"\n")
-    if body[:1] != b"{" or body[-1:] != b"}" or body.count(b"\n{") != newlines or body.count(b"}\n") != newlines:
+    if body[:1] != b"{" or body[-1:] != b"}" or body.count(b"}\n{") != newlines:
         return None
     lines = newlines + 1
     try:
