@@ -214,7 +214,7 @@ class PosixTarget(Target):
         for sub in self.cfg.fileset:
             parent = os.path.dirname(sub.strip("/"))
             if parent:
-                os.makedirs(self._abs(parent) if "/" in parent else os.path.join(self.root, parent), exist_ok=True)
+                os.makedirs(os.path.join(self.root, safe_relpath(parent, "fileset parent")), exist_ok=True)
 
     def run_namespace_op(self, op: dict, journal, state: dict) -> None:
         kind = op["op"]
