@@ -570,6 +570,7 @@ class _Sink:
         self.prev_epoch_after: int | None = None  # epoch a line after the last record belongs to
         self.pending_bad: list[ParseError] = []
         self.last_index_any: int | None = None  # last index the fast path accepted
+        self.closed_so_far: int | None = None  # highest EPOCH seen so far in this file
 
     # --- bad lines
     def bad(self, err: ParseError, epoch: int | None) -> None:
@@ -690,6 +691,14 @@ def _reference_path(stream: IO[bytes], sink: _Sink, *, line_base=0, offset_base=
                 f"record index {r.index} names server {r.server!r} but lies in the changelog directory "
                 f"of server {f.server!r}"
             )
+            sink.pending_bad.append(ParseError(f.uri, None, reason, server=r.server, index=r.index))
+            continue
+        closed = sink.closed_so_far
+        if r.type == "EPOCH":
+            sink.closed_so_far = r.epoch if closed is None else max(closed, r.epoch)
+        elif closed is not None and r.epoch <= closed and job.epochs_from != "time":
+            # a late record: its epoch may be replicated already, so it would be lost
+            reason = f"record index {r.index} of epoch {r.epoch} comes after the server closed epoch {closed}"
             sink.pending_bad.append(ParseError(f.uri, None, reason, server=r.server, index=r.index))
             continue
         # bad lines before this record belong to the epoch the stream was in
@@ -860,6 +869,13 @@ def _finish_fast(table, sink: _Sink):
     last_any = sink.last_index_any
     if last_any is not None and len(idx) and idx[0].as_py() <= last_any:
         return None
+    is_epoch = pc.equal(typ, "EPOCH")
+    closing = pc.cumulative_max(pc.if_else(is_epoch, epoch, -1))
+    first = pa.array([-1 if sink.closed_so_far is None else sink.closed_so_far], pa.int64())
+    before = pa.chunked_array([first, *closing.slice(0, len(closing) - 1).chunks], type=pa.int64())
+    late = pc.and_(pc.invert(is_epoch), pc.less_equal(epoch, before))
+    if job.epochs_from != "time" and pc.any(late).as_py():
+        return None  # a record after its epoch was closed: the importer path names it
     cursor = (job.after_index or {}).get(sink.f.server)
     mask = pc.less_equal(epoch, job.last)
     if cursor is not None:
@@ -886,8 +902,9 @@ def _finish_fast(table, sink: _Sink):
         last_type = typ[-1].as_py()
         last_epoch = epoch[-1].as_py()
         sink.prev_epoch_after = last_epoch + 1 if last_type == "EPOCH" else last_epoch
-    is_epoch = pc.equal(typ, "EPOCH")
     reached = pc.max(pc.filter(epoch, is_epoch)).as_py() if pc.any(is_epoch).as_py() else None
+    if reached is not None:
+        sink.closed_so_far = reached if sink.closed_so_far is None else max(sink.closed_so_far, reached)
     if job.epochs_from == "time" and len(epoch):
         later = pc.max(epoch).as_py() - 1
         reached = later if reached is None else max(reached, later)

@@ -391,3 +391,14 @@ def test_lustre_time_window_epochs_close_when_a_later_window_has_records(tmp_pat
     assert check_epoch_closed(cfg, "src", 12).describe() == (
         "epoch 12 of source 'src' is not closed: waiting for MDT0000 (closed through 11)"
     )
+
+
+def test_a_record_after_its_epoch_was_closed_is_a_bad_record(tmp_path):
+    p = tmp_path / "a.jsonl"
+    p.write_text(_jsonl("M", 1, 1) + _jsonl("M", 2, 1, "EPOCH") + _jsonl("M", 3, 1) + _jsonl("M", 4, 2, "EPOCH"))
+    rows, rep = _run_file(p, first=1, last=2)
+    assert [r["index"] for r in rows] == [1, 2, 4]
+    assert [(e, d["reason"]) for e, d in rep.errors] == [
+        (2, "record index 3 of epoch 1 comes after the server closed epoch 1")
+    ]
+    assert rep.gaps == []  # the bad record stands for index 3
