@@ -97,6 +97,8 @@ def test_sensor_reads_raw_jsonl_changelogs(tmp_path):
     assert check_epoch_closed(cfg, "src", 1).closed
     assert missing_epoch_servers(cfg, "src", 2) == ["OST0000"]
     assert latest_closed_epoch(cfg, "src") == 1
+    # file:// URIs name the same directory
+    assert missing_epoch_servers(_config(tmp_path, uri=f"file://{tmp_path}/cl"), "src", 2) == ["OST0000"]
     # a server with no directory at all has closed nothing
     assert missing_epoch_servers(_config(tmp_path, servers=("MDT0000", "MDT0001")), "src", 1) == ["MDT0001"]
 
