@@ -15,15 +15,16 @@ ORDER = ["wait_epoch_closed", "ingest", "merge", "translate", "apply", "verify",
 def stack(seaweed, tmp_path_factory):
     base = tmp_path_factory.mktemp("airflow-e2e")
     env = airflow_env(base, seaweed)
-    config = simulate(base, env, epochs=4, files=24, seed=11)
+    config = simulate(base, env, epochs=3, files=24, seed=11)
     env["EPOCHSYNC_CONFIG"] = str(config)
     return {"base": base, "env": env, "config": config, "sim": config.parent}
 
 
-def test_three_epochs_then_a_failed_apply_rolls_back_and_the_retry_succeeds(stack):
+def test_three_epochs_one_failing_once_rolls_back_and_the_retry_succeeds(stack):
+    """Epochs 1, 2, 3 match the ground truth; epoch 3 first fails in apply and is rolled back to 2."""
     env, config, sim = stack["env"], stack["config"], stack["sim"]
 
-    for epoch in (1, 2, 3):
+    for epoch in (1, 2):
         run = dagtest(env, DAG, epoch)
         assert run["state"] == "success", run["log"][-6000:]
         assert {t: run["tasks"][t] for t in ORDER} == dict.fromkeys(ORDER, "success")
@@ -32,32 +33,35 @@ def test_three_epochs_then_a_failed_apply_rolls_back_and_the_retry_succeeds(stac
         assert committed == epoch
         assert rows == truth(sim, epoch), f"replica differs from the ground truth at epoch {epoch}"
 
-    # epoch 4: the apply fails after 3 mutations (the DAG's fault param; it fires once per target and epoch)
-    fault = {"inject_failure": "after=3,epoch=4"}
-    run = dagtest(env, DAG, 4, conf=fault)
+    # epoch 3: the apply fails after 3 mutations (the DAG's fault param; it fires once per target and epoch)
+    fault = {"inject_failure": "after=3,epoch=3"}
+    run = dagtest(env, DAG, 3, conf=fault)
     assert run["state"] == "failed"
     assert run["tasks"]["apply"] == "failed"
     assert run["tasks"]["verify"] == run["tasks"]["commit"] == "upstream_failed"
     # the rollback ran (and fails the run on purpose, without retrying)
     assert run["tasks"]["rollback"] == "failed" and run["tries"]["rollback"] == 1
-    assert "rolled back: the target is at epoch 3 again" in run["log"]
+    assert "rolled back: the target is at epoch 2 again" in run["log"]
+    committed, rows = replica(config, "local", env)
+    assert committed == 2
+    assert rows == truth(sim, 2), "after rollback the replica must equal epoch 2 exactly"
+
+    # the next run of that epoch (same params: the fault already fired) succeeds
+    run = dagtest(env, DAG, 3, conf=fault)
+    assert run["state"] == "success", run["log"][-6000:]
+    assert run["tasks"]["rollback"] == "skipped"
     committed, rows = replica(config, "local", env)
     assert committed == 3
-    assert rows == truth(sim, 3), "after rollback the replica must equal epoch 3 exactly"
-
-    run = dagtest(env, DAG, 4, conf=fault)
-    assert run["state"] == "success", run["log"][-6000:]
-    committed, rows = replica(config, "local", env)
-    assert committed == 4
-    assert rows == truth(sim, 4)
+    assert rows == truth(sim, 3)
 
 
 def test_dry_run_stops_after_translate_with_the_plan_in_the_log(stack):
-    """Runs after the test above (same module, target at 4): a dry run of epoch 4 again changes nothing."""
+    """Runs after the test above (same module, target at 3): a dry run plans and changes nothing."""
     env, config = stack["env"], stack["config"]
     before = replica(config, "local", env)
-    run = dagtest(env, DAG, 4, conf={"dry_run": True})
+    run = dagtest(env, DAG, 3, conf={"dry_run": True})
     assert run["state"] == "success", run["log"][-6000:]
     assert run["tasks"]["translate"] == "success"
     assert run["tasks"]["apply"] == run["tasks"]["verify"] == run["tasks"]["commit"] == "skipped"
+    assert "dry run: plan of local epochs 3..3" in run["log"]  # the plan summary, in translate's log
     assert replica(config, "local", env) == before
