@@ -21,7 +21,7 @@ def stack(seaweed, tmp_path_factory):
 
 
 def test_three_epochs_one_failing_once_rolls_back_and_the_retry_succeeds(stack):
-    """Epochs 1, 2, 3 match the ground truth; epoch 3 first fails in apply and is rolled back to 2."""
+    """Epochs 1, 2, 3 match the ground truth; a dry run of 3 changes nothing; 3 first fails and is rolled back."""
     env, config, sim = stack["env"], stack["config"], stack["sim"]
 
     for epoch in (1, 2):
@@ -32,6 +32,15 @@ def test_three_epochs_one_failing_once_rolls_back_and_the_retry_succeeds(stack):
         committed, rows = replica(config, "local", env)
         assert committed == epoch
         assert rows == truth(sim, epoch), f"replica differs from the ground truth at epoch {epoch}"
+
+    # a dry run of epoch 3 stops after translate, prints the plan summary and changes nothing
+    before = replica(config, "local", env)
+    run = dagtest(env, DAG, 3, conf={"dry_run": True})
+    assert run["state"] == "success", run["log"][-6000:]
+    assert run["tasks"]["translate"] == "success"
+    assert run["tasks"]["apply"] == run["tasks"]["verify"] == run["tasks"]["commit"] == "skipped"
+    assert "dry run: plan of local epochs 3..3" in run["log"]
+    assert replica(config, "local", env) == before
 
     # epoch 3: the apply fails after 3 mutations (the DAG's fault param; it fires once per target and epoch)
     fault = {"inject_failure": "after=3,epoch=3"}
@@ -53,15 +62,3 @@ def test_three_epochs_one_failing_once_rolls_back_and_the_retry_succeeds(stack):
     committed, rows = replica(config, "local", env)
     assert committed == 3
     assert rows == truth(sim, 3)
-
-
-def test_dry_run_stops_after_translate_with_the_plan_in_the_log(stack):
-    """Runs after the test above (same module, target at 3): a dry run plans and changes nothing."""
-    env, config = stack["env"], stack["config"]
-    before = replica(config, "local", env)
-    run = dagtest(env, DAG, 3, conf={"dry_run": True})
-    assert run["state"] == "success", run["log"][-6000:]
-    assert run["tasks"]["translate"] == "success"
-    assert run["tasks"]["apply"] == run["tasks"]["verify"] == run["tasks"]["commit"] == "skipped"
-    assert "dry run: plan of local epochs 3..3" in run["log"]  # the plan summary, in translate's log
-    assert replica(config, "local", env) == before
