@@ -43,6 +43,8 @@ from epochsync.schema import FIELD_NAMES, INT32_MAX, NAMING_TYPES, RECORD_TYPES,
 CHUNK_BYTES = 32 * 1024 * 1024
 #: Records per Arrow batch handed to Spark from the reference path.
 BATCH_RECORDS = 32768
+#: JSON Lines tasks per core: files are packed into this many tasks per core at most.
+TASKS_PER_CORE = 4
 #: Bad records kept per file for the error message and the quarantine (the rest are counted).
 MAX_ERRORS_PER_FILE = 10000
 
@@ -1210,10 +1212,11 @@ def run_ingest(
         fl = files.get(server, [])
         say(f"{server}: {len(fl)} changelog file(s), {sum(f.size for f in fl)} bytes")
 
-    # jsonl files stand alone (one task each, biggest first); other formats carry MARK
-    # epochs and index order from file to file: one task per server.
+    # jsonl files stand alone: packed into a few balanced tasks per core; other formats
+    # carry MARK epochs and index order from file to file: one task per server.
     if fmt == "jsonl":
-        tasks = sorted(([f] for fl in files.values() for f in fl), key=lambda t: -t[0].size)
+        slots = max(1, spark.sparkContext.defaultParallelism) * TASKS_PER_CORE
+        tasks = pack_files([f for fl in files.values() for f in fl], slots)
     else:
         tasks = [fl for fl in files.values() if fl]
     acc = _list_accumulator(spark)
@@ -1249,6 +1252,22 @@ def run_ingest(
             f"closed through epoch {s['closed_through']}, {s['bad_records']} bad"
         )
     return stats
+
+
+def pack_files(files: list[ChangelogFile], slots: int) -> list[list[ChangelogFile]]:
+    """At most ``slots`` tasks of similar total size (largest file first into the lightest task).
+
+    One task per file would cost more in scheduling than in work when a source has many
+    small files (one per server per epoch); a few tasks per core keep both cores busy.
+    """
+    import heapq
+
+    bins: list[tuple[int, int, list[ChangelogFile]]] = [(0, i, []) for i in range(min(slots, len(files)))]
+    for f in sorted(files, key=lambda f: (-f.size, f.uri)):
+        size, i, members = heapq.heappop(bins)
+        members.append(f)
+        heapq.heappush(bins, (size + max(f.size, 1), i, members))
+    return [members for _, _, members in sorted(bins, key=lambda b: -b[0])]
 
 
 def _dedupe(reports: list[dict]) -> list[dict]:

@@ -404,3 +404,13 @@ def test_a_record_after_its_epoch_was_closed_is_a_bad_record(tmp_path):
         (2, "record index 3 of epoch 1 comes after the server closed epoch 1")
     ]
     assert rep.gaps == []  # the bad record stands for index 3
+
+
+def test_many_small_files_are_packed_into_a_few_balanced_tasks():
+    from epochsync.ingest import pack_files
+
+    files = [ChangelogFile("M", i, f"f{i:03d}", size) for i, size in enumerate([100, 10, 60, 50, 40, 30, 5, 5])]
+    tasks = pack_files(files, 3)
+    assert sorted(f.uri for t in tasks for f in t) == sorted(f.uri for f in files)  # each file once
+    assert [sum(f.size for f in t) for t in tasks] == [100, 100, 100]
+    assert pack_files(files[:2], 8) == [[files[0]], [files[1]]]
