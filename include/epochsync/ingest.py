@@ -29,6 +29,7 @@ import dataclasses
 import io
 import json
 import os
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -395,11 +396,14 @@ def list_changelog_files(src, spark=None) -> dict[str, list[ChangelogFile]]:
     if spark is None:
         return {s: _list_s3(s3, bucket, prefix, s) for s in src.servers}
     servers = list(src.servers)
-    listed = (
-        spark.sparkContext.parallelize(servers, len(servers))
-        .map(lambda s: (s, _list_s3(s3, bucket, prefix, s)))
-        .collect()
-    )
+    try:
+        listed = (
+            spark.sparkContext.parallelize(servers, len(servers))
+            .map(lambda s: (s, _list_s3(s3, bucket, prefix, s)))
+            .collect()
+        )
+    except Exception as exc:  # the executor's StoreError arrives wrapped
+        raise _executor_failure(exc, src.name) from None
     return dict(listed)
 
 
@@ -1229,12 +1233,15 @@ def run_ingest(
     try:
         if tasks:
             ids = spark.range(0, len(tasks), 1, numPartitions=len(tasks))
-            if local:
-                rows = ids.mapInArrow(_task_runner(tasks, job, acc), "report string").collect()
-                reports = _dedupe([json.loads(r["report"]) for r in rows])
-            else:
-                df = ids.mapInArrow(_task_runner(tasks, job, acc), record_struct_type())
-                df.write.mode("overwrite").partitionBy("epoch", "server").parquet(staging)
+            try:
+                if local:
+                    rows = ids.mapInArrow(_task_runner(tasks, job, acc), "report string").collect()
+                    reports = _dedupe([json.loads(r["report"]) for r in rows])
+                else:
+                    df = ids.mapInArrow(_task_runner(tasks, job, acc), record_struct_type())
+                    df.write.mode("overwrite").partitionBy("epoch", "server").parquet(staging)
+            except Exception as exc:  # Py4J and PySpark wrap what the executor raised
+                raise _executor_failure(exc, source) from None
         if not local or not tasks:
             reports = _dedupe(acc.value)
         phases["spark_job"] = time.perf_counter() - started - phases["list"]
@@ -1252,6 +1259,21 @@ def run_ingest(
             f"closed through epoch {s['closed_through']}, {s['bad_records']} bad"
         )
     return stats
+
+
+_EXECUTOR_ERROR = re.compile(r"epochsync\.errors\.(\w+): (.+)")
+
+
+def _executor_failure(exc: Exception, source: str) -> EpochsyncError:
+    """One line for a failed Spark job: the executor's own epochsync error if it raised one."""
+    text = str(exc)
+    found = _EXECUTOR_ERROR.findall(text)
+    if found:
+        kind, message = found[-1]
+        cls = StoreError if kind == "StoreError" else EpochError
+        return cls(f"ingest of source {source!r}: {message.strip()}")
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), repr(exc))
+    return EpochError(f"ingest of source {source!r} failed on an executor: {first[:500]}")
 
 
 def pack_files(files: list[ChangelogFile], slots: int) -> list[list[ChangelogFile]]:

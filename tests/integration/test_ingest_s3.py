@@ -8,7 +8,7 @@ import pytest
 from pyspark.testing import assertDataFrameEqual
 
 from epochsync.config import config_from_dict
-from epochsync.errors import EpochError
+from epochsync.errors import EpochError, StoreError
 from epochsync.ingest import missing_epoch_servers, read_records, run_ingest
 from epochsync.schema import Record, record_struct_type
 
@@ -76,3 +76,33 @@ def test_ingest_reads_changelogs_from_an_s3_prefix(spark, seaweed, bucket_name, 
     s3.put_object(Bucket=bucket_name, Key="fs1/OST0000/log", Body=body(OST[:1]) + b"{oops\n" + body(OST[1:]))
     with pytest.raises(EpochError, match=rf"^bad record of server OST0000: s3://{bucket_name}/fs1/OST0000/log:2: "):
         run_ingest(cfg, "fs1", 2, 2, spark)
+
+
+def test_s3_errors_on_executors_are_one_clear_line(spark, seaweed, bucket_name, tmp_path, monkeypatch):
+    s3 = seaweed.client()
+    s3.create_bucket(Bucket=bucket_name)
+    wrong = json.loads(seaweed.airflow_conn_json())
+    wrong["password"] = "not-the-secret"
+    monkeypatch.setenv("AIRFLOW_CONN_CHANGELOGS_S3", json.dumps(wrong))
+    cfg = config_from_dict(
+        {
+            "warehouse": f"file://{tmp_path}/wh",
+            "sources": [
+                {
+                    "name": "fs1",
+                    "root_fid": "[0x200000007:0x1:0x0]",
+                    "servers": ["MDT0000"],
+                    "changelogs": {"uri": f"s3://{bucket_name}/fs1/", "format": "jsonl", "conn_id": "changelogs_s3"},
+                    "store": {"conn_id": "source_s3", "bucket": "data"},
+                    "epoch": {"interval": "5m", "start": "2026-01-01T00:00:00Z"},
+                }
+            ],
+        }
+    )
+    with pytest.raises(StoreError) as err:
+        run_ingest(cfg, "fs1", 1, 1, spark)
+    message = str(err.value)
+    assert message.startswith(
+        f"ingest of source 'fs1': cannot list s3://{bucket_name}/fs1/MDT0000/ via changelogs_s3 ("
+    )
+    assert "\n" not in message
