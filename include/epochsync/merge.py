@@ -163,6 +163,22 @@ def attribute_changes(recs: DataFrame) -> DataFrame:
     )
 
 
+def layout_facts(recs: DataFrame) -> DataFrame:
+    """Per fid: the last layout set in the window (``l_layout``) and the order of the last
+    size set (``set_ord``): what mapping and sizing the writes need, from few records."""
+    from pyspark.sql import functions as F
+
+    types = (*CREATORS, "LYOUT", *SIZE_SETTERS)
+    return (
+        recs.filter(F.col("type").isin(*types) & F.col("fid").isNotNull())
+        .groupBy("fid")
+        .agg(
+            _last("layout", f"type IN {_in((*CREATORS, 'LYOUT'))}", "l_layout"),
+            F.expr(f"max(ord) FILTER (WHERE type IN {_in(SIZE_SETTERS)} AND size IS NOT NULL)").alias("set_ord"),
+        )
+    )
+
+
 def link_changes(recs: DataFrame) -> DataFrame:
     """Per fid: ``added`` and ``removed`` names (the last event per (fid, pfid, name) wins)."""
     from pyspark.sql import functions as F
@@ -219,12 +235,12 @@ def xattr_changes(recs: DataFrame) -> DataFrame:
     )  # fmt: skip
 
 
-def write_intervals(writes: DataFrame, files: DataFrame, extents_known: bool) -> DataFrame:
-    """One row per stripe chunk written: file-offset interval ``[s, e)``, or ``whole``.
+def write_chunks(writes: DataFrame, layouts: DataFrame, extents_known: bool) -> DataFrame:
+    """Each write with its file-offset chunks: ``chunks`` = array of ``(s, e, whole)``.
 
-    ``files`` gives each file that exists at E and was written: its final ``layout`` and
-    ``set_ord`` (the order of its last size set). Rows with ``s`` null carry no bytes (a
-    whole-file write, or a write of no bytes kept for its times).
+    ``layouts`` gives each fid's final ``layout`` and ``set_ord`` (the order of its last size
+    set); a write after it has ``after_set``. A chunk with ``s`` null carries no bytes: the
+    whole file changed (``whole``), or the write wrote nothing (kept for its times).
     """
     from pyspark.sql import functions as F
 
@@ -250,15 +266,15 @@ def write_intervals(writes: DataFrame, files: DataFrame, extents_known: bool) ->
         chunks = whole
     chunks = f"CASE WHEN size({chunks}) = 0 THEN {nothing} ELSE {chunks} END"
     return (
-        writes.join(files, "fid")
+        writes.join(layouts, "fid", "left")
         .select(
             "fid",
             "ord",
-            "set_ord",
-            *TIME_TYPES,
-            "extents",
             "object",
+            "extents",
+            *TIME_TYPES,
             "layout",
+            F.expr("set_ord IS NULL OR ord > set_ord").alias("after_set"),
             F.expr("filter(extents, x -> x.length > 0)").alias("ext"),
             F.col("layout.stripe_size").alias("ss"),
             F.col("layout.stripe_count").cast("bigint").alias("cnt"),
@@ -267,13 +283,13 @@ def write_intervals(writes: DataFrame, files: DataFrame, extents_known: bool) ->
                 " named_struct('ost', object.ost, 'oid', object.oid)) - 1"
             ).alias("k"),
         )
-        .select("fid", "ord", "set_ord", *TIME_TYPES, F.inline(F.expr(chunks)))
+        .select("fid", "ord", "object", *TIME_TYPES, "after_set", F.expr(chunks).alias("chunks"))
     )
 
 
-def union_intervals(chunks: DataFrame) -> DataFrame:
+def union_intervals(chunked: DataFrame) -> DataFrame:
     """Per fid: sorted disjoint non-adjacent ``ranges_raw`` [(s, e)], ``wmax`` (the highest
-    end written after the last size set), ``write_whole``, and the writes' last times.
+    end written after the last size set) and ``write_whole``.
 
     Sort + running max: an interval starts a new group when it begins after every end
     before it (adjacent intervals join); a group is one merged interval.
@@ -281,43 +297,44 @@ def union_intervals(chunks: DataFrame) -> DataFrame:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
+    rows = chunked.select("fid", "after_set", F.inline("chunks"))
     w = Window.partitionBy("fid").orderBy("s", "e")
-    grouped = chunks.withColumn("prev_end", F.max("e").over(w.rowsBetween(Window.unboundedPreceding, -1))).withColumn(
+    grouped = rows.withColumn("prev_end", F.max("e").over(w.rowsBetween(Window.unboundedPreceding, -1))).withColumn(
         "grp",
         F.sum(F.expr("CASE WHEN s IS NULL OR prev_end IS NULL OR s > prev_end THEN 1 ELSE 0 END")).over(
             w.rowsBetween(Window.unboundedPreceding, Window.currentRow)
         ),
     )
-    times = [_last(c, f"{c} IS NOT NULL", "w_" + c) for c in TIME_TYPES]
     merged = grouped.groupBy("fid", "grp").agg(
         F.min("s").alias("s"),
         F.max("e").alias("e"),
-        F.expr("max(e) FILTER (WHERE set_ord IS NULL OR ord > set_ord)").alias("wmax"),
+        F.expr("max(e) FILTER (WHERE after_set)").alias("wmax"),
         F.expr("bool_or(whole)").alias("whole"),
-        *times,
     )
     return merged.groupBy("fid").agg(
         F.expr("array_sort(collect_list(named_struct('s', s, 'e', e)) FILTER (WHERE s IS NOT NULL))").alias("ranges_raw"),
         F.max("wmax").alias("wmax"),
         F.expr("bool_or(whole)").alias("write_whole"),
-        *(F.max("w_" + c).alias("w_" + c) for c in TIME_TYPES),
     )  # fmt: skip
 
 
-def latest_objects(writes: DataFrame) -> DataFrame:
-    """Per fid: the latest reported version of each stripe object written (``new_objects``)."""
+def write_facts(chunked: DataFrame) -> DataFrame:
+    """Per written fid: the writes' last times (``w_atime_ns``...) and the latest reported
+    version of each stripe object (``new_objects``)."""
     from pyspark.sql import functions as F
 
+    times = chunked.groupBy("fid").agg(*(_last(c, f"{c} IS NOT NULL", "w_" + c) for c in TIME_TYPES))
     last = (
-        writes.filter(F.col("object").isNotNull())
+        chunked.filter(F.col("object").isNotNull())
         .groupBy("fid", F.col("object.ost").alias("ost"), F.col("object.oid").alias("oid"))
         .agg(F.expr("max(named_struct('o', ord, 'v', object.version))").alias("last"))
     )
-    return last.groupBy("fid").agg(
+    objects = last.groupBy("fid").agg(
         F.expr(f"collect_list(CAST(named_struct('ost', ost, 'oid', oid, 'version', last.v) AS {_OBJECT}))").alias(
             "new_objects"
         )
     )
+    return times.join(objects, "fid", "left")
 
 
 def merge_epoch(
@@ -354,12 +371,7 @@ def merge_epoch(
     writes = recs.filter((F.col("type") == "WRITE") & F.col("fid").isNotNull()).select(
         "fid", "ord", "object", "extents", *TIME_TYPES
     )
-    touched = (
-        attribute_changes(recs)
-        .join(link_changes(recs), "fid", "full")
-        .join(xattr_changes(recs), "fid", "full")
-        .join(writes.groupBy("fid").agg(F.lit(True).alias("has_write")), "fid", "full")
-    )
+    meta = attribute_changes(recs).join(link_changes(recs), "fid", "full").join(xattr_changes(recs), "fid", "full")
     prev = prev_snapshot.select(*SNAPSHOT_FIELDS)
     old = prev.select("fid", *(F.col(c).alias("p_" + c) for c in SNAPSHOT_FIELDS if c != "fid"))
     roots = [root_fid] if isinstance(root_fid, str) else list(root_fid)
@@ -371,6 +383,19 @@ def merge_epoch(
         f"array_sort(array_union(array_except(coalesce(p_links, {_empty(_LINK)}), coalesce(removed, {_empty(_LINK)})),"
         f" coalesce(added, {_empty(_LINK)})))"
     )
+    # data: every write with its fid's final layout (the layout may come from this window)
+    layouts = (
+        layout_facts(recs)
+        .join(old, "fid", "full")
+        .select(
+            "fid",
+            F.expr("CASE WHEN l_layout IS NULL THEN p_layout ELSE l_layout.v END").alias("layout"),
+            "set_ord",
+        )
+    )
+    chunked = write_chunks(writes, layouts, extents_known)
+    data = union_intervals(chunked).join(write_facts(chunked), "fid").withColumn("has_write", F.lit(True))
+    touched = meta.join(data, "fid", "full")
     st = (
         touched.join(old, "fid", "left")
         .withColumn("existed_before", F.col("p_type").isNotNull())
@@ -406,13 +431,6 @@ def merge_epoch(
         F.col("l_size.v").alias("set_size"),
     )
 
-    # --- data: the writes of files that exist at E
-    files = st.filter(F.col("exists_after") & (F.col("type") == FILE) & F.col("has_write")).select(
-        "fid", F.col("n_layout").alias("layout"), "set_ord"
-    )
-    st = st.join(union_intervals(write_intervals(writes, files, extents_known)), "fid", "left").join(
-        latest_objects(writes), "fid", "left"
-    )
     for col in TIME_TYPES:  # the last of the non-write and the write records that set it
         st = st.withColumn(
             "n_" + col,
@@ -482,7 +500,7 @@ def merge_epoch(
     new_rows = st.filter("exists_after").select(
         *(F.col(c if c in ("fid", "type", "links") else "n_" + c).alias(c) for c in SNAPSHOT_FIELDS)
     )
-    untouched = prev.join(touched.select("fid"), "fid", "left_anti")
+    untouched = prev.join(st.select("fid"), "fid", "left_anti")
     snapshot = _conform(untouched.unionByName(new_rows), _snapshot_type())
 
     attrs_differ = " OR ".join(f"NOT (n_{c} <=> p_{c})" for c in ATTR_COLUMNS)

@@ -1,0 +1,197 @@
+"""``make bench-merge``: merge a simulated epoch of 1 million and of 10 million records on local[2].
+
+Inputs come from the source simulator (``epochsync simulate --no-data``, streaming,
+seeded): epoch 1 builds a tree of ``files`` files, epoch 2 is the benchmarked epoch of
+``records`` records, steered to 70% ``WRITE`` records (striped layouts of 1-4 objects
+over 4 OSTs, overwrites and appends) and 30% namespace and attribute operations
+(creates, renames of files and directories, renames over existing files, hard links,
+unlinks, xattrs, truncates, chmod/chown/utime, create-and-delete). They are generated
+under ``bench/scratch/merge/<name>/`` and reused while their parameters match.
+
+Before the clock starts, the inputs are turned into what the merge stage reads: the
+namespace dump of epoch 1 into snapshot 1 (Parquet), the JSON Lines of epoch 2 into
+``records/source=sim/epoch=2/server=*/`` Parquet (what ingest writes). Then a Spark
+session is started (``startup_seconds``) and :func:`epochsync.merge.run_merge` merges
+epoch 2: ``seconds`` is that call, reading snapshot 1 and the records, writing snapshot 2,
+the change set and the cookie groups, and counting the stats. Each row of
+``bench/results/merge.json``:
+
+    {"name", "records", "seconds", "records_per_s", "peak_rss_bytes", "net_to_raw_ratio",
+     "startup_seconds", "changes", "snapshot_fids", "generate_seconds", "prepare_seconds", ...}
+
+``peak_rss_bytes`` is the peak summed resident set of this process and its descendants
+(the JVM) during the merge, sampled every 50 ms; ``net_to_raw_ratio`` is change rows /
+merged records. The 2 cores may be shared with other work: the machine's load average
+at the start of each merge is recorded as ``loadavg_1m``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from epochsync.bench import write_results
+
+SIZES = {"merge_1m": 1_000_000, "merge_10m": 10_000_000}
+SEED = 20260101
+
+
+def _files_for(records: int) -> int:
+    # a namespace about a tenth of the epoch's records: most writes hit existing files
+    return max(1000, records // 10)
+
+
+def generate(work: Path, records: int, seed: int = SEED) -> float:
+    """Simulate the inputs under ``work`` unless they are there with the same parameters."""
+    params = {"records": records, "seed": seed, "files": _files_for(records), "write_share": 0.7, "v": 1}
+    stamp = work / "params.json"
+    took = work / "generate_seconds.txt"
+    if stamp.exists() and json.loads(stamp.read_text()) == params:
+        return float(took.read_text()) if took.exists() else 0.0
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    t0 = time.monotonic()
+    cmd = [sys.executable, "-m", "epochsync.cli", "simulate", "--out", str(work / "sim"), "--no-data",
+           "--seed", str(seed), "--epochs", "2", "--files", str(params["files"]),
+           "--records-per-epoch", str(records), "--write-share", "0.7"]  # fmt: skip
+    subprocess.run(cmd, check=True)
+    seconds = time.monotonic() - t0
+    stamp.write_text(json.dumps(params))
+    took.write_text(f"{seconds:.1f}\n")
+    return seconds
+
+
+def _config(work: Path):
+    from epochsync.config import config_from_dict
+    from epochsync.simulate import ROOT_FID
+
+    servers = sorted(p.name for p in (work / "sim" / "changelogs").iterdir())
+    return config_from_dict(
+        {
+            "warehouse": f"file://{work / 'warehouse'}",
+            "sources": [
+                {
+                    "name": "sim",
+                    "root_fid": ROOT_FID,
+                    "servers": servers,
+                    "changelogs": {"uri": str(work / "sim" / "changelogs"), "format": "jsonl"},
+                    "store": {"conn_id": "source_s3", "bucket": "sim-source"},
+                    "epoch": {"interval": "5m", "start": "2026-01-01T00:00:00Z"},
+                }
+            ],
+            "targets": [{"name": "bench", "source": "sim", "kind": "posix", "path": str(work / "replica")}],
+        },
+        file=str(work / "bench.yaml"),
+    )
+
+
+def prepare(spark, work: Path) -> float:
+    """Snapshot 1 and the records of epoch 2 as Parquet in the warehouse (not timed)."""
+    from pyspark.sql import functions as F
+
+    from epochsync.paths import Warehouse
+    from epochsync.schema import record_struct_type
+    from epochsync.snapshot import load_namespace_dump, write_snapshot
+
+    t0 = time.monotonic()
+    cfg = _config(work)
+    src = cfg.sources[0]
+    wh = Warehouse(cfg.warehouse)
+    shutil.rmtree(work / "warehouse", ignore_errors=True)
+    dump = load_namespace_dump(spark, f"file://{work / 'sim' / 'snapshot' / 'epoch=1'}", src.root_fid)
+    write_snapshot(spark, wh, "bench", 1, dump)
+    spark.catalog.clearCache()
+    files = [str(p) for p in sorted((work / "sim" / "changelogs").glob("*/000002.jsonl"))]
+    records = spark.read.schema(record_struct_type()).json(files)
+    (
+        records.filter(F.col("epoch") == 2)
+        .repartition("server")
+        .write.partitionBy("epoch", "server")
+        .mode("overwrite")
+        .parquet(wh.records(src.name))
+    )
+    return time.monotonic() - t0
+
+
+def run_one(spark, name: str, work: Path, generate_seconds: float, startup_seconds: float) -> dict:
+    from epochsync.bench.ingest import TreeSampler
+    from epochsync.merge import run_merge
+
+    prepare_seconds = prepare(spark, work)
+    cfg = _config(work)
+    for sub in ("snapshots/target=bench/epoch=2", "changes", "cookies"):
+        shutil.rmtree(work / "warehouse" / sub, ignore_errors=True)
+    load = os.getloadavg()[0]
+    with TreeSampler() as sampler:
+        t0 = time.monotonic()
+        stats = run_merge(cfg, "bench", 2, 2, spark)
+        seconds = time.monotonic() - t0
+    n = stats["records"]
+    return {
+        "name": name,
+        "records": n,
+        "seconds": round(seconds, 2),
+        "records_per_s": round(n / seconds),
+        "peak_rss_bytes": sampler.peak,
+        "net_to_raw_ratio": round(stats["net_to_raw_ratio"], 4),
+        "startup_seconds": round(startup_seconds, 2),
+        "merged_records": stats["merged_records"],
+        "changes": stats["changes"],
+        "created": stats["created"],
+        "deleted": stats["deleted"],
+        "data_changed": stats["data_changed"],
+        "range_bytes": stats["range_bytes"],
+        "snapshot_fids": stats["snapshot_fids"],
+        "cookie_groups": stats["cookie_groups"],
+        "generate_seconds": round(generate_seconds, 1),
+        "prepare_seconds": round(prepare_seconds, 1),
+        "loadavg_1m": round(load, 2),
+        "master": spark.sparkContext.master,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m epochsync.bench merge", description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", default=",".join(SIZES), help=f"which rows to run (default {','.join(SIZES)})")
+    p.add_argument("--scratch", default="bench/scratch/merge", help="where inputs are generated and kept")
+    p.add_argument("--shuffle-partitions", type=int, default=8, help="spark.sql.shuffle.partitions (default 8)")
+    p.add_argument("--driver-memory", default="6g", help="JVM heap of the local[2] driver (default 6g)")
+    p.add_argument("--no-write", action="store_true", help="print the rows, do not write bench/results/merge.json")
+    args = p.parse_args(argv)
+    names = [s.strip() for s in args.sizes.split(",") if s.strip()]
+    unknown = [n for n in names if n not in SIZES]
+    if unknown:
+        p.error(f"unknown size(s) {', '.join(unknown)} (known: {', '.join(SIZES)})")
+    scratch = Path(args.scratch).resolve()
+    generated = {n: generate(scratch / n, SIZES[n]) for n in names}
+
+    from epochsync.spark import spark_session
+
+    t0 = time.monotonic()
+    spark = spark_session(
+        "epochsync-bench-merge",
+        master="local[2]",
+        shuffle_partitions=args.shuffle_partitions,
+        extra_conf={"spark.driver.memory": args.driver_memory},
+    )
+    spark.range(1).count()  # the session is really up
+    startup = time.monotonic() - t0
+    rows = []
+    for n in names:
+        row = run_one(spark, n, scratch / n, generated[n], startup)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    spark.stop()
+    if not args.no_write:
+        print(f"wrote {write_results('merge', rows)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
