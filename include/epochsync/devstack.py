@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
             "  Trigger epoch 1 in the UI (Trigger, param epoch = 1), or replay every epoch in order:\n"
             f"    AIRFLOW_HOME={args.home} EPOCHSYNC_CONFIG={config} \\\n"
             f"      {Path(sys.executable).parent}/airflow backfill create \\\n"
-            f"      --dag-id epochsync__sim__s3 --from-date {first} --to-date {last}\n"
+            f"      --dag-id epochsync__sim__s3 --from-date {first} --to-date {last} --reprocess-behavior failed\n"
             "  A failed epoch and its rollback: trigger the next epoch with inject_failure = after=3.\n"
             "\n  Ctrl-C stops Airflow and SeaweedFS.\n",
             flush=True,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from airflow_stack import replica, scheduler_stack_fixture, truth
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# each epoch run is a few spark-submits: minutes on two shared cores, more than the default timeout
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(3600)]
 
 DAG = "epochsync__sim__s3"
 
@@ -22,6 +23,8 @@ def test_backfill_replays_missed_epochs_in_order(scheduler_stack):
     out = stack.airflow.airflow(
         "backfill", "create", "--dag-id", DAG,
         "--from-date", first.isoformat(), "--to-date", last.isoformat(), "--max-active-runs", "1",
+        # required with depends_on_past: re-run failed epochs, skip the ones already done
+        "--reprocess-behavior", "failed",
     )  # fmt: skip
     assert "error" not in out.stderr.lower(), out.stderr
     runs = stack.wait_runs_done(DAG, 3, timeout=1800)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from airflow_stack import airflow_env, dagtest, replica, simulate, truth
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# each epoch run is a few spark-submits: minutes on two shared cores, more than the default timeout
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(3600)]
 
 
 def test_hydrate_at_a_closed_epoch_then_the_next_epoch_replicates(seaweed, tmp_path):

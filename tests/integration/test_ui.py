@@ -9,7 +9,8 @@ import pytest
 from airflow_stack import ROOT, replica, scheduler_stack_fixture, truth
 from cdp import Chromium, chromium_binary
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# each epoch run is a few spark-submits: minutes on two shared cores, more than the default timeout
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(3600)]
 
 DAG = "epochsync__sim__local"
 OUTPUT = ROOT / "tests" / "output" / "test_ui"
