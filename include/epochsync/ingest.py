@@ -381,6 +381,66 @@ def _list_s3(s3, bucket: str, prefix: str, server: str) -> list[ChangelogFile]:
     return [ChangelogFile(server, i, f"s3://{bucket}/{k}", size) for i, (k, size) in enumerate(keys)]
 
 
+#: bytes read from the end of a JSON Lines file to find its last record
+TAIL_BYTES = 64 * 1024
+
+
+def file_tail(f: ChangelogFile, s3=None) -> tuple[int, int, str | None] | None:
+    """(index, epoch, type) of the last line of a JSON Lines file, or None if it cannot tell."""
+    if f.size <= 0:
+        return None
+    try:
+        if _is_s3(f.uri):
+            bucket, _, key = f.uri[len("s3://") :].partition("/")
+            data = s3.client().get_object(Bucket=bucket, Key=key, Range=f"bytes=-{TAIL_BYTES}")["Body"].read()
+        else:
+            with open(f.uri, "rb") as fh:
+                fh.seek(max(0, f.size - TAIL_BYTES))
+                data = fh.read()
+    except Exception as exc:  # the file's own run reports unreadable files; here: no shortcut
+        del exc
+        return None
+    data = data.rstrip(b"\n")
+    cut = data.rfind(b"\n")
+    if cut < 0 and f.size > len(data) + 1:
+        return None  # the last line is longer than the tail read
+    try:
+        last = json.loads(data[cut + 1 :])
+    except ValueError:
+        return None
+    if not isinstance(last, dict):
+        return None
+    index, epoch = last.get("index"), last.get("epoch")
+    if any(isinstance(v, bool) or not isinstance(v, int) for v in (index, epoch)):
+        return None
+    kind = last.get("type")
+    return index, epoch, kind if isinstance(kind, str) else None
+
+
+def settled_files(
+    files: dict[str, list[ChangelogFile]], tails: dict[str, tuple | None], first: int,
+    after_index: Mapping[str, int] | None,
+) -> dict[str, list[ChangelogFile]]:  # fmt: skip
+    """Drop the leading files of each server that cannot hold anything this run judges.
+
+    JSON Lines epochs never go down along a server's files (a late record is an error)
+    and indexes only go up, so a file whose last record is of an epoch before ``first``
+    and, when the server has a cursor, at or below it holds only what earlier runs
+    ingested and checked. Only a leading run of such files is dropped.
+    """
+    out = {}
+    for server, fl in files.items():
+        cursor = (after_index or {}).get(server)
+        keep_from = 0
+        for i, f in enumerate(fl):
+            tail = tails.get(f.uri)
+            if tail is None or tail[1] >= first or (cursor is not None and tail[0] > cursor):
+                break
+            keep_from = i + 1
+        out[server] = fl[keep_from:]
+    return out
+
+
 def list_changelog_files(src, spark=None) -> dict[str, list[ChangelogFile]]:
     """Per configured server, its changelog files in name order.
 
@@ -1216,6 +1276,27 @@ def run_ingest(
         fl = files.get(server, [])
         say(f"{server}: {len(fl)} changelog file(s), {sum(f.size for f in fl)} bytes")
 
+    listed = files
+    skipped_closed: dict[str, int] = {}
+    if fmt == "jsonl" and job.epochs_from == "records" and first_epoch > 1:
+        # skip what earlier epochs' runs already read: the last line of each file says
+        every = [f for fl in files.values() for f in fl]
+        if job.s3 is None:
+            tails = {f.uri: file_tail(f) for f in every}
+        else:
+            s3 = job.s3
+            tails = dict(
+                spark.sparkContext.parallelize(every, max(1, min(len(every), 64)))
+                .map(lambda f: (f.uri, file_tail(f, s3)))
+                .collect()
+            )
+        files = settled_files(files, tails, first_epoch, after)
+        for server, fl in listed.items():
+            # a skipped file's closing EPOCH still counts for the closure
+            for f in fl[: len(fl) - len(files[server])]:
+                tail = tails[f.uri]
+                if tail[2] == "EPOCH" and tail[1] > skipped_closed.get(server, -1):
+                    skipped_closed[server] = tail[1]
     # jsonl files stand alone: packed into a few balanced tasks per core; other formats
     # carry MARK epochs and index order from file to file: one task per server.
     if fmt == "jsonl":
@@ -1245,13 +1326,18 @@ def run_ingest(
         if not local or not tasks:
             reports = _dedupe(acc.value)
         phases["spark_job"] = time.perf_counter() - started - phases["list"]
-        result = _judge(src, job, files, reports)
+        result = _judge(src, job, reports, skipped_closed)
         _commit(spark, wh, src, job, staging, result)
     finally:
         _delete(spark, staging)
     phases["check_and_commit"] = time.perf_counter() - started - phases["list"] - phases["spark_job"]
 
     stats = _stats(src, job, files, reports, result, time.perf_counter() - started)
+    for server, s in stats["servers"].items():
+        # files before the run's epochs (and below the cursor) are listed but not read
+        s["files_skipped"] = len(listed.get(server, [])) - len(files.get(server, []))
+        if server in skipped_closed and (s["closed_through"] or -1) < skipped_closed[server]:
+            s["closed_through"] = skipped_closed[server]
     stats["phase_seconds"] = {k: round(v, 3) for k, v in phases.items()}
     for server, s in stats["servers"].items():
         say(
@@ -1305,9 +1391,9 @@ class _Judgement:
     records: dict[int, int]
 
 
-def _judge(src, job: IngestJob, files, reports: list[dict]) -> _Judgement:
+def _judge(src, job: IngestJob, reports: list[dict], skipped_closed: Mapping[str, int]) -> _Judgement:
     """Closure, bad records and continuity; raises IngestError when the run must not commit."""
-    closed: dict[str, int | None] = {s: None for s in src.servers}
+    closed: dict[str, int | None] = {s: skipped_closed.get(s) for s in src.servers}
     for r in reports:
         c = r["closed_through"]
         if c is not None and (closed[r["server"]] is None or c > closed[r["server"]]):

@@ -72,6 +72,12 @@ def test_ingest_reads_changelogs_from_an_s3_prefix(spark, seaweed, bucket_name, 
     want = spark.createDataFrame([r.to_row() for r in MDT + OST], record_struct_type())
     assertDataFrameEqual(read_records(spark, cfg.warehouse, "fs1", 1, 2), want)
 
+    # epoch 2 alone: MDT0000's first file ends in epoch 1 (read from its tail) and is skipped
+    stats = run_ingest(cfg, "fs1", 2, 2, spark)
+    assert stats["servers"]["MDT0000"]["files_skipped"] == 1 and stats["records"] == 4
+    want = spark.createDataFrame([r.to_row() for r in MDT[2:] + OST], record_struct_type())
+    assertDataFrameEqual(read_records(spark, cfg.warehouse, "fs1", 2), want)
+
     # a bad line in an S3 object is named by its s3:// URI and line
     s3.put_object(Bucket=bucket_name, Key="fs1/OST0000/log", Body=body(OST[:1]) + b"{oops\n" + body(OST[1:]))
     with pytest.raises(EpochError, match=rf"^bad record of server OST0000: s3://{bucket_name}/fs1/OST0000/log:2: "):

@@ -414,3 +414,34 @@ def test_many_small_files_are_packed_into_a_few_balanced_tasks():
     assert sorted(f.uri for t in tasks for f in t) == sorted(f.uri for f in files)  # each file once
     assert [sum(f.size for f in t) for t in tasks] == [100, 100, 100]
     assert pack_files(files[:2], 8) == [[files[0]], [files[1]]]
+
+
+def test_files_before_the_run_and_below_the_cursor_are_not_read_again(tmp_path):
+    from epochsync.ingest import file_tail, settled_files
+
+    d = tmp_path / "M"
+    d.mkdir()
+    texts = {
+        "1.jsonl": _jsonl("M", 1, 1) + _jsonl("M", 2, 1, "EPOCH"),
+        "2.jsonl": _jsonl("M", 3, 2) + _jsonl("M", 4, 2, "EPOCH"),
+        "3.jsonl": _jsonl("M", 5, 3) + _jsonl("M", 6, 3, "EPOCH") + "\n",
+        "4.jsonl": "{broken\n",
+    }
+    files = []
+    for i, (name, text) in enumerate(texts.items()):
+        (d / name).write_text(text)
+        files.append(ChangelogFile("M", i, str(d / name), len(text)))
+    tails = {f.uri: file_tail(f) for f in files}
+    assert [tails[f.uri] for f in files] == [(2, 1, "EPOCH"), (4, 2, "EPOCH"), (6, 3, "EPOCH"), None]
+    names = lambda got: [f.uri.rsplit("/", 1)[-1] for f in got["M"]]  # noqa: E731
+    assert names(settled_files({"M": files}, tails, 3, {"M": 4})) == ["3.jsonl", "4.jsonl"]
+    # records above the cursor must still be read (continuity from the cursor)
+    assert names(settled_files({"M": files}, tails, 3, {"M": 3})) == ["2.jsonl", "3.jsonl", "4.jsonl"]
+    assert names(settled_files({"M": files}, tails, 3, None)) == ["3.jsonl", "4.jsonl"]
+    # only a leading run: an unreadable tail stops the skipping
+    assert names(settled_files({"M": [files[3], *files[:3]]}, tails, 3, None)) == [
+        "4.jsonl",
+        "1.jsonl",
+        "2.jsonl",
+        "3.jsonl",
+    ]
