@@ -13,6 +13,7 @@ fails with a clear error after ``max_attempts``.
 
 from __future__ import annotations
 
+import os
 import time
 
 from epochsync.errors import EpochsyncError
@@ -168,15 +169,24 @@ def apply_plan(plan: dict, target, source_io, source_bucket: str, jdir: str, sta
     results = []
     if ops:
         if spark is not None:
-            n = max(1, min(len(ops), spark.sparkContext.defaultParallelism * 2))
-            rdd = spark.sparkContext.parallelize(ops, n)
+            sc = spark.sparkContext
+            n = max(1, min(len(ops), sc.defaultParallelism * 2))
+            rdd = sc.parallelize(ops, n)
             fn = _bind(target, source_io, source_bucket, jdir, faults)
+            group = f"epochsync-apply-{plan['target']}-{plan['epoch']}-{os.getpid()}-{time.monotonic_ns()}"
+            sc.setJobGroup(group, f"apply data of {plan['target']} epoch {plan['epoch']}", interruptOnCancel=True)
             try:
                 results = rdd.mapPartitionsWithIndex(fn).collect()
             except Exception as exc:
+                # a failed task aborts the job, but its sibling tasks may still be writing:
+                # a rollback must not start before every one of them has stopped
+                sc.cancelJobGroup(group)
+                _wait_until_idle(sc, group)
                 raise EpochsyncError(
                     f"apply of epoch {plan['epoch']} failed on an executor: {_root_cause(exc)}"
                 ) from None
+            finally:
+                sc.setLocalProperty("spark.jobGroup.id", None)
         else:
             # the same isolation an executor has: its own clients and counters
             import pickle
@@ -208,6 +218,24 @@ def apply_plan(plan: dict, target, source_io, source_bucket: str, jdir: str, sta
         "durations": {"namespace": t1 - t0, "data": t2 - t1, "post": t3 - t2},
         "ops": {"namespace": len(plan["namespace"]), "data": len(ops), "post": len(plan["post"])},
     }
+
+
+def _wait_until_idle(sc, group: str, timeout: float = 300.0) -> None:
+    """Block until no task of the job group runs any more (cancelled or finished)."""
+    tracker = sc.statusTracker()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        busy = False
+        for job in tracker.getJobIdsForGroup(group):
+            info = tracker.getJobInfo(job)
+            for stage in info.stageIds if info else []:
+                si = tracker.getStageInfo(stage)
+                if si is not None and si.numActiveTasks > 0:
+                    busy = True
+        if not busy:
+            return
+        time.sleep(0.2)
+    raise EpochsyncError(f"apply: tasks of {group} still running {timeout:.0f}s after the failure; not rolling back")
 
 
 def _bind(target, source_io, source_bucket, jdir, faults):

@@ -28,6 +28,8 @@ from epochsync.faults import FaultCounter, FaultSpec
 from epochsync.paths import Warehouse, local_path
 
 PHASE_NAMESPACE, PHASE_DATA, PHASE_POST = 1, 2, 3
+#: written by a rollback before it replays the journal; writers stop at their next entry
+ABORT_MARKER = "ABORTED"
 
 
 def journal_dir(warehouse: str, target: str, epoch: int) -> str:
@@ -55,7 +57,13 @@ class UndoJournal:
         self._f = open(self.path, "a", encoding="utf-8")
 
     def append(self, entry: dict) -> dict:
-        """Write ``entry`` durably, then give the fault injector its chance to fire."""
+        """Write ``entry`` durably, then give the fault injector its chance to fire.
+
+        Refuses once a rollback of this epoch has started (``ABORTED`` marker), so a
+        straggling writer cannot mutate the target behind the rollback's back.
+        """
+        if os.path.exists(os.path.join(self.directory, ABORT_MARKER)):
+            raise EpochsyncError(f"apply stopped: a rollback of {self.directory} is running")
         self.seq += 1
         entry = {"phase": self.phase, "writer": self.writer, "seq": self.seq, **entry}
         self._f.write(json.dumps(entry, sort_keys=True) + "\n")
@@ -118,6 +126,14 @@ def read_journal(directory: str) -> list[dict]:
                 entries.append(json.loads(line))
     entries.sort(key=lambda e: (e["phase"], e["writer"], e["seq"]))
     return entries
+
+
+def mark_aborted(directory: str) -> None:
+    path = os.path.join(directory, ABORT_MARKER)
+    with open(path, "w") as f:
+        f.write(f"{time.time()}\n")
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def journal_exists(directory: str) -> bool:

@@ -53,6 +53,7 @@ from epochsync.journal import (
     journal_exists,
     manifest_doc,
     manifest_epoch,
+    mark_aborted,
     plan_dir,
     read_journal,
     read_json,
@@ -376,10 +377,21 @@ def rollback_target(cfg, target, spark=None, *, check: bool = True, progress=Non
     undone = 0
     for e in sorted(epochs, reverse=True):
         jdir = journal_dir(cfg.warehouse, tcfg.name, e)
-        entries = read_journal(jdir)
-        for entry in reversed(entries):
-            tgt.undo(entry, jdir)
-            undone += 1
+        mark_aborted(jdir)
+        # replay until the journal stops growing: a writer that was mid-entry when the
+        # marker appeared has at most one more durable entry, and undo is idempotent
+        seen: set[tuple] = set()
+        entries: list[dict] = []
+        while True:
+            fresh = [x for x in read_journal(jdir) if (x["writer"], x["seq"]) not in seen]
+            if not fresh:
+                break
+            for entry in reversed(fresh):
+                tgt.undo(entry, jdir)
+                undone += 1
+                seen.add((entry["writer"], entry["seq"]))
+            entries += fresh
+            time.sleep(0.2)
         tgt.finish_rollback(e)
         if progress:
             progress(f"rollback: epoch {e}: {len(entries)} journal entries undone")

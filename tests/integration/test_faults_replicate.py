@@ -140,3 +140,32 @@ def test_s3_503s_and_resets_are_retried_or_fail_clearly(hist, spark, seaweed):
             back_at_1(hist, t, spark)
         finally:
             os.environ["AIRFLOW_CONN_SOURCE_S3"] = plain
+
+
+@pytest.mark.parametrize("t", TARGETS)
+def test_write_fence_refuses_keys_changed_by_someone_else(hist, spark, seaweed, t):
+    """Runs last in this module: it leaves foreign changes in the targets."""
+    out, cfg = hist
+    plan = read_json(plan_path(cfg, t, 2))
+    target = open_target(cfg.target(t))
+    if t == "local":
+        files = [i["path"] for i in plan["fence"] if i.get("type") == "file"]
+        existing = [p for p in files if os.path.isfile(os.path.join(target.root, p))]
+        assert existing, (files, sorted(os.listdir(target.root)))
+        victim = existing[0]
+        with open(os.path.join(target.root, victim), "ab") as f:
+            f.write(b"foreign")
+        intruder = next(i["path"] for i in plan["fence"] if i.get("type") is None and "/" not in i["path"])
+        Path(target.root, intruder).write_bytes(b"squatter")
+    else:
+        victim = next(i["key"] for i in plan["fence"] if i.get("present"))
+        intruder = next(i["key"] for i in plan["fence"] if not i.get("present"))
+        c = seaweed.client()
+        c.put_object(Bucket=target.bucket, Key=target.prefix + victim, Body=b"foreign")
+        c.put_object(Bucket=target.bucket, Key=target.prefix + intruder, Body=b"squatter")
+    with pytest.raises(EpochsyncError, match="write fence") as exc:
+        run_apply(cfg, t, 2, spark)
+    assert victim in str(exc.value) and intruder in str(exc.value)
+    assert "Nothing was written" in str(exc.value)
+    assert not journal_exists(journal_dir(cfg.warehouse, t, 2))
+    assert committed_epoch(cfg, t) == 1

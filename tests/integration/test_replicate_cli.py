@@ -8,13 +8,15 @@ epoch, then a rerun that succeeds; ``rollback`` on a target with an unfinished e
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 import pytest
 
 from epochsync.cli import main
-from epochsync.journal import journal_dir, journal_exists
+from epochsync.journal import journal_dir, journal_exists, read_json
+from epochsync.paths import Warehouse, local_path
 from epochsync.targets import open_target
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -41,6 +43,14 @@ def test_replicate_and_rollback_verbs(sim3, spark, capsys):
     assert "epoch 2: committed" in text
     assert target.read_manifest()["epoch"] == 2
     assert_equals_truth(target, out, 2)
+    # the consumer cursor moved to the last record of epoch 2 on every server
+    cursor = read_json(local_path(Warehouse(cfg.warehouse).cursor("sim", "local")))
+    assert cursor["epoch"] == 2
+    for server in cfg.sources[0].servers:
+        lines = (out / "changelogs" / server / "000002.jsonl").read_text().splitlines()
+        assert cursor["servers"][server] == json.loads(lines[-1])["index"]
+    stats = read_json(local_path(Warehouse(cfg.warehouse).stats("local", 2)))
+    assert stats["records_in"] > 0 and set(stats["durations"]) >= {"ingest", "merge", "translate", "apply", "verify"}
 
     # a gap is refused, naming the missing epoch and the backfill command
     assert main(["replicate", "--config", conf, "--target", "local", "--epoch", "4"]) == 1

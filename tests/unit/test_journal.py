@@ -68,3 +68,15 @@ def test_fault_spec_parsing_and_one_shot_firing(tmp_path):
     fresh = FaultCounter(spec, str(tmp_path / "n2"), str(tmp_path / "fired"))
     for i in range(5):
         fresh.tick(f"m{i}")
+
+
+def test_a_rollback_in_progress_stops_late_writers(tmp_path):
+    from epochsync.journal import mark_aborted
+
+    d = str(tmp_path / "undo")
+    with UndoJournal(d, "data-00003", PHASE_DATA) as j:
+        j.append({"op": "create", "path": "a"})
+        mark_aborted(d)
+        with pytest.raises(EpochsyncError, match="rollback"):
+            j.append({"op": "create", "path": "b"})
+    assert [e["path"] for e in read_journal(d)] == ["a"]

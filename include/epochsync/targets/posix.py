@@ -185,7 +185,7 @@ class PosixTarget(Target):
             rel = item["path"]
             try:
                 s = os.lstat(self._abs(rel))
-            except FileNotFoundError:
+            except (FileNotFoundError, NotADirectoryError):
                 s = None
             except UnsafePathError as exc:
                 problems.append(f"{rel}: {exc}")
