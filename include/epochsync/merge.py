@@ -287,17 +287,31 @@ def write_chunks(writes: DataFrame, layouts: DataFrame, extents_known: bool) -> 
     )
 
 
-def union_intervals(chunked: DataFrame) -> DataFrame:
-    """Per fid: sorted disjoint non-adjacent ``ranges_raw`` [(s, e)], ``wmax`` (the highest
-    end written after the last size set) and ``write_whole``.
+def write_data(chunked: DataFrame) -> DataFrame:
+    """Per written fid, in one pass over the chunks: sorted disjoint non-adjacent
+    ``ranges_raw`` [(s, e)], ``wmax`` (the highest end written after the last size set),
+    ``write_whole``, the writes' last times (``w_atime_ns``...) and the latest reported
+    version of each stripe object (``new_objects``).
 
-    Sort + running max: an interval starts a new group when it begins after every end
-    before it (adjacent intervals join); a group is one merged interval.
+    Interval union = sort + running max: an interval starts a new group when it begins
+    after every end before it (adjacent intervals join); a group is one merged interval.
+    Per-write facts (times, object) ride on the first chunk of each write only.
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    rows = chunked.select("fid", "after_set", F.inline("chunks"))
+    per_write = ("ord", "object", *TIME_TYPES)
+    rows = chunked.select(
+        "fid",
+        "after_set",
+        F.inline(
+            F.expr(
+                "transform(chunks, (c, i) -> named_struct('s', c.s, 'e', c.e, 'whole', c.whole, "
+                + ", ".join(f"'{c}', CASE WHEN i = 0 THEN {c} END" for c in per_write)
+                + "))"
+            )
+        ),
+    )
     w = Window.partitionBy("fid").orderBy("s", "e")
     grouped = rows.withColumn("prev_end", F.max("e").over(w.rowsBetween(Window.unboundedPreceding, -1))).withColumn(
         "grp",
@@ -305,36 +319,29 @@ def union_intervals(chunked: DataFrame) -> DataFrame:
             w.rowsBetween(Window.unboundedPreceding, Window.currentRow)
         ),
     )
+    obj = "named_struct('ost', object.ost, 'oid', object.oid, 'o', ord, 'version', object.version)"
     merged = grouped.groupBy("fid", "grp").agg(
         F.min("s").alias("s"),
         F.max("e").alias("e"),
         F.expr("max(e) FILTER (WHERE after_set)").alias("wmax"),
         F.expr("bool_or(whole)").alias("whole"),
+        *(_last(c, f"{c} IS NOT NULL", "w_" + c) for c in TIME_TYPES),
+        F.expr(f"collect_list({obj}) FILTER (WHERE object IS NOT NULL)").alias("objs"),
     )
-    return merged.groupBy("fid").agg(
+    per_fid = merged.groupBy("fid").agg(
         F.expr("array_sort(collect_list(named_struct('s', s, 'e', e)) FILTER (WHERE s IS NOT NULL))").alias("ranges_raw"),
         F.max("wmax").alias("wmax"),
         F.expr("bool_or(whole)").alias("write_whole"),
+        *(F.max("w_" + c).alias("w_" + c) for c in TIME_TYPES),
+        F.expr("array_sort(flatten(collect_list(objs)))").alias("objs"),
     )  # fmt: skip
-
-
-def write_facts(chunked: DataFrame) -> DataFrame:
-    """Per written fid: the writes' last times (``w_atime_ns``...) and the latest reported
-    version of each stripe object (``new_objects``)."""
-    from pyspark.sql import functions as F
-
-    times = chunked.groupBy("fid").agg(*(_last(c, f"{c} IS NOT NULL", "w_" + c) for c in TIME_TYPES))
-    last = (
-        chunked.filter(F.col("object").isNotNull())
-        .groupBy("fid", F.col("object.ost").alias("ost"), F.col("object.oid").alias("oid"))
-        .agg(F.expr("max(named_struct('o', ord, 'v', object.version))").alias("last"))
+    # sorted by (ost, oid, ord): the last element of each object is its latest version
+    latest = (
+        "transform(filter(objs, (x, i) -> coalesce(NOT (try_element_at(objs, i + 2).ost = x.ost"
+        " AND try_element_at(objs, i + 2).oid = x.oid), true)),"
+        f" x -> CAST(named_struct('ost', x.ost, 'oid', x.oid, 'version', x.version) AS {_OBJECT}))"
     )
-    objects = last.groupBy("fid").agg(
-        F.expr(f"collect_list(CAST(named_struct('ost', ost, 'oid', oid, 'version', last.v) AS {_OBJECT}))").alias(
-            "new_objects"
-        )
-    )
-    return times.join(objects, "fid", "left")
+    return per_fid.withColumn("new_objects", F.expr(f"CASE WHEN size(objs) > 0 THEN {latest} END")).drop("objs")
 
 
 def merge_epoch(
@@ -394,7 +401,7 @@ def merge_epoch(
         )
     )
     chunked = write_chunks(writes, layouts, extents_known)
-    data = union_intervals(chunked).join(write_facts(chunked), "fid").withColumn("has_write", F.lit(True))
+    data = write_data(chunked).withColumn("has_write", F.lit(True))
     touched = meta.join(data, "fid", "full")
     st = (
         touched.join(old, "fid", "left")
