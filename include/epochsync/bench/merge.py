@@ -162,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scratch", default="bench/scratch/merge", help="where inputs are generated and kept")
     p.add_argument("--shuffle-partitions", type=int, default=8, help="spark.sql.shuffle.partitions (default 8)")
     p.add_argument("--driver-memory", default="6g", help="JVM heap of the local[2] driver (default 6g)")
+    p.add_argument("--event-log", metavar="DIR", help="also write the Spark event log here (stage timings)")
     p.add_argument("--no-write", action="store_true", help="print the rows, do not write bench/results/merge.json")
     args = p.parse_args(argv)
     names = [s.strip() for s in args.sizes.split(",") if s.strip()]
@@ -173,12 +174,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from epochsync.spark import spark_session
 
+    conf = {"spark.driver.memory": args.driver_memory}
+    if args.event_log:
+        Path(args.event_log).mkdir(parents=True, exist_ok=True)
+        conf.update({"spark.eventLog.enabled": "true", "spark.eventLog.dir": Path(args.event_log).resolve().as_uri()})
     t0 = time.monotonic()
     spark = spark_session(
-        "epochsync-bench-merge",
-        master="local[2]",
-        shuffle_partitions=args.shuffle_partitions,
-        extra_conf={"spark.driver.memory": args.driver_memory},
+        "epochsync-bench-merge", master="local[2]", shuffle_partitions=args.shuffle_partitions, extra_conf=conf
     )
     spark.range(1).count()  # the session is really up
     startup = time.monotonic() - t0
