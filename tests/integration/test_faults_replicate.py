@@ -39,7 +39,7 @@ from test_replicate_e2e import (  # noqa: E402
     simulate,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TARGETS = ("local", "s3")
 
 

@@ -22,7 +22,7 @@ from epochsync.targets import open_target
 sys.path.insert(0, str(Path(__file__).parent))
 from test_replicate_e2e import assert_equals_truth, simulate  # noqa: E402
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from epochsync.config import load_config
 from epochsync.paths import Warehouse, local_path
 from epochsync.targets import open_target
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 EPOCHS = 5
 
