@@ -20,9 +20,11 @@ the change set and the cookie groups, and counting the stats. Each row of
      "startup_seconds", "changes", "snapshot_fids", "generate_seconds", "prepare_seconds", ...}
 
 ``peak_rss_bytes`` is the peak summed resident set of this process and its descendants
-(the JVM) during the merge, sampled every 50 ms; ``net_to_raw_ratio`` is change rows /
-merged records. The 2 cores may be shared with other work: the machine's load average
-at the start of each merge is recorded as ``loadavg_1m``.
+(the JVM) during the merge, sampled every 50 ms; ``cpu_seconds`` the CPU time that process
+tree used during the merge (on a busy machine ``seconds`` is mostly waiting for a core;
+``cpu_seconds / 2`` is what the merge would take with both cores to itself);
+``net_to_raw_ratio`` is change rows / merged records. The 2 cores may be shared with other
+work: the machine's load average at the start of each merge is recorded as ``loadavg_1m``.
 """
 
 from __future__ import annotations
@@ -129,9 +131,11 @@ def run_one(spark, name: str, work: Path, generate_seconds: float, startup_secon
         shutil.rmtree(work / "warehouse" / sub, ignore_errors=True)
     load = os.getloadavg()[0]
     with TreeSampler() as sampler:
+        cpu0 = sampler.cpu()
         t0 = time.monotonic()
         stats = run_merge(cfg, "bench", 2, 2, spark)
         seconds = time.monotonic() - t0
+        cpu_seconds = sampler.cpu() - cpu0
     n = stats["records"]
     return {
         "name": name,
@@ -141,6 +145,7 @@ def run_one(spark, name: str, work: Path, generate_seconds: float, startup_secon
         "peak_rss_bytes": sampler.peak,
         "net_to_raw_ratio": round(stats["net_to_raw_ratio"], 4),
         "startup_seconds": round(startup_seconds, 2),
+        "cpu_seconds": round(cpu_seconds, 1),
         "merged_records": stats["merged_records"],
         "changes": stats["changes"],
         "created": stats["created"],
