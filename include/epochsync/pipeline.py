@@ -19,8 +19,10 @@ the first one when a run merges a window of several closed epochs, default ``epo
 ``run_verify(cfg, target, epoch, spark=None, first_epoch=None) -> dict``
     Checks every touched path against the source at E; raises if anything differs.
 ``run_commit(cfg, target, epoch, first_epoch=None) -> dict``
-    Requires a passed verify; drops the posix scratch area, writes the stats row, the
-    manifest (last, atomically), advances the consumer cursor; returns the stats row.
+    Requires a passed verify; writes the stats row, then the manifest (the commit
+    point, atomically; the last write that changes what readers see), then drops the
+    posix scratch area, advances the consumer cursor and removes the undo journal;
+    returns the stats row.
 ``run_rollback(cfg, target, spark=None) -> dict``
     Replays the undo journal of the unfinished epoch in reverse (idempotent, resumable),
     then checks the target against the snapshot of its committed epoch. A no-op when
@@ -288,6 +290,9 @@ def run_commit(cfg, target, epoch: int, first_epoch: int | None = None) -> dict:
     tgt = open_target_for(cfg, tcfg)
     committed = manifest_epoch(tgt.read_manifest())
     if committed >= epoch:
+        # a commit that died after its manifest: finish its garbage collection
+        tgt.finish_commit(epoch)
+        remove_journal(journal_dir(cfg.warehouse, tcfg.name, epoch))
         return {"noop": True, "message": f"target {tcfg.name} is already at epoch {committed}"}
     pdir = plan_dir(cfg.warehouse, tcfg.name, epoch)
     verify = read_json(os.path.join(pdir, "verify.json"))
@@ -298,13 +303,16 @@ def run_commit(cfg, target, epoch: int, first_epoch: int | None = None) -> dict:
     if committed != first - 1:
         raise EpochError(f"target {tcfg.name} is at epoch {committed}; cannot commit epochs {first}..{epoch}")
     src = cfg.source_of(tcfg)
-    tgt.finish_commit(epoch)
     stages = read_stage_stats(cfg.warehouse, tcfg.name, epoch)
     row = stats_row(tcfg, src.name, first, epoch, stages, plan)
     row["durations"]["commit"] = round(time.monotonic() - t0, 3)
     write_json_atomic(local_path(Warehouse(cfg.warehouse).stats(tcfg.name, epoch)), row)
+    # the commit point: from here on the target is at E
     tgt.write_manifest(manifest_doc(tcfg.name, src.name, epoch, plan.get("snapshot") or ""))
-    # after the manifest: a cursor ahead of the manifest could let records be purged too early
+    # after the manifest, garbage only: the moved-aside originals of the epoch's deletes
+    # (under .epochsync/, never seen by readers); a crash here is finished by a rerun
+    tgt.finish_commit(epoch)
+    # a cursor ahead of the manifest could let records be purged too early
     advance_cursor(cfg.warehouse, src.name, tcfg.name, epoch, _last_indexes(cfg, src.name, first, epoch))
     remove_journal(journal_dir(cfg.warehouse, tcfg.name, epoch))
     return row

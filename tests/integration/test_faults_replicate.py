@@ -45,12 +45,16 @@ TARGETS = ("local", "s3")
 
 @pytest.fixture(scope="module")
 def hist(seaweed, tmp_path_factory, spark):
+    import dataclasses
+
     out, cfg = simulate(seaweed, tmp_path_factory.mktemp("faults"), 2, seed=23)
-    cfg = cfg.__class__(cfg.file, cfg.warehouse, cfg.sources, tuple(t for t in cfg.targets if t.name in TARGETS))
+    crash = dataclasses.replace(cfg.target("local"), name="crash", path=str(out / "crash-replica"))
+    targets = (*(t for t in cfg.targets if t.name in TARGETS), crash)
+    cfg = cfg.__class__(cfg.file, cfg.warehouse, cfg.sources, targets)
     for e in (1, 2):
         ingest_epoch(spark, cfg, e)
         merge_once(spark, cfg, e)
-    for t in TARGETS:
+    for t in (*TARGETS, "crash"):
         replicate_epoch(spark, cfg, t, 1)
         run_translate(cfg, t, 2, spark)
     return out, cfg
@@ -140,6 +144,33 @@ def test_s3_503s_and_resets_are_retried_or_fail_clearly(hist, spark, seaweed):
             back_at_1(hist, t, spark)
         finally:
             os.environ["AIRFLOW_CONN_SOURCE_S3"] = plain
+
+
+def test_a_commit_that_dies_after_its_manifest_is_finished_by_a_rerun(hist, spark, monkeypatch):
+    from epochsync.pipeline import run_commit
+    from epochsync.targets.posix import PosixTarget
+
+    out, cfg = hist
+    run_apply(cfg, "crash", 2, spark)
+    run_verify(cfg, "crash", 2, spark)
+    target = open_target(cfg.target("crash"))
+
+    def die(self, epoch):
+        raise OSError("killed right after the manifest was written")
+
+    with monkeypatch.context() as m:
+        m.setattr(PosixTarget, "finish_commit", die)
+        with pytest.raises(OSError):
+            run_commit(cfg, "crash", 2)
+    # the manifest is the commit point: the target is at 2, whatever garbage is left
+    assert committed_epoch(cfg, "crash") == 2
+    assert check_preconditions(cfg, "crash", 2)["action"] == "noop"
+    assert_equals_truth(target, out, 2)
+    assert os.path.isdir(target.tmp_dir(2)) and journal_exists(journal_dir(cfg.warehouse, "crash", 2))
+    assert run_commit(cfg, "crash", 2)["noop"]
+    assert not os.path.exists(target.tmp_dir(2)) and not journal_exists(journal_dir(cfg.warehouse, "crash", 2))
+    assert rollback_target(cfg, "crash", spark)["rolled_back"] == []
+    assert_equals_truth(target, out, 2)
 
 
 @pytest.mark.parametrize("t", TARGETS)
