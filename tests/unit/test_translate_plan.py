@@ -226,3 +226,11 @@ def test_names_that_could_escape_are_refused_before_anything_is_planned():
     for bad in ["../x", "/etc/passwd", "a/../../b", "a\x00b", "n" * 256, ".epochsync/x", "a//b", ""]:
         with pytest.raises(UnsafePathError):
             build_plan([ent("X", None, [("R", "x", bad)])], target=tdict(), store=STORE, epoch=1)
+
+
+def test_spark_app_entry_point_fails_with_one_line(capsys, tmp_path):
+    from epochsync.pipeline import stage_main
+
+    assert stage_main("translate", ["--config", str(tmp_path / "none.yaml"), "--target", "t", "--epoch", "1"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("translate: error:") and "none.yaml" in err[0]
