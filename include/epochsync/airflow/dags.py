@@ -130,8 +130,9 @@ def build_epoch_dag(
                 description="Pull every changed file whole instead of only its modified extents.",
             ),
             "inject_failure": Param(
-                "",
-                type="string",
+                # null, not "": the UI's form counts an empty non-nullable string as missing
+                None,
+                type=["null", "string"],
                 title="inject_failure (demo and tests)",
                 description="Fault spec for the apply stage, e.g. 'after=3': fail after 3 mutations to see "
                 "the rollback (fires once per target and epoch). Empty: no fault.",
