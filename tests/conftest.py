@@ -11,6 +11,8 @@ import pytest
 FIXTURES = Path(__file__).parent / "fixtures"
 
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+# every spark-submit the tests start (DAG stages, the PySpark gateway) uses the small profile's JVM
+os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,266 @@
+"""``make demo``: the main job end to end on the embedded default.
+
+Starts SeaweedFS on loopback, simulates a striped source (several MDTs and OSTs,
+thousands of files, mixed changes over several epochs), and replicates every epoch
+through the real Airflow DAG (``dag.test()`` per epoch, one process per run, the Spark
+stages through spark-submit) into a posix target and an s3 target. One epoch of the s3
+target gets an injected apply failure: the run fails, the rollback task restores the
+previous epoch (checked against the ground truth), and the retry succeeds.
+
+After every epoch both targets are compared with the simulator's ground truth, byte for
+byte; one line per (epoch, target) gives records in, net operations, bytes changed,
+pulled and copied server-side, duration and status. It ends with the report path and a
+verdict, exits non-zero if any verification failed, and stops everything it started.
+
+    python -m epochsync.demo [--epochs 6] [--files 2000] [--fail-epoch 4] [--workdir var/demo]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from epochsync.spark import SMALL_JVM_OPTIONS
+
+REPO = Path(__file__).resolve().parents[2]
+SOURCE = "sim"
+TARGETS = ("local", "s3")
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def _human(n) -> str:
+    n = float(n or 0)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n /= 1024
+    return str(n)
+
+
+def demo_environment(workdir: Path, endpoint) -> dict[str, str]:
+    """Environment of every Airflow/Spark process the demo starts."""
+    env = dict(os.environ)
+    env.update(
+        AIRFLOW_HOME=str(workdir / "airflow"),
+        AIRFLOW__CORE__LOAD_EXAMPLES="False",
+        AIRFLOW__CORE__DAGS_FOLDER=str(REPO / "dags"),
+        AIRFLOW__CORE__PLUGINS_FOLDER=str(REPO / "plugins"),
+        AIRFLOW__CORE__PARALLELISM="2",
+        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{workdir / 'airflow' / 'airflow.db'}",
+        AIRFLOW__LOGGING__BASE_LOG_FOLDER=str(workdir / "airflow" / "logs"),
+        AIRFLOW_CONN_SPARK_DEFAULT=json.dumps({"conn_type": "spark", "host": "local[2]"}),
+        AIRFLOW_CONN_SOURCE_S3=endpoint.airflow_conn_json(),
+        AIRFLOW_CONN_REPLICA_S3=endpoint.airflow_conn_json(),
+        EPOCHSYNC_CONFIG=str(workdir / "sim" / "epochsync.yaml"),
+        EPOCHSYNC_CATCHUP="false",
+        SPARK_SUBMIT_OPTS=SMALL_JVM_OPTIONS,
+        PYTHONPATH=str(REPO / "include") + (":" + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""),
+        PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
+    )
+    env.pop(  # the demo's failure is injected per run, never inherited
+        "EPOCHSYNC_INJECT_FAILURE", None
+    )
+    return env
+
+
+class RunWatcher:
+    """Prints which task of a running DAG is busy, every ``every`` seconds."""
+
+    def __init__(self, label: str, log_path: Path, every: float = 20.0):
+        self.label, self.log_path, self.every = label, log_path, every
+        self.stop = threading.Event()
+        self.t0 = time.monotonic()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _current_task(self) -> str | None:
+        try:
+            text = self.log_path.read_text(errors="replace")[-20000:]
+        except OSError:
+            return None
+        last = None
+        for task in ("wait_epoch_closed", "ingest", "merge", "translate", "apply", "verify", "commit", "rollback"):
+            pos = max(text.rfind(f"task_id={task}"), text.rfind(f"'{task}'"), text.rfind(f"Task {task}"))
+            if pos >= 0 and (last is None or pos > last[0]):
+                last = (pos, task)
+        return last[1] if last else None
+
+    def _run(self):
+        while not self.stop.wait(self.every):
+            task = self._current_task() or "starting"
+            log(f"    ... {self.label}: {task} ({time.monotonic() - self.t0:.0f}s)")
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+
+
+def run_dag_epoch(env: dict, target: str, epoch: int, logs: Path, *, inject: str | None = None) -> dict:
+    """One DAG run for (target, epoch) in its own process; returns the dagtest result."""
+    dag_id = f"epochsync__{SOURCE}__{target}"
+    run_env = dict(env)
+    if inject:
+        run_env["EPOCHSYNC_INJECT_FAILURE"] = inject
+    log_path = logs / f"epoch{epoch:02d}-{target}{'-failing' if inject else ''}.log"
+    t0 = time.monotonic()
+    with open(log_path, "w") as out, RunWatcher(f"epoch {epoch} {target}", log_path):
+        proc = subprocess.run(
+            [sys.executable, "-m", "epochsync.airflow.dagtest", "--dag-id", dag_id, "--epoch", str(epoch)],
+            env=run_env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
+    result = {"state": "failed", "tasks": {}}
+    for line in log_path.read_text(errors="replace").splitlines():
+        if line.startswith("DAGTEST_RESULT "):
+            result = json.loads(line.split(" ", 1)[1])
+    result["seconds"] = time.monotonic() - t0
+    result["returncode"] = proc.returncode
+    result["log"] = str(log_path)
+    return result
+
+
+def verify_target(cfg, target: str, sim_dir: Path, epoch: int) -> list[str]:
+    """Differences between the target and the ground truth at ``epoch`` (empty: identical)."""
+    from epochsync.pipeline import open_target_for
+    from epochsync.truth import compare_with_truth, load_truth, truth_path
+
+    tcfg = cfg.target(target)
+    tgt = open_target_for(cfg, tcfg)
+    if epoch == 0:
+        truth = {}
+    else:
+        truth = load_truth(truth_path(sim_dir, epoch))
+    return compare_with_truth(tgt, truth)
+
+
+def epoch_line(epoch: int, target: str, stats: dict | None, seconds: float, status: str) -> str:
+    s = stats or {}
+    ops = sum((s.get("net_operations") or {}).values())
+    return (
+        f"epoch {epoch:>2} {target:<6} records {s.get('records_in', 0):>6}  net ops {ops:>5}  "
+        f"changed {_human(s.get('bytes_changed')):>9}  pulled {_human(s.get('bytes_pulled')):>9}  "
+        f"copied {_human(s.get('bytes_copied')):>9}  {seconds:6.1f}s  {status}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m epochsync.demo", description=__doc__.split("\n\n")[0])
+    p.add_argument("--workdir", default=str(REPO / "var" / "demo"), help="scratch folder (emptied first)")
+    p.add_argument("--epochs", type=int, default=6)
+    p.add_argument("--files", type=int, default=2000)
+    p.add_argument("--mdts", type=int, default=2)
+    p.add_argument("--osts", type=int, default=4)
+    p.add_argument("--seed", type=int, default=2026)
+    p.add_argument("--fail-epoch", type=int, default=4, help="epoch whose s3 apply fails once (0: none)")
+    p.add_argument("--fail-after", type=int, default=25, help="mutations before the injected failure")
+    args = p.parse_args(argv)
+
+    from epochsync.config import load_config
+    from epochsync.embedded import SeaweedFS
+    from epochsync.journal import read_json
+    from epochsync.paths import Warehouse, local_path
+    from epochsync.status import build_report, report_path
+
+    workdir = Path(args.workdir).resolve()
+    if workdir.exists():
+        shutil.rmtree(workdir)
+    logs = workdir / "logs"
+    logs.mkdir(parents=True)
+    t_start = time.monotonic()
+    failures: list[str] = []
+    lines: list[str] = []
+    weed = SeaweedFS(workdir / "seaweedfs")
+    try:
+        log(f"demo: starting SeaweedFS (S3 on loopback) in {workdir / 'seaweedfs'}")
+        endpoint = weed.start()
+        env = demo_environment(workdir, endpoint)
+        os.environ.update({k: v for k, v in env.items() if k.startswith(("AIRFLOW_CONN_", "EPOCHSYNC_CONFIG"))})
+        sim_dir = workdir / "sim"
+        log(f"demo: simulating a striped source: {args.files} files, {args.epochs} epochs, "
+            f"{args.mdts} MDTs, {args.osts} OSTs (seed {args.seed})")  # fmt: skip
+        subprocess.run(
+            [sys.executable, "-m", "epochsync.cli", "simulate", "--out", str(sim_dir), "--seed", str(args.seed),
+             "--epochs", str(args.epochs), "--files", str(args.files), "--mdts", str(args.mdts),
+             "--osts", str(args.osts), "--conn-id", "source_s3"],
+            env=env, check=True,
+        )  # fmt: skip
+        cfg = load_config(sim_dir / "epochsync.yaml")
+        wh = Warehouse(cfg.warehouse)
+        log("demo: preparing Airflow's metadata database (SQLite)")
+        subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        log(f"demo: replicating every epoch through the Airflow DAGs epochsync__{SOURCE}__{{{','.join(TARGETS)}}}")
+        for epoch in range(1, args.epochs + 1):
+            for target in TARGETS:
+                inject = None
+                if target == "s3" and epoch == args.fail_epoch:
+                    inject = f"after={args.fail_after},epoch={epoch},target={target}"
+                    log(f"epoch {epoch:>2} {target:<6} injecting an apply failure after {args.fail_after} mutations")
+                    res = run_dag_epoch(env, target, epoch, logs, inject=inject)
+                    tasks = res.get("tasks", {})
+                    diffs = verify_target(cfg, target, sim_dir, epoch - 1)
+                    ok = res["state"] == "failed" and tasks.get("rollback") == "success" and not diffs
+                    status = (f"FAILED as injected; apply {tasks.get('apply')}, rollback {tasks.get('rollback')}, "
+                              f"target {'equals' if not diffs else 'DIFFERS from'} epoch {epoch - 1}")  # fmt: skip
+                    line = epoch_line(epoch, target, None, res["seconds"], status)
+                    log(line)
+                    lines.append(line)
+                    if not ok:
+                        failures.append(f"epoch {epoch} {target}: injected failure not handled: {res} {diffs[:5]}")
+                    log(f"epoch {epoch:>2} {target:<6} retrying")
+                res = run_dag_epoch(env, target, epoch, logs)
+                stats = read_json(local_path(wh.stats(target, epoch)))
+                if res["state"] != "success":
+                    status = f"FAILED (tasks {res.get('tasks')}; log {res['log']})"
+                    failures.append(f"epoch {epoch} {target}: run {res['state']}; log {res['log']}")
+                else:
+                    diffs = verify_target(cfg, target, sim_dir, epoch)
+                    if diffs:
+                        status = "VERIFY FAILED: " + "; ".join(diffs[:3])
+                        failures.append(f"epoch {epoch} {target}: differs from ground truth: {diffs[:10]}")
+                    else:
+                        status = "ok, equals ground truth" + (" after retry" if inject else "")
+                line = epoch_line(epoch, target, stats, res["seconds"], status)
+                log(line)
+                lines.append(line)
+            if failures:  # later epochs depend on this one: stop at the first failure
+                log("demo: stopping at the first failure")
+                break
+        report = report_path(cfg)
+        os.makedirs(os.path.dirname(report), exist_ok=True)
+        with open(report, "w", encoding="utf-8") as f:
+            f.write(build_report(cfg, list(cfg.targets)))
+        summary = workdir / "demo-summary.txt"
+        summary.write_text("\n".join(lines) + "\n")
+    except subprocess.CalledProcessError as exc:
+        failures.append(f"{' '.join(map(str, exc.cmd[:4]))}... exited {exc.returncode}")
+        report = None
+    finally:
+        weed.stop()
+    total = time.monotonic() - t_start
+    if report:
+        log(f"demo: report {report}")
+    if failures:
+        log(f"demo: FAILED in {total:.0f}s: " + " | ".join(failures))
+        return 1
+    log(f"demo: PASSED in {total:.0f}s: every epoch of both targets equals the source's ground truth; "
+        f"the injected failure was rolled back and retried")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
