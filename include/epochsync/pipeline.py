@@ -48,6 +48,7 @@ from typing import Any
 
 from epochsync.config import Config, TargetConfig, load_config
 from epochsync.errors import EpochError, EpochsyncError
+from epochsync.events import COMMITTED, FAILED, ROLLED_BACK, record_event
 from epochsync.journal import (
     advance_cursor,
     fault_counter,
@@ -309,6 +310,7 @@ def run_commit(cfg, target, epoch: int, first_epoch: int | None = None) -> dict:
     write_json_atomic(local_path(Warehouse(cfg.warehouse).stats(tcfg.name, epoch)), row)
     # the commit point: from here on the target is at E
     tgt.write_manifest(manifest_doc(tcfg.name, src.name, epoch, plan.get("snapshot") or ""))
+    record_event(cfg.warehouse, tcfg.name, COMMITTED, epoch, first_epoch=first)
     # after the manifest, garbage only: the moved-aside originals of the epoch's deletes
     # (under .epochsync/, never seen by readers); a crash here is finished by a rerun
     tgt.finish_commit(epoch)
@@ -419,6 +421,8 @@ def rollback_target(cfg, target, spark=None, *, check: bool = True, progress=Non
                 "after fixing the cause, or re-hydrate the target)"
             )
     tgt.mark_rollback(max(epochs))
+    record_event(cfg.warehouse, tcfg.name, ROLLED_BACK, max(epochs), message=f"back at epoch {committed}",
+                 epochs=epochs, undone=undone)  # fmt: skip
     for e in epochs:
         remove_journal(journal_dir(cfg.warehouse, tcfg.name, e))
     return {
@@ -534,6 +538,7 @@ def _replicate_epoch(cfg: Config, tcfg: TargetConfig, e: int, spark, inject, who
         return step("commit", lambda: run_commit(cfg, tcfg, e), lambda o: f": manifest at epoch {e}")
     except Exception as exc:
         progress(f"{tcfg.name} epoch {e}: FAILED: {exc}")
+        record_event(cfg.warehouse, tcfg.name, FAILED, e, message=str(exc)[:500])
         try:
             r = rollback_target(cfg, tcfg, spark, progress=progress)
             progress(f"{tcfg.name} epoch {e}: rolled back: {r['message']}")

@@ -89,3 +89,15 @@ def test_replicate_and_rollback_verbs(sim3, spark, capsys):
     assert main(["replicate", "--config", conf, "--target", "local", "--through", "3"]) == 0
     assert target.read_manifest()["epoch"] == 3
     assert_equals_truth(target, out, 3)
+
+    # the history operators see in `epochsync status`: commits, the failure and both rollbacks
+    from epochsync.events import read_events
+
+    kinds = [(ev["event"], ev["epoch"]) for ev in read_events(cfg.warehouse, "local")]
+    assert kinds == [("committed", 1), ("committed", 2), ("failed", 3), ("rolled_back", 3), ("rolled_back", 3),
+                     ("committed", 3)]  # fmt: skip
+    capsys.readouterr()
+    assert main(["status", "--config", conf, "--target", "local", "--format", "json"]) == 0
+    status = json.loads(capsys.readouterr().out)[0]
+    assert (status["committed_epoch"], status["failures"], status["rollbacks"]) == (3, 1, 2)
+    assert status["status"] == "Active" and status["unfinished_epochs"] == []
