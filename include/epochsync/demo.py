@@ -171,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from epochsync.config import load_config
     from epochsync.embedded import SeaweedFS
+    from epochsync.events import ROLLED_BACK, read_events
     from epochsync.journal import read_json
     from epochsync.paths import Warehouse, local_path
     from epochsync.status import build_report, report_path
@@ -213,9 +214,13 @@ def main(argv: list[str] | None = None) -> int:
                     res = run_dag_epoch(env, target, epoch, logs, inject=inject)
                     tasks = res.get("tasks", {})
                     diffs = verify_target(cfg, target, sim_dir, epoch - 1)
-                    ok = res["state"] == "failed" and tasks.get("rollback") == "success" and not diffs
-                    status = (f"FAILED as injected; apply {tasks.get('apply')}, rollback {tasks.get('rollback')}, "
-                              f"target {'equals' if not diffs else 'DIFFERS from'} epoch {epoch - 1}")  # fmt: skip
+                    # the rollback task ends failed on purpose (the run must show red): judge it by its effect
+                    rolled = any(ev.get("event") == ROLLED_BACK and ev.get("epoch") == epoch
+                                 for ev in read_events(cfg.warehouse, target))  # fmt: skip
+                    ok = res["state"] == "failed" and tasks.get("apply") == "failed" and rolled and not diffs
+                    status = (f"FAILED as injected; apply {tasks.get('apply')}, rollback "
+                              f"{'ran' if rolled else 'DID NOT RUN'}, target "
+                              f"{'equals' if not diffs else 'DIFFERS from'} epoch {epoch - 1}")  # fmt: skip
                     line = epoch_line(epoch, target, None, res["seconds"], status)
                     log(line)
                     lines.append(line)
