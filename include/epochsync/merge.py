@@ -679,6 +679,13 @@ def run_merge(cfg: Config, target_name: str, first_epoch: int, last_epoch: int, 
         "changes_uri": out.changes,
         "seconds": round(time.monotonic() - t0, 3),
     }
+    # snapshot retention: the committed epoch's snapshot (first - 1, what a rollback checks
+    # against) and everything newer are always kept
+    from epochsync.snapshot import prune_snapshots
+
+    stats["snapshots_pruned"] = prune_snapshots(
+        spark, wh, target.name, target.snapshot_retention, committed_epoch=first_epoch - 1
+    )
     return stats
 
 

@@ -37,6 +37,11 @@ targets:
     source: sim
     kind: posix
     path: {tmp_path}/replica
+  - name: keep1
+    source: sim
+    kind: posix
+    path: {tmp_path}/replica-keep1
+    snapshot_retention: 1
 """
     )
     return cfg
@@ -107,3 +112,14 @@ def test_missing_inputs_name_what_to_run(spark, stage, capsys):
     assert "error" in capsys.readouterr().err
     with pytest.raises(EpochError, match="bad epoch window"):
         run_merge(load_config(cfg_path), "t", 3, 2, spark)
+
+
+def test_merge_prunes_snapshots_past_retention(spark, stage):
+    from epochsync.merge import run_merge
+    from epochsync.snapshot import snapshot_epochs
+
+    _, cfg_path, wh, _ = stage
+    cfg = load_config(cfg_path)
+    pruned = [run_merge(cfg, "keep1", e, e, spark)["snapshots_pruned"] for e in (1, 2, 3)]
+    # merging epoch E means E-1 is the committed one: it and everything newer stay
+    assert 1 in pruned[2] and snapshot_epochs(spark, wh, "keep1") == [2, 3]
