@@ -72,3 +72,20 @@ def local_path(uri: str) -> str:
     if u.scheme != "file":
         raise ValueError(f"not a local warehouse URI: {uri}")
     return u.path
+
+
+def epoch_partitions(uri: str) -> list[int]:
+    """The epochs E with an ``epoch=E`` folder under a local (``file://``) ``uri``, sorted."""
+    import os
+
+    path = local_path(uri)
+    if not os.path.isdir(path):
+        return []
+    out = []
+    for name in os.listdir(path):
+        if name.startswith("epoch="):
+            try:
+                out.append(int(name.split("=", 1)[1]))
+            except ValueError:
+                continue
+    return sorted(out)

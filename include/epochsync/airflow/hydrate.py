@@ -16,13 +16,12 @@ The manifest then says E, and the epoch DAG carries on from E+1.
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
 from epochsync.config import Config, SourceConfig, load_config
 from epochsync.errors import EpochError
-from epochsync.paths import Warehouse, local_path
+from epochsync.paths import Warehouse, epoch_partitions
 
 
 def default_dump_uri(source: SourceConfig) -> str:
@@ -35,17 +34,7 @@ def default_dump_uri(source: SourceConfig) -> str:
 
 def dump_epochs(dump_uri: str) -> list[int]:
     """The epochs with a dump under ``dump_uri`` (local or ``file://`` dumps)."""
-    path = local_path(dump_uri)
-    if not os.path.isdir(path):
-        return []
-    out = []
-    for name in os.listdir(path):
-        if name.startswith("epoch="):
-            try:
-                out.append(int(name.split("=", 1)[1]))
-            except ValueError:
-                continue
-    return sorted(out)
+    return epoch_partitions(dump_uri)
 
 
 def snapshot_diff(old, new):

@@ -27,7 +27,7 @@ from typing import Any
 
 from epochsync.config import Config, SourceConfig, load_config
 from epochsync.errors import EpochsyncError
-from epochsync.paths import Warehouse, local_path
+from epochsync.paths import Warehouse, epoch_partitions, local_path
 
 
 class PurgeBlocked(EpochsyncError):
@@ -77,17 +77,7 @@ def read_consumers(config: Config, source: SourceConfig, *, now: float | None = 
 
 
 def _record_epochs(config: Config, source: str) -> list[int]:
-    base = local_path(Warehouse(config.warehouse).records(source))
-    if not os.path.isdir(base):
-        return []
-    out = []
-    for name in os.listdir(base):
-        if name.startswith("epoch="):
-            try:
-                out.append(int(name.split("=", 1)[1]))
-            except ValueError:
-                continue
-    return sorted(out)
+    return epoch_partitions(Warehouse(config.warehouse).records(source))
 
 
 def _last_indexes(config: Config, source: str, epochs: list[int]) -> dict[str, int]:

@@ -93,14 +93,9 @@ class PosixTarget(Target):
 
     def write_manifest(self, doc: dict) -> None:
         os.makedirs(self.control, exist_ok=True)
-        path = os.path.join(self.control, "manifest.json")
-        tmp = path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=1, sort_keys=True)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        from epochsync.journal import write_json_atomic
+
+        write_json_atomic(os.path.join(self.control, "manifest.json"), doc)
         _fsync_dir(self.control)
 
     def fence_time_ns(self) -> int | None:
