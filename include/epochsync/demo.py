@@ -107,6 +107,18 @@ class RunWatcher:
         self.stop.set()
 
 
+def target_environment(env: dict[str, str], workdir: Path, target: str) -> dict[str, str]:
+    """One Airflow home (SQLite database, logs) per target, so two targets' runs never share a writer."""
+    home = workdir / f"airflow-{target}"
+    tenv = dict(env)
+    tenv.update(
+        AIRFLOW_HOME=str(home),
+        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home / 'airflow.db'}",
+        AIRFLOW__LOGGING__BASE_LOG_FOLDER=str(home / "logs"),
+    )
+    return tenv
+
+
 def run_dag_epoch(env: dict, target: str, epoch: int, logs: Path, *, inject: str | None = None) -> dict:
     """One DAG run for (target, epoch) in its own process; returns the dagtest result."""
     dag_id = f"epochsync__{SOURCE}__{target}"
@@ -183,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     logs.mkdir(parents=True)
     t_start = time.monotonic()
     failures: list[str] = []
-    lines: list[str] = []
+    lines: list = []  # (epoch, target order, attempt, text), sorted at the end
     weed = SeaweedFS(workdir / "seaweedfs")
     try:
         log(f"demo: starting SeaweedFS (S3 on loopback) in {workdir / 'seaweedfs'}")
@@ -201,56 +213,86 @@ def main(argv: list[str] | None = None) -> int:
         )  # fmt: skip
         cfg = load_config(sim_dir / "epochsync.yaml")
         wh = Warehouse(cfg.warehouse)
-        log("demo: preparing Airflow's metadata database (SQLite)")
-        subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-        log(f"demo: replicating every epoch through the Airflow DAGs epochsync__{SOURCE}__{{{','.join(TARGETS)}}}")
-        for epoch in range(1, args.epochs + 1):
-            for target in TARGETS:
-                inject = None
-                if target == "s3" and epoch == args.fail_epoch:
-                    inject = f"after={args.fail_after},epoch={epoch},target={target}"
-                    log(f"epoch {epoch:>2} {target:<6} injecting an apply failure after {args.fail_after} mutations")
-                    res = run_dag_epoch(env, target, epoch, logs, inject=inject)
-                    tasks = res.get("tasks", {})
-                    diffs = verify_target(cfg, target, sim_dir, epoch - 1)
-                    # the rollback task ends failed on purpose (the run must show red): judge it by its effect
-                    rolled = any(ev.get("event") == ROLLED_BACK and ev.get("epoch") == epoch
-                                 for ev in read_events(cfg.warehouse, target))  # fmt: skip
-                    ok = res["state"] == "failed" and tasks.get("apply") == "failed" and rolled and not diffs
-                    status = (f"FAILED as injected; apply {tasks.get('apply')}, rollback "
-                              f"{'ran' if rolled else 'DID NOT RUN'}, target "
-                              f"{'equals' if not diffs else 'DIFFERS from'} epoch {epoch - 1}")  # fmt: skip
-                    line = epoch_line(epoch, target, None, res["seconds"], status)
-                    log(line)
-                    lines.append(line)
-                    if not ok:
-                        failures.append(f"epoch {epoch} {target}: injected failure not handled: {res} {diffs[:5]}")
-                    log(f"epoch {epoch:>2} {target:<6} retrying")
-                res = run_dag_epoch(env, target, epoch, logs)
-                stats = read_json(local_path(wh.stats(target, epoch)))
-                if res["state"] != "success":
-                    status = f"FAILED (tasks {res.get('tasks')}; log {res['log']})"
-                    failures.append(f"epoch {epoch} {target}: run {res['state']}; log {res['log']}")
-                else:
-                    diffs = verify_target(cfg, target, sim_dir, epoch)
-                    if diffs:
-                        status = "VERIFY FAILED: " + "; ".join(diffs[:3])
-                        failures.append(f"epoch {epoch} {target}: differs from ground truth: {diffs[:10]}")
-                    else:
-                        status = "ok, equals ground truth" + (" after retry" if inject else "")
-                line = epoch_line(epoch, target, stats, res["seconds"], status)
+        log(f"demo: replicating every epoch through the Airflow DAGs epochsync__{SOURCE}__{{{','.join(TARGETS)}}}: "
+            "each target has its own Airflow database; the s3 chain runs one epoch behind the posix one")  # fmt: skip
+        done = {t: {e: threading.Event() for e in range(1, args.epochs + 1)} for t in TARGETS}
+        stop = threading.Event()
+
+        def one_epoch(target: str, epoch: int, tenv: dict) -> bool:
+            inject = None
+            if target == "s3" and epoch == args.fail_epoch:
+                inject = f"after={args.fail_after},epoch={epoch},target={target}"
+                log(f"epoch {epoch:>2} {target:<6} injecting an apply failure after {args.fail_after} mutations")
+                res = run_dag_epoch(tenv, target, epoch, logs, inject=inject)
+                tasks = res.get("tasks", {})
+                diffs = verify_target(cfg, target, sim_dir, epoch - 1)
+                # the rollback task ends failed on purpose (the run must show red): judge it by its effect
+                rolled = any(ev.get("event") == ROLLED_BACK and ev.get("epoch") == epoch
+                             for ev in read_events(cfg.warehouse, target))  # fmt: skip
+                ok = res["state"] == "failed" and tasks.get("apply") == "failed" and rolled and not diffs
+                status = (f"FAILED as injected; apply {tasks.get('apply')}, rollback "
+                          f"{'ran' if rolled else 'DID NOT RUN'}, target "
+                          f"{'equals' if not diffs else 'DIFFERS from'} epoch {epoch - 1}")  # fmt: skip
+                line = epoch_line(epoch, target, None, res["seconds"], status)
                 log(line)
-                lines.append(line)
-            if failures:  # later epochs depend on this one: stop at the first failure
-                log("demo: stopping at the first failure")
-                break
+                lines.append((epoch, TARGETS.index(target), 0, line))
+                if not ok:
+                    failures.append(f"epoch {epoch} {target}: injected failure not handled: {res} {diffs[:5]}")
+                    return False
+                log(f"epoch {epoch:>2} {target:<6} retrying")
+            res = run_dag_epoch(tenv, target, epoch, logs)
+            stats = read_json(local_path(wh.stats(target, epoch)))
+            ok = res["state"] == "success"
+            if not ok:
+                status = f"FAILED (tasks {res.get('tasks')}; log {res['log']})"
+                failures.append(f"epoch {epoch} {target}: run {res['state']}; log {res['log']}")
+            else:
+                diffs = verify_target(cfg, target, sim_dir, epoch)
+                if diffs:
+                    ok = False
+                    status = "VERIFY FAILED: " + "; ".join(diffs[:3])
+                    failures.append(f"epoch {epoch} {target}: differs from ground truth: {diffs[:10]}")
+                else:
+                    status = "ok, equals ground truth" + (" after retry" if inject else "")
+            line = epoch_line(epoch, target, stats, res["seconds"], status)
+            log(line)
+            lines.append((epoch, TARGETS.index(target), 1, line))
+            return ok
+
+        def chain(target: str, follows: str | None) -> None:
+            tenv = target_environment(env, workdir, target)
+            try:
+                subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=tenv, check=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+                for epoch in range(1, args.epochs + 1):
+                    if follows:  # the epoch's records are ingested by the chain ahead: no two ingests of one epoch
+                        done[follows][epoch].wait()
+                    if stop.is_set() or not one_epoch(target, epoch, tenv):
+                        break
+                    done[target][epoch].set()
+            except Exception as exc:  # a crash of this thread must not leave the other waiting
+                failures.append(f"{target}: {type(exc).__name__}: {exc}")
+            finally:
+                if failures:
+                    stop.set()
+                for ev in done[target].values():
+                    ev.set()
+
+        threads = [
+            threading.Thread(target=chain, args=(t, TARGETS[i - 1] if i else None)) for i, t in enumerate(TARGETS)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        lines = [x[3] for x in sorted(lines)]
         report = report_path(cfg)
         os.makedirs(os.path.dirname(report), exist_ok=True)
         with open(report, "w", encoding="utf-8") as f:
             f.write(build_report(cfg, list(cfg.targets)))
         summary = workdir / "demo-summary.txt"
         summary.write_text("\n".join(lines) + "\n")
+        log("demo: per epoch and target:\n" + "\n".join(lines))
     except subprocess.CalledProcessError as exc:
         failures.append(f"{' '.join(map(str, exc.cmd[:4]))}... exited {exc.returncode}")
         report = None
