@@ -145,8 +145,12 @@ def _target_dict(tcfg: TargetConfig) -> dict:
 
 
 def _store_dict(cfg: Config, tcfg: TargetConfig) -> dict:
-    store = cfg.source_of(tcfg).store
-    return {"key": store.key, "unstriped_key": store.unstriped_key, "bucket": store.bucket}
+    src = cfg.source_of(tcfg)
+    store = src.store
+    # JSON Lines WRITE records pin object versions: an object with no version at E was
+    # never written by E and reads as zeros, never as a later epoch's "latest" bytes
+    return {"key": store.key, "unstriped_key": store.unstriped_key, "bucket": store.bucket,
+            "versioned": src.changelogs.format == "jsonl"}  # fmt: skip
 
 
 def plan_path(cfg: Config, target: str, epoch: int) -> str:

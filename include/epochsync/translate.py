@@ -134,10 +134,16 @@ def source_objects(fid: str, row: dict, store: dict) -> dict:
     """Where a file's bytes live at E: ``{"layout": [ss, sc] | None, "objects": [{key, version} | None]}``."""
     layout = row.get("layout")
     objects = row.get("objects") or []
+    # a versioned source (its WRITE records pin versions): an object without a version at E
+    # was never written by E, so it holds zeros; reading the key's latest version would
+    # return a later epoch's bytes (a catch-up run replicating an old epoch)
+    versioned = bool(store.get("versioned"))
     if layout is None or not layout.get("stripe_count"):
         # unstriped: one object; the WRITE records name it {ost, oid=fid}
         mine = [o for o in objects if o.get("oid") in (fid, None)] or objects
         version = mine[-1].get("version") if mine else None
+        if versioned and version is None:
+            return {"layout": None, "objects": [None]}
         return {"layout": None, "objects": [{"key": store["unstriped_key"].format(fid=fid, ost="", oid=fid),
                                              "version": version}]}  # fmt: skip
     versions = {(o.get("ost"), o.get("oid")): o.get("version") for o in objects}
@@ -148,8 +154,11 @@ def source_objects(fid: str, row: dict, store: dict) -> dict:
             out.append(None)  # an object the layout does not name holds zeros
             continue
         o = lo[i]
-        out.append({"key": store["key"].format(ost=o["ost"], oid=o["oid"], fid=fid),
-                    "version": versions.get((o["ost"], o["oid"]))})  # fmt: skip
+        version = versions.get((o["ost"], o["oid"]))
+        if versioned and version is None:
+            out.append(None)  # never written by E: zeros
+            continue
+        out.append({"key": store["key"].format(ost=o["ost"], oid=o["oid"], fid=fid), "version": version})
     return {"layout": [int(layout["stripe_size"]), int(layout["stripe_count"])], "objects": out}
 
 

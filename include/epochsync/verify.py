@@ -31,6 +31,8 @@ def source_bytes(src: dict, size: int, source_io, bucket: str) -> bytes:
     """A file's bytes at E from its source objects (pinned versions)."""
     if src["layout"] is None:
         obj = src["objects"][0]
+        if obj is None:  # never written by E: zeros
+            return bytes(size)
         return source_io.get_range(bucket, obj["key"], obj["version"], 0, size) if size else b""
     ss, sc = src["layout"]
     objs = []

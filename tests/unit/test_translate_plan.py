@@ -234,3 +234,24 @@ def test_spark_app_entry_point_fails_with_one_line(capsys, tmp_path):
     assert stage_main("translate", ["--config", str(tmp_path / "none.yaml"), "--target", "t", "--epoch", "1"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("translate: error:") and "none.yaml" in err[0]
+
+
+def test_unwritten_objects_of_a_versioned_source_are_zeros_not_a_later_epochs_bytes():
+    """Found by make demo: epoch 1 of a catch-up read an object first written in epoch 3."""
+    from epochsync.translate import source_objects, source_pulls
+
+    row = {
+        "layout": {"stripe_size": 16384, "stripe_count": 4,
+                   "objects": [{"ost": f"OST000{i}", "oid": "0x1"} for i in range(4)]},
+        "objects": [{"ost": "OST0000", "oid": "0x1", "version": "v7"}],
+    }  # fmt: skip
+    store = {"key": "{ost}/{oid}", "unstriped_key": "data/{fid}", "versioned": True}
+    objs = source_objects("f", row, store)["objects"]
+    assert objs[0] == {"key": "OST0000/0x1", "version": "v7"} and objs[1:] == [None, None, None]
+    # a range in the never-written object 2 pulls nothing (apply writes zeros there)
+    assert [p["key"] for p in source_pulls("f", row, [(0, 100), (32768 + 10, 50)], store, 0)] == ["OST0000/0x1"]
+    # a source without versions (Lustre, Gluster) can only read the current object
+    store["versioned"] = False
+    assert source_objects("f", row, store)["objects"][2] == {"key": "OST0002/0x1", "version": None}
+    unstriped = {"layout": None, "objects": []}
+    assert source_objects("f", unstriped, {**store, "versioned": True})["objects"] == [None]
