@@ -381,6 +381,12 @@ class PosixTarget(Target):
         shutil.rmtree(self.tmp_dir(epoch), ignore_errors=False) if os.path.exists(self.tmp_dir(epoch)) else None
         if os.path.isdir(os.path.dirname(self.tmp_dir(epoch))):
             _fsync_dir(os.path.dirname(self.tmp_dir(epoch)))
+        # Removing a moved-aside name of a file that keeps another hard link changes that
+        # file's ctime after the manifest was written; the cleanup is ours, so the fence
+        # instant (the manifest's mtime) moves past it (found by make demo, epoch 4).
+        manifest = os.path.join(self.control, "manifest.json")
+        if os.path.exists(manifest):
+            os.utime(manifest)
 
     def finish_rollback(self, epoch: int) -> None:
         shutil.rmtree(self.tmp_dir(epoch), ignore_errors=True)
