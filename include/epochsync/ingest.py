@@ -1328,6 +1328,7 @@ def run_ingest(
         phases["spark_job"] = time.perf_counter() - started - phases["list"]
         result = _judge(src, job, reports, skipped_closed)
         _commit(spark, wh, src, job, staging, result)
+        _write_markers(spark, wh, src, job, files, reports, result)
     finally:
         _delete(spark, staging)
     phases["check_and_commit"] = time.perf_counter() - started - phases["list"] - phases["spark_job"]
@@ -1454,6 +1455,70 @@ def _commit(spark, wh: Warehouse, src, job: IngestJob, staging: str, result: _Ju
                 raise StoreError(f"cannot move {staged} to {final}")
         else:
             fs.mkdirs(final_path)  # an epoch with no records is still ingested
+
+
+#: in each ingested epoch's records directory (Spark's readers skip ``_`` files): what was read
+INGEST_MARKER = "_epochsync_ingest.json"
+
+
+def _write_markers(spark, wh: Warehouse, src, job: IngestJob, files, reports: list[dict], result: _Judgement) -> None:
+    """After the swap: the window, the consumer cursor it started from and the changelog
+    files read (with sizes): the inputs that decide the result, so :func:`ingest_is_current`
+    can tell a second target's ingest of the same closed epoch that there is nothing to redo."""
+    for epoch in range(job.first, job.last + 1):
+        marker = {
+            "source": src.name,
+            "epoch": epoch,
+            "window": [job.first, job.last],
+            "records": result.records.get(epoch, 0),
+            "quarantined": sum(1 for e, _ in result.bad if (job.first if e is None else e) == epoch),
+            "after_index": dict(job.after_index) if job.after_index is not None else None,
+            "files": {f.uri: f.size for fl in files.values() for f in fl},
+            "ingested_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        _write_text(spark, f"{wh.records(src.name, epoch)}/{INGEST_MARKER}", json.dumps(marker, sort_keys=True))
+
+
+def ingest_is_current(cfg, source: str, first_epoch: int, last_epoch: int, consumer: str | None = None) -> str | None:
+    """Why epochs ``first..last`` need no new ingest, or None (then run it).
+
+    Current means: a ``file://`` warehouse holds a marker for every epoch of the window
+    written by an ingest of exactly that window; every changelog file it read is still
+    there with the same size; and ``consumer``'s cursor (what the ingest keeps records
+    above and checks continuity from) is the one that ingest started from. Then a new
+    ingest would write the same records. Pure Python, no
+    Spark: the Airflow task asks before it pays for a spark-submit. Anything unusual
+    (another warehouse scheme, a changed or missing file, a different window) says None.
+    """
+    if not str(cfg.warehouse).startswith("file://"):
+        return None
+    src = cfg.source(source)
+    wh = Warehouse(cfg.warehouse)
+    markers = []
+    for epoch in range(first_epoch, last_epoch + 1):
+        path = os.path.join(local_path(wh.records(source, epoch)), INGEST_MARKER)
+        try:
+            with open(path, encoding="utf-8") as fh:
+                marker = json.load(fh)
+        except (OSError, ValueError):
+            return None
+        if marker.get("window") != [first_epoch, last_epoch] or marker.get("source") != source:
+            return None
+        markers.append(marker)
+    try:
+        listed = {f.uri: f.size for fl in list_changelog_files(src).values() for f in fl}
+    except EpochsyncError:
+        return None
+    if any(listed.get(uri) != size for uri, size in markers[0]["files"].items()):
+        return None
+    if read_cursor_indexes(cfg.warehouse, source, consumer) != markers[0]["after_index"]:
+        return None
+    records = sum(m["records"] for m in markers)
+    window = f"epoch {first_epoch}" if first_epoch == last_epoch else f"epochs {first_epoch}..{last_epoch}"
+    return (
+        f"{window} of source {source!r} already ingested at {markers[0]['ingested_at']} ({records} records; "
+        f"its {len(markers[0]['files'])} changelog file(s) unchanged): nothing to redo"
+    )
 
 
 def _stats(src, job: IngestJob, files, reports: list[dict], result: _Judgement, seconds: float) -> dict:

@@ -81,7 +81,6 @@ S_IFMT = 0o170000
 _LINK = "struct<pfid:string,name:string>"
 _XATTR = "struct<name:string,value:binary>"
 _OBJECT = "struct<ost:string,oid:string,version:string>"
-_IV = "struct<s:bigint,e:bigint,whole:boolean>"
 _EXTENT = "struct<offset:bigint,length:bigint>"
 
 
@@ -193,16 +192,17 @@ def link_changes(recs: DataFrame) -> DataFrame:
     )
     # RENME onto another name of the same fid (sfid = tfid) changes nothing (POSIX).
     ren = "type = 'RENME' AND NOT (tfid IS NOT NULL AND tfid = sfid)"
-    events = f"""filter(array(
+    events = f"""array(
         CASE WHEN type IN {_in(LINK_ADDERS)} THEN {ev("tfid", "pfid", "name", True, 0)} END,
         CASE WHEN type IN {_in(LINK_REMOVERS)} THEN {ev("tfid", "pfid", "name", False, 0)} END,
         CASE WHEN {ren} THEN {ev("sfid", "spfid", "sname", False, 0)} END,
         CASE WHEN {ren} THEN {ev("sfid", "pfid", "name", True, 1)} END,
         CASE WHEN {ren} AND tfid IS NOT NULL THEN {ev("tfid", "pfid", "name", False, 0)} END
-    ), e -> e IS NOT NULL)"""
+    )"""
     exploded = (
         recs.filter(F.col("type").isin(*LINK_ADDERS, *LINK_REMOVERS, "RENME"))
         .select("ord", "server", "index", "type", F.explode(F.expr(events)).alias("ev"))
+        .filter(F.col("ev").isNotNull())  # explode + filter: no lambda per record
         .select(
             F.col("ev.fid").alias("fid"),
             F.expr(f"CASE WHEN ev.fid IS NULL OR ev.pfid IS NULL OR ev.name IS NULL THEN {bad} ELSE ev.pfid END")
@@ -235,112 +235,110 @@ def xattr_changes(recs: DataFrame) -> DataFrame:
     )  # fmt: skip
 
 
-def write_chunks(writes: DataFrame, layouts: DataFrame, extents_known: bool) -> DataFrame:
-    """Each write with its file-offset chunks: ``chunks`` = array of ``(s, e, whole)``.
+def write_chunks(writes: DataFrame, layouts: DataFrame, extents_known: bool) -> tuple[DataFrame, DataFrame]:
+    """The writes with their fid's final layout → (per-write rows, file-offset chunk rows).
 
     ``layouts`` gives each fid's final ``layout`` and ``set_ord`` (the order of its last size
-    set); a write after it has ``after_set``. A chunk with ``s`` null carries no bytes: the
-    whole file changed (``whole``), or the write wrote nothing (kept for its times).
+    set); a write after it has ``after_set``. Per-write rows carry ``kind``: ``whole`` (the
+    whole file changed), ``nothing`` (the write only reports an object version),
+    ``identity`` (extents are file offsets: no layout, one object) or ``striped``. Chunk
+    rows ``(fid, after_set, s, e)`` are the extents of ``identity`` and ``striped`` writes
+    in file offsets, one per extent and stripe row, exploded with generators and plain
+    arithmetic: no lambda runs per record (Spark interprets higher-order functions row by
+    row; they were most of the merge's time).
     """
     from pyspark.sql import functions as F
 
-    whole = f"array(CAST(named_struct('s', NULL, 'e', NULL, 'whole', true) AS {_IV}))"
-    nothing = f"array(CAST(named_struct('s', NULL, 'e', NULL, 'whole', false) AS {_IV}))"
-    identity = "transform(ext, x -> named_struct('s', x.offset, 'e', x.offset + x.length, 'whole', false))"
-    # RAID-0: row j of object k is file stripe j*count + k (DESIGN section 4); an object
-    # extent crossing rows is cut into one file interval per row.
-    striped = """flatten(transform(ext, x -> transform(
-        sequence(x.offset div ss, (x.offset + x.length - 1) div ss),
-        j -> named_struct(
-            's', (j * cnt + k) * ss + greatest(x.offset, j * ss) - j * ss,
-            'e', (j * cnt + k) * ss + least(x.offset + x.length, (j + 1) * ss) - j * ss,
-            'whole', false))))"""
     if extents_known:
-        chunks = f"""CASE
-            WHEN extents IS NULL AND object IS NULL THEN {whole}
-            WHEN extents IS NULL THEN {nothing}
-            WHEN object IS NULL OR layout IS NULL OR cnt = 1 THEN {identity}
-            WHEN k < 0 OR ss <= 0 OR cnt < 1 THEN {whole}
-            ELSE {striped} END"""
+        kind = """CASE
+            WHEN extents IS NULL AND object IS NULL THEN 'whole'
+            WHEN extents IS NULL THEN 'nothing'
+            WHEN object IS NULL OR layout IS NULL OR cnt = 1 THEN 'identity'
+            WHEN coalesce(k, -1) < 0 OR ss <= 0 OR cnt < 1 THEN 'whole'
+            ELSE 'striped' END"""
     else:
-        chunks = whole
-    chunks = f"CASE WHEN size({chunks}) = 0 THEN {nothing} ELSE {chunks} END"
-    return (
+        kind = "'whole'"
+    per_write = (
         writes.join(layouts, "fid", "left")
         .select(
-            "fid",
-            "ord",
-            "object",
-            "extents",
-            *TIME_TYPES,
-            "layout",
+            "fid", "ord", "object", "extents", *TIME_TYPES, "layout",
             F.expr("set_ord IS NULL OR ord > set_ord").alias("after_set"),
-            F.expr("filter(extents, x -> x.length > 0)").alias("ext"),
             F.col("layout.stripe_size").alias("ss"),
             F.col("layout.stripe_count").cast("bigint").alias("cnt"),
-            F.expr(
-                "array_position(transform(layout.objects, o -> named_struct('ost', o.ost, 'oid', o.oid)),"
-                " named_struct('ost', object.ost, 'oid', object.oid)) - 1"
-            ).alias("k"),
+            # RAID-0: object k of the layout holds file stripes j*count + k (DESIGN section 4)
+            F.expr("array_position(layout.objects, named_struct('ost', object.ost, 'oid', object.oid)) - 1").alias("k"),
         )
-        .select("fid", "ord", "object", *TIME_TYPES, "after_set", F.expr(chunks).alias("chunks"))
-    )
+        .withColumn("kind", F.expr(kind))
+    )  # fmt: skip
+    extents = (
+        per_write.filter(F.col("kind").isin("identity", "striped"))
+        .select("fid", "after_set", "kind", "ss", "cnt", "k", F.explode("extents").alias("x"))
+        .filter("x.length > 0")
+        .select(
+            "fid", "after_set", "kind", "ss", "cnt", "k",
+            F.col("x.offset").alias("off"), F.expr("x.offset + x.length").alias("end"),
+        )
+    )  # fmt: skip
+    # an object extent crossing stripe rows is cut into one file interval per row j
+    rows = extents.select(
+        "fid", "after_set", "kind", "ss", "cnt", "k", "off", "end",
+        F.explode(F.expr("CASE WHEN kind = 'striped' THEN sequence(off div ss, (end - 1) div ss) ELSE array(0L) END"))
+        .alias("j"),
+    )  # fmt: skip
+    chunks = rows.select(
+        "fid",
+        "after_set",
+        F.expr("CASE WHEN kind = 'striped' THEN (j * cnt + k) * ss + greatest(off, j * ss) - j * ss ELSE off END")
+        .alias("s"),
+        F.expr("CASE WHEN kind = 'striped' THEN (j * cnt + k) * ss + least(end, (j + 1) * ss) - j * ss ELSE end END")
+        .alias("e"),
+    )  # fmt: skip
+    return per_write, chunks
 
 
-def write_data(chunked: DataFrame) -> DataFrame:
-    """Per written fid, in one pass over the chunks: sorted disjoint non-adjacent
-    ``ranges_raw`` [(s, e)], ``wmax`` (the highest end written after the last size set),
-    ``write_whole``, the writes' last times (``w_atime_ns``...) and the latest reported
-    version of each stripe object (``new_objects``).
+def write_data(per_write: DataFrame, chunks: DataFrame) -> DataFrame:
+    """Per written fid: sorted disjoint non-adjacent ``ranges_raw`` [(s, e)], ``wmax`` (the
+    highest end written after the last size set), ``write_whole``, the writes' last times
+    (``w_atime_ns``...) and the latest reported version of each stripe object (``new_objects``).
 
-    Interval union = sort + running max: an interval starts a new group when it begins
-    after every end before it (adjacent intervals join); a group is one merged interval.
-    Per-write facts (times, object) ride on the first chunk of each write only.
+    Interval union in one window pass over the chunks sorted by (s, e): a chunk starts a
+    merged interval when it begins after every end before it (adjacent intervals join),
+    and ends one when the next chunk starts after every end up to it; the k-th start and
+    the k-th end of a fid are its k-th merged interval.
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    per_write = ("ord", "object", *TIME_TYPES)
-    rows = chunked.select(
-        "fid",
-        "after_set",
-        F.inline(
-            F.expr(
-                "transform(chunks, (c, i) -> named_struct('s', c.s, 'e', c.e, 'whole', c.whole, "
-                + ", ".join(f"'{c}', CASE WHEN i = 0 THEN {c} END" for c in per_write)
-                + "))"
-            )
-        ),
-    )
     w = Window.partitionBy("fid").orderBy("s", "e")
-    grouped = rows.withColumn("prev_end", F.max("e").over(w.rowsBetween(Window.unboundedPreceding, -1))).withColumn(
-        "grp",
-        F.sum(F.expr("CASE WHEN s IS NULL OR prev_end IS NULL OR s > prev_end THEN 1 ELSE 0 END")).over(
-            w.rowsBetween(Window.unboundedPreceding, Window.currentRow)
-        ),
+    marked = chunks.select(
+        "fid", "s", "e", "after_set",
+        F.max("e").over(w.rowsBetween(Window.unboundedPreceding, -1)).alias("prev_end"),
+        F.max("e").over(w.rowsBetween(Window.unboundedPreceding, Window.currentRow)).alias("run_end"),
+        F.lead("s").over(w).alias("next_s"),
+    )  # fmt: skip
+    ranges = marked.groupBy("fid").agg(
+        F.expr("array_sort(collect_list(s) FILTER (WHERE prev_end IS NULL OR s > prev_end))").alias("starts"),
+        F.expr("array_sort(collect_list(run_end) FILTER (WHERE next_s IS NULL OR next_s > run_end))").alias("ends"),
+        F.expr("max(e) FILTER (WHERE after_set)").alias("wmax"),
+    )
+    ranges = ranges.select(
+        "fid",
+        "wmax",
+        F.expr("arrays_zip(starts, ends)").cast("array<struct<s:bigint,e:bigint>>").alias("ranges_raw"),
     )
     obj = "named_struct('ost', object.ost, 'oid', object.oid, 'o', ord, 'version', object.version)"
-    merged = grouped.groupBy("fid", "grp").agg(
-        F.min("s").alias("s"),
-        F.max("e").alias("e"),
-        F.expr("max(e) FILTER (WHERE after_set)").alias("wmax"),
-        F.expr("bool_or(whole)").alias("whole"),
+    facts = per_write.groupBy("fid").agg(
+        F.expr("bool_or(kind = 'whole')").alias("write_whole"),
         *(_last(c, f"{c} IS NOT NULL", "w_" + c) for c in TIME_TYPES),
-        F.expr(f"collect_list({obj}) FILTER (WHERE object IS NOT NULL)").alias("objs"),
+        F.expr(f"array_sort(collect_list({obj}) FILTER (WHERE object IS NOT NULL))").alias("objs"),
     )
-    per_fid = merged.groupBy("fid").agg(
-        F.expr("array_sort(collect_list(named_struct('s', s, 'e', e)) FILTER (WHERE s IS NOT NULL))").alias("ranges_raw"),
-        F.max("wmax").alias("wmax"),
-        F.expr("bool_or(whole)").alias("write_whole"),
-        *(F.max("w_" + c).alias("w_" + c) for c in TIME_TYPES),
-        F.expr("array_sort(flatten(collect_list(objs)))").alias("objs"),
-    )  # fmt: skip
     # sorted by (ost, oid, ord): the last element of each object is its latest version
     latest = (
         "transform(filter(objs, (x, i) -> coalesce(NOT (try_element_at(objs, i + 2).ost = x.ost"
         " AND try_element_at(objs, i + 2).oid = x.oid), true)),"
         f" x -> CAST(named_struct('ost', x.ost, 'oid', x.oid, 'version', x.version) AS {_OBJECT}))"
     )
+    per_fid = facts.join(ranges, "fid", "left")
     return per_fid.withColumn("new_objects", F.expr(f"CASE WHEN size(objs) > 0 THEN {latest} END")).drop("objs")
 
 
@@ -400,8 +398,8 @@ def merge_epoch(
             "set_ord",
         )
     )
-    chunked = write_chunks(writes, layouts, extents_known)
-    data = write_data(chunked).withColumn("has_write", F.lit(True))
+    per_write, chunks = write_chunks(writes, layouts, extents_known)
+    data = write_data(per_write, chunks).withColumn("has_write", F.lit(True))
     touched = meta.join(data, "fid", "full")
     st = (
         touched.join(old, "fid", "left")

@@ -86,7 +86,7 @@ def test_spark_stages_use_the_spark_connection_and_the_apps(bag):
 
 def test_params_for_manual_runs(bag):
     params = bag.dags["epochsync__lustre1__dr"].params
-    assert set(params.keys()) == {"epoch", "dry_run", "whole_file", "max_epochs_per_run", "inject_failure"}
+    assert set(params.keys()) == {"epoch", "dry_run", "whole_file", "max_epochs_per_run", "inject_failure", "reingest"}
     assert params["epoch"] is None and params["dry_run"] is False and params["max_epochs_per_run"] == 1
 
 

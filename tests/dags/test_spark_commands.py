@@ -180,3 +180,24 @@ def test_cluster_master_from_the_connection(dag, monkeypatch):
     )
     _, cmd = render(dag, "merge", epochs(1, 1))
     assert cmd[1:3] == ["--master", "spark://spark-master:7077"]
+
+
+def test_ingest_task_skips_spark_submit_when_the_epoch_is_already_ingested(dag, monkeypatch):
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+    import epochsync.ingest
+
+    asked, submitted = [], []
+    monkeypatch.setattr(
+        epochsync.ingest, "ingest_is_current", lambda cfg, source, first, last, consumer: asked.append(
+            (source, first, last, consumer)) or "epoch 7 of source 'lustre1' already ingested"
+    )  # fmt: skip
+    monkeypatch.setattr(SparkSubmitOperator, "execute", lambda self, context: submitted.append(self.task_id))
+    task = dag.get_task("ingest")
+    context = {"ti": FakeTI(epochs(7, 7)), "params": {"dry_run": False, "reingest": False}}
+    task.render_template_fields(context)
+    assert task.execute(context) is None
+    assert asked == [("lustre1", 7, 7, "dr")] and submitted == []
+    # the reingest param forces the spark-submit
+    task.execute({**context, "params": {"dry_run": False, "reingest": True}})
+    assert submitted == ["ingest"]

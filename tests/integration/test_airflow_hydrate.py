@@ -1,4 +1,4 @@
-"""Hydrate a new replica from the source's namespace dump, then the epoch DAG carries on."""
+"""Hydrate a new replica from the source's namespace dump, a dry run, then the epoch DAG carries on."""
 
 from __future__ import annotations
 
@@ -21,8 +21,17 @@ def test_hydrate_at_a_closed_epoch_then_the_next_epoch_replicates(seaweed, tmp_p
     assert committed == 2
     assert rows == truth(sim, 2), "the hydrated replica must equal the source at the dump's epoch"
 
-    # the epoch DAG goes on from 3 (its changelogs are still there)
+    # a dry run of epoch 3 stops after translate, prints the plan summary and changes nothing
+    run = dagtest(env, "epochsync__sim__local", 3, conf={"dry_run": True})
+    assert run["state"] == "success", run["log"][-6000:]
+    assert run["tasks"]["translate"] == "success"
+    assert run["tasks"]["apply"] == run["tasks"]["verify"] == run["tasks"]["commit"] == "skipped"
+    assert "dry run: plan of local epochs 3..3" in run["log"]
+    assert replica(config, "local", env) == (2, truth(sim, 2))
+
+    # the epoch DAG goes on from 3 (its changelogs are still there; the dry run's ingest is reused)
     run = dagtest(env, "epochsync__sim__local", 3)
+    assert "already ingested" in run["log"]
     assert run["state"] == "success", run["log"][-6000:]
     committed, rows = replica(config, "local", env)
     assert committed == 3

@@ -154,6 +154,31 @@ def test_rerun_overwrites_only_its_epochs(spark, tmp_path):
     )
 
 
+def test_a_second_ingest_of_an_unchanged_window_is_reported_current(spark, tmp_path):
+    """What lets the Airflow ingest task of a second target skip its spark-submit."""
+    from epochsync.ingest import INGEST_MARKER, ingest_is_current
+
+    write_changelogs(tmp_path, {"MDT0000/a.jsonl": MDT, "OST0000/a.jsonl": OST})
+    cfg = config(tmp_path)
+    assert ingest_is_current(cfg, "src", 2, 2) is None  # nothing ingested yet
+    run_ingest(cfg, "src", 2, 2, spark)
+    marker = json.loads((tmp_path / "wh" / "records" / "source=src" / "epoch=2" / INGEST_MARKER).read_text())
+    assert marker["window"] == [2, 2] and marker["records"] == 4
+    reason = ingest_is_current(cfg, "src", 2, 2, consumer="dr")
+    assert reason.startswith("epoch 2 of source 'src' already ingested at ") and "(4 records;" in reason
+    assert ingest_is_current(cfg, "src", 1, 2) is None  # another window: ingest it
+    # a consumer whose cursor is not the one the ingest started from: it would keep other records
+    cursors = tmp_path / "wh" / "cursors" / "source=src"
+    cursors.mkdir(parents=True)
+    (cursors / "dr.json").write_text('{"epoch": 1, "servers": {"MDT0000": 1, "OST0000": 41}}')
+    assert ingest_is_current(cfg, "src", 2, 2, consumer="dr") is None
+    assert ingest_is_current(cfg, "src", 2, 2, consumer="other") is not None  # no cursor, as at ingest time
+    # a changelog file that changed since: ingest again
+    changed = MDT[3].replace(xattr_value=b"a longer value")
+    write_changelogs(tmp_path, {"MDT0000/a.jsonl": [*MDT[:3], changed, *MDT[4:]]})
+    assert ingest_is_current(cfg, "src", 2, 2) is None
+
+
 def test_gap_against_the_consumer_cursor_and_open_epoch_are_errors(spark, tmp_path):
     write_changelogs(tmp_path, {"MDT0000/a.jsonl": MDT[3:], "OST0000/a.jsonl": OST})
     cursors = tmp_path / "wh" / "cursors" / "source=src"

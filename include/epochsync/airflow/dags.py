@@ -137,6 +137,12 @@ def build_epoch_dag(
                 description="Fault spec for the apply stage, e.g. 'after=3': fail after 3 mutations to see "
                 "the rollback (fires once per target and epoch). Empty: no fault.",
             ),
+            "reingest": Param(
+                False,
+                type="boolean",
+                description="Ingest the epoch again even if its records are in the warehouse and its changelog "
+                "files are unchanged (by default a second target's run reuses them).",
+            ),
             "max_epochs_per_run": Param(
                 1,
                 type="integer",

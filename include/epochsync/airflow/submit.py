@@ -154,7 +154,30 @@ class EpochSparkSubmitOperator(SparkSubmitOperator):
 
             raise AirflowSkipException(f"dry run: {self.stage} skipped (a dry run stops after translate)")
         self.prepare(context)
+        if self.stage == "ingest" and not context["params"].get("reingest"):
+            reason = self.ingest_current()
+            if reason:
+                # a second target (or a retry) of an epoch whose records are in the warehouse
+                self.log.info("ingest: %s; spark-submit skipped (param reingest=true forces it)", reason)
+                return None
         return super().execute(context)
+
+    def ingest_current(self) -> str | None:
+        """:func:`epochsync.ingest.ingest_is_current` for this task's rendered arguments."""
+        args = self.application_args or []
+
+        def opt(name: str) -> str | None:
+            return args[args.index(name) + 1] if name in args and args.index(name) + 1 < len(args) else None
+
+        config, source, epoch = opt("--config"), opt("--source"), opt("--epoch")
+        if not (config and source and epoch):
+            return None
+        from epochsync.config import load_config
+        from epochsync.ingest import ingest_is_current
+
+        first = int(epoch)
+        last = int(opt("--through") or first)
+        return ingest_is_current(load_config(config), source, first, last, opt("--target"))
 
     def spark_submit_command(self) -> list[str]:
         """The exact spark-submit command this task runs (after templates were rendered and prepare())."""

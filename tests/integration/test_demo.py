@@ -1,0 +1,81 @@
+"""A short ``make demo``: both targets through the real Airflow DAG, an injected failure, ground truth.
+
+The demo itself asserts every epoch of both targets against the simulator's ground truth;
+this test runs it small (3 epochs, 60 files) and checks what it reports, the task states
+of the failed run (the Airflow e2e path: apply failed, verify and commit upstream_failed,
+rollback ran once and failed the run on purpose), and that it left no process behind.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(3600)]
+
+ROOT = Path(__file__).resolve().parents[2]
+ORDER = ["wait_epoch_closed", "ingest", "merge", "translate", "apply", "verify", "commit"]
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in args and "pytest" not in args:
+            found.append(args)
+    return found
+
+
+def test_short_demo_replicates_both_targets_and_rolls_back_the_injected_failure(tmp_path):
+    work = tmp_path / "demo"
+    cmd = [sys.executable, "-m", "epochsync.demo", "--workdir", str(work), "--epochs", "3", "--files", "60",
+           "--fail-epoch", "2", "--fail-after", "5"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=3000, cwd=ROOT)
+    out = done.stdout
+    assert done.returncode == 0, out[-6000:] + done.stderr[-3000:]
+    assert re.search(r"^demo: PASSED in \d+s: every epoch of both targets equals", out, re.M), out[-3000:]
+
+    summary = json.loads((work / "demo-summary.json").read_text())
+    assert summary["verdict"] == "passed" and summary["failures"] == []
+    runs = {(r["epoch"], r["target"], r["kind"]): r for r in summary["runs"]}
+    assert set(runs) == {
+        (1, "local", "run"), (1, "s3", "run"),
+        (2, "local", "run"), (2, "s3", "injected-failure"), (2, "s3", "retry"),
+        (3, "local", "run"), (3, "s3", "run"),
+    }  # fmt: skip
+    for key, run in runs.items():
+        if key[2] == "injected-failure":
+            continue
+        assert run["ok"] and run["state"] == "success", run
+        assert {t: run["tasks"][t] for t in ORDER} == dict.fromkeys(ORDER, "success")
+        assert run["tasks"]["rollback"] == "skipped"
+        assert run["stats"]["records_in"] > 0
+        line = rf"^epoch +{key[0]} {key[1]:<6} records +\d+ .* ok, equals ground truth"
+        assert re.search(line, out, re.M), f"no line for {key} in:\n{out[-3000:]}"
+
+    failed = runs[(2, "s3", "injected-failure")]
+    assert failed["ok"] and failed["state"] == "failed"
+    assert failed["tasks"]["apply"] == "failed"
+    assert failed["tasks"]["verify"] == failed["tasks"]["commit"] == "upstream_failed"
+    assert failed["tasks"]["rollback"] == "failed" and failed["tries"]["rollback"] == 1
+    assert "rolled back: the target is at epoch 1 again" in Path(failed["log"]).read_text()
+    assert re.search(r"^epoch +2 s3 .*FAILED as injected; apply failed, rollback ran, target equals epoch 1", out, re.M)
+
+    # the s3 chain reuses the records the posix chain ingested: no second spark-submit
+    s3_log = Path(runs[(3, "s3", "run")]["log"]).read_text()
+    assert "already ingested" in s3_log and "spark-submit skipped" in s3_log
+    assert "spark-submit skipped" not in Path(runs[(3, "local", "run")]["log"]).read_text()
+
+    report = Path(summary["report"])
+    assert report.is_file() and "<svg" in report.read_text()
+    assert f"demo: report {report}" in out
+    # SeaweedFS, Airflow and Spark processes are gone
+    assert _processes_mentioning(str(work)) == []
