@@ -57,7 +57,7 @@ bench-ingest: $(STAMP) ## ingest 1M Lustre lines and 1M JSON Lines records
 	$(BIN)/python -m epochsync.bench ingest
 
 bench-merge: $(STAMP) ## merge simulated epochs of 1M and 10M records
-	$(BIN)/python -m epochsync.bench merge
+	$(BIN)/python -m epochsync.bench merge --event-log bench/scratch/merge/eventlog
 
 bench-e2e: $(STAMP) ## epochsync vs aws s3 sync vs whole-file copy
 	$(BIN)/python -m epochsync.bench e2e

@@ -11,8 +11,18 @@ import pytest
 FIXTURES = Path(__file__).parent / "fixtures"
 
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
-# every spark-submit the tests start (DAG stages, the PySpark gateway) uses the small profile's JVM
-os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def spark_submit_opts():
+    """Every spark-submit the tests start (DAG stages, the PySpark gateway) uses the small
+    profile's JVM and the class-data archive (built once per checkout, about 30 s)."""
+    if "SPARK_SUBMIT_OPTS" not in os.environ:
+        from epochsync.spark import ensure_cds_archive, jvm_options
+
+        ensure_cds_archive()
+        os.environ["SPARK_SUBMIT_OPTS"] = jvm_options()
+    yield
 
 
 @pytest.fixture(scope="session")

@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-from epochsync.spark import SMALL_JVM_OPTIONS
+from epochsync.spark import ensure_cds_archive, jvm_options
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCE = "sim"
@@ -63,7 +63,7 @@ def demo_environment(workdir: Path, endpoint) -> dict[str, str]:
         AIRFLOW_CONN_REPLICA_S3=endpoint.airflow_conn_json(),
         EPOCHSYNC_CONFIG=str(workdir / "sim" / "epochsync.yaml"),
         EPOCHSYNC_CATCHUP="false",
-        SPARK_SUBMIT_OPTS=SMALL_JVM_OPTIONS,
+        SPARK_SUBMIT_OPTS=jvm_options(),
         PYTHONPATH=str(REPO / "include") + (":" + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""),
         PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
     )
@@ -220,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         log(f"demo: starting SeaweedFS (S3 on loopback) in {workdir / 'seaweedfs'}")
         endpoint = weed.start()
+        ensure_cds_archive(say=lambda line: log("demo: " + line))  # about 30 s, once per machine
         env = demo_environment(workdir, endpoint)
         os.environ.update({k: v for k, v in env.items() if k.startswith(("AIRFLOW_CONN_", "EPOCHSYNC_CONFIG"))})
         sim_dir = workdir / "sim"

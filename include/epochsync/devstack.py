@@ -83,6 +83,10 @@ def airflow_environment(
             "PYTHONUNBUFFERED": "1",
         }
     )
+    if "SPARK_SUBMIT_OPTS" not in env:  # the small profile's JVM (and class-data archive) for spark-submit
+        from epochsync.spark import jvm_options
+
+        env["SPARK_SUBMIT_OPTS"] = jvm_options()
     if config is not None:
         env["EPOCHSYNC_CONFIG"] = str(config)
     for conn_id, value in connections.items():
@@ -232,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     port = args.port if _port_free(args.port) else free_port()
 
+    from epochsync.spark import ensure_cds_archive
+
+    ensure_cds_archive(say=lambda line: print("make airflow: " + line, flush=True))
     weed = SeaweedFS(VAR / "seaweed")
     endpoint = weed.start()
     stack = None

@@ -549,7 +549,8 @@ def cookie_groups(records: DataFrame) -> DataFrame:
         .groupBy("cookie")
         .agg(
             F.array_sort(F.collect_set("server")).alias("servers"),
-            F.array_sort(F.array_distinct(F.flatten(F.collect_list(F.expr("filter(array(tfid, sfid), f -> f IS NOT NULL)"))))).alias("fids"),
+            # collect_set skips nulls: no lambda per record
+            F.array_sort(F.array_union(F.collect_set("tfid"), F.collect_set("sfid"))).alias("fids"),
             F.array_sort(F.collect_set("type")).alias("types"),
             F.count(F.lit(1)).alias("records"),
             F.min("epoch").alias("first_epoch"),

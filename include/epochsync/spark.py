@@ -71,6 +71,142 @@ def spark_session(
 SMALL_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
+def jvm_options() -> str:
+    """``SPARK_SUBMIT_OPTS`` for local stages: the small profile's JVM options, plus the
+    class-data archive (:func:`ensure_cds_archive`) when one was built for this JDK and Spark.
+
+    Measured on this machine: a trivial spark-submit went from 8.6 s wall (9.8 CPU-s) to
+    5.3 s (6.3 CPU-s) with the archive; every epoch DAG run pays five of them.
+    """
+    path = cds_archive_path()
+    if path is not None and path.exists():
+        return f"{SMALL_JVM_OPTIONS} -XX:SharedArchiveFile={path} -Xshare:auto"
+    return SMALL_JVM_OPTIONS
+
+
+def _java() -> str | None:
+    import shutil
+
+    home = os.environ.get("JAVA_HOME")
+    if home and os.access(os.path.join(home, "bin", "java"), os.X_OK):
+        return os.path.join(home, "bin", "java")
+    return shutil.which("java")
+
+
+def cds_archive_path() -> Path | None:
+    """``build/spark-cds-<key>.jsa``: the key covers the JDK build and Spark's jars, so a new
+    JDK or Spark gets a new archive (a stale one would only be ignored by the JVM, slower)."""
+    import hashlib
+    import subprocess
+
+    if os.environ.get("EPOCHSYNC_SPARK_CDS", "1") in ("0", "false", "no"):
+        return None
+    java = _java()
+    if java is None:
+        return None
+    try:
+        import pyspark
+
+        jars = Path(pyspark.__file__).parent / "jars"
+        version = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30).stderr
+    except (ImportError, OSError, subprocess.SubprocessError):
+        return None
+    digest = hashlib.sha256(version.encode())
+    for jar in sorted(jars.glob("*.jar")):
+        digest.update(f"{jar.name}:{jar.stat().st_size}\n".encode())
+    return _build_dir() / f"spark-cds-{digest.hexdigest()[:12]}.jsa"
+
+
+def _build_dir() -> Path:
+    import tempfile
+
+    env = os.environ.get("EPOCHSYNC_BUILD_DIR")
+    for candidate in ([Path(env)] if env else []) + [Path(__file__).resolve().parents[2] / "build",
+                                                     Path(tempfile.gettempdir()) / "epochsync-build"]:  # fmt: skip
+        try:
+            candidate.mkdir(parents=True, exist_ok=True)
+            if os.access(candidate, os.W_OK):
+                return candidate
+        except OSError:
+            continue
+    return Path(tempfile.gettempdir())
+
+
+def ensure_cds_archive(say=None, timeout: float = 300) -> Path | None:
+    """Build the JVM class-data archive for spark-submit once (about 15 s), by running
+    ``spark_apps/warmup.py`` (the queries the stages use) with ``-XX:ArchiveClassesAtExit``.
+
+    Returns the archive, or None (no java, disabled with ``EPOCHSYNC_SPARK_CDS=0``, or the
+    build failed: then stages simply start without it).
+    """
+    import subprocess
+    import sys
+    import uuid
+
+    path = cds_archive_path()
+    if path is None or path.exists():
+        return path
+    say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+    say(f"building the JVM class-data archive for spark-submit (once): {path}")
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
+    app = Path(__file__).resolve().parents[2] / "spark_apps" / "warmup.py"
+    env = dict(os.environ)
+    env["SPARK_SUBMIT_OPTS"] = f"{SMALL_JVM_OPTIONS} -XX:ArchiveClassesAtExit={tmp}"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH")]))
+    env.setdefault("PYSPARK_PYTHON", sys.executable)
+    env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    submit = str(Path(sys.executable).parent / "spark-submit")
+    try:
+        done = subprocess.run([submit, "--master", "local[2]", str(app)], env=env, capture_output=True, text=True,
+                              timeout=timeout)  # fmt: skip
+        if done.returncode == 0 and tmp.exists():
+            os.replace(tmp, path)  # atomic: a concurrent builder's archive is as good
+            return path
+        say(f"class-data archive not built (spark-submit exited {done.returncode}): {done.stderr.strip()[-300:]}")
+    except (OSError, subprocess.SubprocessError) as exc:
+        say(f"class-data archive not built: {exc}")
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return None
+
+
+def warmup_main() -> int:
+    """``spark_apps/warmup.py``: the kinds of queries the stages run, so their classes are archived."""
+    import tempfile
+
+    spark = spark_session("epochsync-warmup")
+    with tempfile.TemporaryDirectory() as d:
+        df = spark.range(2000).selectExpr(
+            "id % 97 AS fid", "id AS ord", "named_struct('s', id, 'e', id + 10) AS iv", "array(id, id + 1) AS a",
+            "cast(id AS string) AS name",
+        )  # fmt: skip
+        df.write.mode("overwrite").partitionBy("fid").parquet(d + "/t")
+        back = spark.read.parquet(d + "/t")
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        w = Window.partitionBy("fid").orderBy("ord")
+        agg = (
+            back.select("*", F.explode("a").alias("x"), F.max("ord").over(w).alias("m"), F.lead("ord").over(w).alias("n"))
+            .groupBy("fid")
+            .agg(F.max(F.struct("ord", "name")).alias("l"), F.collect_list("iv").alias("ivs"), F.count_if(F.col("x") > 3))
+        )  # fmt: skip
+        joined = agg.join(back.select("fid", "name"), "fid", "full").join(agg.select("fid"), "fid", "left_anti")
+        joined.write.mode("overwrite").parquet(d + "/u")
+        spark.read.parquet(d + "/u").count()
+        import pyarrow as pa
+
+        def arrow(batches):
+            for b in batches:
+                yield pa.RecordBatch.from_pydict({"n": [b.num_rows]})
+
+        spark.range(10, numPartitions=2).mapInArrow(arrow, "n long").collect()
+        spark.sparkContext.parallelize(range(4), 2).map(lambda x: x * 2).collect()
+    spark.stop()
+    return 0
+
+
 def spark_profile(master: str) -> str:
     """``small`` (local masters: fast start, interpreted SQL) or ``default`` (Spark's own settings).
 

@@ -180,6 +180,22 @@ def test_create_modify_rename_delete_then_rollback(env, target):
     assert tree(target) == t1
 
 
+def test_s3_walk_in_threads_gives_the_same_entries_in_the_same_order(env, monkeypatch):
+    from epochsync.targets.s3 import S3Target
+
+    name = "t" + uuid.uuid4().hex[:6]
+    cfg = TargetConfig(name=name, source="sim", kind="s3", conn_id="contract_s3", bucket="replica-contract",
+                       prefix=f"{name}/")  # fmt: skip
+    target = open_target(cfg)
+    target.ensure_bucket()
+    entries, _ = epoch1(env)
+    run(env, target, entries, 1)
+    one_by_one = [(e.path, e.type, e.sha256) for e in target.walk(hashes=True)]
+    assert len(one_by_one) >= 4
+    monkeypatch.setattr(S3Target, "WALK_THREADS", 2)  # 4+ keys: the threaded path
+    assert [(e.path, e.type, e.sha256) for e in target.walk(hashes=True)] == one_by_one
+
+
 def test_dropping_one_hard_link_then_committing_keeps_the_next_epochs_fence_clean(env, target):
     """Regression (make demo, posix epoch 4): the commit's cleanup of a moved-aside name of a
     file that keeps another link changed that file's ctime after the manifest, and the next

@@ -38,7 +38,7 @@ import sys
 import time
 from pathlib import Path
 
-from epochsync.bench import write_results
+from epochsync.bench import results_dir, write_results
 
 SIZES = {"merge_1m": 1_000_000, "merge_10m": 10_000_000}
 SEED = 20260101
@@ -161,6 +161,57 @@ def run_one(spark, name: str, work: Path, generate_seconds: float, startup_secon
     }
 
 
+def stage_timings(event_dir: Path, top: int = 8) -> dict:
+    """Where the time went, from the Spark event log of the run in ``event_dir``.
+
+    Returns ``{"jobs", "stages", "task_run_seconds", "task_cpu_seconds", "top": [...]}``:
+    the stages with the most executor run time, each with its operators (the SQL scopes of
+    its RDDs), tasks, run and CPU seconds, GC seconds, input and shuffle-read records.
+    """
+    files = sorted(p for p in event_dir.rglob("*") if p.is_file() and not p.name.startswith(("appstatus", ".")))
+    stages: dict[int, dict] = {}
+    jobs = 0
+    for f in files:
+        for line in f.open(encoding="utf-8", errors="replace"):
+            e = json.loads(line)
+            kind = e.get("Event")
+            if kind == "SparkListenerJobStart":
+                jobs += 1
+            elif kind == "SparkListenerStageCompleted":
+                si = e["Stage Info"]
+                ops = set()
+                for r in si.get("RDD Info", []):
+                    scope = r.get("Scope")
+                    name = json.loads(scope)["name"] if scope else r.get("Name", "")
+                    if not name.startswith(("WholeStageCodegen", "mapPartitions", "AQEShuffleRead")):
+                        ops.add(name.strip())
+                stages.setdefault(si["Stage ID"], {"stage": si["Stage ID"]})["operators"] = sorted(ops)
+            elif kind == "SparkListenerTaskEnd":
+                m = e.get("Task Metrics") or {}
+                st = stages.setdefault(e["Stage ID"], {"stage": e["Stage ID"]})
+                st["tasks"] = st.get("tasks", 0) + 1
+                st["run_s"] = st.get("run_s", 0) + m.get("Executor Run Time", 0) / 1000
+                st["cpu_s"] = st.get("cpu_s", 0) + m.get("Executor CPU Time", 0) / 1e9
+                st["gc_s"] = st.get("gc_s", 0) + m.get("JVM GC Time", 0) / 1000
+                st["input_records"] = st.get("input_records", 0) + (m.get("Input Metrics") or {}).get("Records Read", 0)
+                st["shuffle_read_records"] = st.get("shuffle_read_records", 0) + (
+                    m.get("Shuffle Read Metrics") or {}
+                ).get("Total Records Read", 0)
+    rows = [
+        {k: round(v, 2) if isinstance(v, float) else v for k, v in st.items()}
+        for st in stages.values()
+        if "tasks" in st
+    ]
+    rows.sort(key=lambda r: -r["run_s"])
+    return {
+        "jobs": jobs,
+        "stages": len(rows),
+        "task_run_seconds": round(sum(r["run_s"] for r in rows), 1),
+        "task_cpu_seconds": round(sum(r["cpu_s"] for r in rows), 1),
+        "top": rows[:top],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m epochsync.bench merge", description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default=",".join(SIZES), help=f"which rows to run (default {','.join(SIZES)})")
@@ -180,9 +231,12 @@ def main(argv: list[str] | None = None) -> int:
     from epochsync.spark import spark_session
 
     conf = {"spark.driver.memory": args.driver_memory}
-    if args.event_log:
-        Path(args.event_log).mkdir(parents=True, exist_ok=True)
-        conf.update({"spark.eventLog.enabled": "true", "spark.eventLog.dir": Path(args.event_log).resolve().as_uri()})
+    event_dir = None
+    if args.event_log:  # a fresh sub-directory per run: the breakdown reads this run's log only
+        event_dir = Path(args.event_log).resolve() / time.strftime("run-%Y%m%dT%H%M%S")
+        event_dir.mkdir(parents=True, exist_ok=True)
+        conf.update({"spark.eventLog.enabled": "true", "spark.eventLog.dir": event_dir.as_uri(),
+                     "spark.eventLog.compress": "false"})  # fmt: skip
     t0 = time.monotonic()
     spark = spark_session(
         "epochsync-bench-merge", master="local[2]", shuffle_partitions=args.shuffle_partitions, extra_conf=conf
@@ -195,6 +249,12 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(row), flush=True)
         rows.append(row)
     spark.stop()
+    if event_dir is not None:
+        # one application log for all rows (prepare included): the breakdown goes beside the results
+        timings = stage_timings(event_dir)
+        out = results_dir() / "merge.stages.json"
+        out.write_text(json.dumps({"rows": names, **timings}, indent=2) + "\n")
+        print(f"stage timings from the Spark event log: {out}")
     if not args.no_write:
         print(f"wrote {write_results('merge', rows)}")
     return 0

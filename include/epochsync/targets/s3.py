@@ -22,6 +22,7 @@ import base64
 import hashlib
 import json
 import random
+import threading
 import time
 import urllib.parse
 from collections import defaultdict
@@ -59,6 +60,16 @@ class Counters:
         self.bytes_received = 0
         self.bytes_copied = 0
         self.retries = 0
+        self._lock = threading.Lock()  # a client may be shared by threads (S3Target.walk)
+
+    def __getstate__(self):
+        d = dict(self.__dict__)
+        d.pop("_lock", None)
+        return d
+
+    def __setstate__(self, d):
+        self.__dict__.update(d)
+        self._lock = threading.Lock()
 
     def attach(self, client) -> None:
         client.meta.events.register("before-send.s3", self._before_send)
@@ -66,19 +77,23 @@ class Counters:
 
     def _before_send(self, request=None, **kwargs):
         op = kwargs.get("event_name", "before-send.s3.?").rsplit(".", 1)[-1]
-        self.requests[op] += 1
         body = getattr(request, "body", None)
+        sent = 0
         if isinstance(body, (bytes, bytearray)):
-            self.bytes_sent += len(body)
+            sent = len(body)
         elif body is not None and hasattr(body, "seek") and hasattr(body, "tell"):
             pos = body.tell()
             body.seek(0, 2)
-            self.bytes_sent += body.tell() - pos
+            sent = body.tell() - pos
             body.seek(pos)
+        with self._lock:
+            self.requests[op] += 1
+            self.bytes_sent += sent
 
     def _after_get(self, http_response=None, parsed=None, **kwargs):
         if parsed and http_response is not None and http_response.status_code < 300:
-            self.bytes_received += int(parsed.get("ContentLength") or 0)
+            with self._lock:
+                self.bytes_received += int(parsed.get("ContentLength") or 0)
 
     def as_dict(self) -> dict:
         return {
@@ -385,15 +400,35 @@ class S3Target(Target):
                 return None
             raise
 
+    #: HEAD (and GET, with hashes) requests a walk keeps in flight: one at a time, a walk of a
+    #: few thousand objects spends most of its time waiting on round trips
+    WALK_THREADS = 8
+
     def walk(self, *, hashes: bool = True):
-        for obj in sorted(self.list_keys(), key=lambda o: o["Key"]):
-            rel = obj["Key"][len(self.prefix) :]
-            if rel.split("/", 1)[0] == CONTROL_DIR:
-                continue
+        rels = [
+            rel
+            for rel in (o["Key"][len(self.prefix) :] for o in sorted(self.list_keys(), key=lambda o: o["Key"]))
+            if rel.split("/", 1)[0] != CONTROL_DIR
+        ]
+
+        def one(rel: str) -> Entry | None:
             h = self.head(rel)
-            if h is None:
-                continue
-            yield self._entry(rel, h, hashes)
+            return None if h is None else self._entry(rel, h, hashes)
+
+        if len(rels) < 2 * self.WALK_THREADS:
+            entries = map(one, rels)
+            yield from (e for e in entries if e is not None)
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        _ = self.io.client  # made once, before the threads share it (boto3 clients are thread-safe)
+        with ThreadPoolExecutor(self.WALK_THREADS, thread_name_prefix="s3-walk") as pool:
+            # map keeps the key order; a window of futures bounds the bytes held in memory
+            window = 4 * self.WALK_THREADS
+            for start in range(0, len(rels), window):
+                for e in pool.map(one, rels[start : start + window]):
+                    if e is not None:
+                        yield e
 
     def _entry(self, rel: str, h: dict, hashes: bool) -> Entry:
         m = decode_meta(h.get("Metadata", {}))
