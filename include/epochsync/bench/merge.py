@@ -125,7 +125,10 @@ def run_one(spark, name: str, work: Path, generate_seconds: float, startup_secon
     from epochsync.bench.ingest import TreeSampler
     from epochsync.merge import run_merge
 
+    sc = spark.sparkContext
+    sc.setJobGroup(f"{name}:prepare", "inputs to Parquet (not timed)")
     prepare_seconds = prepare(spark, work)
+    sc.setJobGroup(f"{name}:merge", "the merge (timed)")
     cfg = _config(work)
     for sub in ("snapshots/target=bench/epoch=2", "changes", "cookies"):
         shutil.rmtree(work / "warehouse" / sub, ignore_errors=True)
@@ -136,6 +139,7 @@ def run_one(spark, name: str, work: Path, generate_seconds: float, startup_secon
         stats = run_merge(cfg, "bench", 2, 2, spark)
         seconds = time.monotonic() - t0
         cpu_seconds = sampler.cpu() - cpu0
+    sc.setJobGroup("other", "")
     n = stats["records"]
     return {
         "name": name,
@@ -164,19 +168,24 @@ def run_one(spark, name: str, work: Path, generate_seconds: float, startup_secon
 def stage_timings(event_dir: Path, top: int = 8) -> dict:
     """Where the time went, from the Spark event log of the run in ``event_dir``.
 
-    Returns ``{"jobs", "stages", "task_run_seconds", "task_cpu_seconds", "top": [...]}``:
-    the stages with the most executor run time, each with its operators (the SQL scopes of
-    its RDDs), tasks, run and CPU seconds, GC seconds, input and shuffle-read records.
+    Per job group (``<row>:prepare`` and ``<row>:merge``, set by :func:`run_one`):
+    ``{"jobs", "stages", "task_run_seconds", "task_cpu_seconds", "top": [...]}``, ``top``
+    being the stages with the most executor run time, each with its operators (the SQL
+    scopes of its RDDs), tasks, run, CPU and GC seconds, input and shuffle-read records.
     """
     files = sorted(p for p in event_dir.rglob("*") if p.is_file() and not p.name.startswith(("appstatus", ".")))
     stages: dict[int, dict] = {}
-    jobs = 0
+    group_of: dict[int, str] = {}
+    jobs: dict[str, int] = {}
     for f in files:
         for line in f.open(encoding="utf-8", errors="replace"):
             e = json.loads(line)
             kind = e.get("Event")
             if kind == "SparkListenerJobStart":
-                jobs += 1
+                group = (e.get("Properties") or {}).get("spark.jobGroup.id") or "other"
+                jobs[group] = jobs.get(group, 0) + 1
+                for sid in e.get("Stage IDs", []):
+                    group_of[sid] = group
             elif kind == "SparkListenerStageCompleted":
                 si = e["Stage Info"]
                 ops = set()
@@ -197,19 +206,22 @@ def stage_timings(event_dir: Path, top: int = 8) -> dict:
                 st["shuffle_read_records"] = st.get("shuffle_read_records", 0) + (
                     m.get("Shuffle Read Metrics") or {}
                 ).get("Total Records Read", 0)
-    rows = [
-        {k: round(v, 2) if isinstance(v, float) else v for k, v in st.items()}
-        for st in stages.values()
-        if "tasks" in st
-    ]
-    rows.sort(key=lambda r: -r["run_s"])
-    return {
-        "jobs": jobs,
-        "stages": len(rows),
-        "task_run_seconds": round(sum(r["run_s"] for r in rows), 1),
-        "task_cpu_seconds": round(sum(r["cpu_s"] for r in rows), 1),
-        "top": rows[:top],
-    }
+    out: dict[str, dict] = {}
+    for group in sorted(jobs):
+        rows = [
+            {k: round(v, 2) if isinstance(v, float) else v for k, v in st.items()}
+            for sid, st in stages.items()
+            if "tasks" in st and group_of.get(sid, "other") == group
+        ]
+        rows.sort(key=lambda r: -r["run_s"])
+        out[group] = {
+            "jobs": jobs[group],
+            "stages": len(rows),
+            "task_run_seconds": round(sum(r["run_s"] for r in rows), 1),
+            "task_cpu_seconds": round(sum(r["cpu_s"] for r in rows), 1),
+            "top": rows[:top],
+        }
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -217,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default=",".join(SIZES), help=f"which rows to run (default {','.join(SIZES)})")
     p.add_argument("--scratch", default="bench/scratch/merge", help="where inputs are generated and kept")
     p.add_argument("--shuffle-partitions", type=int, default=8, help="spark.sql.shuffle.partitions (default 8)")
-    p.add_argument("--driver-memory", default="6g", help="JVM heap of the local[2] driver (default 6g)")
+    p.add_argument("--driver-memory", default="12g", help="JVM heap of the local[2] driver (default 12g)")
     p.add_argument("--event-log", metavar="DIR", help="also write the Spark event log here (stage timings)")
     p.add_argument("--no-write", action="store_true", help="print the rows, do not write bench/results/merge.json")
     args = p.parse_args(argv)
@@ -253,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         # one application log for all rows (prepare included): the breakdown goes beside the results
         timings = stage_timings(event_dir)
         out = results_dir() / "merge.stages.json"
-        out.write_text(json.dumps({"rows": names, **timings}, indent=2) + "\n")
+        out.write_text(json.dumps({"rows": names, "groups": timings}, indent=2) + "\n")
         print(f"stage timings from the Spark event log: {out}")
     if not args.no_write:
         print(f"wrote {write_results('merge', rows)}")
