@@ -19,4 +19,3 @@ def test_archive_path_is_keyed_and_used_only_when_built(tmp_path, monkeypatch):
     assert jvm_options() == f"{SMALL_JVM_OPTIONS} -XX:SharedArchiveFile={path} -Xshare:auto"
     monkeypatch.setenv("EPOCHSYNC_SPARK_CDS", "0")
     assert cds_archive_path() is None and jvm_options() == SMALL_JVM_OPTIONS
-
