@@ -116,6 +116,9 @@ class S3Proxy:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # headers and body go out in two writes: with Nagle on, the body waits for the
+            # client's delayed ACK, 40 ms per request (measured: 44 ms -> under 5 ms per LIST)
+            disable_nagle_algorithm = True
 
             def log_message(self, *args):  # quiet
                 pass

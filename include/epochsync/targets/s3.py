@@ -506,9 +506,17 @@ class S3Target(Target):
     def fence_check(self, expect: list[dict], since_ns: int | None) -> tuple[list[str], dict[str, Any]]:
         """``expect`` items: ``{"key", "present", "size"}``; returns problems and key → versions."""
         problems, state = [], {}
-        for item in expect:
+        keys = [item["key"] for item in expect]
+        if len(keys) < 2 * self.WALK_THREADS:
+            versions = [self.key_versions(k) for k in keys]
+        else:  # one LIST per key: keep several in flight (on real S3 each is a round trip of tens of ms)
+            from concurrent.futures import ThreadPoolExecutor
+
+            _ = self.io.client  # made once, before the threads share it
+            with ThreadPoolExecutor(self.WALK_THREADS, thread_name_prefix="s3-fence") as pool:
+                versions = list(pool.map(self.key_versions, keys))
+        for item, v in zip(expect, versions):
             rel = item["key"]
-            v = self.key_versions(rel)
             state[rel] = v
             cur = v["current"]
             if not item.get("present"):
