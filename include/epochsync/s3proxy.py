@@ -151,15 +151,10 @@ class S3Proxy:
                 conn.request(self.command, self.path, body=body, headers=headers)
                 resp = conn.getresponse()
                 data = resp.read()
-                self.send_response(resp.status, resp.reason)
-                for k, v in resp.getheaders():
-                    if k.lower() not in _HOP and k.lower() != "content-length":
-                        self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(data)
+                headers_out = resp.getheaders()
                 conn.close()
+                # count before answering: a client that reads the counters right after its
+                # request returns must see that request
                 copied = 0
                 src = self.headers.get("x-amz-copy-source")
                 if src and resp.status < 300:
@@ -179,6 +174,16 @@ class S3Proxy:
                         c.bytes_copied += copied
                         src_bucket = unquote(src).lstrip("/").split("/", 1)[0]
                         proxy.counters[src_bucket].bytes_copied_out += copied
+                self.send_response(resp.status, resp.reason)
+                for k, v in headers_out:
+                    if k.lower() not in _HOP and k.lower() != "content-length":
+                        self.send_header(k, v)
+                # a HEAD answers with the object's length and no body
+                length = resp.getheader("Content-Length", "0") if self.command == "HEAD" else str(len(data))
+                self.send_header("Content-Length", length)
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
 
             def _read_body(self) -> bytes:
                 if self.headers.get("Transfer-Encoding", "").lower() == "chunked":

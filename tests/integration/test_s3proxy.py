@@ -70,3 +70,12 @@ def test_injected_503_and_reset(proxied, bucket_name):
         c.get_object(Bucket=bucket_name, Key="k")
     proxy.clear_faults()
     assert c.get_object(Bucket=bucket_name, Key="k")["Body"].read() == b"v"
+
+
+def test_head_through_the_proxy_reports_the_object_length(proxied, bucket_name):
+    proxy, ep = proxied
+    c = ep.client()
+    c.create_bucket(Bucket=bucket_name)
+    c.put_object(Bucket=bucket_name, Key="k", Body=b"x" * 1234)
+    assert c.head_object(Bucket=bucket_name, Key="k")["ContentLength"] == 1234
+    assert proxy.snapshot()[bucket_name]["requests"]["HEAD"] == 1
