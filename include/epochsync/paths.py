@@ -6,6 +6,9 @@ A retried task overwrites its own output, so every path is a pure function of
 
 from __future__ import annotations
 
+import os
+import tempfile
+from pathlib import Path
 from urllib.parse import urlparse
 
 
@@ -89,3 +92,30 @@ def epoch_partitions(uri: str) -> list[int]:
             except ValueError:
                 continue
     return sorted(out)
+
+
+# --------------------------------------------------------------------------- the checkout
+
+
+def project_dir() -> Path:
+    """The checkout holding ``spark_apps/`` (``$EPOCHSYNC_PROJECT_DIR`` overrides, e.g. in containers)."""
+    env = os.environ.get("EPOCHSYNC_PROJECT_DIR")
+    if env:
+        return Path(env)
+    # include/epochsync/paths.py -> the checkout
+    return Path(__file__).resolve().parents[2]
+
+
+def build_dir() -> Path:
+    """Where built files go (package zips, the JVM class-data archive): ``$EPOCHSYNC_BUILD_DIR``,
+    else ``build/`` of the checkout, else a temp folder."""
+    env = os.environ.get("EPOCHSYNC_BUILD_DIR")
+    candidates = [Path(env)] if env else [project_dir() / "build", Path(tempfile.gettempdir()) / "epochsync-build"]
+    for c in candidates:
+        try:
+            c.mkdir(parents=True, exist_ok=True)
+            if os.access(c, os.W_OK):
+                return c
+        except OSError:
+            continue
+    raise OSError(f"no writable build folder among {', '.join(map(str, candidates))}")

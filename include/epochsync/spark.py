@@ -114,22 +114,12 @@ def cds_archive_path() -> Path | None:
     digest = hashlib.sha256(version.encode())
     for jar in sorted(jars.glob("*.jar")):
         digest.update(f"{jar.name}:{jar.stat().st_size}\n".encode())
-    return _build_dir() / f"spark-cds-{digest.hexdigest()[:12]}.jsa"
+    from epochsync.paths import build_dir
 
-
-def _build_dir() -> Path:
-    import tempfile
-
-    env = os.environ.get("EPOCHSYNC_BUILD_DIR")
-    for candidate in ([Path(env)] if env else []) + [Path(__file__).resolve().parents[2] / "build",
-                                                     Path(tempfile.gettempdir()) / "epochsync-build"]:  # fmt: skip
-        try:
-            candidate.mkdir(parents=True, exist_ok=True)
-            if os.access(candidate, os.W_OK):
-                return candidate
-        except OSError:
-            continue
-    return Path(tempfile.gettempdir())
+    try:
+        return build_dir() / f"spark-cds-{digest.hexdigest()[:12]}.jsa"
+    except OSError:
+        return None
 
 
 def ensure_cds_archive(say=None, timeout: float = 300) -> Path | None:
@@ -149,7 +139,9 @@ def ensure_cds_archive(say=None, timeout: float = 300) -> Path | None:
     say = say or (lambda line: print(line, file=sys.stderr, flush=True))
     say(f"building the JVM class-data archive for spark-submit (once): {path}")
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
-    app = Path(__file__).resolve().parents[2] / "spark_apps" / "warmup.py"
+    from epochsync.paths import project_dir
+
+    app = project_dir() / "spark_apps" / "warmup.py"
     env = dict(os.environ)
     env["SPARK_SUBMIT_OPTS"] = f"{SMALL_JVM_OPTIONS} -XX:ArchiveClassesAtExit={tmp}"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH")]))

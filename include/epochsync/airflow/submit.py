@@ -19,18 +19,10 @@ from pathlib import Path
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 import epochsync
+from epochsync.paths import build_dir, project_dir
 
 #: stages that run as Spark applications (``spark_apps/<stage>.py``)
 SPARK_STAGES = ("ingest", "merge", "translate", "apply", "verify")
-
-
-def project_dir() -> Path:
-    """The checkout holding ``spark_apps/`` (``$EPOCHSYNC_PROJECT_DIR`` overrides, e.g. in containers)."""
-    env = os.environ.get("EPOCHSYNC_PROJECT_DIR")
-    if env:
-        return Path(env)
-    # include/epochsync/__init__.py -> the checkout
-    return Path(epochsync.__file__).resolve().parents[2]
 
 
 def spark_app(stage: str) -> str:
@@ -46,20 +38,6 @@ def package_sources() -> list[tuple[str, Path]]:
         if path.is_file() and "__pycache__" not in path.parts and path.suffix not in (".pyc", ".pyo"):
             out.append(("epochsync/" + path.relative_to(root).as_posix(), path))
     return out
-
-
-def build_dir() -> Path:
-    """Where zips go: ``$EPOCHSYNC_BUILD_DIR``, else ``build/`` of the checkout, else a temp folder."""
-    env = os.environ.get("EPOCHSYNC_BUILD_DIR")
-    candidates = [Path(env)] if env else [project_dir() / "build", Path(tempfile.gettempdir()) / "epochsync-build"]
-    for c in candidates:
-        try:
-            c.mkdir(parents=True, exist_ok=True)
-            if os.access(c, os.W_OK):
-                return c
-        except OSError:
-            continue
-    raise OSError(f"no writable folder for the package zip among {', '.join(map(str, candidates))}")
 
 
 def package_zip() -> str:
