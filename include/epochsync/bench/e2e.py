@@ -248,7 +248,7 @@ def whole_file_copy(client, src_bucket: str, dst_bucket: str, before: dict[str, 
     _delete_keys(client, dst_bucket, sorted(set(before) - set(after)))
 
 
-def run_scenario(scenario: Scenario, weed_endpoint, spark, work: Path) -> list[dict]:
+def run_scenario(scenario: Scenario, weed_endpoint, spark, work: Path, verbose: bool = False) -> list[dict]:
     """Measure the three tools on one scenario; returns three result rows."""
     from epochsync.connections import S3Settings
     from epochsync.embedded import S3Endpoint
@@ -279,7 +279,7 @@ def run_scenario(scenario: Scenario, weed_endpoint, spark, work: Path) -> list[d
         _put_tree(client, f"files-{slug}", contents[1])
         _put_tree(client, f"sync-{slug}", contents[1])
         _put_tree(client, f"whole-{slug}", contents[1])
-        quiet = lambda msg: None  # noqa: E731
+        quiet = (lambda msg: print(f"bench e2e:   {msg}", file=sys.stderr, flush=True)) if verbose else (lambda msg: None)  # noqa: E731
         replicate(str(cfg_path), "replica", epoch=1, spark=spark, progress=quiet)
         # the whole-file source view moves to epoch 2 (not measured: the source's own change)
         _put_tree(client, f"files-{slug}", {p: b for p, b in contents[2].items() if contents[1].get(p) != b})
@@ -406,6 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="small versions of the scenarios (a correctness run)")
     p.add_argument("--scenario", action="append", choices=list(SCENARIOS), help="only these (repeatable)")
     p.add_argument("--workdir", default="bench/scratch/e2e")
+    p.add_argument("--verbose", action="store_true", help="print epochsync's stage progress and timings")
     p.add_argument("--results-name", default=None, help="results file name (default e2e, or e2e-quick)")
     args = p.parse_args(argv)
 
@@ -424,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     with SeaweedFS(work / "seaweedfs") as endpoint:
         for name in names:
             print(f"bench e2e: scenario {name}: {table[name].description}", file=sys.stderr, flush=True)
-            rows.extend(run_scenario(table[name], endpoint, spark, work))
+            rows.extend(run_scenario(table[name], endpoint, spark, work, verbose=args.verbose))
     spark.stop()
     name = args.results_name or ("e2e-quick" if args.quick else "e2e")
     result = {"rows": rows, "checks": checks(rows)}
