@@ -188,11 +188,7 @@ def apply_plan(plan: dict, target, source_io, source_bucket: str, jdir: str, sta
             finally:
                 sc.setLocalProperty("spark.jobGroup.id", None)
         else:
-            # the same isolation an executor has: its own clients and counters
-            import pickle
-
-            local_target, local_source = pickle.loads(pickle.dumps((target, source_io)))
-            results = list(_data_partition(0, ops, local_target, local_source, source_bucket, jdir, faults))
+            results = _apply_in_threads(ops, target, source_io, source_bucket, jdir, faults, plan)
     t2 = time.monotonic()
     with UndoJournal(jdir, "post", PHASE_POST, faults) as journal:
         for op in plan["post"]:
@@ -218,6 +214,49 @@ def apply_plan(plan: dict, target, source_io, source_bucket: str, jdir: str, sta
         "durations": {"namespace": t1 - t0, "data": t2 - t1, "post": t3 - t2},
         "ops": {"namespace": len(plan["namespace"]), "data": len(ops), "post": len(plan["post"])},
     }
+
+
+#: data operations in flight when a plan is applied without Spark (the local engine)
+LOCAL_APPLY_THREADS = 8
+
+
+def _apply_in_threads(ops: list[dict], target, source_io, source_bucket: str, jdir: str, faults, plan: dict):
+    """The executors' work in this process: ``LOCAL_APPLY_THREADS`` partitions, one thread each.
+
+    Each thread has what an executor has: its own journal file, clients and counters.
+    After the first failure the other threads finish the operation they are in and stop,
+    so a rollback never races a writer.
+    """
+    import pickle
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    n = max(1, min(LOCAL_APPLY_THREADS, len(ops)))
+    stop = threading.Event()
+
+    def until_stopped(part):
+        for op in part:
+            if stop.is_set():
+                return
+            yield op
+
+    def run(i: int):
+        local_target, local_source = pickle.loads(pickle.dumps((target, source_io)))
+        try:
+            return list(_data_partition(i, until_stopped(ops[i::n]), local_target, local_source, source_bucket, jdir, faults))
+        except BaseException:
+            stop.set()
+            raise
+
+    with ThreadPoolExecutor(n, thread_name_prefix="epochsync-apply") as pool:
+        futures = [pool.submit(run, i) for i in range(n)]
+    errors = [f.exception() for f in futures if f.exception() is not None]
+    if errors:
+        exc = errors[0]
+        if isinstance(exc, EpochsyncError):
+            raise exc
+        raise EpochsyncError(f"apply of epoch {plan['epoch']} failed: {type(exc).__name__}: {exc}") from exc
+    return [r for f in futures for r in f.result()]
 
 
 def _wait_until_idle(sc, group: str, timeout: float = 300.0) -> None:

@@ -20,6 +20,8 @@ ENV_VAR = "EPOCHSYNC_CONFIG"
 FORMATS = ("jsonl", "lustre", "gluster")
 EPOCH_SOURCES = ("records", "mark", "time")
 TARGET_KINDS = ("s3", "posix")
+#: who merges and translates an epoch (``targets[].engine``)
+ENGINES = ("auto", "spark", "local")
 MIN_PART_SIZE = 5 * 1024 * 1024
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -119,6 +121,10 @@ class TargetConfig:
     snapshot_retention: int = 3
     #: attempts per S3 request before a clear failure
     max_attempts: int = 6
+    #: who merges and translates an epoch: spark, local (the driver's Python) or auto
+    engine: str = "auto"
+    #: auto picks local for epochs of at most this many ingested records
+    local_max_records: int = 50_000
 
 
 @dataclass(frozen=True)
@@ -452,6 +458,8 @@ def _load_target(file: str, i: int, data: Any, base: Path) -> TargetConfig:
         small_object=r.get("small_object", parse_size, default=d.small_object),
         snapshot_retention=r.get("snapshot_retention", _int_range(1), default=d.snapshot_retention),
         max_attempts=r.get("max_attempts", _int_range(1, 100), default=d.max_attempts),
+        engine=r.get("engine", _choice(ENGINES), default=d.engine),
+        local_max_records=r.get("local_max_records", _int_range(0), default=d.local_max_records),
         **kw,
     )
     r.done()

@@ -1211,15 +1211,53 @@ def _write_text(spark, uri: str, text: str) -> None:
         out.close()
 
 
+def _is_local(uri: str) -> bool:
+    return uri.startswith("file://") or "://" not in uri
+
+
 def _exists(spark, uri: str) -> bool:
+    if _is_local(uri):
+        return os.path.exists(local_path(uri))
     fs, path = _fs(spark, uri)
     return bool(fs.exists(path))
 
 
 def _delete(spark, uri: str) -> None:
+    if _is_local(uri):
+        import shutil
+
+        path = local_path(uri)
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            os.remove(path)
+        return
     fs, path = _fs(spark, uri)
     if fs.exists(path):
         fs.delete(path, True)
+
+
+def _move(spark, src: str, dst: str) -> None:
+    """Replace ``dst`` by ``src`` (a rename on file:// and hdfs://); a missing ``src`` leaves an empty ``dst``."""
+    if _is_local(src) and _is_local(dst):
+        _delete(spark, dst)
+        s, d = local_path(src), local_path(dst)
+        os.makedirs(os.path.dirname(d), exist_ok=True)
+        if os.path.exists(s):
+            os.replace(s, d)
+        else:
+            os.makedirs(d)  # an epoch with no records is still ingested
+        return
+    fs, final_path = _fs(spark, dst)
+    _, staged_path = _fs(spark, src)
+    if fs.exists(final_path):
+        fs.delete(final_path, True)
+    fs.mkdirs(final_path.getParent())
+    if fs.exists(staged_path):
+        if not fs.rename(staged_path, final_path):
+            raise StoreError(f"cannot move {src} to {dst}")
+    else:
+        fs.mkdirs(final_path)
 
 
 def run_ingest(
@@ -1232,6 +1270,7 @@ def run_ingest(
     consumer: str | None = None,
     progress: Callable[[str], None] | None = None,
     writer: str = "auto",
+    in_process: bool | int = False,
 ) -> dict:
     """Ingest epochs ``first_epoch..last_epoch`` of ``source`` into the warehouse; returns figures.
 
@@ -1241,14 +1280,21 @@ def run_ingest(
     (default: the minimum over the source's consumers). ``writer``: who writes the
     Parquet — ``executors`` (pyarrow, into a local or shared-file-system warehouse),
     ``spark`` (Spark's writer, any warehouse URI), ``auto`` (executors for ``file://``).
+    ``in_process``: no Spark at all, the caller parses and writes (a ``file://``
+    warehouse; the local engine's small epochs). An int is a budget: in process when the
+    changelog bytes to read are at most that many, with Spark otherwise.
     """
     from epochsync.schema import record_struct_type
-    from epochsync.spark import spark_session
 
     last_epoch = first_epoch if last_epoch is None else last_epoch
     if first_epoch < 1 or last_epoch < first_epoch:
         raise EpochError(f"epochs to ingest must satisfy 1 ≤ first ≤ last, got {first_epoch}..{last_epoch}")
-    spark = spark or spark_session("epochsync-ingest")
+    budget = None if isinstance(in_process, bool) else in_process
+    local_wh = Warehouse(cfg.warehouse).records(source).startswith("file://") and writer != "spark"
+    if in_process is True and not local_wh:
+        raise EpochError(f"an in-process ingest writes a file:// warehouse, not {cfg.warehouse}")
+    given_spark = spark
+    spark = None  # listing and the tails of the files need no Spark session
     say = progress or (lambda line: None)
     started = time.perf_counter()
     src = cfg.source(source)
@@ -1270,7 +1316,10 @@ def run_ingest(
         interval_ns=interval_ns,
     )
     phases: dict[str, float] = {}
-    files = list_changelog_files(src, spark)
+    try:
+        files = list_changelog_files(src)  # on the caller: a few LISTs per server
+    except StoreError as exc:
+        raise StoreError(f"ingest of source {source!r}: {exc}") from None
     phases["list"] = time.perf_counter() - started
     for server in src.servers:
         fl = files.get(server, [])
@@ -1284,12 +1333,14 @@ def run_ingest(
         if job.s3 is None:
             tails = {f.uri: file_tail(f) for f in every}
         else:
+            from concurrent.futures import ThreadPoolExecutor
+
             s3 = job.s3
-            tails = dict(
-                spark.sparkContext.parallelize(every, max(1, min(len(every), 64)))
-                .map(lambda f: (f.uri, file_tail(f, s3)))
-                .collect()
-            )
+            try:
+                with ThreadPoolExecutor(8) as pool:
+                    tails = dict(zip((f.uri for f in every), pool.map(lambda f: file_tail(f, s3), every)))
+            except StoreError as exc:
+                raise StoreError(f"ingest of source {source!r}: {exc}") from None
         files = settled_files(files, tails, first_epoch, after)
         for server, fl in listed.items():
             # a skipped file's closing EPOCH still counts for the closure
@@ -1297,14 +1348,19 @@ def run_ingest(
                 tail = tails[f.uri]
                 if tail[2] == "EPOCH" and tail[1] > skipped_closed.get(server, -1):
                     skipped_closed[server] = tail[1]
+    to_read = sum(f.size for fl in files.values() for f in fl)
+    if not (in_process is True or (budget is not None and local_wh and to_read <= budget)):
+        from epochsync.spark import spark_session
+
+        spark = given_spark or spark_session("epochsync-ingest")
     # jsonl files stand alone: packed into a few balanced tasks per core; other formats
     # carry MARK epochs and index order from file to file: one task per server.
     if fmt == "jsonl":
-        slots = max(1, spark.sparkContext.defaultParallelism) * TASKS_PER_CORE
+        slots = 1 if spark is None else max(1, spark.sparkContext.defaultParallelism) * TASKS_PER_CORE
         tasks = pack_files([f for fl in files.values() for f in fl], slots)
     else:
         tasks = [fl for fl in files.values() if fl]
-    acc = _list_accumulator(spark)
+    acc = None if spark is None else _list_accumulator(spark)
     staging = f"{wh.records(source)}/_ingest-{uuid.uuid4().hex[:12]}"
     local = writer == "executors" or (writer == "auto" and staging.startswith("file://"))
     if local:
@@ -1312,7 +1368,9 @@ def run_ingest(
         # directory: no Arrow → row conversion and no sort in the JVM (about half the time)
         job = dataclasses.replace(job, staging_dir=local_path(staging))
     try:
-        if tasks:
+        if tasks and spark is None:
+            reports = _dedupe(_run_in_process(tasks, job, source))
+        elif tasks:
             ids = spark.range(0, len(tasks), 1, numPartitions=len(tasks))
             try:
                 if local:
@@ -1323,7 +1381,9 @@ def run_ingest(
                     df.write.mode("overwrite").partitionBy("epoch", "server").parquet(staging)
             except Exception as exc:  # Py4J and PySpark wrap what the executor raised
                 raise _executor_failure(exc, source) from None
-        if not local or not tasks:
+        if not tasks:
+            reports = []
+        elif not local:
             reports = _dedupe(acc.value)
         phases["spark_job"] = time.perf_counter() - started - phases["list"]
         result = _judge(src, job, reports, skipped_closed)
@@ -1346,6 +1406,22 @@ def run_ingest(
             f"closed through epoch {s['closed_through']}, {s['bad_records']} bad"
         )
     return stats
+
+
+def _run_in_process(tasks: list[list[ChangelogFile]], job: IngestJob, source: str) -> list[dict]:
+    """The executors' work in this process, one task after the other: the report of every file."""
+    import pyarrow as pa
+
+    runner = _task_runner(tasks, job, None)
+    ids = pa.RecordBatch.from_arrays([pa.array(range(len(tasks)), pa.int64())], names=["id"])
+    try:
+        return [json.loads(r) for out in runner([ids]) for r in out.column(0).to_pylist()]
+    except StoreError as exc:
+        raise StoreError(f"ingest of source {source!r}: {exc}") from None
+    except IngestError:
+        raise
+    except EpochError as exc:
+        raise EpochError(f"ingest of source {source!r}: {exc}") from None
 
 
 _EXECUTOR_ERROR = re.compile(r"epochsync\.errors\.(\w+): (.+)")
@@ -1443,18 +1519,7 @@ def _commit(spark, wh: Warehouse, src, job: IngestJob, staging: str, result: _Ju
             text = "".join(json.dumps(d, ensure_ascii=False, separators=(",", ":")) + "\n" for d in entries)
             _write_text(spark, f"{qdir}/part-00000.jsonl", text)
     for epoch in range(job.first, job.last + 1):
-        final = wh.records(src.name, epoch)
-        staged = f"{staging}/epoch={epoch}"
-        fs, final_path = _fs(spark, final)
-        _, staged_path = _fs(spark, staged)
-        if fs.exists(final_path):
-            fs.delete(final_path, True)
-        fs.mkdirs(final_path.getParent())
-        if fs.exists(staged_path):
-            if not fs.rename(staged_path, final_path):
-                raise StoreError(f"cannot move {staged} to {final}")
-        else:
-            fs.mkdirs(final_path)  # an epoch with no records is still ingested
+        _move(spark, f"{staging}/epoch={epoch}", wh.records(src.name, epoch))
 
 
 #: in each ingested epoch's records directory (Spark's readers skip ``_`` files): what was read

@@ -41,10 +41,6 @@ from epochsync.merge import (
 )
 from epochsync.model import DIR, FILE, OTHER, SNAPSHOT_FIELDS, SYMLINK
 
-#: engines a target may name (``engine.mode`` in the config)
-ENGINES = ("auto", "spark", "local")
-#: ``auto`` merges locally up to this many ingested records (``engine.local_max_records``)
-DEFAULT_LOCAL_MAX_RECORDS = 50_000
 
 _CREATORS = frozenset(CREATORS)
 _MERGED = frozenset(MERGED_TYPES)
@@ -599,7 +595,7 @@ def is_local_warehouse(uri: str) -> bool:
 
 def choose_engine(cfg, target, first: int, last: int) -> str:
     """``spark`` or ``local`` for merging ``first..last`` of ``target`` (see the module docstring)."""
-    mode = getattr(target, "engine", "auto")
+    mode = target.engine
     if mode != "auto":
         if mode == "local" and not is_local_warehouse(cfg.warehouse):
             raise EpochError(
@@ -609,8 +605,22 @@ def choose_engine(cfg, target, first: int, last: int) -> str:
     if not is_local_warehouse(cfg.warehouse):
         return "spark"
     n = count_records(cfg.warehouse, cfg.source_of(target).name, first, last)
-    limit = getattr(target, "local_max_records", DEFAULT_LOCAL_MAX_RECORDS)
-    return "local" if n is not None and n <= limit else "spark"
+    return "local" if n is not None and n <= target.local_max_records else "spark"
+
+
+#: changelog bytes per record assumed when the ingest decides before it has read anything
+INGEST_BYTES_PER_RECORD = 256
+
+
+def ingest_in_process(cfg, target) -> bool | int:
+    """What :func:`epochsync.ingest.run_ingest` gets as ``in_process`` for ``target``'s epochs:
+    True (engine local), False (engine spark, or a warehouse that is not local) or, for
+    auto, a budget of changelog bytes: about ``local_max_records`` records' worth."""
+    if target.engine == "spark" or not is_local_warehouse(cfg.warehouse):
+        return False
+    if target.engine == "local":
+        return True
+    return target.local_max_records * INGEST_BYTES_PER_RECORD
 
 
 def _snapshot_epochs(wh, target: str) -> list[int]:
@@ -707,3 +717,124 @@ def cookie_groups_struct_type():
          StructField("last_epoch", LongType()), StructField("first_time_ns", LongType()),
          StructField("last_time_ns", LongType())]
     )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- translate
+
+
+def resolve_link_rows(snapshot: Iterable[Mapping[str, Any]], root_fid: str, *, max_depth: int = 4096) -> list[tuple]:
+    """:func:`epochsync.translate.resolve_links` over rows: every reachable link as (fid, pfid, name, path)."""
+    links = [(r["fid"], r["type"], lk["pfid"], lk["name"]) for r in snapshot for lk in r["links"] or []]
+    parent: dict[str, tuple[str, str]] = {}
+    for fid, type_, pfid, name in links:
+        if type_ == DIR and (fid not in parent or (pfid, name) < parent[fid]):
+            parent[fid] = (pfid, name)
+    paths: dict[str, str | None] = {root_fid: ""}
+    for fid in parent:
+        chain = []
+        cur = fid
+        while cur not in paths and cur in parent and len(chain) <= max_depth:
+            chain.append(cur)
+            cur = parent[cur][0]
+            if cur in chain:
+                break
+        base = paths.get(cur) if cur not in chain else None
+        for f in reversed(chain):
+            if base is None:
+                paths[f] = None
+                continue
+            name = parent[f][1]
+            base = name if base == "" else f"{base}/{name}"
+            paths[f] = base
+    out = []
+    for fid, _, pfid, name in links:
+        pp = paths.get(pfid)
+        if pp is not None:
+            out.append((fid, pfid, name, name if pp == "" else f"{pp}/{name}"))
+    return out
+
+
+def _visible(path: str, fileset) -> bool:
+    return not fileset or any(path == s.strip("/") or path.startswith(s.strip("/") + "/") for s in fileset)
+
+
+def plan_entry_rows(old_rows, new_rows, change_rows, *, root_fid: str, fileset=()) -> list[dict]:
+    """:func:`epochsync.translate.plan_entries` over rows: one dict per fid the target must act on."""
+
+    def side(rows) -> dict[str, list[dict]]:
+        out: dict[str, list[tuple]] = {}
+        for fid, pfid, name, path in resolve_link_rows(rows, root_fid):
+            if _visible(path, fileset):
+                out.setdefault(fid, []).append((path, pfid, name))
+        return {f: [{"path": a, "pfid": b, "name": c} for a, b, c in sorted(v)] for f, v in out.items()}
+
+    old_by = {r["fid"]: r for r in old_rows}
+    new_by = {r["fid"]: r for r in new_rows}
+    old_l, new_l = side(old_by.values()), side(new_by.values())
+    changes = {c["fid"]: c for c in change_rows}
+    entries = []
+    for fid in sorted(set(old_l) | set(new_l)):
+        ol, nl = old_l.get(fid), new_l.get(fid)
+        change = changes.get(fid)
+        if change is None and ol is not None and nl is not None and ol == nl:
+            continue
+        new = new_by.get(fid)
+        d = {"fid": fid, "old_links": ol or [], "new_links": (nl or []) if new is not None else [],
+             "change": change, "old": old_by.get(fid), "new": new}  # fmt: skip
+        d["old_paths"] = sorted({lk["path"] for lk in d["old_links"]})
+        d["new_paths"] = sorted({lk["path"] for lk in d["new_links"]})
+        if not d["old_paths"] and not d["new_paths"]:
+            continue
+        d["type"] = (d.get("new") or d.get("old") or {}).get("type")
+        entries.append(d)
+    return entries
+
+
+def read_snapshot_rows(cfg, target, epoch: int) -> list[dict]:
+    """Snapshot ``epoch`` of ``target`` as rows (epoch 0 without a written one: the root alone)."""
+    from epochsync.model import snapshot_struct_type
+    from epochsync.oracle import ROOT_MODE
+    from epochsync.paths import Warehouse, local_path
+
+    wh = Warehouse(cfg.warehouse)
+    uri = wh.snapshot(target.name, epoch)
+    if os.path.isdir(local_path(uri)):
+        return read_table_rows(uri, snapshot_struct_type())
+    if epoch == 0:
+        root = {f: None for f in SNAPSHOT_FIELDS}
+        root.update(fid=cfg.source_of(target).root_fid, type=DIR, links=[], mode=ROOT_MODE, uid=0, gid=0, size=0,
+                    xattrs=[], objects=[])  # fmt: skip
+        return [root]
+    raise EpochError(
+        f"no snapshot of target {target.name!r} at epoch {epoch} ({uri}): merge epoch {epoch} first "
+        f"(epochsync replicate --target {target.name} --epoch {epoch}) or hydrate the target"
+    )
+
+
+def translate_entries(cfg, target, first: int, epoch: int, whole_file: bool = False) -> tuple[list[dict], int]:
+    """The plan entries of ``first..epoch`` for ``target`` and the records in (EPOCH records aside)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from epochsync.model import change_struct_type
+    from epochsync.paths import Warehouse, local_path
+
+    wh = Warehouse(cfg.warehouse)
+    src = cfg.source_of(target)
+    old = read_snapshot_rows(cfg, target, first - 1)
+    new = read_snapshot_rows(cfg, target, epoch)
+    if not os.path.isdir(local_path(wh.changes(target.name, epoch))):
+        raise EpochError(f"no change set for target {target.name} epoch {epoch}: run the merge stage first")
+    changes = read_table_rows(wh.changes(target.name, epoch), change_struct_type())
+    if whole_file:
+        for c in changes:
+            c["whole_file"] = c["data_changed"]
+    entries = plan_entry_rows(old, new, changes, root_fid=src.root_fid, fileset=target.fileset)
+    records_in = 0
+    dirs = [local_path(wh.records(src.name, e)) for e in range(first, epoch + 1)]
+    if all(os.path.isdir(d) for d in dirs):
+        for d in dirs:
+            for f in _parquet_files(d):
+                types = pq.read_table(f, columns=["type"]).column("type")
+                records_in += len(types) - (pc.sum(pc.cast(pc.equal(types, "EPOCH"), "int64")).as_py() or 0)
+    return entries, records_in

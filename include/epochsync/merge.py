@@ -607,15 +607,33 @@ def extents_known_for(fmt: str) -> bool:
     return fmt == "jsonl"
 
 
-def run_merge(cfg: Config, target_name: str, first_epoch: int, last_epoch: int, spark: SparkSession) -> dict:
+def run_merge(
+    cfg: Config, target_name: str, first_epoch: int, last_epoch: int, spark: SparkSession | None = None,
+    engine: str | None = None,
+) -> dict:
     """Merge epochs ``first_epoch..last_epoch`` of ``target_name``'s source onto snapshot ``first_epoch - 1``.
 
     Writes snapshot ``last_epoch``, the change set of ``last_epoch`` and the cookie groups
     (each overwritten as a whole, so a retry is idempotent) and returns stats:
     ``records`` (records in the window), ``merged_records`` (those the merge reads),
     ``changes`` and per-kind counts, ``range_bytes``, ``snapshot_fids``,
-    ``net_to_raw_ratio`` (change rows / merged records), ``cookie_groups``, ``seconds``.
+    ``net_to_raw_ratio`` (change rows / merged records), ``cookie_groups``, ``engine``,
+    ``seconds``. ``engine`` (default: the target's choice, see
+    :func:`epochsync.local_engine.choose_engine`) is ``spark`` or ``local``.
     """
+    from epochsync.local_engine import choose_engine, run_merge_local
+
+    engine = engine or choose_engine(cfg, cfg.target(target_name), first_epoch, last_epoch)
+    if engine == "local":
+        return run_merge_local(cfg, target_name, first_epoch, last_epoch)
+    if spark is None:
+        from epochsync.spark import spark_session
+
+        spark = spark_session(f"epochsync-merge-{target_name}")
+    return _run_merge_spark(cfg, target_name, first_epoch, last_epoch, spark)
+
+
+def _run_merge_spark(cfg: Config, target_name: str, first_epoch: int, last_epoch: int, spark: SparkSession) -> dict:
     from pyspark.sql import functions as F
 
     from epochsync.ingest import read_records
@@ -676,6 +694,7 @@ def run_merge(cfg: Config, target_name: str, first_epoch: int, last_epoch: int, 
         "net_to_raw_ratio": counts["changes"] / rec_counts["merged"] if rec_counts["merged"] else 0.0,
         "snapshot": out.snapshot,
         "changes_uri": out.changes,
+        "engine": "spark",
         "seconds": round(time.monotonic() - t0, 3),
     }
     # snapshot retention: the committed epoch's snapshot (first - 1, what a rollback checks
@@ -729,11 +748,9 @@ def merge_main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         from epochsync.config import load_config
-        from epochsync.spark import spark_session
 
         cfg = load_config(args.config)
-        spark = spark_session(f"epochsync-merge-{args.target}")
-        stats = run_merge(cfg, args.target, args.epoch, args.through or args.epoch, spark)
+        stats = run_merge(cfg, args.target, args.epoch, args.through or args.epoch)
     except EpochsyncError as exc:
         print(f"merge: error: {exc}", file=sys.stderr)
         return 1

@@ -157,18 +157,49 @@ def plan_path(cfg: Config, target: str, epoch: int) -> str:
     return os.path.join(plan_dir(cfg.warehouse, target, epoch), "plan.json")
 
 
-def run_translate(cfg, target, epoch: int, spark, whole_file: bool = False, first_epoch: int | None = None) -> dict:
-    """Build and store the plan of ``first_epoch..epoch`` for ``target``; returns its summary."""
-    from pyspark.sql import functions as F
+def run_translate(
+    cfg, target, epoch: int, spark=None, whole_file: bool = False, first_epoch: int | None = None,
+    engine: str | None = None,
+) -> dict:
+    """Build and store the plan of ``first_epoch..epoch`` for ``target``; returns its summary.
 
-    from epochsync.snapshot import path_exists, read_snapshot, resolve_paths  # noqa: F401
-    from epochsync.translate import build_plan, plan_entries
+    ``engine``: ``spark`` or ``local`` (default: the target's choice for the window).
+    """
+    from epochsync.local_engine import choose_engine, translate_entries
+    from epochsync.translate import build_plan
 
     t0 = time.monotonic()
     cfg = _config(cfg)
     tcfg = _target_cfg(cfg, target)
     src = cfg.source_of(tcfg)
     first = first_epoch or epoch
+    engine = engine or choose_engine(cfg, tcfg, first, epoch)
+    if engine == "local":
+        entries, records_in = translate_entries(cfg, tcfg, first, epoch, whole_file=whole_file)
+    else:
+        if spark is None:
+            from epochsync.spark import spark_session
+
+            spark = spark_session(f"epochsync-translate-{tcfg.name}")
+        entries, records_in = _translate_entries_spark(cfg, tcfg, first, epoch, spark, whole_file)
+    plan = build_plan(entries, target=_target_dict(tcfg), store=_store_dict(cfg, tcfg), epoch=epoch, first_epoch=first)
+    plan["source"] = src.name
+    plan["snapshot"] = Warehouse(cfg.warehouse).snapshot(tcfg.name, epoch)
+    plan["summary"]["records_in"] = records_in
+    plan["summary"]["engine"] = engine
+    write_json_atomic(plan_path(cfg, tcfg.name, epoch), plan)
+    summary = dict(plan["summary"], seconds=round(time.monotonic() - t0, 3))
+    write_stage_stats(cfg.warehouse, tcfg.name, epoch, "translate", summary)
+    return summary
+
+
+def _translate_entries_spark(cfg: Config, tcfg: TargetConfig, first: int, epoch: int, spark, whole_file: bool):
+    from pyspark.sql import functions as F
+
+    from epochsync.snapshot import path_exists, read_snapshot
+    from epochsync.translate import plan_entries
+
+    src = cfg.source_of(tcfg)
     wh = Warehouse(cfg.warehouse)
     old = read_snapshot(spark, wh, tcfg.name, first - 1, src.root_fid)
     new = read_snapshot(spark, wh, tcfg.name, epoch, src.root_fid)
@@ -178,9 +209,6 @@ def run_translate(cfg, target, epoch: int, spark, whole_file: bool = False, firs
     if whole_file:
         changes = changes.withColumn("whole_file", F.col("data_changed"))
     entries = plan_entries(old, new, changes, root_fid=src.root_fid, fileset=tcfg.fileset)
-    plan = build_plan(entries, target=_target_dict(tcfg), store=_store_dict(cfg, tcfg), epoch=epoch, first_epoch=first)
-    plan["source"] = src.name
-    plan["snapshot"] = wh.snapshot(tcfg.name, epoch)
     records_in = 0
     if all(path_exists(spark, wh.records(src.name, e)) for e in range(first, epoch + 1)):
         records_in = (
@@ -188,11 +216,7 @@ def run_translate(cfg, target, epoch: int, spark, whole_file: bool = False, firs
             .filter(F.col("type") != "EPOCH")
             .count()
         )
-    plan["summary"]["records_in"] = records_in
-    write_json_atomic(plan_path(cfg, tcfg.name, epoch), plan)
-    summary = dict(plan["summary"], seconds=round(time.monotonic() - t0, 3))
-    write_stage_stats(cfg.warehouse, tcfg.name, epoch, "translate", summary)
-    return summary
+    return entries, records_in
 
 
 def load_plan(cfg: Config, target: str, epoch: int) -> dict:
@@ -462,11 +486,26 @@ def _closed(cfg: Config, source: str, epoch: int) -> list[str]:
     return sorted(missing_epoch_servers(cfg, source, epoch))
 
 
-def _ingest(cfg: Config, source: str, first: int, last: int, spark, consumer: str | None = None) -> dict:
+def _ingest(cfg: Config, source: str, first: int, last: int, spark, consumer: str | None = None,
+            in_process: bool | int = False) -> dict:  # fmt: skip
     from epochsync.ingest import run_ingest
 
     # continuity is checked from this target's own cursor (it is the consumer)
-    return run_ingest(cfg, source, first, last, spark, consumer=consumer)
+    return run_ingest(cfg, source, first, last, spark, consumer=consumer, in_process=in_process)
+
+
+class _Session:
+    """The Spark session of a replicate run, started the first time a stage needs it."""
+
+    def __init__(self, name: str, spark=None):
+        self.name, self.existing = name, spark
+
+    def get(self):
+        if self.existing is None:
+            from epochsync.spark import spark_session
+
+            self.existing = spark_session(self.name)
+        return self.existing
 
 
 def replicate(
@@ -480,13 +519,14 @@ def replicate(
     whole_file: bool = False,
     progress=print,
 ) -> list[dict]:
-    """Replicate every closed epoch up to ``through_epoch`` (or only ``epoch``); returns stats rows."""
+    """Replicate every closed epoch up to ``through_epoch`` (or only ``epoch``); returns stats rows.
+
+    Spark starts only if an epoch needs it: small epochs run on the local engine
+    (:func:`epochsync.local_engine.choose_engine`).
+    """
     cfg = _config(cfg)
     tcfg = _target_cfg(cfg, target)
-    if spark is None:
-        from epochsync.spark import spark_session
-
-        spark = spark_session(f"epochsync-replicate-{tcfg.name}")
+    session = _Session(f"epochsync-replicate-{tcfg.name}", spark)
     committed = committed_epoch(cfg, tcfg)
     if epoch is not None:
         epochs = [epoch]
@@ -496,14 +536,15 @@ def replicate(
     if not epochs:
         progress(f"{tcfg.name}: at epoch {committed}, nothing to do up to epoch {through_epoch}")
     for e in epochs:
-        row = _replicate_epoch(cfg, tcfg, e, spark, inject, whole_file, progress)
+        row = _replicate_epoch(cfg, tcfg, e, session, inject, whole_file, progress)
         if row is not None:
             rows.append(row)
     return rows
 
 
-def _replicate_epoch(cfg: Config, tcfg: TargetConfig, e: int, spark, inject, whole_file: bool, progress):
+def _replicate_epoch(cfg: Config, tcfg: TargetConfig, e: int, session: _Session, inject, whole_file: bool, progress):
     """One epoch through every stage; a failure after apply started is rolled back."""
+    from epochsync.local_engine import choose_engine, ingest_in_process
     from epochsync.merge import run_merge
 
     src = cfg.source_of(tcfg)
@@ -513,7 +554,7 @@ def _replicate_epoch(cfg: Config, tcfg: TargetConfig, e: int, spark, inject, who
         return None
     if pre["action"] == "rollback_first":
         progress(f"{tcfg.name} epoch {e}: {pre['message']}")
-        r = rollback_target(cfg, tcfg, spark, progress=progress)
+        r = rollback_target(cfg, tcfg, session.existing, progress=progress)
         progress(f"{tcfg.name}: {r['message']}")
     missing = _closed(cfg, src.name, e)
     if missing:
@@ -529,9 +570,14 @@ def _replicate_epoch(cfg: Config, tcfg: TargetConfig, e: int, spark, inject, who
             write_stage_stats(cfg.warehouse, tcfg.name, e, name, {**_plain(out), "seconds": round(took, 3)})
         return out
 
-    step("ingest", lambda: _ingest(cfg, src.name, e, e, spark, tcfg.name), lambda o: _fmt(o, "records"))
-    step("merge", lambda: run_merge(cfg, tcfg.name, e, e, spark), lambda o: _fmt(o, "changes"))
-    step("translate", lambda: run_translate(cfg, tcfg, e, spark, whole_file=whole_file),
+    step("ingest", lambda: _ingest(cfg, src.name, e, e, session.existing, tcfg.name, ingest_in_process(cfg, tcfg)),
+         lambda o: _fmt(o, "records"))  # fmt: skip
+    engine = choose_engine(cfg, tcfg, e, e)
+    # the local engine's epochs need no Spark: merge and translate in Python, apply in threads
+    spark = session.get() if engine == "spark" else None
+    step("merge", lambda: run_merge(cfg, tcfg.name, e, e, spark, engine),
+         lambda o: f"{_fmt(o, 'changes')} ({engine} engine)")  # fmt: skip
+    step("translate", lambda: run_translate(cfg, tcfg, e, spark, whole_file=whole_file, engine=engine),
          lambda o: f": {o['namespace_ops']} namespace, {o['data_ops']} data, {o['post_ops']} post operations")  # fmt: skip
     try:
         step("apply", lambda: run_apply(cfg, tcfg, e, spark, inject=inject),
@@ -544,7 +590,7 @@ def _replicate_epoch(cfg: Config, tcfg: TargetConfig, e: int, spark, inject, who
         progress(f"{tcfg.name} epoch {e}: FAILED: {exc}")
         record_event(cfg.warehouse, tcfg.name, FAILED, e, message=str(exc)[:500])
         try:
-            r = rollback_target(cfg, tcfg, spark, progress=progress)
+            r = rollback_target(cfg, tcfg, session.existing, progress=progress)
             progress(f"{tcfg.name} epoch {e}: rolled back: {r['message']}")
         except Exception as rexc:
             raise EpochsyncError(

@@ -92,7 +92,8 @@ def scenario_workload(scenario: Scenario, sink):
                 self.op_mkdir()
             for _ in range(self.cfg.files):
                 fid = self._create_file()
-                lo = self.cfg.max_file_size // 2 if scenario.name.startswith("appends") else 16 * 1024
+                half = self.cfg.max_file_size // 2
+                lo = half if scenario.name.startswith("appends") else min(16 * 1024, half)
                 self.write(fid, 0, self.rng.randrange(lo, self.cfg.max_file_size))
 
         def scripted_epoch(self, epoch: int) -> None:
