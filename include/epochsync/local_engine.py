@@ -509,6 +509,33 @@ def _parquet_files(path: str) -> list[str]:
     return out
 
 
+def read_arrow_table(uri: str, struct_type):
+    """A local Parquet table as one pyarrow Table with the schema of ``struct_type`` (None: no data file)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from epochsync.paths import local_path
+
+    schema = arrow_schema(struct_type)
+    parts = [pq.read_table(f).select(schema.names) for f in _parquet_files(local_path(uri))]
+    if not parts:
+        return None
+    return pa.concat_tables([t.cast(schema) for t in parts])
+
+
+def touched_fids(records: Iterable[Mapping[str, Any]]) -> set[str]:
+    """The fids :func:`merge_rows` recomputes: every other snapshot row is copied as it is."""
+    out: set[str] = set()
+    for r in records:
+        t = r["type"]
+        if t not in _MERGED:
+            continue
+        for f in (r.get("sfid") if t == "RENME" else r.get("tfid"),) + ((r.get("tfid"),) if t == "RENME" else ()):
+            if f is not None:
+                out.add(f)
+    return out
+
+
 def read_table_rows(uri: str, struct_type=None) -> list[dict]:
     """Every row of a local Parquet table as plain Python values (``[]`` for no data file)."""
     import pyarrow.parquet as pq
@@ -525,8 +552,8 @@ def read_table_rows(uri: str, struct_type=None) -> list[dict]:
     return rows
 
 
-def write_table_rows(rows: list[dict], struct_type, uri: str) -> None:
-    """Write ``rows`` as one Parquet file at ``uri``, replacing what was there, all or nothing.
+def write_table_rows(rows, struct_type, uri: str) -> None:
+    """Write ``rows`` (dicts, or a pyarrow Table of that schema) as one Parquet file at ``uri``, replacing what was there, all or nothing.
 
     Written into ``<uri>.tmp-<random>`` and renamed onto ``uri``, as
     :func:`epochsync.snapshot.write_table` does with Spark's writer.
@@ -541,7 +568,7 @@ def write_table_rows(rows: list[dict], struct_type, uri: str) -> None:
     schema = arrow_schema(struct_type)
     try:
         os.makedirs(tmp)
-        table = pa.Table.from_pylist(rows, schema=schema)
+        table = rows if isinstance(rows, pa.Table) else pa.Table.from_pylist(rows, schema=schema)
         pq.write_table(table, os.path.join(tmp, "part-00000.snappy.parquet"), compression="snappy")
         open(os.path.join(tmp, "_SUCCESS"), "wb").close()
         if os.path.exists(dst):
@@ -652,12 +679,18 @@ def run_merge_local(cfg, target_name: str, first_epoch: int, last_epoch: int) ->
     source = cfg.source_of(target)
     wh = Warehouse(cfg.warehouse)
     prev_uri = wh.snapshot(target.name, first_epoch - 1)
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    snap_schema = arrow_schema(snapshot_struct_type())
     if os.path.isdir(local_path(prev_uri)):
-        prev = read_table_rows(prev_uri, snapshot_struct_type())
+        prev_table = read_arrow_table(prev_uri, snapshot_struct_type())
+        if prev_table is None:
+            prev_table = snap_schema.empty_table()
     elif first_epoch - 1 == 0:
         root = {f: None for f in SNAPSHOT_FIELDS}
         root.update(fid=source.root_fid, type=DIR, links=[], mode=ROOT_MODE, uid=0, gid=0, size=0, xattrs=[], objects=[])
-        prev = [root]
+        prev_table = pa.Table.from_pylist([root], schema=snap_schema)
     else:
         raise EpochError(
             f"no snapshot of target {target.name!r} at epoch {first_epoch - 1} ({prev_uri}): merge epoch "
@@ -665,10 +698,16 @@ def run_merge_local(cfg, target_name: str, first_epoch: int, last_epoch: int) ->
             "or hydrate the target"
         )
     records = read_record_rows(cfg.warehouse, source.name, first_epoch, last_epoch)
+    # only the rows the records touch become Python values; the others stay Arrow
+    touched = pa.array(sorted(touched_fids(records)), pa.string())
+    hit = pc.is_in(prev_table.column("fid"), value_set=touched)
+    prev = prev_table.filter(hit).to_pylist()
+    untouched = prev_table.filter(pc.invert(hit))
     try:
-        snapshot, changes = merge_rows(prev, records, source.root_fid, extents_known_for(source.changelogs.format))
+        new_rows, changes = merge_rows(prev, records, source.root_fid, extents_known_for(source.changelogs.format))
     except MergeInputError as exc:
         raise EpochError(f"merge of target {target.name!r} epochs {first_epoch}..{last_epoch}: {exc}") from None
+    snapshot = pa.concat_tables([untouched, pa.Table.from_pylist(new_rows, schema=snap_schema)]).sort_by("fid")
     groups = cookie_group_rows(records)
     out = MergeOutputs(
         wh.snapshot(target.name, last_epoch), wh.changes(target.name, last_epoch), wh.cookie_groups(target.name, last_epoch)
@@ -676,7 +715,7 @@ def run_merge_local(cfg, target_name: str, first_epoch: int, last_epoch: int) ->
     # the snapshot last: its presence says the merge of this epoch is complete
     write_table_rows(changes, change_struct_type(), out.changes)
     write_table_rows(groups, cookie_groups_struct_type(), out.cookie_groups)
-    write_table_rows(snapshot, snapshot_struct_type(), out.snapshot)
+    write_table_rows(snapshot, snapshot_struct_type(), out.snapshot)  # an Arrow table
     merged = sum(1 for r in records if r["type"] in _MERGED)
     flags = ("created", "deleted", "links_changed", "attrs_changed", "xattrs_changed", "data_changed", "whole_file")
     stats = {
@@ -790,8 +829,14 @@ def plan_entry_rows(old_rows, new_rows, change_rows, *, root_fid: str, fileset=(
     return entries
 
 
-def read_snapshot_rows(cfg, target, epoch: int) -> list[dict]:
-    """Snapshot ``epoch`` of ``target`` as rows (epoch 0 without a written one: the root alone)."""
+def read_snapshot_rows(cfg, target, epoch: int, only: set[str] | None = None) -> list[dict]:
+    """Snapshot ``epoch`` of ``target`` as rows (epoch 0 without a written one: the root alone).
+
+    ``only``: just the directories and these fids (what a plan needs when no directory moved).
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     from epochsync.model import snapshot_struct_type
     from epochsync.oracle import ROOT_MODE
     from epochsync.paths import Warehouse, local_path
@@ -799,7 +844,14 @@ def read_snapshot_rows(cfg, target, epoch: int) -> list[dict]:
     wh = Warehouse(cfg.warehouse)
     uri = wh.snapshot(target.name, epoch)
     if os.path.isdir(local_path(uri)):
-        return read_table_rows(uri, snapshot_struct_type())
+        table = read_arrow_table(uri, snapshot_struct_type())
+        if table is None:
+            return []
+        if only is not None:
+            keep = pc.or_(pc.is_in(table.column("fid"), value_set=pa.array(sorted(only), pa.string())),
+                          pc.equal(table.column("type"), DIR))  # fmt: skip
+            table = table.filter(keep)
+        return table.to_pylist()
     if epoch == 0:
         root = {f: None for f in SNAPSHOT_FIELDS}
         root.update(fid=cfg.source_of(target).root_fid, type=DIR, links=[], mode=ROOT_MODE, uid=0, gid=0, size=0,
@@ -809,6 +861,20 @@ def read_snapshot_rows(cfg, target, epoch: int) -> list[dict]:
         f"no snapshot of target {target.name!r} at epoch {epoch} ({uri}): merge epoch {epoch} first "
         f"(epochsync replicate --target {target.name} --epoch {epoch}) or hydrate the target"
     )
+
+
+def needed_fids(changes: list[dict]) -> set[str] | None:
+    """The fids whose rows a plan needs besides the directories, or None for all of them.
+
+    A fid's paths change only through its own links (then it has a change row) or
+    through a directory above it moving (a directory with ``links_changed`` that was
+    neither created nor deleted). Without such a move the plan needs the changed fids
+    and the directories (to resolve paths); with one, the whole snapshot.
+    """
+    for c in changes:
+        if c["type"] == DIR and c["links_changed"] and not c["created"] and not c["deleted"]:
+            return None
+    return {c["fid"] for c in changes}
 
 
 def translate_entries(cfg, target, first: int, epoch: int, whole_file: bool = False) -> tuple[list[dict], int]:
@@ -821,11 +887,12 @@ def translate_entries(cfg, target, first: int, epoch: int, whole_file: bool = Fa
 
     wh = Warehouse(cfg.warehouse)
     src = cfg.source_of(target)
-    old = read_snapshot_rows(cfg, target, first - 1)
-    new = read_snapshot_rows(cfg, target, epoch)
     if not os.path.isdir(local_path(wh.changes(target.name, epoch))):
         raise EpochError(f"no change set for target {target.name} epoch {epoch}: run the merge stage first")
     changes = read_table_rows(wh.changes(target.name, epoch), change_struct_type())
+    only = needed_fids(changes)
+    old = read_snapshot_rows(cfg, target, first - 1, only)
+    new = read_snapshot_rows(cfg, target, epoch, only)
     if whole_file:
         for c in changes:
             c["whole_file"] = c["data_changed"]
