@@ -230,3 +230,67 @@ class S3Proxy:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+def _serve_in_child(upstream_url: str, access_key: str, secret_key: str, conn) -> None:
+    """The body of :class:`S3ProxyProcess`'s child: serve, answer commands until ``stop``."""
+    from epochsync.embedded import S3Endpoint
+
+    head = S3Endpoint(upstream_url, access_key, secret_key).client()
+    with S3Proxy(upstream_url, head_client=head) as proxy:
+        conn.send(proxy.url)
+        while True:
+            cmd = conn.recv()
+            if cmd == "stop":
+                break
+            if cmd == "reset":
+                proxy.reset_counters()
+                conn.send(None)
+            elif cmd == "snapshot":
+                conn.send(proxy.snapshot())
+
+
+class S3ProxyProcess:
+    """:class:`S3Proxy` in a child process, same ``url``/``reset_counters``/``snapshot``.
+
+    For measurements: a proxy in the measured process takes its share of that process's
+    interpreter (the GIL) while a tool run as a subprocess gets it for free. In its own
+    process the proxy costs every tool the same.
+    """
+
+    def __init__(self, upstream_url: str, access_key: str, secret_key: str):
+        self.args = (upstream_url, access_key, secret_key)
+        self.url = ""
+        self._proc = None
+        self._conn = None
+
+    def __enter__(self) -> S3ProxyProcess:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")  # no fork of a process that runs a JVM gateway and threads
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve_in_child, args=(*self.args, child), daemon=True, name="s3proxy")
+        self._proc.start()
+        if not self._conn.poll(60):
+            self._proc.kill()
+            raise RuntimeError("the S3 proxy process did not start within 60 s")
+        self.url = self._conn.recv()
+        return self
+
+    def reset_counters(self) -> None:
+        self._conn.send("reset")
+        self._conn.recv()
+
+    def snapshot(self) -> dict[str, dict]:
+        self._conn.send("snapshot")
+        return self._conn.recv()
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self._conn.send("stop")
+        except OSError:
+            pass
+        self._proc.join(10)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join()

@@ -3,7 +3,7 @@
 For each scenario a scripted source is simulated over two epochs (epoch 1 builds the
 tree, epoch 2 is the change under test) into a versioned S3 source store on an embedded
 SeaweedFS. Three replicas are brought to epoch 1 (not measured), then each tool brings
-its replica to epoch 2 while an :class:`~epochsync.s3proxy.S3Proxy` in front of
+its replica to epoch 2 while an :class:`~epochsync.s3proxy.S3Proxy` (in its own process) in front of
 SeaweedFS counts every request and byte, server side of the client:
 
 - ``epochsync``: ``pipeline.replicate`` of epoch 2 into an s3 target (a warm Spark
@@ -249,19 +249,22 @@ def whole_file_copy(client, src_bucket: str, dst_bucket: str, before: dict[str, 
     _delete_keys(client, dst_bucket, sorted(set(before) - set(after)))
 
 
-def run_scenario(scenario: Scenario, weed_endpoint, spark, work: Path, verbose: bool = False) -> list[dict]:
+def run_scenario(scenario: Scenario, weed_endpoint, spark, work: Path, verbose: bool = False,
+                 profile: str | None = None) -> list[dict]:  # fmt: skip
     """Measure the three tools on one scenario; returns three result rows."""
     from epochsync.connections import S3Settings
     from epochsync.embedded import S3Endpoint
     from epochsync.pipeline import replicate
-    from epochsync.s3proxy import S3Proxy
+    from epochsync.s3proxy import S3ProxyProcess
     from epochsync.simulate import SourceStore
     from epochsync.truth import compare_with_truth, load_truth, truth_path
 
     slug = _slug(scenario)
     out = work / slug
     admin = weed_endpoint.client()
-    with S3Proxy(weed_endpoint.url, head_client=admin) as proxy:
+    # the proxy runs in its own process: in this one it would take the GIL from epochsync's
+    # threads while aws runs as a subprocess beside it
+    with S3ProxyProcess(weed_endpoint.url, weed_endpoint.access_key, weed_endpoint.secret_key) as proxy:
         ep = S3Endpoint(proxy.url, weed_endpoint.access_key, weed_endpoint.secret_key)
         conn = ep.airflow_conn_json()
         os.environ["AIRFLOW_CONN_BENCH_SOURCE"] = conn
@@ -290,9 +293,18 @@ def run_scenario(scenario: Scenario, weed_endpoint, spark, work: Path, verbose: 
         rows = []
         # --- epochsync
         proxy.reset_counters()
+        profiler = None
+        if profile:
+            import cProfile
+
+            profiler = cProfile.Profile()
+            profiler.enable()
         t = time.monotonic()
         stats = replicate(str(cfg_path), "replica", epoch=2, spark=spark, progress=quiet)
         es_seconds = time.monotonic() - t
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(f"{profile}.{slug}.pstats")
         c = proxy.snapshot()
         stat_row = stats[-1] if stats else {}
         net = int(stat_row.get("bytes_changed", 0))
@@ -408,6 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scenario", action="append", choices=list(SCENARIOS), help="only these (repeatable)")
     p.add_argument("--workdir", default="bench/scratch/e2e")
     p.add_argument("--verbose", action="store_true", help="print epochsync's stage progress and timings")
+    p.add_argument("--profile", metavar="PREFIX", help="cProfile epochsync's measured epoch into PREFIX.<scenario>.pstats")
     p.add_argument("--results-name", default=None, help="results file name (default e2e, or e2e-quick)")
     args = p.parse_args(argv)
 
@@ -426,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     with SeaweedFS(work / "seaweedfs") as endpoint:
         for name in names:
             print(f"bench e2e: scenario {name}: {table[name].description}", file=sys.stderr, flush=True)
-            rows.extend(run_scenario(table[name], endpoint, spark, work, verbose=args.verbose))
+            rows.extend(run_scenario(table[name], endpoint, spark, work, verbose=args.verbose, profile=args.profile))
     spark.stop()
     name = args.results_name or ("e2e-quick" if args.quick else "e2e")
     result = {"rows": rows, "checks": checks(rows)}

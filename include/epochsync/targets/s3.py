@@ -95,6 +95,12 @@ class Counters:
             with self._lock:
                 self.bytes_received += int(parsed.get("ContentLength") or 0)
 
+    def count(self, *, copied: int = 0, retries: int = 0) -> None:
+        """Add server-side copied bytes or retries (threads may share these counters)."""
+        with self._lock:
+            self.bytes_copied += copied
+            self.retries += retries
+
     def as_dict(self) -> dict:
         return {
             "requests": dict(self.requests),
@@ -203,7 +209,7 @@ class S3Access:
                         f"{what}: failed after {attempt} attempts against {self.settings.describe()}: "
                         f"{type(exc).__name__}: {exc}"
                     ) from exc
-                self.counters.retries += 1
+                self.counters.count(retries=1)
                 delay = min(self.max_delay, self.base_delay * 2 ** (attempt - 1))
                 time.sleep(delay * (0.5 + random.random() / 2))
         raise AssertionError("unreachable")
@@ -554,7 +560,7 @@ class S3Target(Target):
                 MetadataDirective="REPLACE", Metadata=meta,
             ),
         )  # fmt: skip
-        self.io.counters.bytes_copied += size
+        self.io.counters.count(copied=size)
 
     def put(self, journal, state: dict, rel_key: str, body: bytes, meta: dict) -> None:
         self._journal_key(journal, "put", rel_key, state)
@@ -599,7 +605,7 @@ class S3Target(Target):
                         CopySource=source, CopySourceRange=f"bytes={a}-{b - 1}",
                     ),
                 )  # fmt: skip
-                self.io.counters.bytes_copied += b - a
+                self.io.counters.count(copied=b - a)
                 done.append({"PartNumber": n, "ETag": r["CopyPartResult"]["ETag"]})
             else:
                 a, b = part["upload"]
