@@ -6,9 +6,11 @@ SeaweedFS. Three replicas are brought to epoch 1 (not measured), then each tool 
 its replica to epoch 2 while an :class:`~epochsync.s3proxy.S3Proxy` (in its own process) in front of
 SeaweedFS counts every request and byte, server side of the client:
 
-- ``epochsync``: ``pipeline.replicate`` of epoch 2 into an s3 target (a warm Spark
-  session; ingest, merge, translate, apply, commit; verify sampling 0 so the source is
-  read only for the pull — correctness is checked after the measurement instead);
+- ``epochsync``: ``pipeline.replicate`` of epoch 2 into an s3 target (ingest, merge,
+  translate, apply, verify, commit, with the target's default engine: epochs this small
+  run on the local engine, so the warm Spark session passed in stays unused; verify
+  sampling 0 so the source is read only for the pull — correctness is checked after the
+  measurement instead);
 - ``aws-s3-sync``: ``aws s3 sync --delete`` from a bucket holding the source's files
   whole at epoch 2 (bucket to bucket: the CLI copies changed files server-side);
 - ``whole-file``: what lustre_rsync and geo-replication do: every changed or new file is
