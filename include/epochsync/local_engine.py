@@ -1,4 +1,4 @@
-"""The local engine: the merge of a small epoch in the driver's Python, with no Spark job.
+"""The local engine: merge and translate of a small epoch in the driver's Python, no Spark job.
 
 A Spark job costs tens to hundreds of milliseconds however little it reads, and the merge
 stage runs dozens of them: an epoch of a hundred changed files took 4 s in a warm Spark
@@ -10,7 +10,11 @@ change sets on random simulated histories and on every rule case of the merge's 
 
 Which engine merges an epoch is :func:`choose_engine`: ``spark`` or ``local`` when the
 target's ``engine`` says so, otherwise (``auto``) local when the warehouse is on the local
-file system and the epoch holds at most ``local_max_records`` ingested records.
+file system, the epoch holds at most ``local_max_records`` ingested records and the
+previous snapshot at most ``LOCAL_MAX_SNAPSHOT_ROWS`` fids. Memory then follows the
+epoch, not the namespace, except for the snapshot itself, which the merge holds as Arrow
+(the rows the records touch become Python values, the others are copied as they are)
+and translate reads down to the directories and the rows it needs (:func:`plan_rows`).
 
 Values follow pyarrow's ``to_pylist``: structs are dicts, arrays lists. Internally a link
 is a ``(pfid, name)`` tuple, an xattr ``(name, value)``, an object ``(ost, oid, version)``.
@@ -632,7 +636,24 @@ def choose_engine(cfg, target, first: int, last: int) -> str:
     if not is_local_warehouse(cfg.warehouse):
         return "spark"
     n = count_records(cfg.warehouse, cfg.source_of(target).name, first, last)
-    return "local" if n is not None and n <= target.local_max_records else "spark"
+    if n is None or n > target.local_max_records:
+        return "spark"
+    return "local" if snapshot_rows(cfg, target, first - 1) <= LOCAL_MAX_SNAPSHOT_ROWS else "spark"
+
+
+#: auto keeps epochs whose previous snapshot has more fids than this on Spark: the local
+#: merge holds the whole snapshot in memory (as Arrow, about 150 bytes a fid)
+LOCAL_MAX_SNAPSHOT_ROWS = 5_000_000
+
+
+def snapshot_rows(cfg, target, epoch: int) -> int:
+    """Rows of snapshot ``epoch`` of ``target`` from the Parquet footers (0 when there is none)."""
+    import pyarrow.parquet as pq
+
+    from epochsync.paths import Warehouse, local_path
+
+    base = local_path(Warehouse(cfg.warehouse).snapshot(target.name, epoch))
+    return sum(pq.ParquetFile(f).metadata.num_rows for f in _parquet_files(base)) if os.path.isdir(base) else 0
 
 
 #: changelog bytes per record assumed when the ingest decides before it has read anything
@@ -678,25 +699,11 @@ def run_merge_local(cfg, target_name: str, first_epoch: int, last_epoch: int) ->
     target = cfg.target(target_name)
     source = cfg.source_of(target)
     wh = Warehouse(cfg.warehouse)
-    prev_uri = wh.snapshot(target.name, first_epoch - 1)
     import pyarrow as pa
     import pyarrow.compute as pc
 
     snap_schema = arrow_schema(snapshot_struct_type())
-    if os.path.isdir(local_path(prev_uri)):
-        prev_table = read_arrow_table(prev_uri, snapshot_struct_type())
-        if prev_table is None:
-            prev_table = snap_schema.empty_table()
-    elif first_epoch - 1 == 0:
-        root = {f: None for f in SNAPSHOT_FIELDS}
-        root.update(fid=source.root_fid, type=DIR, links=[], mode=ROOT_MODE, uid=0, gid=0, size=0, xattrs=[], objects=[])
-        prev_table = pa.Table.from_pylist([root], schema=snap_schema)
-    else:
-        raise EpochError(
-            f"no snapshot of target {target.name!r} at epoch {first_epoch - 1} ({prev_uri}): merge epoch "
-            f"{first_epoch - 1} first (epochsync replicate --target {target.name} --epoch {first_epoch - 1}) "
-            "or hydrate the target"
-        )
+    prev_table = read_snapshot_table(cfg, target, first_epoch - 1)
     records = read_record_rows(cfg.warehouse, source.name, first_epoch, last_epoch)
     # only the rows the records touch become Python values; the others stay Arrow
     touched = pa.array(sorted(touched_fids(records)), pa.string())
@@ -829,52 +836,75 @@ def plan_entry_rows(old_rows, new_rows, change_rows, *, root_fid: str, fileset=(
     return entries
 
 
-def read_snapshot_rows(cfg, target, epoch: int, only: set[str] | None = None) -> list[dict]:
-    """Snapshot ``epoch`` of ``target`` as rows (epoch 0 without a written one: the root alone).
-
-    ``only``: just the directories and these fids (what a plan needs when no directory moved).
-    """
+def read_snapshot_table(cfg, target, epoch: int):
+    """Snapshot ``epoch`` of ``target`` as a pyarrow Table (epoch 0 without a written one: the root alone)."""
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     from epochsync.model import snapshot_struct_type
     from epochsync.oracle import ROOT_MODE
     from epochsync.paths import Warehouse, local_path
 
-    wh = Warehouse(cfg.warehouse)
-    uri = wh.snapshot(target.name, epoch)
+    schema = arrow_schema(snapshot_struct_type())
+    uri = Warehouse(cfg.warehouse).snapshot(target.name, epoch)
     if os.path.isdir(local_path(uri)):
         table = read_arrow_table(uri, snapshot_struct_type())
-        if table is None:
-            return []
-        if only is not None:
-            keep = pc.or_(pc.is_in(table.column("fid"), value_set=pa.array(sorted(only), pa.string())),
-                          pc.equal(table.column("type"), DIR))  # fmt: skip
-            table = table.filter(keep)
-        return table.to_pylist()
+        return schema.empty_table() if table is None else table
     if epoch == 0:
         root = {f: None for f in SNAPSHOT_FIELDS}
         root.update(fid=cfg.source_of(target).root_fid, type=DIR, links=[], mode=ROOT_MODE, uid=0, gid=0, size=0,
                     xattrs=[], objects=[])  # fmt: skip
-        return [root]
+        return pa.Table.from_pylist([root], schema=schema)
     raise EpochError(
         f"no snapshot of target {target.name!r} at epoch {epoch} ({uri}): merge epoch {epoch} first "
         f"(epochsync replicate --target {target.name} --epoch {epoch}) or hydrate the target"
     )
 
 
-def needed_fids(changes: list[dict]) -> set[str] | None:
-    """The fids whose rows a plan needs besides the directories, or None for all of them.
+def moved_dirs(changes: list[dict]) -> set[str]:
+    """Directories that moved (``links_changed``, neither created nor deleted)."""
+    return {c["fid"] for c in changes if c["type"] == DIR and c["links_changed"] and not c["created"] and not c["deleted"]}
 
-    A fid's paths change only through its own links (then it has a change row) or
-    through a directory above it moving (a directory with ``links_changed`` that was
-    neither created nor deleted). Without such a move the plan needs the changed fids
-    and the directories (to resolve paths); with one, the whole snapshot.
+
+def plan_rows(tables: list, changes: list[dict]) -> list[list[dict]]:
+    """The rows of each snapshot table a plan needs: directories, changed fids, and
+    everything directly inside a directory below a moved one.
+
+    A fid's paths change only through its own links (then it has a change row) or through
+    a directory above it moving, so the rest of the namespace can stay on disk: a small
+    epoch costs what it touches, whatever the size of the namespace.
     """
-    for c in changes:
-        if c["type"] == DIR and c["links_changed"] and not c["created"] and not c["deleted"]:
-            return None
-    return {c["fid"] for c in changes}
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    dirs = [t.filter(pc.equal(t.column("type"), DIR)).to_pylist() for t in tables]
+    moved = moved_dirs(changes)
+    below: set[str] = set()
+    if moved:
+        children: dict[str, set[str]] = {}
+        for rows in dirs:
+            for r in rows:
+                for lk in r["links"] or []:
+                    children.setdefault(lk["pfid"], set()).add(r["fid"])
+        todo = list(moved)
+        while todo:
+            d = todo.pop()
+            if d not in below:
+                below.add(d)
+                todo.extend(children.get(d, ()))
+    changed = pa.array(sorted({c["fid"] for c in changes}), pa.string())
+    under = pa.array(sorted(below), pa.string())
+    out = []
+    for t, drows in zip(tables, dirs):
+        keep = pc.is_in(t.column("fid"), value_set=changed)
+        if len(under):
+            links = t.column("links").combine_chunks()
+            parents = pc.struct_field(pc.list_flatten(links), "pfid")
+            inside = pc.list_parent_indices(links).filter(pc.is_in(parents, value_set=under))
+            mask = pc.is_in(pa.array(range(len(t)), pa.int64()), value_set=pc.unique(inside).cast(pa.int64()))
+            keep = pc.or_(keep, mask)
+        keep = pc.and_(keep, pc.not_equal(t.column("type"), DIR))
+        out.append(drows + t.filter(keep).to_pylist())
+    return out
 
 
 def translate_entries(cfg, target, first: int, epoch: int, whole_file: bool = False) -> tuple[list[dict], int]:
@@ -890,9 +920,7 @@ def translate_entries(cfg, target, first: int, epoch: int, whole_file: bool = Fa
     if not os.path.isdir(local_path(wh.changes(target.name, epoch))):
         raise EpochError(f"no change set for target {target.name} epoch {epoch}: run the merge stage first")
     changes = read_table_rows(wh.changes(target.name, epoch), change_struct_type())
-    only = needed_fids(changes)
-    old = read_snapshot_rows(cfg, target, first - 1, only)
-    new = read_snapshot_rows(cfg, target, epoch, only)
+    old, new = plan_rows([read_snapshot_table(cfg, target, first - 1), read_snapshot_table(cfg, target, epoch)], changes)
     if whole_file:
         for c in changes:
             c["whole_file"] = c["data_changed"]

@@ -107,27 +107,27 @@ def test_local_merge_equals_spark_merge_on_simulated_histories(spark, known):
     assert cookie_group_rows(rows(recs, record_struct_type())) == want_groups
 
 
-def _filtered(rows, only):
-    return rows if only is None else [r for r in rows if r["fid"] in only or r["type"] == "dir"]
+def test_plan_entries_local_equal_spark_and_need_only_touched_rows(spark):
+    """plan_entry_rows equals Spark's plan_entries; reading only the directories, the changed
+    fids and what lies below a moved directory gives the entries of the whole snapshots."""
+    import pyarrow as pa
 
-
-def test_plan_entries_local_equal_spark_and_need_only_changed_rows(spark):
-    """plan_entry_rows equals Spark's plan_entries, and reading only the directories and the
-    changed fids (when no directory moved) gives the same entries as the whole snapshots."""
-    from epochsync.local_engine import needed_fids, plan_entry_rows
+    from epochsync.local_engine import arrow_schema, moved_dirs, plan_entry_rows, plan_rows
     from epochsync.translate import plan_entries
 
+    schema = arrow_schema(snapshot_struct_type())
     items = [it for n, p in enumerate(HISTORIES) for it in items_of(n, p)]
-    narrowed = compared = 0
+    narrowed = moves = compared = 0
     for i, it in enumerate(items):
         root = it.root[len(it.prefix) :]
         old = rows([_rename_row("", r) for r in it.prev], snapshot_struct_type())
         recs = rows([r.to_row() for r in it.records], record_struct_type())
         new, changes = merge_rows(old, recs, root)
         full = plan_entry_rows(old, new, changes, root_fid=root)
-        only = needed_fids(changes)
-        narrowed += only is not None
-        assert plan_entry_rows(_filtered(old, only), _filtered(new, only), changes, root_fid=root) == full
+        few_old, few_new = plan_rows([pa.Table.from_pylist(old, schema=schema), pa.Table.from_pylist(new, schema=schema)], changes)
+        narrowed += len(few_old) + len(few_new) < len(old) + len(new)
+        moves += bool(moved_dirs(changes))
+        assert plan_entry_rows(few_old, few_new, changes, root_fid=root) == full
         top = sorted(lk["name"] for r in new if r["type"] == "dir" for lk in r["links"] if lk["pfid"] == root)
         for fileset in ((), (f"/{top[0]}",) if top else ("/none",)) if i < 4 else ():
             compared += 1
@@ -139,7 +139,7 @@ def test_plan_entries_local_equal_spark_and_need_only_changed_rows(spark):
                 root_fid=root, fileset=fileset,
             )  # fmt: skip
             assert _plainer(got) == _plainer(want)
-    assert narrowed and narrowed < len(items) and compared == 8
+    assert narrowed > len(items) // 2 and moves and compared == 8
 
 
 def _plainer(entries):
@@ -147,3 +147,50 @@ def _plainer(entries):
     import json
 
     return json.loads(json.dumps(entries, sort_keys=True, default=lambda b: bytes(b).hex()))
+
+
+def test_choose_engine_follows_the_target_keys_and_the_sizes(tmp_path, monkeypatch):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from epochsync import local_engine
+    from epochsync.config import config_from_dict
+    from epochsync.errors import ConfigError, EpochError
+    from epochsync.local_engine import choose_engine, ingest_in_process
+
+    def cfg_with(warehouse: str, **target):
+        return config_from_dict({
+            "warehouse": warehouse,
+            "sources": [{"name": "s", "root_fid": "[0x1:0x1:0x0]", "servers": ["MDT0000"],
+                         "changelogs": {"uri": f"file://{tmp_path}/cl", "format": "jsonl"},
+                         "store": {"conn_id": "x", "bucket": "b"},
+                         "epoch": {"interval": "5m", "start": "2026-01-01T00:00:00Z"}}],
+            "targets": [{"name": "t", "source": "s", "kind": "posix", "path": str(tmp_path / "r"), **target}],
+        })  # fmt: skip
+
+    wh = f"file://{tmp_path}/wh"
+    part = tmp_path / "wh" / "records" / "source=s" / "epoch=1" / "server=MDT0000"
+    part.mkdir(parents=True)
+    pq.write_table(pa.table({"type": ["CREAT"] * 10}), part / "part-0.parquet")
+    auto = cfg_with(wh)
+    assert choose_engine(auto, auto.target("t"), 1, 1) == "local"
+    assert ingest_in_process(auto, auto.target("t")) == 50_000 * 256
+    few = cfg_with(wh, local_max_records=9)
+    assert choose_engine(few, few.target("t"), 1, 1) == "spark"  # 10 records > 9
+    assert choose_engine(auto, auto.target("t"), 1, 2) == "spark"  # epoch 2 not ingested: Spark says so
+    monkeypatch.setattr(local_engine, "LOCAL_MAX_SNAPSHOT_ROWS", 0)
+    snap = tmp_path / "wh" / "snapshots" / "target=t" / "epoch=0"
+    snap.mkdir(parents=True)
+    pq.write_table(pa.table({"fid": ["a"]}), snap / "part-0.parquet")
+    assert local_engine.snapshot_rows(auto, auto.target("t"), 0) == 1
+    assert choose_engine(auto, auto.target("t"), 1, 1) == "spark"  # the snapshot is too big for the driver
+    forced = cfg_with(wh, engine="local")
+    assert choose_engine(forced, forced.target("t"), 1, 1) == "local"
+    spark_only = cfg_with(wh, engine="spark")
+    assert choose_engine(spark_only, spark_only.target("t"), 1, 1) == "spark"
+    assert ingest_in_process(spark_only, spark_only.target("t")) is False
+    remote = cfg_with("hdfs://nn/wh", engine="local")
+    with pytest.raises(EpochError, match="engine local needs a local warehouse, not hdfs://nn/wh"):
+        choose_engine(remote, remote.target("t"), 1, 1)
+    with pytest.raises(ConfigError, match=r"targets\[0\]\.engine"):
+        cfg_with(wh, engine="duckdb")
