@@ -28,6 +28,10 @@ ROOT = Path(__file__).resolve().parents[2]
 #: git-ignored (``/var/`` in .gitignore): Airflow home, SeaweedFS data, the simulated source
 VAR = ROOT / "var"
 ADMIN = "admin"
+#: ``[database] sql_alchemy_connect_args`` of the stack: SQLite waits up to 60 s for a lock
+#: (its default, 5 s, is shorter than a busy scheduler's write transaction on two shared
+#: cores: ``airflow backfill create`` failed with "database is locked" once)
+SQLITE_CONNECT_ARGS = {"timeout": 60}
 
 
 def spark_conn_json(master: str = "local[2]") -> str:
@@ -65,6 +69,7 @@ def airflow_environment(
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": "epochsync.devstack.SQLITE_CONNECT_ARGS",
             "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
             # two shared cores: a couple of task processes at a time, one parser, one API worker
             "AIRFLOW__CORE__PARALLELISM": str(parallelism),
