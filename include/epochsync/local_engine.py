@@ -770,28 +770,10 @@ def cookie_groups_struct_type():
 
 def resolve_link_rows(snapshot: Iterable[Mapping[str, Any]], root_fid: str, *, max_depth: int = 4096) -> list[tuple]:
     """:func:`epochsync.translate.resolve_links` over rows: every reachable link as (fid, pfid, name, path)."""
+    from epochsync.translate import directory_paths
+
     links = [(r["fid"], r["type"], lk["pfid"], lk["name"]) for r in snapshot for lk in r["links"] or []]
-    parent: dict[str, tuple[str, str]] = {}
-    for fid, type_, pfid, name in links:
-        if type_ == DIR and (fid not in parent or (pfid, name) < parent[fid]):
-            parent[fid] = (pfid, name)
-    paths: dict[str, str | None] = {root_fid: ""}
-    for fid in parent:
-        chain = []
-        cur = fid
-        while cur not in paths and cur in parent and len(chain) <= max_depth:
-            chain.append(cur)
-            cur = parent[cur][0]
-            if cur in chain:
-                break
-        base = paths.get(cur) if cur not in chain else None
-        for f in reversed(chain):
-            if base is None:
-                paths[f] = None
-                continue
-            name = parent[f][1]
-            base = name if base == "" else f"{base}/{name}"
-            paths[f] = base
+    paths = directory_paths(((f, p, n) for f, t, p, n in links if t == DIR), root_fid, max_depth=max_depth)
     out = []
     for fid, _, pfid, name in links:
         pp = paths.get(pfid)

@@ -567,10 +567,24 @@ def resolve_links(snapshot, root_fid: str, *, max_depth: int = 4096):
     links = snapshot.select("fid", "type", F.explode("links").alias("l")).select(
         "fid", "type", F.col("l.pfid").alias("pfid"), F.col("l.name").alias("name")
     )
+    dirs = links.filter(F.col("type") == DIR).select("fid", "pfid", "name").collect()
+    paths = directory_paths(((r["fid"], r["pfid"], r["name"]) for r in dirs), root_fid, max_depth=max_depth)
+    rows = [(f, p) for f, p in paths.items() if p is not None]
+    parents = spark.createDataFrame(rows, "pfid string, ppath string")
+    return links.join(F.broadcast(parents), "pfid").select(
+        "fid", "pfid", "name",
+        F.when(F.col("ppath") == "", F.col("name")).otherwise(F.concat_ws("/", "ppath", "name")).alias("path"),
+    )  # fmt: skip
+
+
+def directory_paths(dir_links, root_fid: str, *, max_depth: int = 4096) -> dict[str, str | None]:
+    """fid → replica path of every directory, from its links ``(fid, pfid, name)`` (the
+    root is ``""``; None for one under no reachable parent). A directory with several
+    links uses its first; the walk up is depth-bounded so hostile cycles cannot loop."""
     parent: dict[str, tuple[str, str]] = {}
-    for r in links.filter(F.col("type") == DIR).select("fid", "pfid", "name").collect():
-        if r["fid"] not in parent or (r["pfid"], r["name"]) < parent[r["fid"]]:
-            parent[r["fid"]] = (r["pfid"], r["name"])
+    for fid, pfid, name in dir_links:
+        if fid not in parent or (pfid, name) < parent[fid]:
+            parent[fid] = (pfid, name)
     paths: dict[str, str | None] = {root_fid: ""}
     for fid in parent:
         chain = []
@@ -588,12 +602,7 @@ def resolve_links(snapshot, root_fid: str, *, max_depth: int = 4096):
             name = parent[f][1]
             base = name if base == "" else f"{base}/{name}"
             paths[f] = base
-    rows = [(f, p) for f, p in paths.items() if p is not None]
-    parents = spark.createDataFrame(rows, "pfid string, ppath string")
-    return links.join(F.broadcast(parents), "pfid").select(
-        "fid", "pfid", "name",
-        F.when(F.col("ppath") == "", F.col("name")).otherwise(F.concat_ws("/", "ppath", "name")).alias("path"),
-    )  # fmt: skip
+    return paths
 
 
 def visible(links_df, fileset):
