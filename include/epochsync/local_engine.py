@@ -45,7 +45,6 @@ from epochsync.merge import (
 )
 from epochsync.model import DIR, FILE, OTHER, SNAPSHOT_FIELDS, SYMLINK
 
-
 _CREATORS = frozenset(CREATORS)
 _MERGED = frozenset(MERGED_TYPES)
 _TIME_SETTERS = frozenset(TIME_SETTERS)
@@ -690,7 +689,6 @@ def run_merge_local(cfg, target_name: str, first_epoch: int, last_epoch: int) ->
     """:func:`epochsync.merge.run_merge` on the local engine: same tables, same stats."""
     from epochsync.merge import MergeOutputs, extents_known_for
     from epochsync.model import change_struct_type, snapshot_struct_type
-    from epochsync.oracle import ROOT_MODE
     from epochsync.paths import Warehouse, local_path
 
     if first_epoch < 1 or last_epoch < first_epoch:
@@ -788,6 +786,7 @@ def _visible(path: str, fileset) -> bool:
 
 def plan_entry_rows(old_rows, new_rows, change_rows, *, root_fid: str, fileset=()) -> list[dict]:
     """:func:`epochsync.translate.plan_entries` over rows: one dict per fid the target must act on."""
+    from epochsync.translate import finish_entry
 
     def side(rows) -> dict[str, list[dict]]:
         out: dict[str, list[tuple]] = {}
@@ -809,12 +808,8 @@ def plan_entry_rows(old_rows, new_rows, change_rows, *, root_fid: str, fileset=(
         new = new_by.get(fid)
         d = {"fid": fid, "old_links": ol or [], "new_links": (nl or []) if new is not None else [],
              "change": change, "old": old_by.get(fid), "new": new}  # fmt: skip
-        d["old_paths"] = sorted({lk["path"] for lk in d["old_links"]})
-        d["new_paths"] = sorted({lk["path"] for lk in d["new_links"]})
-        if not d["old_paths"] and not d["new_paths"]:
-            continue
-        d["type"] = (d.get("new") or d.get("old") or {}).get("type")
-        entries.append(d)
+        if finish_entry(d):
+            entries.append(d)
     return entries
 
 

@@ -648,11 +648,16 @@ def plan_entries(old_snapshot, new_snapshot, changes, *, root_fid: str, fileset=
         d["new_links"] = d.get("new_links") or []
         if d["new"] is None:
             d["new_links"] = []
-        d["old_paths"] = sorted({lk["path"] for lk in d["old_links"]})
-        d["new_paths"] = sorted({lk["path"] for lk in d["new_links"]})
-        if not d["old_paths"] and not d["new_paths"]:
-            continue
-        d["type"] = (d.get("new") or d.get("old") or {}).get("type")
-        entries.append(d)
+        if finish_entry(d):
+            entries.append(d)
     entries.sort(key=lambda e: e["fid"])
     return entries
+
+
+def finish_entry(d: dict) -> bool:
+    """Add ``old_paths``, ``new_paths`` and ``type`` to a plan entry (both engines build
+    them so); False when the fid has no visible path on either side (nothing to do)."""
+    d["old_paths"] = sorted({lk["path"] for lk in d["old_links"]})
+    d["new_paths"] = sorted({lk["path"] for lk in d["new_links"]})
+    d["type"] = (d.get("new") or d.get("old") or {}).get("type")
+    return bool(d["old_paths"] or d["new_paths"])

@@ -9,13 +9,12 @@ expected rows, no Spark needed) and against the Spark merge on simulated histori
 from __future__ import annotations
 
 import pytest
+from test_merge_oracle import FIXED, Params, _rename_record, _rename_row, items_of
+from test_merge_rules import Case, build_blind_cases, build_cases
 
 from epochsync.local_engine import MergeInputError, cookie_group_rows, merge_rows
 from epochsync.model import change_struct_type, snapshot_struct_type
 from epochsync.schema import record_struct_type
-
-from test_merge_oracle import FIXED, Params, _rename_record, _rename_row, items_of
-from test_merge_rules import Case, build_blind_cases, build_cases
 
 
 def plain(value, dtype):
