@@ -186,12 +186,20 @@ def manifest_epoch(doc: dict | None) -> int:
 # --------------------------------------------------------------------------- files in the warehouse
 
 
+#: documents up to this size are written indented, for people; larger ones (the plan of a
+#: big epoch) compact: json's C encoder only runs without ``indent``, 6x faster
+PRETTY_JSON_MAX = 64 * 1024
+
+
 def write_json_atomic(path: str, doc) -> None:
     """Write ``doc`` to ``path`` so a reader sees the old or the new file, never half."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+    if len(text) <= PRETTY_JSON_MAX:
+        text = json.dumps(doc, indent=1, sort_keys=True)
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=1, sort_keys=True)
+        f.write(text)
         f.write("\n")
         f.flush()
         os.fsync(f.fileno())

@@ -95,6 +95,16 @@ class Counters:
             with self._lock:
                 self.bytes_received += int(parsed.get("ContentLength") or 0)
 
+    def sent(self, op: str, nbytes: int) -> None:
+        """One request sent by :class:`~epochsync.targets.s3fast.FastClient` (botocore's are seen by events)."""
+        with self._lock:
+            self.requests[op] += 1
+            self.bytes_sent += nbytes
+
+    def received(self, nbytes: int) -> None:
+        with self._lock:
+            self.bytes_received += nbytes
+
     def count(self, *, copied: int = 0, retries: int = 0) -> None:
         """Add server-side copied bytes or retries (threads may share these counters)."""
         with self._lock:
@@ -154,6 +164,10 @@ def error_code(exc: BaseException) -> str | None:
 class S3Access:
     """A boto3 client (made lazily, one per process) with bounded retries and counters.
 
+    With an ``endpoint_url`` and static keys, the client is a
+    :class:`~epochsync.targets.s3fast.FastClient` in front of boto3's: the data-path
+    calls (GET, HEAD, PUT, DELETE, copy, version listing) cost a quarter of botocore's CPU.
+
     botocore's own retries are off: every attempt, including reading the body of a
     ranged GET, goes through :meth:`call`, which backs off exponentially (with
     jitter) on retryable errors and fails clearly after ``max_attempts``.
@@ -185,7 +199,7 @@ class S3Access:
             st = self.settings
             # total_max_attempts=1: botocore does not retry (its max_attempts counts
             # retries, not attempts); every retry is ours, counted and bounded
-            self._client = boto3.client(
+            client = boto3.client(
                 "s3", endpoint_url=st.endpoint_url, aws_access_key_id=st.access_key,
                 aws_secret_access_key=st.secret_key, region_name=st.region,
                 config=Config(
@@ -193,7 +207,12 @@ class S3Access:
                     connect_timeout=5, read_timeout=60, max_pool_connections=16,
                 ),
             )  # fmt: skip
-            self.counters.attach(self._client)
+            self.counters.attach(client)
+            from epochsync.targets import s3fast
+
+            if s3fast.eligible(st):  # the data-path calls skip botocore's per-request cost
+                client = s3fast.FastClient(client, st, self.counters, connect_timeout=5, read_timeout=60)
+            self._client = client
         return self._client
 
     def call(self, what: str, fn, *args, **kwargs):
