@@ -9,7 +9,8 @@ reverse it. ``preimages/`` holds saved bytes of overwritten ranges (posix).
 Rollback replays every entry in reverse journal order (phase, then sequence), and
 every undo step is idempotent, so a rollback killed half way simply runs again.
 Entries of one phase written by different partitions touch disjoint paths, so their
-relative order does not matter.
+relative order does not matter; nor does the order of an s3 writer's entries written
+by concurrent threads (``apply.run_in_order`` only overlaps operations on disjoint keys).
 
 The warehouse must be a local or shared file system (``file://``) for the journal.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -55,6 +57,7 @@ class UndoJournal:
         self.path = os.path.join(directory, f"{writer}.jsonl")
         self.seq = _count_lines(self.path)
         self._f = open(self.path, "a", encoding="utf-8")
+        self._lock = threading.Lock()
 
     def append(self, entry: dict) -> dict:
         """Write ``entry`` durably, then give the fault injector its chance to fire.
@@ -64,11 +67,12 @@ class UndoJournal:
         """
         if os.path.exists(os.path.join(self.directory, ABORT_MARKER)):
             raise EpochsyncError(f"apply stopped: a rollback of {self.directory} is running")
-        self.seq += 1
-        entry = {"phase": self.phase, "writer": self.writer, "seq": self.seq, **entry}
-        self._f.write(json.dumps(entry, sort_keys=True) + "\n")
-        self._f.flush()
-        os.fsync(self._f.fileno())
+        with self._lock:  # threads of one writer (s3 namespace operations) share the file
+            self.seq += 1
+            entry = {"phase": self.phase, "writer": self.writer, "seq": self.seq, **entry}
+            self._f.write(json.dumps(entry, sort_keys=True) + "\n")
+            self._f.flush()
+            os.fsync(self._f.fileno())
         if self.faults is not None and self.tick_enabled:
             self.faults.tick(f"{entry['op']} {entry.get('path') or entry.get('key') or ''}".strip())
         return entry

@@ -643,6 +643,11 @@ class S3Target(Target):
             ),
         )
 
+    def op_keys(self, op: dict) -> tuple[set[str], set[str]]:
+        """Keys a namespace or post operation reads and writes: one object each, so
+        :func:`epochsync.apply.run_in_order` may run independent ones concurrently."""
+        return ({op["src"]} if op["op"] == "copy" else set()), {op["key"]}
+
     def run_namespace_op(self, op: dict, journal, state: dict) -> None:
         kind = op["op"]
         if kind == "delete":
