@@ -240,9 +240,9 @@ def independent_batches(ops: list[dict], keys_of) -> list[list[dict]]:
 
     for op in ops:
         r, w = keys_of(op)
-        conflict = any(k in writes or k in reads or k in parents or any(d in writes for d in dirs(k)) for k in w) or any(
-            k in writes for k in r
-        )
+        conflict = any(
+            k in writes or k in reads or k in parents or any(d in writes for d in dirs(k)) for k in w
+        ) or any(k in writes for k in r)
         if conflict and batch:
             batches.append(batch)
             batch, reads, writes, parents = [], set(), set(), set()

@@ -90,6 +90,10 @@ class S3Endpoint:
         )
 
 
+#: volumes ``weed mini`` may create (see :meth:`SeaweedFS.start`)
+WEED_MAX_VOLUMES = 5000
+
+
 class SeaweedFS:
     """``weed mini`` on 127.0.0.1 with free ports and its own data dir."""
 
@@ -110,6 +114,10 @@ class SeaweedFS:
             f"-s3.port={s3}", f"-admin.port={admin}", f"-metricsPort={metrics}",
             "-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false", "-admin.ui=false",
             "-master.telemetry=false",
+            # each bucket is a collection with volumes of its own; left at 0, the volume count is
+            # free disk / 128 MB, and a test run (a bucket per test) ran out of volumes on a
+            # fuller disk ("No writable volumes and no free volumes left"). Volumes are sparse.
+            f"-volume.max={WEED_MAX_VOLUMES}",
         ]  # fmt: skip
         env = dict(os.environ, AWS_ACCESS_KEY_ID=EMBEDDED_ACCESS_KEY, AWS_SECRET_ACCESS_KEY=EMBEDDED_SECRET_KEY)
         log = open(self.log_path, "ab")

@@ -68,7 +68,9 @@ def test_version_listing_like_botocore(store):
 
     def norm(resp):
         return {
-            kind: [(v["Key"], v["VersionId"], v["IsLatest"], v["LastModified"], v.get("Size")) for v in resp.get(kind, [])]
+            kind: [
+                (v["Key"], v["VersionId"], v["IsLatest"], v["LastModified"], v.get("Size")) for v in resp.get(kind, [])
+            ]
             for kind in ("Versions", "DeleteMarkers")
         } | {"IsTruncated": resp["IsTruncated"]}
 

@@ -166,7 +166,9 @@ class FastClient:
         scope = f"{amz[:8]}/{self._region}/s3/aws4_request"
         to_sign = f"AWS4-HMAC-SHA256\n{amz}\n{scope}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
         sig = hmac.new(self._signing_key(amz[:8]), to_sign.encode(), hashlib.sha256).hexdigest()
-        h["authorization"] = f"AWS4-HMAC-SHA256 Credential={self._access}/{scope}, SignedHeaders={signed}, Signature={sig}"
+        h["authorization"] = (
+            f"AWS4-HMAC-SHA256 Credential={self._access}/{scope}, SignedHeaders={signed}, Signature={sig}"
+        )
         del h["host"]  # http.client sends it
         target = path + ("?" + qs if qs else "")
         for attempt in (1, 2):
@@ -241,13 +243,17 @@ class FastClient:
 
     def head_object(self, *, Bucket: str, Key: str, VersionId: str | None = None, **kw):  # noqa: N803
         if kw:
-            return self._boto.head_object(Bucket=Bucket, Key=Key, **({"VersionId": VersionId} if VersionId else {}), **kw)
+            return self._boto.head_object(
+                Bucket=Bucket, Key=Key, **({"VersionId": VersionId} if VersionId else {}), **kw
+            )
         _, headers, _ = self._send("HeadObject", "HEAD", Bucket, Key, {"versionId": VersionId} if VersionId else None)
         return self._object_fields(headers)
 
     def put_object(self, *, Bucket: str, Key: str, Body: bytes = b"", Metadata: dict | None = None, **kw):  # noqa: N803
         if kw or not isinstance(Body, (bytes, bytearray)):
-            return self._boto.put_object(Bucket=Bucket, Key=Key, Body=Body, **({"Metadata": Metadata} if Metadata else {}), **kw)
+            return self._boto.put_object(
+                Bucket=Bucket, Key=Key, Body=Body, **({"Metadata": Metadata} if Metadata else {}), **kw
+            )
         body = bytes(Body)
         h = {f"x-amz-meta-{k}": v for k, v in (Metadata or {}).items()}
         h["content-md5"] = base64.b64encode(hashlib.md5(body).digest()).decode()
@@ -256,8 +262,12 @@ class FastClient:
 
     def delete_object(self, *, Bucket: str, Key: str, VersionId: str | None = None, **kw):  # noqa: N803
         if kw:
-            return self._boto.delete_object(Bucket=Bucket, Key=Key, **({"VersionId": VersionId} if VersionId else {}), **kw)
-        _, headers, _ = self._send("DeleteObject", "DELETE", Bucket, Key, {"versionId": VersionId} if VersionId else None)
+            return self._boto.delete_object(
+                Bucket=Bucket, Key=Key, **({"VersionId": VersionId} if VersionId else {}), **kw
+            )
+        _, headers, _ = self._send(
+            "DeleteObject", "DELETE", Bucket, Key, {"versionId": VersionId} if VersionId else None
+        )
         out: dict[str, Any] = {"DeleteMarker": headers.get("x-amz-delete-marker") == "true"}
         if headers.get("x-amz-version-id"):
             out["VersionId"] = headers.get("x-amz-version-id")
