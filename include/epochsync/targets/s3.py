@@ -86,17 +86,14 @@ class Counters:
             body.seek(0, 2)
             sent = body.tell() - pos
             body.seek(pos)
-        with self._lock:
-            self.requests[op] += 1
-            self.bytes_sent += sent
+        self.sent(op, sent)
 
     def _after_get(self, http_response=None, parsed=None, **kwargs):
         if parsed and http_response is not None and http_response.status_code < 300:
-            with self._lock:
-                self.bytes_received += int(parsed.get("ContentLength") or 0)
+            self.received(int(parsed.get("ContentLength") or 0))
 
     def sent(self, op: str, nbytes: int) -> None:
-        """One request sent by :class:`~epochsync.targets.s3fast.FastClient` (botocore's are seen by events)."""
+        """One request sent (botocore's, seen by events, or :class:`~epochsync.targets.s3fast.FastClient`'s)."""
         with self._lock:
             self.requests[op] += 1
             self.bytes_sent += nbytes

@@ -229,12 +229,8 @@ class FastClient:
     # ------------------------------------------------------------------ the calls
     def get_object(self, *, Bucket: str, Key: str, Range: str | None = None, VersionId: str | None = None, **kw):  # noqa: N803
         if kw:
-            return self._boto.get_object(Bucket=Bucket, Key=Key, **({"Range": Range} if Range else {}),
-                                         **({"VersionId": VersionId} if VersionId else {}), **kw)  # fmt: skip
-        _, headers, data = self._send(
-            "GetObject", "GET", Bucket, Key, {"versionId": VersionId} if VersionId else None,
-            {"range": Range} if Range else None,
-        )  # fmt: skip
+            return self._boto.get_object(Bucket=Bucket, Key=Key, **_given(Range=Range, VersionId=VersionId), **kw)
+        _, headers, data = self._send("GetObject", "GET", Bucket, Key, _version(VersionId), _given(range=Range))
         out = self._object_fields(headers)
         out["ContentLength"] = len(data)
         out["Body"] = _Body(data)
@@ -243,17 +239,13 @@ class FastClient:
 
     def head_object(self, *, Bucket: str, Key: str, VersionId: str | None = None, **kw):  # noqa: N803
         if kw:
-            return self._boto.head_object(
-                Bucket=Bucket, Key=Key, **({"VersionId": VersionId} if VersionId else {}), **kw
-            )
-        _, headers, _ = self._send("HeadObject", "HEAD", Bucket, Key, {"versionId": VersionId} if VersionId else None)
+            return self._boto.head_object(Bucket=Bucket, Key=Key, **_given(VersionId=VersionId), **kw)
+        _, headers, _ = self._send("HeadObject", "HEAD", Bucket, Key, _version(VersionId))
         return self._object_fields(headers)
 
     def put_object(self, *, Bucket: str, Key: str, Body: bytes = b"", Metadata: dict | None = None, **kw):  # noqa: N803
         if kw or not isinstance(Body, (bytes, bytearray)):
-            return self._boto.put_object(
-                Bucket=Bucket, Key=Key, Body=Body, **({"Metadata": Metadata} if Metadata else {}), **kw
-            )
+            return self._boto.put_object(Bucket=Bucket, Key=Key, Body=Body, **_given(Metadata=Metadata), **kw)
         body = bytes(Body)
         h = {f"x-amz-meta-{k}": v for k, v in (Metadata or {}).items()}
         h["content-md5"] = base64.b64encode(hashlib.md5(body).digest()).decode()
@@ -262,12 +254,8 @@ class FastClient:
 
     def delete_object(self, *, Bucket: str, Key: str, VersionId: str | None = None, **kw):  # noqa: N803
         if kw:
-            return self._boto.delete_object(
-                Bucket=Bucket, Key=Key, **({"VersionId": VersionId} if VersionId else {}), **kw
-            )
-        _, headers, _ = self._send(
-            "DeleteObject", "DELETE", Bucket, Key, {"versionId": VersionId} if VersionId else None
-        )
+            return self._boto.delete_object(Bucket=Bucket, Key=Key, **_given(VersionId=VersionId), **kw)
+        _, headers, _ = self._send("DeleteObject", "DELETE", Bucket, Key, _version(VersionId))
         out: dict[str, Any] = {"DeleteMarker": headers.get("x-amz-delete-marker") == "true"}
         if headers.get("x-amz-version-id"):
             out["VersionId"] = headers.get("x-amz-version-id")
@@ -276,9 +264,7 @@ class FastClient:
     def copy_object(self, *, Bucket: str, Key: str, CopySource: dict, MetadataDirective: str | None = None,  # noqa: N803
                     Metadata: dict | None = None, **kw):  # fmt: skip
         if kw or not isinstance(CopySource, dict) or set(CopySource) - {"Bucket", "Key", "VersionId"}:
-            extra = {"MetadataDirective": MetadataDirective} if MetadataDirective else {}
-            if Metadata is not None:
-                extra["Metadata"] = Metadata
+            extra = _given(MetadataDirective=MetadataDirective, Metadata=Metadata)
             return self._boto.copy_object(Bucket=Bucket, Key=Key, CopySource=CopySource, **extra, **kw)
         src = f"/{_quote(CopySource['Bucket'])}/{_quote(CopySource['Key'], '/~')}"
         if CopySource.get("VersionId"):
@@ -303,8 +289,8 @@ class FastClient:
     def list_object_versions(self, *, Bucket: str, Prefix: str | None = None, KeyMarker: str | None = None,  # noqa: N803
                              VersionIdMarker: str | None = None, **kw):  # fmt: skip
         if kw:
-            given = {"Prefix": Prefix, "KeyMarker": KeyMarker, "VersionIdMarker": VersionIdMarker}
-            return self._boto.list_object_versions(Bucket=Bucket, **{k: v for k, v in given.items() if v}, **kw)
+            given = _given(Prefix=Prefix, KeyMarker=KeyMarker, VersionIdMarker=VersionIdMarker)
+            return self._boto.list_object_versions(Bucket=Bucket, **given, **kw)
         q = {"versions": ""}
         for name, v in (("prefix", Prefix), ("key-marker", KeyMarker), ("version-id-marker", VersionIdMarker)):
             if v:
@@ -335,6 +321,15 @@ class FastClient:
         if markers:
             out["DeleteMarkers"] = markers
         return out
+
+
+def _given(**kw) -> dict:
+    """The arguments that were given (not empty), as botocore's keyword arguments or headers."""
+    return {k: v for k, v in kw.items() if v}
+
+
+def _version(version_id: str | None) -> dict | None:
+    return {"versionId": version_id} if version_id else None
 
 
 def _text(el, tag: str) -> str | None:
