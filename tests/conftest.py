@@ -1,4 +1,4 @@
-"""Shared fixtures: one Spark session, one SeaweedFS and one moto server per test run."""
+"""Shared fixtures: one Spark Connect server (and a client session), one SeaweedFS and one moto server per run."""
 
 from __future__ import annotations
 
@@ -13,16 +13,26 @@ FIXTURES = Path(__file__).parent / "fixtures"
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 
 
-@pytest.fixture(scope="session", autouse=True)
-def spark_submit_opts():
-    """Every spark-submit the tests start (DAG stages, the PySpark gateway) uses the small
-    profile's JVM and the class-data archive (built once per checkout, about 30 s)."""
-    if "SPARK_SUBMIT_OPTS" not in os.environ:
-        from epochsync.spark import ensure_cds_archive, jvm_options
+@pytest.fixture(scope="session")
+def spark_connect():
+    """One Spark Connect server (local[2]) for the whole run, as `make demo` starts one; yields its URL.
 
-        ensure_cds_archive()
-        os.environ["SPARK_SUBMIT_OPTS"] = jvm_options()
-    yield
+    ``EPOCHSYNC_SPARK_REMOTE`` points at it for the run, so stage functions, the CLI and
+    the subprocesses the tests start are all clients of this one warm application.
+    """
+    from epochsync.embedded import SparkConnectServer
+    from epochsync.spark import REMOTE_ENV
+
+    server = SparkConnectServer("local[2]", conf={"spark.sql.shuffle.partitions": "2"})
+    url = server.start()
+    old = os.environ.get(REMOTE_ENV)
+    os.environ[REMOTE_ENV] = url
+    yield url
+    if old is None:
+        os.environ.pop(REMOTE_ENV, None)
+    else:
+        os.environ[REMOTE_ENV] = old
+    server.stop()
 
 
 @pytest.fixture(scope="session")
@@ -31,11 +41,11 @@ def fixtures_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def spark():
-    """local[2], UI off, few shuffle partitions: the same builder the Spark apps use."""
+def spark(spark_connect):
+    """A client session of the run's Spark Connect server, prepared as every stage prepares its own."""
     from epochsync.spark import spark_session
 
-    session = spark_session("epochsync-tests", master="local[2]", shuffle_partitions=2)
+    session = spark_session("epochsync-tests", remote=spark_connect, shuffle_partitions=2)
     yield session
     session.stop()
 

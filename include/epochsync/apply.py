@@ -14,6 +14,7 @@ fails with a clear error after ``max_attempts``.
 from __future__ import annotations
 
 import os
+import re
 import time
 
 from epochsync.errors import EpochsyncError
@@ -168,24 +169,7 @@ def apply_plan(plan: dict, target, source_io, source_bucket: str, jdir: str, sta
     results = []
     if ops:
         if spark is not None:
-            sc = spark.sparkContext
-            n = max(1, min(len(ops), sc.defaultParallelism * 2))
-            rdd = sc.parallelize(ops, n)
-            fn = _bind(target, source_io, source_bucket, jdir, faults)
-            group = f"epochsync-apply-{plan['target']}-{plan['epoch']}-{os.getpid()}-{time.monotonic_ns()}"
-            sc.setJobGroup(group, f"apply data of {plan['target']} epoch {plan['epoch']}", interruptOnCancel=True)
-            try:
-                results = rdd.mapPartitionsWithIndex(fn).collect()
-            except Exception as exc:
-                # a failed task aborts the job, but its sibling tasks may still be writing:
-                # a rollback must not start before every one of them has stopped
-                sc.cancelJobGroup(group)
-                _wait_until_idle(sc, group)
-                raise EpochsyncError(
-                    f"apply of epoch {plan['epoch']} failed on an executor: {_root_cause(exc)}"
-                ) from None
-            finally:
-                sc.setLocalProperty("spark.jobGroup.id", None)
+            results = _apply_on_executors(spark, ops, plan, target, source_io, source_bucket, jdir, faults)
         else:
             results = _apply_in_threads(ops, target, source_io, source_bucket, jdir, faults, plan)
     t2 = time.monotonic()
@@ -290,7 +274,7 @@ def run_in_order(target, ops: list[dict], run_one) -> None:
                     raise f.exception()
 
 
-#: data operations in flight when a plan is applied without Spark (the local engine)
+#: data operations in flight when a plan is applied without a Spark session (the target contract tests)
 LOCAL_APPLY_THREADS = 8
 
 
@@ -338,29 +322,61 @@ def _apply_in_threads(ops: list[dict], target, source_io, source_bucket: str, jd
     return [r for f in futures for r in f.result()]
 
 
-def _wait_until_idle(sc, group: str, timeout: float = 300.0) -> None:
-    """Block until no task of the job group runs any more (cancelled or finished)."""
-    tracker = sc.statusTracker()
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        busy = False
-        for job in tracker.getJobIdsForGroup(group):
-            info = tracker.getJobInfo(job)
-            for stage in info.stageIds if info else []:
-                si = tracker.getStageInfo(stage)
-                if si is not None and si.numActiveTasks > 0:
-                    busy = True
-        if not busy:
-            return
-        time.sleep(0.2)
-    raise EpochsyncError(f"apply: tasks of {group} still running {timeout:.0f}s after the failure; not rolling back")
+def _apply_on_executors(spark, ops: list[dict], plan: dict, target, source_io, source_bucket, jdir, faults):
+    """The data operations as one Spark job: ``mapInArrow`` over partition numbers, one report row each.
+
+    Each partition takes every n-th operation (the plan travels with the function) and
+    writes its own journal file. A task that Spark re-runs after a failure refuses at once
+    (``spark.task.maxFailures`` may be above 1 on a cluster): a half-done partition must be
+    rolled back, never re-applied behind the journal. After a failure the job's other
+    tasks are interrupted through the session tag; a straggler still running stops at its
+    next journal entry once the rollback has written the ``ABORTED`` marker, and the
+    rollback waits for every writer's journal lock (:func:`epochsync.journal.wait_for_writers`).
+    """
+    import json
+
+    n = max(1, min(len(ops), _executor_slots(spark) * 2))
+    parts = [ops[i::n] for i in range(n)]
+
+    def run(batches):
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        if ctx is not None and ctx.attemptNumber() > 0:
+            raise EpochsyncError("apply: Spark re-ran a failed data task; the epoch is rolled back instead")
+        for b in batches:
+            for index in b.column(0).to_pylist():
+                for r in _data_partition(index, iter(parts[index]), target, source_io, source_bucket, jdir, faults):
+                    yield pa.RecordBatch.from_pydict({"report": [json.dumps(r)]})
+
+    tag = f"epochsync-apply-{plan['target']}-{plan['epoch']}-{os.getpid()}-{time.monotonic_ns()}"
+    spark.addTag(tag)
+    try:
+        rows = spark.range(0, n, 1, numPartitions=n).mapInArrow(run, "report string").collect()
+    except Exception as exc:
+        try:
+            spark.interruptTag(tag)
+        except Exception:  # the job is already over; nothing left to interrupt
+            pass
+        raise EpochsyncError(f"apply of epoch {plan['epoch']} failed on an executor: {_root_cause(exc)}") from None
+    finally:
+        spark.removeTag(tag)
+    return [json.loads(r["report"]) for r in rows]
 
 
-def _bind(target, source_io, source_bucket, jdir, faults):
-    def fn(index, it):
-        return _data_partition(index, it, target, source_io, source_bucket, jdir, faults)
+def _executor_slots(spark) -> int:
+    """Task slots of the application: ``spark.default.parallelism`` when set, else the master's cores."""
+    from epochsync.spark import session_master
 
-    return fn
+    try:
+        value = spark.conf.get("spark.default.parallelism", None)
+        if value:
+            return max(1, int(value))
+    except Exception:  # a Connect server may refuse to show a static setting
+        pass
+    m = re.fullmatch(r"local\[(\d+)\]", session_master(spark))
+    return int(m.group(1)) if m else 2
 
 
 def _root_cause(exc: BaseException) -> str:

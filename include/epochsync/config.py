@@ -20,8 +20,11 @@ ENV_VAR = "EPOCHSYNC_CONFIG"
 FORMATS = ("jsonl", "lustre", "gluster")
 EPOCH_SOURCES = ("records", "mark", "time")
 TARGET_KINDS = ("s3", "posix")
-#: who merges and translates an epoch (``targets[].engine``)
-ENGINES = ("auto", "spark", "local")
+#: target keys of earlier versions that now stop the load with a way forward
+REMOVED_TARGET_KEYS = {
+    "engine": "removed: Spark is the only engine of merge and translate; delete this key",
+    "local_max_records": "removed with the local engine (Spark runs every epoch); delete this key",
+}
 MIN_PART_SIZE = 5 * 1024 * 1024
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -121,10 +124,6 @@ class TargetConfig:
     snapshot_retention: int = 3
     #: attempts per S3 request before a clear failure
     max_attempts: int = 6
-    #: who merges and translates an epoch: spark, local (the driver's Python) or auto
-    engine: str = "auto"
-    #: auto picks local for epochs of at most this many ingested records
-    local_max_records: int = 50_000
 
 
 @dataclass(frozen=True)
@@ -133,6 +132,8 @@ class Config:
     warehouse: str
     sources: tuple[SourceConfig, ...]
     targets: tuple[TargetConfig, ...]
+    #: the Spark Connect server every stage uses (``spark.remote``); None: see epochsync.spark
+    spark_remote: str | None = None
 
     def source(self, name: str) -> SourceConfig:
         for s in self.sources:
@@ -328,6 +329,11 @@ def config_from_dict(data: Any, *, file: str = "(config)") -> Config:
         warehouse = f"file://{(base / warehouse).resolve()}"
     src_list = top.get("sources", required=True)
     tgt_list = top.get("targets", default=[])
+    spark_remote = None
+    spark = top.sub("spark")
+    if spark is not None:
+        spark_remote = spark.get("remote", _spark_remote)
+        spark.done()
     top.done()
     if not isinstance(src_list, list) or not src_list:
         top.fail("sources", "expected a non-empty list of sources")
@@ -344,7 +350,15 @@ def config_from_dict(data: Any, *, file: str = "(config)") -> Config:
             raise ConfigError(
                 file, f"targets[{i}].source", f"no source named {t.source!r} (have: {', '.join(sorted(names))})"
             )
-    return Config(file=file, warehouse=warehouse.rstrip("/"), sources=sources, targets=targets)
+    return Config(
+        file=file, warehouse=warehouse.rstrip("/"), sources=sources, targets=targets, spark_remote=spark_remote
+    )
+
+
+def _spark_remote(v: Any) -> str:
+    if not isinstance(v, str) or not v.startswith("sc://"):
+        raise ValueError(f"expected a Spark Connect URL like sc://host:15002, got {v!r}")
+    return v
 
 
 def _unique(file: str, key: str, names: list[str]):
@@ -444,6 +458,9 @@ def _load_target(file: str, i: int, data: Any, base: Path) -> TargetConfig:
         verify = VerifyConfig(sample=v.get("sample", ratio, default=1.0))
         v.done()
     d = TargetConfig(name=name, source=source, kind=kind)
+    for key, why in REMOVED_TARGET_KEYS.items():
+        if key in r.data:
+            r.fail(key, why)
     part_size = r.get("part_size", parse_size, default=d.part_size)
     if part_size < MIN_PART_SIZE:
         r.fail("part_size", f"S3 parts are at least 5 MiB ({MIN_PART_SIZE} bytes), got {part_size}")
@@ -458,8 +475,6 @@ def _load_target(file: str, i: int, data: Any, base: Path) -> TargetConfig:
         small_object=r.get("small_object", parse_size, default=d.small_object),
         snapshot_retention=r.get("snapshot_retention", _int_range(1), default=d.snapshot_retention),
         max_attempts=r.get("max_attempts", _int_range(1, 100), default=d.max_attempts),
-        engine=r.get("engine", _choice(ENGINES), default=d.engine),
-        local_max_records=r.get("local_max_records", _int_range(0), default=d.local_max_records),
         **kw,
     )
     r.done()

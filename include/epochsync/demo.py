@@ -2,8 +2,10 @@
 
 Starts SeaweedFS on loopback, simulates a striped source (several MDTs and OSTs,
 thousands of files, mixed changes over several epochs), and replicates every epoch
-through the real Airflow DAG (``dag.test()`` per epoch, one process per run, the Spark
-stages through spark-submit) into a posix target and an s3 target. One epoch of the s3
+through the real Airflow DAG (``dag.test()`` per epoch, one process per run) into a posix
+target and an s3 target. Every Spark stage of every run is a client of one Spark Connect
+server the demo starts (``local[2]``; with ``--cluster``, on a real standalone master and
+worker), so Spark starts once, not once per stage. One epoch of the s3
 target gets an injected apply failure: the run fails, the rollback task restores the
 previous epoch (checked against the ground truth), and the retry succeeds.
 
@@ -12,7 +14,7 @@ byte; one line per (epoch, target) gives records in, net operations, bytes chang
 pulled and copied server-side, duration and status. It ends with the report path and a
 verdict, exits non-zero if any verification failed, and stops everything it started.
 
-    python -m epochsync.demo [--epochs 6] [--files 2000] [--fail-epoch 4] [--workdir var/demo]
+    python -m epochsync.demo [--epochs 6] [--files 2000] [--fail-epoch 4] [--workdir var/demo] [--cluster]
 """
 
 from __future__ import annotations
@@ -26,8 +28,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-
-from epochsync.spark import ensure_cds_archive, jvm_options
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCE = "sim"
@@ -47,8 +47,11 @@ def _human(n) -> str:
     return str(n)
 
 
-def demo_environment(workdir: Path, endpoint) -> dict[str, str]:
-    """Environment of every Airflow/Spark process the demo starts."""
+def demo_environment(workdir: Path, endpoint, spark_url: str) -> dict[str, str]:
+    """Environment of every Airflow process the demo starts (the Spark Connect server at ``spark_url``)."""
+    from epochsync.airflow.stages import spark_connect_conn_json
+    from epochsync.spark import REMOTE_ENV
+
     env = dict(os.environ)
     env.update(
         AIRFLOW_HOME=str(workdir / "airflow"),
@@ -58,12 +61,12 @@ def demo_environment(workdir: Path, endpoint) -> dict[str, str]:
         AIRFLOW__CORE__PARALLELISM="2",
         AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{workdir / 'airflow' / 'airflow.db'}",
         AIRFLOW__LOGGING__BASE_LOG_FOLDER=str(workdir / "airflow" / "logs"),
-        AIRFLOW_CONN_SPARK_DEFAULT=json.dumps({"conn_type": "spark", "host": "local[2]"}),
+        AIRFLOW_CONN_SPARK_CONNECT_DEFAULT=spark_connect_conn_json(spark_url),
         AIRFLOW_CONN_SOURCE_S3=endpoint.airflow_conn_json(),
         AIRFLOW_CONN_REPLICA_S3=endpoint.airflow_conn_json(),
         EPOCHSYNC_CONFIG=str(workdir / "sim" / "epochsync.yaml"),
         EPOCHSYNC_CATCHUP="false",
-        SPARK_SUBMIT_OPTS=jvm_options(),
+        **{REMOTE_ENV: spark_url},
         PYTHONPATH=str(REPO / "include") + (":" + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""),
         PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
     )
@@ -186,6 +189,39 @@ def epoch_line(epoch: int, target: str, stats: dict | None, seconds: float, stat
     )
 
 
+def spark_tasks_by_tag(event_dir: Path) -> dict[str, dict]:
+    """Per stage tag (``epochsync-<stage>-<target>-e<epoch>``): Spark jobs, tasks and the executors that ran them.
+
+    Read from the Connect server's event log: the proof that a run's Spark work ran in the
+    one application, and where (``driver`` for local masters, worker executors on a cluster).
+    """
+    out: dict[str, dict] = {}
+    stage_tag: dict[int, str] = {}
+    for f in sorted(p for p in event_dir.rglob("*") if p.is_file()):
+        with open(f, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                try:
+                    e = json.loads(line)
+                except ValueError:
+                    continue  # a line cut by a server that was still writing
+                kind = e.get("Event")
+                if kind == "SparkListenerJobStart":
+                    tags = (e.get("Properties") or {}).get("spark.job.tags") or ""
+                    tag = next((t for t in tags.split(",") if t.startswith("epochsync-")), None)
+                    if tag:
+                        row = out.setdefault(tag, {"jobs": 0, "tasks": 0, "executors": []})
+                        row["jobs"] += 1
+                        for sid in e.get("Stage IDs", []):
+                            stage_tag[sid] = tag
+                elif kind == "SparkListenerTaskEnd" and e.get("Stage ID") in stage_tag:
+                    row = out[stage_tag[e["Stage ID"]]]
+                    row["tasks"] += 1
+                    executor = (e.get("Task Info") or {}).get("Executor ID")
+                    if executor is not None and executor not in row["executors"]:
+                        row["executors"].append(executor)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m epochsync.demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--workdir", default=str(REPO / "var" / "demo"), help="scratch folder (emptied first)")
@@ -196,10 +232,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=2026)
     p.add_argument("--fail-epoch", type=int, default=4, help="epoch whose s3 apply fails once (0: none)")
     p.add_argument("--fail-after", type=int, default=25, help="mutations before the injected failure")
+    p.add_argument("--cluster", action="store_true",
+                   help="run the Connect server on a real Spark standalone master and worker (started here)")  # fmt: skip
     args = p.parse_args(argv)
 
     from epochsync.config import load_config
-    from epochsync.embedded import SeaweedFS
+    from epochsync.embedded import SeaweedFS, SparkConnectServer, SparkStandalone
     from epochsync.events import ROLLED_BACK, read_events
     from epochsync.ingest import INGEST_MARKER
     from epochsync.journal import read_json
@@ -217,11 +255,21 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[dict] = []  # one row per DAG run, written to demo-summary.json
     report = None
     weed = SeaweedFS(workdir / "seaweedfs")
+    cluster = SparkStandalone(work_dir=workdir / "spark-cluster") if args.cluster else None
+    spark_server = None
+    spark_info: dict = {}
     try:
         log(f"demo: starting SeaweedFS (S3 on loopback) in {workdir / 'seaweedfs'}")
         endpoint = weed.start()
-        ensure_cds_archive(say=lambda line: log("demo: " + line))  # about 30 s, once per machine
-        env = demo_environment(workdir, endpoint)
+        master = "local[2]"
+        if cluster is not None:
+            master = cluster.start()
+            log(f"demo: Spark standalone master {master} (UI {cluster.webui}) with one worker")
+        spark_server = SparkConnectServer(master, work_dir=workdir / "spark", event_log=workdir / "spark-events")
+        spark_url = spark_server.start()
+        spark_info = {"master": master, "connect": spark_url, "event_log": str(workdir / "spark-events")}
+        log(f"demo: Spark Connect server {spark_url} on {master}: every stage of every run is its client")
+        env = demo_environment(workdir, endpoint, spark_url)
         os.environ.update({k: v for k, v in env.items() if k.startswith(("AIRFLOW_CONN_", "EPOCHSYNC_CONFIG"))})
         sim_dir = workdir / "sim"
         log(f"demo: simulating a striped source: {args.files} files, {args.epochs} epochs, "
@@ -290,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
                 for epoch in range(1, args.epochs + 1):
                     if follows:
                         # start once the chain ahead has ingested the epoch: this chain's ingest task
-                        # then finds the records current and skips its spark-submit (no two ingests
+                        # then finds the records current and has nothing to do (no two ingests
                         # of one epoch at a time, and the two chains overlap instead of queueing)
                         marker = Path(local_path(wh.records(SOURCE, epoch))) / INGEST_MARKER
                         while not marker.exists() and not done[follows][epoch].wait(1.0):
@@ -325,7 +373,18 @@ def main(argv: list[str] | None = None) -> int:
         failures.append(f"{' '.join(map(str, exc.cmd[:4]))}... exited {exc.returncode}")
         report = None
     finally:
+        if cluster is not None:
+            try:
+                spark_info["cluster"] = cluster.json()
+            except OSError as exc:
+                spark_info["cluster"] = {"error": str(exc)}
+        if spark_server is not None:
+            spark_server.stop()
+        if cluster is not None:
+            cluster.stop()
         weed.stop()
+    if spark_info.get("event_log"):
+        spark_info["stages"] = spark_tasks_by_tag(Path(spark_info["event_log"]))
     total = time.monotonic() - t_start
     verdict = "passed" if not failures else "failed"
     runs.sort(key=lambda r: (r["epoch"], TARGETS.index(r["target"]) if r["target"] in TARGETS else 0))
@@ -338,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
                 "report": report,
                 "args": vars(args),
                 "runs": runs,
+                "spark": spark_info,
             },
             indent=1,
             default=str,

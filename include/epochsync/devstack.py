@@ -1,10 +1,11 @@
-"""``make airflow``: SeaweedFS and ``airflow standalone`` on loopback with the project's DAGs.
+"""``make airflow``: SeaweedFS, a Spark Connect server and ``airflow standalone`` on loopback.
 
 Starts the embedded S3 server, simulates a small source into it (``epochsync
 simulate``), points ``EPOCHSYNC_CONFIG`` at the simulated config, and runs
 ``airflow standalone`` (SQLite, LocalExecutor, low parallelism) with the project's
 ``dags/`` and ``plugins/``, the connections passed as ``AIRFLOW_CONN_*`` variables
-(``spark_default`` → ``local[2]``, ``source_s3`` and ``replica_s3`` → SeaweedFS).
+(``spark_connect_default`` → the Spark Connect server it starts on ``local[2]``,
+``source_s3`` and ``replica_s3`` → SeaweedFS).
 Prints the UI address and login, and stops everything on Ctrl-C.
 
 :class:`AirflowStandalone` is also what the scheduler and UI tests start.
@@ -34,11 +35,6 @@ ADMIN = "admin"
 SQLITE_CONNECT_ARGS = {"timeout": 60}
 
 
-def spark_conn_json(master: str = "local[2]") -> str:
-    """``spark_default`` as Airflow reads it from ``AIRFLOW_CONN_SPARK_DEFAULT``."""
-    return json.dumps({"conn_type": "spark", "host": master})
-
-
 def write_admin_password(home: Path, password: str | None = None) -> str:
     """Pre-seed the simple auth manager's password file so the login is known (and printed)."""
     password = password or secrets.token_urlsafe(12)
@@ -57,6 +53,7 @@ def airflow_environment(
     connections: dict[str, str],
     parallelism: int = 2,
     extra: dict[str, str] | None = None,
+    spark_url: str | None = None,
 ) -> dict[str, str]:
     """The environment of every Airflow process of the stack (standalone and its children)."""
     venv_bin = str(Path(sys.executable).parent)
@@ -88,10 +85,12 @@ def airflow_environment(
             "PYTHONUNBUFFERED": "1",
         }
     )
-    if "SPARK_SUBMIT_OPTS" not in env:  # the small profile's JVM (and class-data archive) for spark-submit
-        from epochsync.spark import jvm_options
+    if spark_url:
+        from epochsync.airflow.stages import spark_connect_conn_json
+        from epochsync.spark import REMOTE_ENV, SPARK_CONN_ID
 
-        env["SPARK_SUBMIT_OPTS"] = jvm_options()
+        env["AIRFLOW_CONN_" + SPARK_CONN_ID.upper()] = spark_connect_conn_json(spark_url)
+        env[REMOTE_ENV] = spark_url  # the CLI run beside the stack uses the same server
     if config is not None:
         env["EPOCHSYNC_CONFIG"] = str(config)
     for conn_id, value in connections.items():
@@ -241,19 +240,20 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     port = args.port if _port_free(args.port) else free_port()
 
-    from epochsync.spark import ensure_cds_archive
+    from epochsync.embedded import SparkConnectServer
 
-    ensure_cds_archive(say=lambda line: print("make airflow: " + line, flush=True))
     weed = SeaweedFS(VAR / "seaweed")
     endpoint = weed.start()
+    spark = SparkConnectServer("local[2]", work_dir=VAR / "spark")
     stack = None
     try:
+        print("make airflow: starting the Spark Connect server (local[2]) ...", flush=True)
+        spark_url = spark.start()
         conns = {
-            "spark_default": spark_conn_json("local[2]"),
             "source_s3": endpoint.airflow_conn_json(),
             "replica_s3": endpoint.airflow_conn_json(),
         }
-        base_env = airflow_environment(args.home, port=port, config=None, connections=conns)
+        base_env = airflow_environment(args.home, port=port, config=None, connections=conns, spark_url=spark_url)
         print(f"make airflow: SeaweedFS S3 on {endpoint.url}; simulating a source into var/demo ...", flush=True)
         config = simulate_source(VAR / "demo", base_env, epochs=args.epochs, files=args.files)
         _ensure_bucket(endpoint, "replica")
@@ -263,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
             port=port,
             config=config,
             connections=conns,
+            spark_url=spark_url,
             # the simulated epochs lie in the past: the scheduler creates no run by itself,
             # the operator triggers epochs (or backfills them) and watches them in the UI
             extra={"EPOCHSYNC_SCHEDULE_FROM": "never", "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False"},
@@ -277,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
             f"  login        {ADMIN} / {password}\n"
             f"  config       {config}  ({args.epochs} closed epochs)\n"
             f"  S3 endpoint  {endpoint.url}  (key {endpoint.access_key})\n"
+            f"  Spark        {spark_url}  (Spark Connect on local[2]; connection spark_connect_default)\n"
             f"  logs         {stack.log_path}\n"
             "  DAGs         epochsync__sim__local (posix replica), epochsync__sim__s3 (s3 replica),\n"
             "               epochsync_hydrate__<target>, epochsync_purge__sim\n"
@@ -299,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if stack is not None:
             stack.stop()
+        spark.stop()
         weed.stop()
 
 

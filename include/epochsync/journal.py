@@ -17,6 +17,7 @@ The warehouse must be a local or shared file system (``file://``) for the journa
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -57,6 +58,9 @@ class UndoJournal:
         self.path = os.path.join(directory, f"{writer}.jsonl")
         self.seq = _count_lines(self.path)
         self._f = open(self.path, "a", encoding="utf-8")
+        # held while this writer lives: a rollback waits for it (wait_for_writers), so it never
+        # undoes a mutation that a straggling executor task is still making
+        fcntl.flock(self._f.fileno(), fcntl.LOCK_EX)
         self._lock = threading.Lock()
 
     def append(self, entry: dict) -> dict:
@@ -138,6 +142,33 @@ def mark_aborted(directory: str) -> None:
         f.write(f"{time.time()}\n")
         f.flush()
         os.fsync(f.fileno())
+
+
+def wait_for_writers(directory: str, timeout: float = 300.0) -> None:
+    """Block until no writer holds a journal file of ``directory`` (each holds an flock while alive).
+
+    Called by a rollback after the ``ABORTED`` marker: a writer still running stops at its
+    next entry and releases its lock; a dead writer's lock is gone with its process.
+    """
+    if not os.path.isdir(directory):
+        return
+    deadline = time.monotonic() + timeout
+    for name in sorted(os.listdir(directory)):
+        if not name.endswith(".jsonl"):
+            continue
+        with open(os.path.join(directory, name), "a", encoding="utf-8") as f:
+            while True:
+                try:
+                    fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise EpochsyncError(
+                            f"a writer of {os.path.join(directory, name)} is still running {timeout:.0f}s after "
+                            "the rollback asked it to stop; not rolling back under it"
+                        ) from None
+                    time.sleep(0.1)
 
 
 def journal_exists(directory: str) -> bool:

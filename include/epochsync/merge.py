@@ -608,8 +608,7 @@ def extents_known_for(fmt: str) -> bool:
 
 
 def run_merge(
-    cfg: Config, target_name: str, first_epoch: int, last_epoch: int, spark: SparkSession | None = None,
-    engine: str | None = None,
+    cfg: Config, target_name: str, first_epoch: int, last_epoch: int, spark: SparkSession | None = None
 ) -> dict:
     """Merge epochs ``first_epoch..last_epoch`` of ``target_name``'s source onto snapshot ``first_epoch - 1``.
 
@@ -617,19 +616,13 @@ def run_merge(
     (each overwritten as a whole, so a retry is idempotent) and returns stats:
     ``records`` (records in the window), ``merged_records`` (those the merge reads),
     ``changes`` and per-kind counts, ``range_bytes``, ``snapshot_fids``,
-    ``net_to_raw_ratio`` (change rows / merged records), ``cookie_groups``, ``engine``,
-    ``seconds``. ``engine`` (default: the target's choice, see
-    :func:`epochsync.local_engine.choose_engine`) is ``spark`` or ``local``.
+    ``net_to_raw_ratio`` (change rows / merged records), ``cookie_groups``, ``seconds``.
+    Spark is the only engine (``spark`` default: :func:`epochsync.spark.spark_session`).
     """
-    from epochsync.local_engine import choose_engine, run_merge_local
-
-    engine = engine or choose_engine(cfg, cfg.target(target_name), first_epoch, last_epoch)
-    if engine == "local":
-        return run_merge_local(cfg, target_name, first_epoch, last_epoch)
     if spark is None:
         from epochsync.spark import spark_session
 
-        spark = spark_session(f"epochsync-merge-{target_name}")
+        spark = spark_session(f"epochsync-merge-{target_name}", cfg=cfg)
     return _run_merge_spark(cfg, target_name, first_epoch, last_epoch, spark)
 
 
@@ -694,7 +687,6 @@ def _run_merge_spark(cfg: Config, target_name: str, first_epoch: int, last_epoch
         "net_to_raw_ratio": counts["changes"] / rec_counts["merged"] if rec_counts["merged"] else 0.0,
         "snapshot": out.snapshot,
         "changes_uri": out.changes,
-        "engine": "spark",
         "seconds": round(time.monotonic() - t0, 3),
     }
     # snapshot retention: the committed epoch's snapshot (first - 1, what a rollback checks

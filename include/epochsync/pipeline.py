@@ -31,8 +31,8 @@ the first one when a run merges a window of several closed epochs, default ``epo
     For every closed epoch after the committed one up to ``through_epoch`` (or just
     ``epoch``): ingest → merge → translate → apply → verify → commit, one progress line
     per stage; a failure in apply, verify or commit is rolled back and re-raised.
-``committed_epoch(cfg, target)``, ``commit_epoch(cfg, target, first, through)``,
-``rollback_epoch(cfg, target, through=None)``: the names the Airflow tasks use.
+``committed_epoch(cfg, target)``, ``commit_epoch(cfg, target, first, through)``: the names the
+Airflow tasks use.
 
 Fault injection (tests, the demo, the DAG param): ``inject="after=K,epoch=E"`` or the
 environment variable ``EPOCHSYNC_INJECT_FAILURE``; see :mod:`epochsync.faults`.
@@ -62,6 +62,7 @@ from epochsync.journal import (
     read_json,
     read_stage_stats,
     remove_journal,
+    wait_for_writers,
     write_json_atomic,
     write_stage_stats,
 )
@@ -158,14 +159,9 @@ def plan_path(cfg: Config, target: str, epoch: int) -> str:
 
 
 def run_translate(
-    cfg, target, epoch: int, spark=None, whole_file: bool = False, first_epoch: int | None = None,
-    engine: str | None = None,
+    cfg, target, epoch: int, spark=None, whole_file: bool = False, first_epoch: int | None = None
 ) -> dict:
-    """Build and store the plan of ``first_epoch..epoch`` for ``target``; returns its summary.
-
-    ``engine``: ``spark`` or ``local`` (default: the target's choice for the window).
-    """
-    from epochsync.local_engine import choose_engine, translate_entries
+    """Build and store the plan of ``first_epoch..epoch`` for ``target`` (on Spark); returns its summary."""
     from epochsync.translate import build_plan
 
     t0 = time.monotonic()
@@ -173,20 +169,15 @@ def run_translate(
     tcfg = _target_cfg(cfg, target)
     src = cfg.source_of(tcfg)
     first = first_epoch or epoch
-    engine = engine or choose_engine(cfg, tcfg, first, epoch)
-    if engine == "local":
-        entries, records_in = translate_entries(cfg, tcfg, first, epoch, whole_file=whole_file)
-    else:
-        if spark is None:
-            from epochsync.spark import spark_session
+    if spark is None:
+        from epochsync.spark import spark_session
 
-            spark = spark_session(f"epochsync-translate-{tcfg.name}")
-        entries, records_in = _translate_entries_spark(cfg, tcfg, first, epoch, spark, whole_file)
+        spark = spark_session(f"epochsync-translate-{tcfg.name}", cfg=cfg)
+    entries, records_in = _translate_entries_spark(cfg, tcfg, first, epoch, spark, whole_file)
     plan = build_plan(entries, target=_target_dict(tcfg), store=_store_dict(cfg, tcfg), epoch=epoch, first_epoch=first)
     plan["source"] = src.name
     plan["snapshot"] = Warehouse(cfg.warehouse).snapshot(tcfg.name, epoch)
     plan["summary"]["records_in"] = records_in
-    plan["summary"]["engine"] = engine
     write_json_atomic(plan_path(cfg, tcfg.name, epoch), plan)
     summary = dict(plan["summary"], seconds=round(time.monotonic() - t0, 3))
     write_stage_stats(cfg.warehouse, tcfg.name, epoch, "translate", summary)
@@ -416,6 +407,7 @@ def rollback_target(cfg, target, spark=None, *, check: bool = True, progress=Non
     for e in sorted(epochs, reverse=True):
         jdir = journal_dir(cfg.warehouse, tcfg.name, e)
         mark_aborted(jdir)
+        wait_for_writers(jdir)
         # replay until the journal stops growing: a writer that was mid-entry when the
         # marker appeared has at most one more durable entry, and undo is idempotent
         seen: set[tuple] = set()
@@ -438,7 +430,7 @@ def rollback_target(cfg, target, spark=None, *, check: bool = True, progress=Non
         if spark is None:
             from epochsync.spark import spark_session
 
-            spark = spark_session("epochsync-rollback")
+            spark = spark_session("epochsync-rollback", cfg=cfg)
         expected = _expected_namespace(cfg, tcfg, committed, spark)
         scaffold = _fileset_ancestors(tcfg)
         problems = [p for p in compare_with_snapshot(tgt, expected) if p.split(":", 1)[0] not in scaffold]
@@ -472,11 +464,6 @@ def _fileset_ancestors(tcfg: TargetConfig) -> set[str]:
     return out
 
 
-def rollback_epoch(cfg, target, through: int | None = None) -> dict:
-    """Airflow's ``rollback`` task."""
-    return rollback_target(cfg, target)
-
-
 # --------------------------------------------------------------------------- replicate
 
 
@@ -486,25 +473,24 @@ def _closed(cfg: Config, source: str, epoch: int) -> list[str]:
     return sorted(missing_epoch_servers(cfg, source, epoch))
 
 
-def _ingest(cfg: Config, source: str, first: int, last: int, spark, consumer: str | None = None,
-            in_process: bool | int = False) -> dict:  # fmt: skip
+def _ingest(cfg: Config, source: str, first: int, last: int, spark, consumer: str | None = None) -> dict:
     from epochsync.ingest import run_ingest
 
     # continuity is checked from this target's own cursor (it is the consumer)
-    return run_ingest(cfg, source, first, last, spark, consumer=consumer, in_process=in_process)
+    return run_ingest(cfg, source, first, last, spark, consumer=consumer)
 
 
 class _Session:
     """The Spark session of a replicate run, started the first time a stage needs it."""
 
-    def __init__(self, name: str, spark=None):
-        self.name, self.existing = name, spark
+    def __init__(self, name: str, cfg: Config, spark=None):
+        self.name, self.cfg, self.existing = name, cfg, spark
 
     def get(self):
         if self.existing is None:
             from epochsync.spark import spark_session
 
-            self.existing = spark_session(self.name)
+            self.existing = spark_session(self.name, cfg=self.cfg)
         return self.existing
 
 
@@ -521,12 +507,13 @@ def replicate(
 ) -> list[dict]:
     """Replicate every closed epoch up to ``through_epoch`` (or only ``epoch``); returns stats rows.
 
-    Spark starts only if an epoch needs it: small epochs run on the local engine
-    (:func:`epochsync.local_engine.choose_engine`).
+    Every stage runs on one Spark session (:func:`epochsync.spark.spark_session`: the
+    configured Spark Connect server, or an in-process local session), opened at the first
+    epoch that has work to do.
     """
     cfg = _config(cfg)
     tcfg = _target_cfg(cfg, target)
-    session = _Session(f"epochsync-replicate-{tcfg.name}", spark)
+    session = _Session(f"epochsync-replicate-{tcfg.name}", cfg, spark)
     committed = committed_epoch(cfg, tcfg)
     if epoch is not None:
         epochs = [epoch]
@@ -544,7 +531,6 @@ def replicate(
 
 def _replicate_epoch(cfg: Config, tcfg: TargetConfig, e: int, session: _Session, inject, whole_file: bool, progress):
     """One epoch through every stage; a failure after apply started is rolled back."""
-    from epochsync.local_engine import choose_engine, ingest_in_process
     from epochsync.merge import run_merge
 
     src = cfg.source_of(tcfg)
@@ -570,14 +556,10 @@ def _replicate_epoch(cfg: Config, tcfg: TargetConfig, e: int, session: _Session,
             write_stage_stats(cfg.warehouse, tcfg.name, e, name, {**_plain(out), "seconds": round(took, 3)})
         return out
 
-    step("ingest", lambda: _ingest(cfg, src.name, e, e, session.existing, tcfg.name, ingest_in_process(cfg, tcfg)),
-         lambda o: _fmt(o, "records"))  # fmt: skip
-    engine = choose_engine(cfg, tcfg, e, e)
-    # the local engine's epochs need no Spark: merge and translate in Python, apply in threads
-    spark = session.get() if engine == "spark" else None
-    step("merge", lambda: run_merge(cfg, tcfg.name, e, e, spark, engine),
-         lambda o: f"{_fmt(o, 'changes')} ({engine} engine)")  # fmt: skip
-    step("translate", lambda: run_translate(cfg, tcfg, e, spark, whole_file=whole_file, engine=engine),
+    spark = session.get()
+    step("ingest", lambda: _ingest(cfg, src.name, e, e, spark, tcfg.name), lambda o: _fmt(o, "records"))
+    step("merge", lambda: run_merge(cfg, tcfg.name, e, e, spark), lambda o: _fmt(o, "changes"))
+    step("translate", lambda: run_translate(cfg, tcfg, e, spark, whole_file=whole_file),
          lambda o: f": {o['namespace_ops']} namespace, {o['data_ops']} data, {o['post_ops']} post operations")  # fmt: skip
     try:
         step("apply", lambda: run_apply(cfg, tcfg, e, spark, inject=inject),
@@ -687,7 +669,7 @@ def stage_main(stage: str, argv: list[str] | None = None) -> int:
         from epochsync.spark import spark_session
 
         cfg = load_config(args.config)
-        spark = spark_session(f"epochsync-{stage}-{args.target}-{last}")
+        spark = spark_session(f"epochsync-{stage}-{args.target}-{last}", cfg=cfg)
         if stage == "translate":
             out = run_translate(cfg, args.target, last, spark, whole_file=args.whole_file, first_epoch=first)
             if args.dry_run:

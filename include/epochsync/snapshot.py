@@ -50,23 +50,36 @@ def empty_snapshot(spark: SparkSession, root_fid: str) -> DataFrame:
 # --------------------------------------------------------------------------- file system helpers
 
 
-def _fs(spark: SparkSession, uri: str):
-    """Hadoop FileSystem and Path of ``uri`` (file://, hdfs://, s3a:// alike)."""
-    jvm = spark.sparkContext._jvm
-    path = jvm.org.apache.hadoop.fs.Path(uri)
-    return path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), path
+def _fs(uri: str):
+    """pyarrow FileSystem and path of ``uri`` (``file://``, a plain path, or any scheme pyarrow knows).
+
+    The client does warehouse file operations itself, not through Spark's JVM (a Spark
+    Connect client has none): the warehouse is a local or shared file system.
+    """
+    from pyarrow import fs as pafs
+
+    if "://" not in uri:
+        return pafs.LocalFileSystem(), uri
+    return pafs.FileSystem.from_uri(uri)
 
 
-def path_exists(spark: SparkSession, uri: str) -> bool:
+def path_exists(spark: SparkSession | None, uri: str) -> bool:
     """True if ``uri`` (a file or a directory) exists."""
-    fs, path = _fs(spark, uri)
-    return bool(fs.exists(path))
+    from pyarrow import fs as pafs
+
+    fs, path = _fs(uri)
+    return fs.get_file_info(path).type != pafs.FileType.NotFound
 
 
-def _delete(spark: SparkSession, uri: str) -> None:
-    fs, path = _fs(spark, uri)
-    if fs.exists(path):
-        fs.delete(path, True)
+def _delete(spark: SparkSession | None, uri: str) -> None:
+    from pyarrow import fs as pafs
+
+    fs, path = _fs(uri)
+    kind = fs.get_file_info(path).type
+    if kind == pafs.FileType.Directory:
+        fs.delete_dir(path)
+    elif kind != pafs.FileType.NotFound:
+        fs.delete_file(path)
 
 
 def write_table(spark: SparkSession, df: DataFrame, uri: str) -> None:
@@ -78,15 +91,14 @@ def write_table(spark: SparkSession, df: DataFrame, uri: str) -> None:
     tmp = f"{uri.rstrip('/')}.tmp-{uuid.uuid4().hex[:12]}"
     try:
         df.write.mode("overwrite").parquet(tmp)
-        fs, dst = _fs(spark, uri)
-        _, src = _fs(spark, tmp)
-        parent = dst.getParent()
-        if parent is not None and not fs.exists(parent):
-            fs.mkdirs(parent)
-        if fs.exists(dst):
-            fs.delete(dst, True)
-        if not fs.rename(src, dst):
-            raise SnapshotError(f"could not move {tmp} to {uri}")
+        fs, dst = _fs(uri)
+        _, src = _fs(tmp)
+        fs.create_dir(dst.rstrip("/").rsplit("/", 1)[0], recursive=True)
+        _delete(spark, uri)
+        try:
+            fs.move(src, dst)
+        except OSError as exc:
+            raise SnapshotError(f"could not move {tmp} to {uri}: {exc}") from None
     finally:
         _delete(spark, tmp)
 
@@ -124,13 +136,15 @@ def write_snapshot(spark: SparkSession, wh: Warehouse, target: str, epoch: int, 
 
 def snapshot_epochs(spark: SparkSession, wh: Warehouse, target: str) -> list[int]:
     """Epochs that have a snapshot of ``target``, ascending."""
-    fs, path = _fs(spark, wh.snapshots(target))
-    if not fs.exists(path):
+    from pyarrow import fs as pafs
+
+    fs, path = _fs(wh.snapshots(target))
+    if fs.get_file_info(path).type != pafs.FileType.Directory:
         return []
     out = []
-    for st in fs.listStatus(path):
-        m = re.fullmatch(r"epoch=(\d+)", st.getPath().getName())
-        if m and st.isDirectory():
+    for st in fs.get_file_info(pafs.FileSelector(path)):
+        m = re.fullmatch(r"epoch=(\d+)", st.base_name)
+        if m and st.type == pafs.FileType.Directory:
             out.append(int(m.group(1)))
     return sorted(out)
 

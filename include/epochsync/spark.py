@@ -1,206 +1,159 @@
-"""One Spark session builder for the Spark apps, the CLI and the test fixture."""
+"""One way to get a Spark session, for the CLI, the Airflow tasks, the benchmarks and the tests.
+
+Every stage is a client of **one long-lived Spark application**: a Spark Connect server
+(``sc://host:port``), started by ``make demo``, ``make airflow`` and the tests
+(:class:`epochsync.embedded.SparkConnectServer`), or run on a cluster. Where the remote
+comes from, first found wins:
+
+1. the ``remote`` argument (Airflow tasks: the ``spark_connect`` connection);
+2. ``$EPOCHSYNC_SPARK_REMOTE`` (or Spark's own ``$SPARK_REMOTE``);
+3. the config's ``spark.remote`` key (``Config.spark_remote``), passed by the CLI.
+
+Without any, the CLI falls back to an in-process local session (``local[2]``, a JVM of its
+own: about 10 s to start), so ``epochsync replicate`` works on a laptop with nothing running.
+
+A Connect session gets the ``epochsync`` package as a Python artifact
+(:func:`ship_package`): the server's executors import it from there, so the server needs
+nothing of ours installed. Code that runs on Spark uses the DataFrame API only (no RDDs,
+Spark contexts, accumulators or JVM handles), so the same code runs on both kinds of session.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
+import tempfile
+import threading
+import zipfile
 from pathlib import Path
+
+#: environment variable naming the Spark Connect server (``sc://127.0.0.1:15002``)
+REMOTE_ENV = "EPOCHSYNC_SPARK_REMOTE"
+#: the Airflow connection (provider type ``spark_connect``) the stage tasks use
+SPARK_CONN_ID = "spark_connect_default"
+
+#: SQL settings of every epochsync session (Connect or classic)
+SESSION_CONF = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.sources.partitionOverwriteMode": "dynamic",
+}
+
+#: SQL settings of the "small" profile: interpreted expressions and static plans.
+#: Epoch jobs on one machine are many small queries whose literals (epoch numbers, paths)
+#: change every run: compiling generated code and adaptive re-planning (one job per
+#: shuffle stage) cost more than they save (a small epoch's merge: 13 -> 5 JVM CPU-s).
+SMALL_SQL_CONF = {
+    "spark.sql.codegen.wholeStage": "false",
+    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+    "spark.sql.adaptive.enabled": "false",
+}
+
+#: JVM options of a local Spark (the server's driver, a classic local session)
+SMALL_JVM_OPTIONS = "-XX:+UseSerialGC"
+
+DEFAULT_SHUFFLE_PARTITIONS = 4
+
+
+def resolve_remote(remote: str | None = None, cfg=None) -> str | None:
+    """The Spark Connect URL to use, or None for an in-process local session (see module doc)."""
+    return (
+        remote
+        or os.environ.get(REMOTE_ENV)
+        or os.environ.get("SPARK_REMOTE")
+        or (getattr(cfg, "spark_remote", None) if cfg is not None else None)
+        or None
+    )
 
 
 def spark_session(
     app_name: str = "epochsync",
     *,
+    remote: str | None = None,
+    cfg=None,
     master: str | None = None,
     shuffle_partitions: int | None = None,
     extra_conf: dict[str, str] | None = None,
 ):
-    """Get or create the session.
+    """A prepared session: Connect when a remote is configured (see :func:`resolve_remote`),
+    else classic in-process on ``master`` (default ``$EPOCHSYNC_SPARK_MASTER`` or ``local[2]``)."""
+    url = None if master else resolve_remote(remote, cfg)
+    if url:
+        from pyspark.sql import SparkSession
 
-    ``master`` defaults to ``$EPOCHSYNC_SPARK_MASTER``, else whatever spark-submit set,
-    else ``local[2]``. The UI is off and shuffle partitions are few: epochs are small
-    relative to a cluster, and 200 default partitions would cost more than the work.
-    """
+        try:
+            session = SparkSession.builder.remote(url).getOrCreate()
+        except Exception as exc:  # grpc's errors are many; one line says what to check
+            from epochsync.errors import EpochsyncError
+
+            raise EpochsyncError(
+                f"cannot reach the Spark Connect server {url}: {str(exc).splitlines()[0][:300]} "
+                f"(is it running? {REMOTE_ENV} or the config's spark.remote name it)"
+            ) from None
+    else:
+        session = _classic_session(app_name, master, extra_conf)
+    return prepare_session(session, shuffle_partitions=shuffle_partitions, extra_conf=extra_conf)
+
+
+def _classic_session(app_name: str, master: str | None, extra_conf: dict[str, str] | None):
     from pyspark.sql import SparkSession
 
-    # Executors must run the same interpreter as the driver (the venv with epochsync).
+    # executors run the interpreter that has epochsync and its dependencies
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    builder = SparkSession.builder.appName(app_name)
-    master = master or os.environ.get("EPOCHSYNC_SPARK_MASTER")
-    submitted_master = _submitted_conf().get("spark.master")
-    if master:
-        builder = builder.master(master)
-    elif not submitted_master:
-        builder = builder.master("local[2]")
-    effective_master = master or submitted_master or "local[2]"
-    parts = shuffle_partitions or int(os.environ.get("EPOCHSYNC_SHUFFLE_PARTITIONS", "4"))
+    master = master or os.environ.get("EPOCHSYNC_SPARK_MASTER") or "local[2]"
     conf = {
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
-        "spark.sql.shuffle.partitions": str(parts),
-        "spark.default.parallelism": str(parts),
-        "spark.sql.session.timeZone": "UTC",
-        "spark.sql.sources.partitionOverwriteMode": "dynamic",
         "spark.driver.memory": os.environ.get("EPOCHSYNC_DRIVER_MEMORY", "2g"),
-        "spark.sql.adaptive.enabled": "true",
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
         "spark.python.worker.reuse": "true",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
-        "spark.driver.extraJavaOptions": "-Dderby.system.home=" + str(Path(os.environ.get("TMPDIR", "/tmp"))),
+        "spark.driver.extraJavaOptions": f"{SMALL_JVM_OPTIONS} -Dderby.system.home={tempfile.gettempdir()}",
     }
-    if spark_profile(effective_master) == "small":
-        # Epoch jobs on one machine are many small queries: compiling generated code and
-        # C2-optimizing the JVM cost more than they save (measured: the merge rule tests
-        # ran 187 s -> 140 s with C1 only). Interpreted expressions instead of Janino-compiled
-        # ones, and static plans instead of adaptive re-planning (one job per query rather than
-        # one per shuffle stage), cut a small epoch's merge from about 13 to 5 JVM CPU-seconds.
-        # Clusters and benchmarks keep Spark's defaults.
-        conf["spark.sql.codegen.wholeStage"] = "false"
-        conf["spark.sql.codegen.factoryMode"] = "NO_CODEGEN"
-        conf["spark.sql.adaptive.enabled"] = "false"
-        conf["spark.driver.extraJavaOptions"] += " " + SMALL_JVM_OPTIONS
     conf.update(extra_conf or {})
+    builder = SparkSession.builder.appName(app_name).master(master)
     for k, v in conf.items():
         builder = builder.config(k, v)
-    session = builder.getOrCreate()
-    session.sparkContext.setLogLevel(os.environ.get("EPOCHSYNC_SPARK_LOG_LEVEL", "WARN"))
-    return session
+    return builder.getOrCreate()
 
 
-#: JVM options of the "small" profile (also exported as SPARK_SUBMIT_OPTS by the demo,
-#: the tests and make airflow, so spark-submit's driver JVM starts with them).
-SMALL_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+def is_connect(spark) -> bool:
+    """True for a Spark Connect session (a client of a server), False for a classic one."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
-def jvm_options() -> str:
-    """``SPARK_SUBMIT_OPTS`` for local stages: the small profile's JVM options, plus the
-    class-data archive (:func:`ensure_cds_archive`) when one was built for this JDK and Spark.
+def prepare_session(spark, *, shuffle_partitions: int | None = None, extra_conf: dict[str, str] | None = None):
+    """Give ``spark`` epochsync's SQL settings and, on Connect, the package; returns it.
 
-    Measured on this machine: a trivial spark-submit went from 8.6 s wall (9.8 CPU-s) to
-    5.3 s (6.3 CPU-s) with the archive; every epoch DAG run pays five of them.
+    Idempotent; the Airflow tasks call it on the session the provider built.
     """
-    path = cds_archive_path()
-    if path is not None and path.exists():
-        return f"{SMALL_JVM_OPTIONS} -XX:SharedArchiveFile={path} -Xshare:auto"
-    return SMALL_JVM_OPTIONS
+    parts = shuffle_partitions or int(os.environ.get("EPOCHSYNC_SHUFFLE_PARTITIONS", DEFAULT_SHUFFLE_PARTITIONS))
+    conf = dict(SESSION_CONF)
+    conf["spark.sql.shuffle.partitions"] = str(parts)
+    if spark_profile(session_master(spark)) == "small":
+        conf.update(SMALL_SQL_CONF)
+    for k, v in (extra_conf or {}).items():
+        if k.startswith("spark.sql."):
+            conf[k] = v
+    for k, v in conf.items():
+        spark.conf.set(k, v)
+    if is_connect(spark):
+        ship_package(spark)
+    return spark
 
 
-def _java() -> str | None:
-    import shutil
-
-    home = os.environ.get("JAVA_HOME")
-    if home and os.access(os.path.join(home, "bin", "java"), os.X_OK):
-        return os.path.join(home, "bin", "java")
-    return shutil.which("java")
-
-
-def cds_archive_path() -> Path | None:
-    """``build/spark-cds-<key>.jsa``: the key covers the JDK build and Spark's jars, so a new
-    JDK or Spark gets a new archive (a stale one would only be ignored by the JVM, slower)."""
-    import hashlib
-    import subprocess
-
-    if os.environ.get("EPOCHSYNC_SPARK_CDS", "1") in ("0", "false", "no"):
-        return None
-    java = _java()
-    if java is None:
-        return None
+def session_master(spark) -> str:
+    """The master of the application behind ``spark`` (``local[2]``, ``spark://…``)."""
     try:
-        import pyspark
-
-        jars = Path(pyspark.__file__).parent / "jars"
-        version = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30).stderr
-    except (ImportError, OSError, subprocess.SubprocessError):
-        return None
-    digest = hashlib.sha256(version.encode())
-    for jar in sorted(jars.glob("*.jar")):
-        digest.update(f"{jar.name}:{jar.stat().st_size}\n".encode())
-    from epochsync.paths import build_dir
-
-    try:
-        return build_dir() / f"spark-cds-{digest.hexdigest()[:12]}.jsa"
-    except OSError:
-        return None
-
-
-def ensure_cds_archive(say=None, timeout: float = 300) -> Path | None:
-    """Build the JVM class-data archive for spark-submit once (about 15 s), by running
-    ``spark_apps/warmup.py`` (the queries the stages use) with ``-XX:ArchiveClassesAtExit``.
-
-    Returns the archive, or None (no java, disabled with ``EPOCHSYNC_SPARK_CDS=0``, or the
-    build failed: then stages simply start without it).
-    """
-    import subprocess
-    import sys
-    import uuid
-
-    path = cds_archive_path()
-    if path is None or path.exists():
-        return path
-    say = say or (lambda line: print(line, file=sys.stderr, flush=True))
-    say(f"building the JVM class-data archive for spark-submit (once): {path}")
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
-    from epochsync.paths import project_dir
-
-    app = project_dir() / "spark_apps" / "warmup.py"
-    env = dict(os.environ)
-    env["SPARK_SUBMIT_OPTS"] = f"{SMALL_JVM_OPTIONS} -XX:ArchiveClassesAtExit={tmp}"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH")]))
-    env.setdefault("PYSPARK_PYTHON", sys.executable)
-    env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    submit = str(Path(sys.executable).parent / "spark-submit")
-    try:
-        done = subprocess.run([submit, "--master", "local[2]", str(app)], env=env, capture_output=True, text=True,
-                              timeout=timeout)  # fmt: skip
-        if done.returncode == 0 and tmp.exists():
-            os.replace(tmp, path)  # atomic: a concurrent builder's archive is as good
-            return path
-        say(f"class-data archive not built (spark-submit exited {done.returncode}): {done.stderr.strip()[-300:]}")
-    except (OSError, subprocess.SubprocessError) as exc:
-        say(f"class-data archive not built: {exc}")
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return None
-
-
-def warmup_main() -> int:
-    """``spark_apps/warmup.py``: the kinds of queries the stages run, so their classes are archived."""
-    import tempfile
-
-    spark = spark_session("epochsync-warmup")
-    with tempfile.TemporaryDirectory() as d:
-        df = spark.range(2000).selectExpr(
-            "id % 97 AS fid", "id AS ord", "named_struct('s', id, 'e', id + 10) AS iv", "array(id, id + 1) AS a",
-            "cast(id AS string) AS name",
-        )  # fmt: skip
-        df.write.mode("overwrite").partitionBy("fid").parquet(d + "/t")
-        back = spark.read.parquet(d + "/t")
-        from pyspark.sql import Window
-        from pyspark.sql import functions as F
-
-        w = Window.partitionBy("fid").orderBy("ord")
-        agg = (
-            back.select("*", F.explode("a").alias("x"), F.max("ord").over(w).alias("m"), F.lead("ord").over(w).alias("n"))
-            .groupBy("fid")
-            .agg(F.max(F.struct("ord", "name")).alias("l"), F.collect_list("iv").alias("ivs"), F.count_if(F.col("x") > 3))
-        )  # fmt: skip
-        joined = agg.join(back.select("fid", "name"), "fid", "full").join(agg.select("fid"), "fid", "left_anti")
-        joined.write.mode("overwrite").parquet(d + "/u")
-        spark.read.parquet(d + "/u").count()
-        import pyarrow as pa
-
-        def arrow(batches):
-            for b in batches:
-                yield pa.RecordBatch.from_pydict({"n": [b.num_rows]})
-
-        spark.range(10, numPartitions=2).mapInArrow(arrow, "n long").collect()
-        spark.sparkContext.parallelize(range(4), 2).map(lambda x: x * 2).collect()
-    spark.stop()
-    return 0
+        return spark.conf.get("spark.master", "local") or "local"
+    except Exception:  # a server that hides it: treat as a cluster
+        return "cluster"
 
 
 def spark_profile(master: str) -> str:
-    """``small`` (local masters: fast start, interpreted SQL) or ``default`` (Spark's own settings).
+    """``small`` (local masters: interpreted SQL, static plans) or ``default`` (Spark's own).
 
     ``$EPOCHSYNC_SPARK_PROFILE`` overrides: the benchmarks run with ``default``.
     """
@@ -210,8 +163,74 @@ def spark_profile(master: str) -> str:
     return "small" if master.startswith("local") else "default"
 
 
-def _submitted_conf() -> dict[str, str]:
-    """spark-submit passes its --master through this environment variable's conf."""
-    from pyspark import SparkConf
+def size_partitions(spark, rows: int, *, per_partition: int = 200_000, most: int | None = None) -> int:
+    """Set the session's shuffle partitions for an input of about ``rows`` rows; returns the number.
 
-    return dict(SparkConf().getAll())
+    Small epochs want one or two partitions (each costs a task); large ones enough that
+    a partition stays in memory.
+    """
+    most = most or int(os.environ.get("EPOCHSYNC_MAX_SHUFFLE_PARTITIONS", "64"))
+    n = max(2, min(most, -(-max(rows, 1) // per_partition)))
+    spark.conf.set("spark.sql.shuffle.partitions", str(n))
+    return n
+
+
+# --------------------------------------------------------------------------- the package as an artifact
+
+_shipped: dict[str, str] = {}
+_ship_lock = threading.Lock()
+
+
+def package_sources() -> list[tuple[str, Path]]:
+    """(name in zip, file) for every source file of the package, in a stable order."""
+    import epochsync
+
+    root = Path(epochsync.__file__).resolve().parent
+    out = []
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix not in (".pyc", ".pyo"):
+            out.append(("epochsync/" + path.relative_to(root).as_posix(), path))
+    return out
+
+
+def package_zip() -> str:
+    """Path of ``epochsync-<hash>.zip`` holding the package; built once per distinct source tree.
+
+    Built from the sources on disk, so a clean checkout needs no build step; a changed
+    source gives a new name (content hash), so a running job never sees a half-written zip.
+    """
+    from epochsync.paths import build_dir
+
+    sources = package_sources()
+    digest = hashlib.sha256()
+    for name, path in sources:
+        digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+    target = build_dir() / f"epochsync-{digest.hexdigest()[:16]}.zip"
+    if target.exists():
+        return str(target)
+    fd, tmp = tempfile.mkstemp(prefix=".epochsync-", suffix=".zip", dir=target.parent)
+    os.close(fd)
+    try:
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
+            for name, path in sources:
+                info = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))  # same sources, same bytes
+                info.compress_type = zipfile.ZIP_DEFLATED
+                info.external_attr = 0o644 << 16
+                zf.writestr(info, path.read_bytes())
+        os.replace(tmp, target)  # atomic: concurrent builders write the same bytes
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return str(target)
+
+
+def ship_package(spark) -> str:
+    """Add the package zip to a Connect session's Python path (executors import it); once per session."""
+    key = getattr(spark, "session_id", None) or str(id(spark))
+    with _ship_lock:
+        if key in _shipped:
+            return _shipped[key]
+        path = package_zip()
+        spark.addArtifacts(path, pyfile=True)
+        _shipped[key] = path
+        return path

@@ -72,18 +72,6 @@ def test_sensor_reschedules_instead_of_holding_a_slot(bag):
     assert wait.timeout >= 600
 
 
-def test_spark_stages_use_the_spark_connection_and_the_apps(bag):
-    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-
-    dag = bag.dags["epochsync__lustre1__dr"]
-    for name in ("ingest", "merge", "translate", "apply", "verify"):
-        task = dag.get_task(name)
-        assert isinstance(task, SparkSubmitOperator)
-        assert task._conn_id == "spark_default"
-        assert task.application == str(ROOT / "spark_apps" / f"{name}.py")
-        assert task.py_files == "{{ epochsync_package_zip() }}"
-
-
 def test_params_for_manual_runs(bag):
     params = bag.dags["epochsync__lustre1__dr"].params
     assert set(params.keys()) == {"epoch", "dry_run", "whole_file", "max_epochs_per_run", "inject_failure", "reingest"}

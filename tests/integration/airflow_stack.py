@@ -14,10 +14,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def airflow_env(base: Path, seaweed, *, config: Path | None = None, extra: dict | None = None) -> dict[str, str]:
     """Environment for Airflow processes: own home and SQLite DB, the project's dags and plugins."""
-    from epochsync.devstack import airflow_environment, spark_conn_json
+    from epochsync.devstack import airflow_environment
+    from epochsync.spark import REMOTE_ENV
 
     conns = {
-        "spark_default": spark_conn_json("local[2]"),
         "source_s3": seaweed.airflow_conn_json(),
         "replica_s3": seaweed.airflow_conn_json(),
     }
@@ -26,6 +26,8 @@ def airflow_env(base: Path, seaweed, *, config: Path | None = None, extra: dict 
         port=int((extra or {}).get("AIRFLOW__API__PORT", "8080")),
         config=config,
         connections=conns,
+        # the test run's Connect server (the spark_connect fixture sets it)
+        spark_url=os.environ[REMOTE_ENV],
         extra={"EPOCHSYNC_BUILD_DIR": str(base / "build"), **(extra or {})},
     )
     env.pop("EPOCHSYNC_INJECT_FAILURE", None)
@@ -200,7 +202,7 @@ class SchedulerStack:
 _STACK: dict = {}
 
 
-def scheduler_stack_fixture(seaweed, tmp_path_factory):
+def scheduler_stack_fixture(seaweed, spark_connect, tmp_path_factory):
     """Body of the session-scoped ``scheduler_stack`` fixtures of the backfill and UI tests.
 
     Each module declares its own fixture from this body; the first one starts the stack

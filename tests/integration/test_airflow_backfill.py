@@ -6,7 +6,12 @@ import pytest
 from airflow_stack import replica, scheduler_stack_fixture, truth
 
 # each epoch run is a few spark-submits: minutes on two shared cores, more than the default timeout
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(3600)]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.timeout(3600),
+    pytest.mark.usefixtures("spark_connect"),
+]
 
 DAG = "epochsync__sim__s3"
 

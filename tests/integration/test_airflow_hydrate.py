@@ -6,7 +6,12 @@ import pytest
 from airflow_stack import airflow_env, dagtest, replica, simulate, truth
 
 # each epoch run is a few spark-submits: minutes on two shared cores, more than the default timeout
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(3600)]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.timeout(3600),
+    pytest.mark.usefixtures("spark_connect"),
+]
 
 
 def test_hydrate_at_a_closed_epoch_then_the_next_epoch_replicates(seaweed, tmp_path):

@@ -10,7 +10,12 @@ from airflow_stack import ROOT, replica, scheduler_stack_fixture, truth
 from cdp import Chromium, chromium_binary
 
 # each epoch run is a few spark-submits: minutes on two shared cores, more than the default timeout
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(3600)]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.timeout(3600),
+    pytest.mark.usefixtures("spark_connect"),
+]
 
 DAG = "epochsync__sim__local"
 OUTPUT = ROOT / "tests" / "output" / "test_ui"

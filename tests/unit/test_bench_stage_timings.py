@@ -22,8 +22,8 @@ def test_stages_are_grouped_by_job_group_and_ranked_by_run_time(tmp_path):
     app = tmp_path / "run-1" / "eventlog_v2_local-1"
     app.mkdir(parents=True)
     events = [
-        {"Event": "SparkListenerJobStart", "Stage IDs": [0], "Properties": {"spark.jobGroup.id": "m:prepare"}},
-        {"Event": "SparkListenerJobStart", "Stage IDs": [1, 2], "Properties": {"spark.jobGroup.id": "m:merge"}},
+        {"Event": "SparkListenerJobStart", "Stage IDs": [0], "Properties": {"spark.job.tags": "m:prepare"}},
+        {"Event": "SparkListenerJobStart", "Stage IDs": [1, 2], "Properties": {"spark.job.tags": "SparkConnect_OperationTag_x,m:merge"}},
         _stage(0, "Scan json", "WholeStageCodegen (1)"), _task(0, 5000, 4_000_000_000, rec=100),
         _stage(1, "Scan parquet", "Exchange"), _task(1, 1000, 500_000_000, rec=10), _task(1, 1000, 500_000_000, rec=5),
         _stage(2, "Window", "AQEShuffleRead"), _task(2, 3000, 2_500_000_000, shuffle=15),

@@ -66,11 +66,7 @@ def stage(spark, tmp_path_factory):
     return hist, cfg_path, wh, records
 
 
-ENGINES = pytest.mark.parametrize("engine", ["spark", "local"])
-
-
-@ENGINES
-def test_app_then_window_match_the_oracle(spark, stage, capsys, engine):
+def test_app_then_window_match_the_oracle(spark, stage, capsys):
     hist, cfg_path, wh, records = stage
     sys.path.insert(0, str(ROOT / "spark_apps"))
     try:
@@ -85,8 +81,7 @@ def test_app_then_window_match_the_oracle(spark, stage, capsys, engine):
     from epochsync.merge import run_merge
 
     # catch-up: epochs 2..3 in one run, onto snapshot 1
-    stats = run_merge(load_config(cfg_path), "t", 2, 3, spark, engine)
-    assert stats["engine"] == engine
+    stats = run_merge(load_config(cfg_path), "t", 2, 3, spark)
     servers_of: dict[str, set] = {}
     for r in records:
         if r.cookie and r.epoch in (2, 3):
@@ -107,26 +102,24 @@ def test_app_then_window_match_the_oracle(spark, stage, capsys, engine):
     ] == [(["MDT0000", "MDT0001"], ["[0x1:0x2:0x0]", "[0x1:0x3:0x0]"], ["MARK"], 2, 2, 3)]
 
 
-@ENGINES
-def test_missing_inputs_name_what_to_run(spark, stage, capsys, engine):
+def test_missing_inputs_name_what_to_run(spark, stage, capsys):
     _, cfg_path, wh, _ = stage
     from epochsync.merge import merge_main, run_merge
 
     with pytest.raises(EpochError, match=r"no snapshot of target 't' at epoch 6 .*merge epoch 6 first"):
-        run_merge(load_config(cfg_path), "t", 7, 7, spark, engine)
+        run_merge(load_config(cfg_path), "t", 7, 7, spark)
     assert merge_main(["--config", str(cfg_path), "--target", "t", "--epoch", "9"]) == 1
     assert "error" in capsys.readouterr().err
     with pytest.raises(EpochError, match="bad epoch window"):
-        run_merge(load_config(cfg_path), "t", 3, 2, spark, engine)
+        run_merge(load_config(cfg_path), "t", 3, 2, spark)
 
 
-@ENGINES
-def test_merge_prunes_snapshots_past_retention(spark, stage, engine):
+def test_merge_prunes_snapshots_past_retention(spark, stage):
     from epochsync.merge import run_merge
     from epochsync.snapshot import snapshot_epochs
 
     _, cfg_path, wh, _ = stage
     cfg = load_config(cfg_path)
-    pruned = [run_merge(cfg, "keep1", e, e, spark, engine)["snapshots_pruned"] for e in (1, 2, 3)]
+    pruned = [run_merge(cfg, "keep1", e, e, spark)["snapshots_pruned"] for e in (1, 2, 3)]
     # merging epoch E means E-1 is the committed one: it and everything newer stay
     assert 1 in pruned[2] and snapshot_epochs(spark, wh, "keep1") == [2, 3]

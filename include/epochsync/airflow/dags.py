@@ -14,8 +14,8 @@ from datetime import datetime, timedelta
 from airflow.sdk import DAG, Param
 from airflow.task.trigger_rule import TriggerRule
 
-from epochsync.airflow.submit import EpochSparkSubmitOperator, package_zip
-from epochsync.airflow.tasks import EPOCHS_TASK, EpochClosedSensor, commit_task, config_path_from_env, rollback_task
+from epochsync.airflow.stages import EpochStageOperator, run_stage_task, spark_conn_id
+from epochsync.airflow.tasks import EpochClosedSensor, commit_task, config_path_from_env, rollback_task
 from epochsync.airflow.timetable import NEVER, EpochTimetable
 from epochsync.config import Config, SourceConfig, TargetConfig, load_config
 
@@ -25,15 +25,6 @@ EPOCH_TASKS = ("wait_epoch_closed", "ingest", "merge", "translate", "apply", "ve
 #: idempotent stages that only write their own warehouse output: safe to retry on a transient error.
 #: apply, verify and commit are not retried: their failure means rollback.
 TRANSIENT_STAGES = ("ingest", "merge", "translate")
-
-_FIRST = "{{ ti.xcom_pull(task_ids='" + EPOCHS_TASK + "')['first'] }}"
-_THROUGH = "{{ ti.xcom_pull(task_ids='" + EPOCHS_TASK + "')['through'] }}"
-_WHOLE_FILE = "{{ '--whole-file' if ti.xcom_pull(task_ids='" + EPOCHS_TASK + "')['whole_file'] else '' }}"
-_INJECT = [
-    "{{ '--inject-failure' if params.inject_failure else '' }}",
-    "{{ params.inject_failure if params.inject_failure else '' }}",
-]
-_DRY_RUN = "{{ '--dry-run' if ti.xcom_pull(task_ids='" + EPOCHS_TASK + "')['dry_run'] else '' }}"
 
 
 def epoch_dag_id(source: str, target: str) -> str:
@@ -46,18 +37,6 @@ def hydrate_dag_id(target: str) -> str:
 
 def purge_dag_id(source: str) -> str:
     return f"epochsync_purge__{source}"
-
-
-def _macros() -> dict:
-    # rendered on the worker when a task starts, never at parse time
-    return {"epochsync_package_zip": package_zip}
-
-
-def _conn_ids(source: SourceConfig, target: TargetConfig | None = None) -> list[str]:
-    ids = [source.store.conn_id, source.changelogs.conn_id]
-    if target is not None:
-        ids.append(target.conn_id)
-    return [i for i in ids if i]
 
 
 def _target_where(t: TargetConfig) -> str:
@@ -105,7 +84,6 @@ def build_epoch_dag(
         catchup=catchup,
         max_active_runs=1,
         tags=["epochsync", f"source:{source.name}", f"target:{target.name}"],
-        user_defined_macros=_macros(),
         default_args={
             "owner": "epochsync",
             "depends_on_past": True,
@@ -164,39 +142,54 @@ def build_epoch_dag(
             doc_md="Waits for every server's `EPOCH` record of the run's epoch; names the missing ones on timeout.",
         )
 
-        def stage(name: str, args: list[str], **kw) -> EpochSparkSubmitOperator:
+        from airflow.providers.apache.spark.operators.spark_pyspark import PySparkOperator
+        from airflow.providers.standard.operators.python import PythonOperator
+
+        def stage(name: str, **kw) -> EpochStageOperator:
             retry = name in TRANSIENT_STAGES
-            return EpochSparkSubmitOperator(
+            return EpochStageOperator(
                 task_id=name,
                 stage=name,
-                conn_ids=_conn_ids(source, None if name == "ingest" else target),
-                application_args=args,
-                py_files="{{ epochsync_package_zip() }}",
+                config_path=cfg,
+                target=target.name,
+                source=source.name,
                 retries=2 if retry else 0,
                 retry_delay=timedelta(seconds=30),
                 retry_exponential_backoff=retry,
                 **kw,
             )
 
-        common = ["--config", cfg, "--epoch", _FIRST, "--through", _THROUGH]
-        tgt = ["--target", target.name]
-        # --target: index continuity is checked from this consumer's cursor
-        ingest = stage("ingest", [*common, "--source", source.name, *tgt])
-        merge = stage("merge", [*common, *tgt, _WHOLE_FILE])
-        translate = stage("translate", [*common, *tgt, _WHOLE_FILE, _DRY_RUN])
-        apply = stage("apply", [*common, *tgt, _WHOLE_FILE, *_INJECT], skip_in_dry_run=True)
-        verify = stage("verify", [*common, *tgt], skip_in_dry_run=True)
-        from airflow.providers.standard.operators.python import PythonOperator
-
+        ingest = stage("ingest", doc_md="Parses every server's changelog files of the run's epochs into the warehouse.")
+        merge = stage(
+            "merge", doc_md="Net change per fid: snapshot E-1 + records of the epochs -> snapshot E, change set."
+        )
+        translate = stage(
+            "translate", doc_md="The plan: namespace operations, pulls and writes in the target's layout."
+        )
+        apply = stage("apply", skip_in_dry_run=True,
+                      doc_md="Namespace operations here, data operations on the Spark executors, journaled first.")  # fmt: skip
+        verify = PythonOperator(
+            task_id="verify",
+            python_callable=run_stage_task,
+            op_kwargs={
+                "stage": "verify",
+                "config_path": cfg,
+                "target": target.name,
+                "source": source.name,
+                "skip_in_dry_run": True,
+            },  # fmt: skip
+            doc_md="Checks every touched path of the target against the source at the epoch.",
+        )
         commit = PythonOperator(
             task_id="commit",
             python_callable=commit_task,
             op_kwargs={"config_path": cfg, "target": target.name},
             doc_md="Writes the target manifest at the run's last epoch (last, atomically) and advances cursors.",
         )
-        rollback = PythonOperator(
+        rollback = PySparkOperator(
             task_id="rollback",
             python_callable=rollback_task,
+            conn_id=spark_conn_id(),
             op_kwargs={"config_path": cfg, "target": target.name},
             trigger_rule=TriggerRule.ONE_FAILED,
             # rollback is idempotent and resumable: a transient error is retried
@@ -241,11 +234,12 @@ def build_hydrate_dag(config: Config, target: TargetConfig, *, doc_md: str = "")
         },
     )
     with dag:
-        from airflow.providers.standard.operators.python import PythonOperator
+        from airflow.providers.apache.spark.operators.spark_pyspark import PySparkOperator
 
-        PythonOperator(
+        PySparkOperator(
             task_id="hydrate",
             python_callable=hydrate_task,
+            conn_id=spark_conn_id(),
             op_kwargs={"config_path": config.file, "target": target.name},
             doc_md="Full-object copies of every file in the dump, then the manifest at E.",
         )

@@ -90,6 +90,7 @@ def hydrate_target(
     """Seed ``target`` from the dump at ``epoch`` (default: the latest dump); returns the commit's stats row."""
     from epochsync import pipeline
     from epochsync.ingest import missing_epoch_servers
+    from epochsync.merge import _conform
     from epochsync.model import change_struct_type
     from epochsync.snapshot import load_namespace_dump, read_snapshot, write_snapshot, write_table
 
@@ -120,7 +121,7 @@ def hydrate_target(
     if spark is None:
         from epochsync.spark import spark_session
 
-        spark = spark_session(f"epochsync-hydrate-{target}")
+        spark = spark_session(f"epochsync-hydrate-{target}", cfg=config)
     wh = Warehouse(config.warehouse)
     base = committed
     first = base + 1
@@ -129,7 +130,7 @@ def hydrate_target(
     write_snapshot(spark, wh, target, epoch, new)
     new = read_snapshot(spark, wh, target, epoch, src.root_fid)
     old = read_snapshot(spark, wh, target, base, src.root_fid)
-    changes = spark.createDataFrame(snapshot_diff(old, new).rdd, change_struct_type())
+    changes = _conform(snapshot_diff(old, new), change_struct_type())
     write_table(spark, changes, wh.changes(target, epoch))
     summary = pipeline.run_translate(config, tcfg, epoch, spark, whole_file=True, first_epoch=first)
     log(f"target {target}: plan {summary}")
@@ -147,15 +148,20 @@ def hydrate_target(
     return row
 
 
-def hydrate_task(config_path: str, target: str, params=None, **_):
+def hydrate_task(config_path: str, target: str, params=None, spark=None, **_):
     """The ``hydrate`` task of ``epochsync_hydrate__<target>``."""
     import logging
 
     params = params or {}
     log = logging.getLogger("epochsync.hydrate")
+    if spark is not None:
+        from epochsync.spark import prepare_session
+
+        prepare_session(spark)
     return hydrate_target(
         load_config(config_path),
         target,
+        spark=spark,
         epoch=params.get("epoch"),
         dump_uri=params.get("dump_uri") or None,
         log=log.info,

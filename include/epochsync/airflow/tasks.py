@@ -163,7 +163,7 @@ def commit_task(config_path: str, target: str, ti=None, **_):
     return _jsonable(result)
 
 
-def rollback_task(config_path: str, target: str, ti=None, **_):
+def rollback_task(config_path: str, target: str, ti=None, spark=None, **_):
     """The ``rollback`` task: undo the failed epoch, then fail the run on purpose.
 
     Runs only when apply, verify or commit failed (trigger rule ``one_failed``). The
@@ -173,11 +173,14 @@ def rollback_task(config_path: str, target: str, ti=None, **_):
     """
     from airflow.sdk.exceptions import AirflowFailException
 
-    from epochsync.pipeline import rollback_epoch
+    from epochsync.pipeline import rollback_target
+    from epochsync.spark import prepare_session
 
     epochs = ti.xcom_pull(task_ids=EPOCHS_TASK) or {}
     config = load_config(config_path)
-    result = rollback_epoch(config, target, epochs.get("through"))
+    if spark is not None:
+        prepare_session(spark)
+    result = rollback_target(config, target, spark)
     ti.xcom_push(key="rollback", value=_jsonable(result))
     back_at = committed_epoch(config, target)
     raise AirflowFailException(

@@ -285,7 +285,9 @@ def run_scenario(scenario: Scenario, weed_endpoint, spark, work: Path, verbose: 
         _put_tree(client, f"files-{slug}", contents[1])
         _put_tree(client, f"sync-{slug}", contents[1])
         _put_tree(client, f"whole-{slug}", contents[1])
-        quiet = (lambda msg: print(f"bench e2e:   {msg}", file=sys.stderr, flush=True)) if verbose else (lambda msg: None)  # noqa: E731
+        quiet = (
+            (lambda msg: print(f"bench e2e:   {msg}", file=sys.stderr, flush=True)) if verbose else (lambda msg: None)
+        )  # noqa: E731
         replicate(str(cfg_path), "replica", epoch=1, spark=spark, progress=quiet)
         # the whole-file source view moves to epoch 2 (not measured: the source's own change)
         _put_tree(client, f"files-{slug}", {p: b for p, b in contents[2].items() if contents[1].get(p) != b})
@@ -422,7 +424,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scenario", action="append", choices=list(SCENARIOS), help="only these (repeatable)")
     p.add_argument("--workdir", default="bench/scratch/e2e")
     p.add_argument("--verbose", action="store_true", help="print epochsync's stage progress and timings")
-    p.add_argument("--profile", metavar="PREFIX", help="cProfile epochsync's measured epoch into PREFIX.<scenario>.pstats")
+    p.add_argument(
+        "--profile", metavar="PREFIX", help="cProfile epochsync's measured epoch into PREFIX.<scenario>.pstats"
+    )
     p.add_argument("--results-name", default=None, help="results file name (default e2e, or e2e-quick)")
     args = p.parse_args(argv)
 

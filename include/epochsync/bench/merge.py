@@ -124,11 +124,12 @@ def prepare(spark, work: Path) -> float:
 def run_one(spark, name: str, work: Path, generate_seconds: float, startup_seconds: float) -> dict:
     from epochsync.bench.ingest import TreeSampler
     from epochsync.merge import run_merge
+    from epochsync.spark import session_master
 
-    sc = spark.sparkContext
-    sc.setJobGroup(f"{name}:prepare", "inputs to Parquet (not timed)")
+    spark.addTag(f"{name}:prepare")  # inputs to Parquet (not timed)
     prepare_seconds = prepare(spark, work)
-    sc.setJobGroup(f"{name}:merge", "the merge (timed)")
+    spark.removeTag(f"{name}:prepare")
+    spark.addTag(f"{name}:merge")  # the merge (timed)
     cfg = _config(work)
     for sub in ("snapshots/target=bench/epoch=2", "changes", "cookies"):
         shutil.rmtree(work / "warehouse" / sub, ignore_errors=True)
@@ -139,7 +140,7 @@ def run_one(spark, name: str, work: Path, generate_seconds: float, startup_secon
         stats = run_merge(cfg, "bench", 2, 2, spark)
         seconds = time.monotonic() - t0
         cpu_seconds = sampler.cpu() - cpu0
-    sc.setJobGroup("other", "")
+    spark.removeTag(f"{name}:merge")
     n = stats["records"]
     return {
         "name": name,
@@ -161,8 +162,16 @@ def run_one(spark, name: str, work: Path, generate_seconds: float, startup_secon
         "generate_seconds": round(generate_seconds, 1),
         "prepare_seconds": round(prepare_seconds, 1),
         "loadavg_1m": round(load, 2),
-        "master": spark.sparkContext.master,
+        "master": session_master(spark),
     }
+
+
+def job_group(properties: dict) -> str:
+    """The benchmark row and phase of a job (``<row>:prepare``/``<row>:merge``) from its session tags."""
+    for tag in (properties.get("spark.job.tags") or "").split(","):
+        if tag.endswith((":prepare", ":merge")):
+            return tag
+    return properties.get("spark.jobGroup.id") or "other"
 
 
 def stage_timings(event_dir: Path, top: int = 8) -> dict:
@@ -182,7 +191,7 @@ def stage_timings(event_dir: Path, top: int = 8) -> dict:
             e = json.loads(line)
             kind = e.get("Event")
             if kind == "SparkListenerJobStart":
-                group = (e.get("Properties") or {}).get("spark.jobGroup.id") or "other"
+                group = job_group(e.get("Properties") or {})
                 jobs[group] = jobs.get(group, 0) + 1
                 for sid in e.get("Stage IDs", []):
                     group_of[sid] = group

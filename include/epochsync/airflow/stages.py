@@ -1,0 +1,156 @@
+"""The epoch DAG's Spark stages as thin clients of the long-lived Spark Connect server.
+
+Each stage task is a :class:`EpochStageOperator`: the provider's ``PySparkOperator``
+with a ``spark_connect`` connection (``spark_connect_default``). The provider opens a
+Connect session on the server named by the connection (no JVM starts in the task),
+:func:`run_stage_task` ships the ``epochsync`` package to it, tags its jobs
+(``epochsync-<stage>-<target>-e<epoch>``: visible in the Spark UI and event log) and calls
+the same stage function ``epochsync replicate`` calls. The stage's figures go to the
+task log and to XCom.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+from airflow.providers.apache.spark.operators.spark_pyspark import PySparkOperator
+
+from epochsync.spark import SPARK_CONN_ID
+
+log = logging.getLogger("epochsync.stage")
+
+#: stages that run as Spark Connect clients
+SPARK_STAGES = ("ingest", "merge", "translate", "apply")
+
+
+def stage_tag(stage: str, target: str, epoch: int) -> str:
+    """The session tag of a stage's Spark jobs (Spark's ``spark.job.tags``)."""
+    return f"epochsync-{stage}-{target}-e{epoch}"
+
+
+def run_stage_task(
+    stage: str,
+    config_path: str,
+    target: str,
+    source: str,
+    skip_in_dry_run: bool = False,
+    spark=None,
+    ti=None,
+    params=None,
+    **_,
+) -> Any:
+    """One stage of the run's epochs (from the ``wait_epoch_closed`` XCom) on ``spark``; returns its figures."""
+    from epochsync.airflow.tasks import EPOCHS_TASK, _jsonable
+    from epochsync.config import load_config
+    from epochsync.errors import EpochsyncError
+    from epochsync.spark import prepare_session
+
+    params = dict(params or {})
+    epochs = ti.xcom_pull(task_ids=EPOCHS_TASK)
+    first, through = int(epochs["first"]), int(epochs["through"])
+    if skip_in_dry_run and epochs.get("dry_run"):
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        raise AirflowSkipException(f"dry run: {stage} skipped (a dry run stops after translate)")
+    cfg = load_config(config_path)
+    if stage == "ingest" and not params.get("reingest"):
+        from epochsync.ingest import ingest_is_current
+
+        reason = ingest_is_current(cfg, source, first, through, target)
+        if reason:
+            # a second target (or a retry) of an epoch whose records are in the warehouse
+            log.info("ingest: %s; nothing to do (param reingest=true forces it)", reason)
+            return {"skipped": reason}
+    if spark is not None:
+        prepare_session(spark)
+        spark.addTag(stage_tag(stage, target, through))
+    try:
+        out = _call_stage(stage, cfg, target, source, first, through, spark, epochs, params)
+    except EpochsyncError as exc:
+        # one line a person can act on, not a traceback: the run is red with this message
+        from airflow.sdk.exceptions import AirflowException
+
+        raise AirflowException(f"{stage} of target {target} epochs {first}..{through}: {exc}") from None
+    log.info(
+        "%s of target %s epochs %d..%d: %s", stage, target, first, through, json.dumps(_jsonable(out), sort_keys=True)
+    )
+    if stage == "translate" and epochs.get("dry_run"):
+        log.info(
+            "dry run: plan of %s epochs %d..%d: %s", target, first, through, json.dumps(_jsonable(out), sort_keys=True)
+        )
+    return _jsonable(out)
+
+
+def _call_stage(stage: str, cfg, target: str, source: str, first: int, through: int, spark, epochs: dict, params):
+    import time
+
+    from epochsync import pipeline
+    from epochsync.journal import write_stage_stats
+
+    if stage == "ingest":
+        from epochsync.ingest import run_ingest
+
+        t0 = time.monotonic()
+        out = run_ingest(cfg, source, first, through, spark, consumer=target, progress=log.info)
+        write_stage_stats(
+            cfg.warehouse, target, through, "ingest", {**_flat(out), "seconds": round(time.monotonic() - t0, 3)}
+        )
+        return out
+    if stage == "merge":
+        from epochsync.merge import run_merge
+
+        out = run_merge(cfg, target, first, through, spark)
+        write_stage_stats(cfg.warehouse, target, through, "merge", _flat(out))
+        return out
+    if stage == "translate":
+        return pipeline.run_translate(cfg, target, through, spark, whole_file=bool(epochs.get("whole_file")),
+                                      first_epoch=first)  # fmt: skip
+    if stage == "apply":
+        return pipeline.run_apply(cfg, target, through, spark, inject=params.get("inject_failure") or None,
+                                  first_epoch=first)  # fmt: skip
+    if stage == "verify":  # no Spark: it reads the target and the source store
+        return pipeline.run_verify(cfg, target, through, first_epoch=first)
+    raise ValueError(f"unknown stage {stage!r}")
+
+
+def _flat(d: dict) -> dict:
+    return {k: v for k, v in (d or {}).items() if isinstance(v, (int, float, str, bool))}
+
+
+class EpochStageOperator(PySparkOperator):
+    """One Spark stage of the epoch DAG: a ``PySparkOperator`` on the ``spark_connect`` connection.
+
+    ``EPOCHSYNC_SPARK_CONN_ID`` names another connection (a cluster's Connect server).
+    """
+
+    def __init__(self, *, stage: str, config_path: str, target: str, source: str, skip_in_dry_run: bool = False,
+                 conn_id: str | None = None, **kwargs):  # fmt: skip
+        super().__init__(
+            python_callable=run_stage_task,
+            conn_id=conn_id or os.environ.get("EPOCHSYNC_SPARK_CONN_ID", SPARK_CONN_ID),
+            op_kwargs={
+                "stage": stage,
+                "config_path": config_path,
+                "target": target,
+                "source": source,
+                "skip_in_dry_run": skip_in_dry_run,
+            },  # fmt: skip
+            **kwargs,
+        )
+        self.stage = stage
+
+
+def spark_conn_id() -> str:
+    """The Spark Connect connection every Spark task uses."""
+    return os.environ.get("EPOCHSYNC_SPARK_CONN_ID", SPARK_CONN_ID)
+
+
+def spark_connect_conn_json(url: str) -> str:
+    """``AIRFLOW_CONN_SPARK_CONNECT_DEFAULT`` for a server at ``sc://host:port``."""
+    from urllib.parse import urlparse
+
+    u = urlparse(url)
+    return json.dumps({"conn_type": "spark_connect", "host": u.hostname, "port": u.port})

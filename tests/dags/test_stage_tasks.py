@@ -1,0 +1,174 @@
+"""What each Spark stage task of the epoch DAG sends to the stage functions, without running Spark.
+
+The tasks are the provider's ``PySparkOperator`` on the ``spark_connect`` connection; here
+the session is a stand-in that records tags, and the stage functions are replaced by
+recorders, so each test checks the arguments a real run would pass.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class FakeTI:
+    def __init__(self, epochs):
+        self.epochs = epochs
+
+    def xcom_pull(self, task_ids=None, key="return_value", **_):
+        assert task_ids == "wait_epoch_closed" and key == "return_value"
+        return self.epochs
+
+
+class FakeSpark:
+    """Records what a stage does to its session (tags); Spark Connect is not contacted."""
+
+    def __init__(self):
+        self.tags: list[str] = []
+
+    def addTag(self, tag):  # noqa: N802 - pyspark's name
+        self.tags.append(tag)
+
+
+@pytest.fixture()
+def dag(with_config):
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(ROOT / "dags"))
+    assert not bag.import_errors
+    return bag.dags["epochsync__lustre1__dr"]
+
+
+@pytest.fixture()
+def calls(monkeypatch):
+    """Replace the stage functions by recorders: ``calls`` lists (name, args, kwargs)."""
+    import epochsync.ingest
+    import epochsync.merge
+    import epochsync.pipeline
+    import epochsync.spark
+
+    seen: list = []
+
+    def recorder(name, result):
+        def fn(*args, **kwargs):
+            seen.append((name, args, kwargs))
+            return result
+
+        return fn
+
+    monkeypatch.setattr(epochsync.spark, "prepare_session", recorder("prepare_session", None))
+    monkeypatch.setattr(epochsync.ingest, "run_ingest", recorder("run_ingest", {"records": 7}))
+    monkeypatch.setattr(epochsync.ingest, "ingest_is_current", recorder("ingest_is_current", None))
+    monkeypatch.setattr(epochsync.merge, "run_merge", recorder("run_merge", {"changes": 3}))
+    monkeypatch.setattr(epochsync.pipeline, "run_translate", recorder("run_translate", {"namespace_ops": 1}))
+    monkeypatch.setattr(epochsync.pipeline, "run_apply", recorder("run_apply", {"bytes_pulled": 5}))
+    monkeypatch.setattr(epochsync.pipeline, "run_verify", recorder("run_verify", {"ok": True}))
+    monkeypatch.setattr("epochsync.journal.write_stage_stats", recorder("write_stage_stats", None))
+    return seen
+
+
+def run(dag, task_id, epochs, params=None, spark=None):
+    task = dag.get_task(task_id)
+    kwargs = dict(task.op_kwargs)
+    from epochsync.airflow.stages import run_stage_task
+
+    assert task.python_callable is run_stage_task
+    full = {"epoch": None, "dry_run": False, "whole_file": False, "inject_failure": None, "reingest": False,
+            "max_epochs_per_run": 1, **(params or {})}  # fmt: skip
+    return run_stage_task(**kwargs, spark=spark, ti=FakeTI(epochs), params=full)
+
+
+def epochs(first, through, dry_run=False, whole_file=False):
+    return {"first": first, "through": through, "dry_run": dry_run, "whole_file": whole_file}
+
+
+def test_spark_stages_are_pyspark_tasks_on_the_spark_connect_connection(dag):
+    from airflow.providers.apache.spark.operators.spark_pyspark import PySparkOperator
+
+    for name in ("ingest", "merge", "translate", "apply", "rollback"):
+        task = dag.get_task(name)
+        assert isinstance(task, PySparkOperator), name
+        assert task.conn_id == "spark_connect_default", name
+    # verify and commit read and write the target only: no Spark session
+    assert not isinstance(dag.get_task("verify"), PySparkOperator)
+    assert not isinstance(dag.get_task("commit"), PySparkOperator)
+
+
+def test_the_connection_names_the_connect_server(monkeypatch):
+    from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+
+    from epochsync.airflow.stages import spark_connect_conn_json
+
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT_DEFAULT", spark_connect_conn_json("sc://127.0.0.1:15002"))
+    assert SparkConnectHook("spark_connect_default").get_connection_url() == "sc://127.0.0.1:15002/"
+
+
+def test_ingest_merge_translate_apply_get_the_run_epochs(dag, calls, with_config):
+    spark = FakeSpark()
+    assert run(dag, "ingest", epochs(3, 5), spark=spark) == {"records": 7}
+    assert run(dag, "merge", epochs(3, 5), spark=spark) == {"changes": 3}
+    run(dag, "translate", epochs(3, 5, whole_file=True), spark=spark)
+    run(dag, "apply", epochs(3, 5), params={"inject_failure": "after=3"}, spark=spark)
+    by = {name: (args, kw) for name, args, kw in calls}
+    args, kw = by["run_ingest"]
+    assert args[1:] == ("lustre1", 3, 5, spark) and kw["consumer"] == "dr"
+    assert by["run_merge"][0][1:] == ("dr", 3, 5, spark)
+    args, kw = by["run_translate"]
+    assert args[1:] == ("dr", 5, spark) and kw == {"whole_file": True, "first_epoch": 3}
+    args, kw = by["run_apply"]
+    assert args[1:] == ("dr", 5, spark) and kw == {"inject": "after=3", "first_epoch": 3}
+    # every stage's Spark jobs carry its tag (the Spark UI and the event log show them)
+    assert spark.tags == ["epochsync-ingest-dr-e5", "epochsync-merge-dr-e5", "epochsync-translate-dr-e5",
+                          "epochsync-apply-dr-e5"]  # fmt: skip
+
+
+def test_dry_run_skips_apply_and_verify(dag, calls):
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    for name in ("apply", "verify"):
+        with pytest.raises(AirflowSkipException, match="dry run"):
+            run(dag, name, epochs(2, 2, dry_run=True), spark=FakeSpark())
+    assert not [c for c in calls if c[0] in ("run_apply", "run_verify")]
+
+
+def test_ingest_is_skipped_when_the_epoch_is_already_ingested(dag, calls, monkeypatch):
+    import epochsync.ingest
+
+    monkeypatch.setattr(epochsync.ingest, "ingest_is_current", lambda *a: "already ingested from the same files")
+    spark = FakeSpark()
+    assert run(dag, "ingest", epochs(4, 4), spark=spark) == {"skipped": "already ingested from the same files"}
+    assert not [c for c in calls if c[0] == "run_ingest"] and spark.tags == []
+    # the reingest param forces it
+    run(dag, "ingest", epochs(4, 4), params={"reingest": True}, spark=spark)
+    assert [c for c in calls if c[0] == "run_ingest"]
+
+
+def test_a_stage_error_is_one_line_naming_stage_target_and_epochs(dag, calls, monkeypatch):
+    from airflow.sdk.exceptions import AirflowException
+
+    import epochsync.merge
+    from epochsync.errors import EpochError
+
+    def boom(*a, **k):
+        raise EpochError("no snapshot for epoch 2: run the merge of epoch 2 first")
+
+    monkeypatch.setattr(epochsync.merge, "run_merge", boom)
+    with pytest.raises(AirflowException, match=r"^merge of target dr epochs 3\.\.3: no snapshot for epoch 2"):
+        run(dag, "merge", epochs(3, 3), spark=FakeSpark())
+
+
+def test_package_zip_holds_the_package(tmp_path, monkeypatch):
+    from epochsync.spark import package_zip
+
+    monkeypatch.setenv("EPOCHSYNC_BUILD_DIR", str(tmp_path))
+    path = package_zip()
+    assert package_zip() == path  # built once per source tree
+    names = zipfile.ZipFile(path).namelist()
+    assert "epochsync/__init__.py" in names and "epochsync/merge.py" in names
+    assert not [n for n in names if "__pycache__" in n]
+    assert json.loads(json.dumps(names))  # plain names, stable order
