@@ -486,12 +486,11 @@ def _closed(cfg: Config, source: str, epoch: int) -> list[str]:
     return sorted(missing_epoch_servers(cfg, source, epoch))
 
 
-def _ingest(cfg: Config, source: str, first: int, last: int, spark, consumer: str | None = None,
-            in_process: bool | int = False) -> dict:  # fmt: skip
+def _ingest(cfg: Config, source: str, first: int, last: int, spark, consumer: str | None = None) -> dict:
     from epochsync.ingest import run_ingest
 
     # continuity is checked from this target's own cursor (it is the consumer)
-    return run_ingest(cfg, source, first, last, spark, consumer=consumer, in_process=in_process)
+    return run_ingest(cfg, source, first, last, spark, consumer=consumer)
 
 
 class _Session:
@@ -544,7 +543,7 @@ def replicate(
 
 def _replicate_epoch(cfg: Config, tcfg: TargetConfig, e: int, session: _Session, inject, whole_file: bool, progress):
     """One epoch through every stage; a failure after apply started is rolled back."""
-    from epochsync.local_engine import choose_engine, ingest_in_process
+    from epochsync.local_engine import choose_engine
     from epochsync.merge import run_merge
 
     src = cfg.source_of(tcfg)
@@ -570,7 +569,7 @@ def _replicate_epoch(cfg: Config, tcfg: TargetConfig, e: int, session: _Session,
             write_stage_stats(cfg.warehouse, tcfg.name, e, name, {**_plain(out), "seconds": round(took, 3)})
         return out
 
-    step("ingest", lambda: _ingest(cfg, src.name, e, e, session.existing, tcfg.name, ingest_in_process(cfg, tcfg)),
+    step("ingest", lambda: _ingest(cfg, src.name, e, e, session.existing, tcfg.name),
          lambda o: _fmt(o, "records"))  # fmt: skip
     engine = choose_engine(cfg, tcfg, e, e)
     # the local engine's epochs need no Spark: merge and translate in Python, apply in threads

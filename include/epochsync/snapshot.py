@@ -50,45 +50,39 @@ def empty_snapshot(spark: SparkSession, root_fid: str) -> DataFrame:
 # --------------------------------------------------------------------------- file system helpers
 
 
-def _fs(spark: SparkSession, uri: str):
-    """Hadoop FileSystem and Path of ``uri`` (file://, hdfs://, s3a:// alike)."""
-    jvm = spark.sparkContext._jvm
-    path = jvm.org.apache.hadoop.fs.Path(uri)
-    return path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()), path
+def path_exists(spark: SparkSession | None, uri: str) -> bool:
+    """True if ``uri`` (a file or a directory) exists (checked by the caller, not by Spark)."""
+    from epochsync import warehouse_fs
+
+    return warehouse_fs.exists(uri)
 
 
-def path_exists(spark: SparkSession, uri: str) -> bool:
-    """True if ``uri`` (a file or a directory) exists."""
-    fs, path = _fs(spark, uri)
-    return bool(fs.exists(path))
+def _delete(spark: SparkSession | None, uri: str) -> None:
+    from epochsync import warehouse_fs
 
-
-def _delete(spark: SparkSession, uri: str) -> None:
-    fs, path = _fs(spark, uri)
-    if fs.exists(path):
-        fs.delete(path, True)
+    warehouse_fs.delete(uri)
 
 
 def write_table(spark: SparkSession, df: DataFrame, uri: str) -> None:
     """Write ``df`` as Parquet at ``uri``, replacing what was there, all or nothing.
 
     Spark writes into ``<uri>.tmp-<random>``; only a complete write is renamed onto ``uri``
-    (a rename on file:// and hdfs://). A failed write leaves the old table untouched.
+    (on file:// in one atomic exchange where Linux can, so a reader sees the old table or
+    the new one). A failed write leaves the old table untouched. The rename runs in this
+    process (``pyarrow.fs`` or ``os``, no JVM): under Spark Connect the warehouse must be
+    at the same path for this process and for Spark.
     """
+    from epochsync import warehouse_fs
+
     tmp = f"{uri.rstrip('/')}.tmp-{uuid.uuid4().hex[:12]}"
     try:
         df.write.mode("overwrite").parquet(tmp)
-        fs, dst = _fs(spark, uri)
-        _, src = _fs(spark, tmp)
-        parent = dst.getParent()
-        if parent is not None and not fs.exists(parent):
-            fs.mkdirs(parent)
-        if fs.exists(dst):
-            fs.delete(dst, True)
-        if not fs.rename(src, dst):
-            raise SnapshotError(f"could not move {tmp} to {uri}")
+        try:
+            warehouse_fs.move_replacing(tmp, uri)
+        except OSError as exc:
+            raise SnapshotError(f"could not move {tmp} to {uri}: {exc}") from None
     finally:
-        _delete(spark, tmp)
+        warehouse_fs.delete(tmp)
 
 
 # --------------------------------------------------------------------------- snapshots
@@ -124,13 +118,12 @@ def write_snapshot(spark: SparkSession, wh: Warehouse, target: str, epoch: int, 
 
 def snapshot_epochs(spark: SparkSession, wh: Warehouse, target: str) -> list[int]:
     """Epochs that have a snapshot of ``target``, ascending."""
-    fs, path = _fs(spark, wh.snapshots(target))
-    if not fs.exists(path):
-        return []
+    from epochsync import warehouse_fs
+
     out = []
-    for st in fs.listStatus(path):
-        m = re.fullmatch(r"epoch=(\d+)", st.getPath().getName())
-        if m and st.isDirectory():
+    for name in warehouse_fs.list_dirs(wh.snapshots(target)):
+        m = re.fullmatch(r"epoch=(\d+)", name)
+        if m:
             out.append(int(m.group(1)))
     return sorted(out)
 

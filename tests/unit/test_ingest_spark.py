@@ -143,15 +143,93 @@ def test_quarantine_mode_sets_bad_lines_aside_and_goes_on(spark, tmp_path):
 def test_rerun_overwrites_only_its_epochs(spark, tmp_path):
     write_changelogs(tmp_path, {"MDT0000/a.jsonl": MDT, "OST0000/a.jsonl": OST})
     cfg = config(tmp_path)
-    # the first run through Spark's own Parquet writer (any warehouse URI), the rerun
-    # through the executors' (local warehouses): same layout, one table
-    run_ingest(cfg, "src", 1, 2, spark, writer="spark")
+    run_ingest(cfg, "src", 1, 2, spark)
     changed = MDT[3].replace(xattr_value=b"new")
     write_changelogs(tmp_path, {"MDT0000/a.jsonl": [*MDT[:3], changed, *MDT[4:]]})
-    run_ingest(cfg, "src", 2, 2, spark)
+    stats = run_ingest(cfg, "src", 2, 2, spark)
+    assert stats["unchanged_epochs"] == []  # new bytes: swapped in
     assertDataFrameEqual(
         read_records(spark, cfg.warehouse, "src", 1, 2), expected(spark, [*MDT[:3], changed, *MDT[4:], *OST])
     )
+
+
+def _data_files(directory):
+    return {
+        p.relative_to(directory): (p.stat().st_ino, p.stat().st_mtime_ns)
+        for p in directory.rglob("*")
+        if p.is_file() and not p.name.startswith(("_", "."))
+    }
+
+
+def test_a_reingest_of_the_same_records_leaves_the_committed_files_in_place(spark, tmp_path):
+    """A retry or a second target's ingest of an epoch must not replace the files another
+    run may be reading: the same records give the same bytes whatever the window (and the
+    path, fast or importer), and then only the marker changes."""
+    pretty = json.dumps(MDT[4].to_dict(), indent=None, separators=(", ", ": ")) + "\n"
+    write_changelogs(
+        tmp_path, {"MDT0000/000001.jsonl": MDT[:4], "MDT0000/000002.jsonl": ["\n", pretty, MDT[5]], "OST0000/log": OST}
+    )
+    cfg = config(tmp_path)
+    run_ingest(cfg, "src", 1, 2, spark)
+    epoch2 = tmp_path / "wh" / "records" / "source=src" / "epoch=2"
+    before = _data_files(epoch2)
+    assert len(before) == 3  # one Parquet file per changelog file holding epoch-2 records
+    stats = run_ingest(cfg, "src", 2, 2, spark)
+    assert stats["unchanged_epochs"] == [2] and stats["records"] == 4
+    assert _data_files(epoch2) == before  # same inodes, never rewritten
+    marker = json.loads((epoch2 / "_epochsync_ingest.json").read_text())
+    assert marker["window"] == [2, 2]  # the marker says what the last run read
+    assertDataFrameEqual(read_records(spark, cfg.warehouse, "src", 2), expected(spark, MDT[3:] + OST[2:]))
+    assert [
+        p.name for p in (tmp_path / "wh" / "records" / "source=src").iterdir() if p.name.startswith("_ingest-")
+    ] == []
+
+
+def test_two_ingests_of_one_epoch_at_once_never_disturb_a_reader(spark, tmp_path):
+    """Issue 16: two runs ingesting the same source epoch at once (two targets, a retry)
+    while a third reads it: no FileNotFoundError anywhere, and the reader always sees
+    exactly the epoch's records."""
+    import threading
+
+    import pyarrow.dataset as ds
+
+    write_changelogs(tmp_path, {"MDT0000/a.jsonl": MDT, "OST0000/a.jsonl": OST})
+    cfg = config(tmp_path)
+    run_ingest(cfg, "src", 1, 2, spark)
+    epoch2 = tmp_path / "wh" / "records" / "source=src" / "epoch=2"
+    want = sorted((r.server, r.index) for r in MDT[3:] + OST[2:])
+    errors: list[BaseException] = []
+    reads = []
+    done = threading.Event()
+
+    def ingest(first):
+        try:
+            for _ in range(4):
+                run_ingest(cfg, "src", first, 2, spark)
+        except BaseException as exc:  # noqa: BLE001 - the test reports whatever happened
+            errors.append(exc)
+
+    def read():
+        while not done.is_set():
+            try:
+                t = ds.dataset(str(epoch2), format="parquet", partitioning="hive").to_table(columns=["server", "index"])
+                reads.append(sorted(zip(t.column("server").to_pylist(), t.column("index").to_pylist())))
+            except BaseException as exc:  # noqa: BLE001
+                errors.append(exc)
+                return
+
+    reader = threading.Thread(target=read)
+    writers = [threading.Thread(target=ingest, args=(first,)) for first in (1, 2)]
+    reader.start()
+    for w in writers:
+        w.start()
+    for w in writers:
+        w.join()
+    done.set()
+    reader.join()
+    assert errors == []
+    assert reads and all(r == want for r in reads)
+    assertDataFrameEqual(read_records(spark, cfg.warehouse, "src", 1, 2), expected(spark, MDT + OST))
 
 
 def test_a_second_ingest_of_an_unchanged_window_is_reported_current(spark, tmp_path):
