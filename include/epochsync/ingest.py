@@ -461,7 +461,10 @@ def list_changelog_files(src) -> dict[str, list[ChangelogFile]]:
 def _open(f: ChangelogFile, s3) -> IO[bytes]:
     """A binary stream of the file (a local file, or the body of an S3 GET)."""
     if not _is_s3(f.uri):
-        return open(f.uri, "rb")
+        try:
+            return open(f.uri, "rb")
+        except OSError as exc:  # e.g. purged or renamed since it was listed
+            raise StoreError(f"cannot read {f.uri}: {exc.strerror or exc}") from None
     bucket, _, key = f.uri[len("s3://") :].partition("/")
     try:
         body = s3.client().get_object(Bucket=bucket, Key=key)["Body"]

@@ -8,7 +8,7 @@ import pytest
 from pyspark.testing import assertDataFrameEqual
 
 from epochsync.config import config_from_dict
-from epochsync.errors import EpochError
+from epochsync.errors import EpochError, StoreError
 from epochsync.formats import ParseOptions, parse_stream
 from epochsync.formats.common import ParseContext
 from epochsync.ingest import closure_of_dataframe, read_records, run_ingest
@@ -355,3 +355,18 @@ def test_spark_app_prints_per_server_progress_and_fails_with_one_line(spark, tmp
     ]
     assert main(["--config", str(cfg_file), "--source", "nope", "--epoch", "1"]) == 1
     assert "no source named 'nope' (have: src)" in capsys.readouterr().err
+
+
+def test_an_error_on_an_executor_comes_back_as_one_line_naming_the_file(spark, tmp_path):
+    write_changelogs(tmp_path, {"MDT0000/a.jsonl": MDT, "OST0000/a.jsonl": OST})
+    cfg = config(tmp_path)
+    gone = tmp_path / "cl" / "OST0000" / "a.jsonl"
+
+    def progress(line):  # called after the listing, before the Spark job: the file vanishes in between
+        if gone.exists():
+            gone.unlink()
+
+    with pytest.raises(StoreError) as err:
+        run_ingest(cfg, "src", 1, 2, spark, progress=progress)
+    assert str(err.value) == f"ingest of source 'src': cannot read {gone}: No such file or directory"
+    assert not (tmp_path / "wh" / "records" / "source=src" / "epoch=1").exists()
