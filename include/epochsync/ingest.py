@@ -1080,7 +1080,7 @@ def _task_runner(tasks: list[list[ChangelogFile]], job: IngestJob):
     JSON Lines files stand alone; other formats carry MARK epochs and index order from
     file to file of a server, so a task is all of that server's files, in order. The task
     writes each file's Parquet into ``job.staging_dir`` itself and yields one report row
-    (JSON) per file: the reports come back as rows, no accumulator (Spark Connect has none).
+    (JSON) per file: the reports come back as rows of the job's output (as under Spark Connect they must).
     """
 
     def run(batches):
@@ -1226,7 +1226,7 @@ def task_slots(spark) -> int:
 
     Cores: ``spark.default.parallelism`` when set, else ``spark.cores.max``, else the N of
     a ``local[N]`` master, else :data:`DEFAULT_CORES`. Read through ``spark.conf``, which
-    Spark Connect serves too (it has no ``sparkContext``).
+    Spark Connect serves too.
     """
 
     def conf(key: str) -> str | None:

@@ -1,4 +1,4 @@
-"""Warehouse file operations without a JVM (Spark Connect has no ``_jvm``).
+"""Warehouse file operations without a JVM (a Spark Connect client has no Py4J gateway).
 
 ``file://`` URIs and bare paths go through ``os`` (renames are atomic, no ``.crc``
 files); any other scheme through ``pyarrow.fs`` (``FileSystem.from_uri``: hdfs://,
