@@ -4,19 +4,23 @@ What it does, for a source and epochs ``first..last``:
 
 1. Lists every configured server's changelog files under ``<changelogs.uri>/<server>/``
    (any names, read in name order; hidden files, starting with ``.``, are skipped so a
-   writer can stage a file before renaming it). A local directory is listed by the
-   driver; an ``s3://bucket/prefix/`` is listed and read with boto3 on the executors.
-2. Parses them on the executors and hands canonical records to Spark as Arrow batches
-   (``mapInArrow``): no per-record Python UDF. Canonical JSON Lines take a fast path
-   (pyarrow's strict JSON reader and vectorised checks, equivalent to the importer's
-   checks); any chunk the fast path has a doubt about, and every other format, goes
-   through the importers' ``parse_stream`` — the reference, which names ``FILE:LINE``.
-3. Writes ``records/source=S/epoch=E/server=X/`` Parquet into a staging directory, then
-   checks what the executors reported: bad records (the epoch fails, or with
-   ``on_bad_record: quarantine`` they go to ``quarantine/source=S/epoch=E/`` and the run
-   goes on), per-server index continuity against the consumer cursor, and that every
-   server has closed ``last``. Only then are the epochs' directories replaced (rename), so
-   a failed run leaves the warehouse as it was and a re-run overwrites its own output.
+   writer can stage a file before renaming it). The caller lists (a local directory, or an
+   ``s3://bucket/prefix/`` with boto3); the executors read.
+2. Parses them on the executors (one Spark job, ``mapInArrow`` over a few task ids; Spark
+   Connect and classic sessions alike): no per-record Python UDF. Canonical JSON Lines take
+   a fast path (pyarrow's strict JSON reader and vectorised checks, equivalent to the
+   importer's checks); any chunk the fast path has a doubt about, and every other format,
+   goes through the importers' ``parse_stream`` — the reference, which names ``FILE:LINE``.
+3. The executors write ``records/source=S/epoch=E/server=X/`` Parquet with pyarrow into a
+   staging directory of the warehouse (``file://``: local, or a file system shared by the
+   executors and the caller) and return one report row per file. The caller then checks
+   them: bad records (the epoch fails, or with ``on_bad_record: quarantine`` they go to
+   ``quarantine/source=S/epoch=E/`` and the run goes on), per-server index continuity
+   against the consumer cursor, and that every server has closed ``last``. Only then are
+   the epochs' directories swapped in, one commit at a time per source (a lock file), so
+   a failed run leaves the warehouse as it was and a re-run overwrites its own output. An
+   epoch whose committed files already hold exactly the staged bytes (a retry, a second
+   target's ingest, two runs at once) is left in place: its readers are never disturbed.
 
 Epoch closure (:func:`epoch_closure`, :func:`missing_epoch_servers`) is here too: the
 Airflow sensor calls it before ingest. Nothing heavy is imported at module level.
@@ -25,6 +29,7 @@ Airflow sensor calls it before ingest. Nothing heavy is imported at module level
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import io
 import json
@@ -441,36 +446,25 @@ def settled_files(
     return out
 
 
-def list_changelog_files(src, spark=None) -> dict[str, list[ChangelogFile]]:
-    """Per configured server, its changelog files in name order.
-
-    With ``spark`` and an S3 URI, the listing runs on the executors (one task per server);
-    without it (the sensor), on the caller.
-    """
+def list_changelog_files(src) -> dict[str, list[ChangelogFile]]:
+    """Per configured server, its changelog files in name order (listed by the caller: a
+    few LISTs per server, no Spark job)."""
     uri = src.changelogs.uri
     if not _is_s3(uri):
         base = local_path(uri)
         return {s: _list_local(base, s) for s in src.servers}
     s3 = _changelog_s3(src)
     bucket, prefix = _split_s3(uri)
-    if spark is None:
-        return {s: _list_s3(s3, bucket, prefix, s) for s in src.servers}
-    servers = list(src.servers)
-    try:
-        listed = (
-            spark.sparkContext.parallelize(servers, len(servers))
-            .map(lambda s: (s, _list_s3(s3, bucket, prefix, s)))
-            .collect()
-        )
-    except Exception as exc:  # the executor's StoreError arrives wrapped
-        raise _executor_failure(exc, src.name) from None
-    return dict(listed)
+    return {s: _list_s3(s3, bucket, prefix, s) for s in src.servers}
 
 
 def _open(f: ChangelogFile, s3) -> IO[bytes]:
     """A binary stream of the file (a local file, or the body of an S3 GET)."""
     if not _is_s3(f.uri):
-        return open(f.uri, "rb")
+        try:
+            return open(f.uri, "rb")
+        except OSError as exc:  # e.g. purged or renamed since it was listed
+            raise StoreError(f"cannot read {f.uri}: {exc.strerror or exc}") from None
     bucket, _, key = f.uri[len("s3://") :].partition("/")
     try:
         body = s3.client().get_object(Bucket=bucket, Key=key)["Body"]
@@ -540,8 +534,8 @@ class IngestJob:
     #: the epoch grid for time-window epochs
     start_ns: int = 0
     interval_ns: int = 1
-    #: local staging directory the executors write Parquet into themselves (a local or
-    #: shared-file-system warehouse); None: they hand batches to Spark's writer
+    #: local staging directory the executors write Parquet into (a local or
+    #: shared-file-system warehouse)
     staging_dir: str | None = None
 
 
@@ -1080,13 +1074,13 @@ def _ingest_server_file(sink: _Sink, context) -> Iterator:
             yield b
 
 
-def _task_runner(tasks: list[list[ChangelogFile]], job: IngestJob, acc):
+def _task_runner(tasks: list[list[ChangelogFile]], job: IngestJob):
     """The ``mapInArrow`` function: each input row names a task (a file, or a server's files).
 
     JSON Lines files stand alone; other formats carry MARK epochs and index order from
-    file to file of a server, so a task is all of that server's files, in order. With
-    ``job.staging_dir`` the task writes the Parquet files itself and yields one report
-    row per file; otherwise it yields the records and reports through ``acc``.
+    file to file of a server, so a task is all of that server's files, in order. The task
+    writes each file's Parquet into ``job.staging_dir`` itself and yields one report row
+    (JSON) per file: the reports come back as rows of the job's output (as under Spark Connect they must).
     """
 
     def run(batches):
@@ -1104,17 +1098,73 @@ def _task_runner(tasks: list[list[ChangelogFile]], job: IngestJob, acc):
                         produced = _ingest_jsonl_file(sink, read_schema)
                     else:
                         produced = _ingest_server_file(sink, context)
-                    if job.staging_dir is None:
-                        yield from _timed(produced, sink.report)
-                        acc.add([_report_to_dict(sink.finish())])
-                    else:
-                        started = time.perf_counter()
-                        _write_parquet(_timed(produced, sink.report), job.staging_dir, f, out_schema)
-                        sink.report.write_seconds = time.perf_counter() - started - sink.report.seconds
-                        report = json.dumps(_report_to_dict(sink.finish()))
-                        yield pa.RecordBatch.from_arrays([pa.array([report])], names=["report"])
+                    started = time.perf_counter()
+                    _write_parquet(_timed(produced, sink.report), job.staging_dir, f, out_schema)
+                    sink.report.write_seconds = time.perf_counter() - started - sink.report.seconds
+                    report = json.dumps(_report_to_dict(sink.finish()))
+                    yield pa.RecordBatch.from_arrays([pa.array([report])], names=["report"])
 
     return run
+
+
+#: rows per Parquet row group of an ingested file: fixed, so that the same records give
+#: the same bytes whatever the window or the batches they came in (a re-ingest is compared
+#: byte for byte with what is committed)
+ROW_GROUP_ROWS = 65536
+
+
+def part_file_name(f: ChangelogFile) -> str:
+    """The Parquet file a changelog file's records of one epoch go to: a function of the
+    changelog file's URI alone (not of its place in a listing that purge shortens)."""
+    import hashlib
+
+    digest = hashlib.sha1(f.uri.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    return f"part-{f.server}-{digest}.snappy.parquet"
+
+
+class _EpochPart:
+    """One epoch's Parquet file of one changelog file, written in fixed-size row groups."""
+
+    def __init__(self, directory: str, name: str, schema):
+        import pyarrow.parquet as pq
+
+        os.makedirs(directory, exist_ok=True)
+        self.final = os.path.join(directory, name)
+        self.tmp = os.path.join(directory, f".{name}.tmp-{uuid.uuid4().hex[:8]}")
+        self.schema = schema
+        self.writer = pq.ParquetWriter(self.tmp, schema, compression="snappy")
+        self.pending: list = []
+        self.rows = 0
+
+    def add(self, batch) -> None:
+        self.pending.append(batch)
+        self.rows += batch.num_rows
+        while self.rows >= ROW_GROUP_ROWS:
+            self._flush(ROW_GROUP_ROWS)
+
+    def _flush(self, n: int) -> None:
+        import pyarrow as pa
+
+        table = pa.Table.from_batches(self.pending, schema=self.schema)
+        # one contiguous chunk per column: the writer's pages then do not depend on how
+        # the rows were batched
+        self.writer.write_table(table.slice(0, n).combine_chunks(), row_group_size=n)
+        rest = table.slice(n)
+        self.pending = rest.to_batches()
+        self.rows = rest.num_rows
+
+    def close(self) -> None:
+        """Write the last row group and put the file in place under its final name."""
+        if self.rows:
+            self._flush(self.rows)
+        self.writer.close()
+        os.replace(self.tmp, self.final)
+
+    def abort(self) -> None:
+        if self.writer.is_open:
+            self.writer.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self.tmp)
 
 
 def _write_parquet(batches: Iterable, staging_dir: str, f: ChangelogFile, schema) -> None:
@@ -1126,29 +1176,26 @@ def _write_parquet(batches: Iterable, staging_dir: str, f: ChangelogFile, schema
     """
     import pyarrow as pa
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
     data_fields = [fld for fld in schema if fld.name not in ("epoch", "server")]
     data_schema = pa.schema(data_fields)
-    writers: dict[int, tuple[pq.ParquetWriter, str, str]] = {}
+    parts: dict[int, _EpochPart] = {}
     try:
         for batch in batches:
             epochs = batch.column("epoch")
             for e in pc.unique(epochs).to_pylist():
                 part = batch if pc.all(pc.equal(epochs, e)).as_py() else batch.filter(pc.equal(epochs, e))
-                if e not in writers:
+                if e not in parts:
                     d = os.path.join(staging_dir, f"epoch={e}", f"server={f.server}")
-                    os.makedirs(d, exist_ok=True)
-                    final = os.path.join(d, f"part-{f.ordinal:06d}-{f.server}.snappy.parquet")
-                    tmp = os.path.join(d, f".{os.path.basename(final)}.tmp")
-                    writers[e] = (pq.ParquetWriter(tmp, data_schema, compression="snappy"), tmp, final)
+                    parts[e] = _EpochPart(d, part_file_name(f), data_schema)
                 cols = [part.column(fld.name) for fld in data_fields]
-                writers[e][0].write_batch(pa.RecordBatch.from_arrays(cols, schema=data_schema))
-    finally:
-        for writer, _, _ in writers.values():
-            writer.close()
-    for _, tmp, final in writers.values():
-        os.replace(tmp, final)
+                parts[e].add(pa.RecordBatch.from_arrays(cols, schema=data_schema))
+        for p in parts.values():
+            p.close()
+    except BaseException:
+        for p in parts.values():
+            p.abort()
+        raise
 
 
 def _report_to_dict(rep: FileReport) -> dict:
@@ -1170,94 +1217,36 @@ class IngestError(EpochError):
         super().__init__(problems[0] + more + (f"; {hint}" if hint else ""))
 
 
-def _list_accumulator(spark):
-    from pyspark.accumulators import AccumulatorParam
-
-    class _ListParam(AccumulatorParam):
-        def zero(self, value):
-            return []
-
-        def addInPlace(self, a, b):  # noqa: N802 - pyspark's name
-            a.extend(b)
-            return a
-
-    return spark.sparkContext.accumulator([], _ListParam())
+#: cores assumed when the session says neither spark.default.parallelism nor a local[N] master
+DEFAULT_CORES = 2
 
 
-def _fs(spark, uri: str):
-    jvm = spark._jvm
-    path = jvm.org.apache.hadoop.fs.Path(uri)
-    return path.getFileSystem(spark._jsc.hadoopConfiguration()), path
+def task_slots(spark) -> int:
+    """How many tasks an ingest job may have: :data:`TASKS_PER_CORE` per core of the session.
 
+    Cores: ``spark.default.parallelism`` when set, else ``spark.cores.max``, else the N of
+    a ``local[N]`` master, else :data:`DEFAULT_CORES`. Read through ``spark.conf``, which
+    Spark Connect serves too.
+    """
 
-def _uri(warehouse_path: str) -> str:
-    return warehouse_path if "://" in warehouse_path else "file://" + warehouse_path
+    def conf(key: str) -> str | None:
+        try:
+            return spark.conf.get(key, None)
+        except Exception:  # a key the server refuses to show: not set, as far as we know
+            return None
 
-
-def _write_text(spark, uri: str, text: str) -> None:
-    if uri.startswith("file://") or "://" not in uri:
-        # plain files locally: Hadoop's local file system would add .crc files beside them
-        path = local_path(uri)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path + ".tmp", "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(path + ".tmp", path)
-        return
-    fs, path = _fs(spark, uri)
-    out = fs.create(path, True)
-    try:
-        out.write(bytearray(text.encode("utf-8")))
-    finally:
-        out.close()
-
-
-def _is_local(uri: str) -> bool:
-    return uri.startswith("file://") or "://" not in uri
-
-
-def _exists(spark, uri: str) -> bool:
-    if _is_local(uri):
-        return os.path.exists(local_path(uri))
-    fs, path = _fs(spark, uri)
-    return bool(fs.exists(path))
-
-
-def _delete(spark, uri: str) -> None:
-    if _is_local(uri):
-        import shutil
-
-        path = local_path(uri)
-        if os.path.isdir(path):
-            shutil.rmtree(path)
-        elif os.path.lexists(path):
-            os.remove(path)
-        return
-    fs, path = _fs(spark, uri)
-    if fs.exists(path):
-        fs.delete(path, True)
-
-
-def _move(spark, src: str, dst: str) -> None:
-    """Replace ``dst`` by ``src`` (a rename on file:// and hdfs://); a missing ``src`` leaves an empty ``dst``."""
-    if _is_local(src) and _is_local(dst):
-        _delete(spark, dst)
-        s, d = local_path(src), local_path(dst)
-        os.makedirs(os.path.dirname(d), exist_ok=True)
-        if os.path.exists(s):
-            os.replace(s, d)
-        else:
-            os.makedirs(d)  # an epoch with no records is still ingested
-        return
-    fs, final_path = _fs(spark, dst)
-    _, staged_path = _fs(spark, src)
-    if fs.exists(final_path):
-        fs.delete(final_path, True)
-    fs.mkdirs(final_path.getParent())
-    if fs.exists(staged_path):
-        if not fs.rename(staged_path, final_path):
-            raise StoreError(f"cannot move {src} to {dst}")
-    else:
-        fs.mkdirs(final_path)
+    cores = None
+    for key in ("spark.default.parallelism", "spark.cores.max"):
+        value = conf(key)
+        if value and value.strip().isdigit() and int(value) > 0:
+            cores = int(value)
+            break
+    if cores is None:
+        m = re.fullmatch(r"local(?:\[(\d+|\*)(?:,\s*\d+)?\])?", (conf("spark.master") or "").strip())
+        if m:
+            n = m.group(1)
+            cores = 1 if n is None else (os.cpu_count() or DEFAULT_CORES) if n == "*" else int(n)
+    return max(1, cores or DEFAULT_CORES) * TASKS_PER_CORE
 
 
 def run_ingest(
@@ -1269,32 +1258,29 @@ def run_ingest(
     *,
     consumer: str | None = None,
     progress: Callable[[str], None] | None = None,
-    writer: str = "auto",
-    in_process: bool | int = False,
 ) -> dict:
     """Ingest epochs ``first_epoch..last_epoch`` of ``source`` into the warehouse; returns figures.
 
     Raises :class:`IngestError` (nothing written) when a server has not closed
     ``last_epoch``, an index is missing, or a record is bad and the source does not say
     ``on_bad_record: quarantine``. ``consumer`` picks the cursor continuity starts from
-    (default: the minimum over the source's consumers). ``writer``: who writes the
-    Parquet — ``executors`` (pyarrow, into a local or shared-file-system warehouse),
-    ``spark`` (Spark's writer, any warehouse URI), ``auto`` (executors for ``file://``).
-    ``in_process``: no Spark at all, the caller parses and writes (a ``file://``
-    warehouse; the local engine's small epochs). An int is a budget: in process when the
-    changelog bytes to read are at most that many, with Spark otherwise.
+    (default: the minimum over the source's consumers). The parse is one Spark job
+    (``spark``, a classic or a Spark Connect session; one is started if None and there
+    is a file to read); its executors write the Parquet into the warehouse, which must be
+    ``file://`` on a file system they share with this process. Two ingests of the same
+    epochs may run at once (two targets, a retry): their commits take turns, and an epoch
+    whose committed files hold the same bytes is left in place (``unchanged_epochs``).
     """
-    from epochsync.schema import record_struct_type
+    from epochsync import warehouse_fs
 
     last_epoch = first_epoch if last_epoch is None else last_epoch
     if first_epoch < 1 or last_epoch < first_epoch:
         raise EpochError(f"epochs to ingest must satisfy 1 ≤ first ≤ last, got {first_epoch}..{last_epoch}")
-    budget = None if isinstance(in_process, bool) else in_process
-    local_wh = Warehouse(cfg.warehouse).records(source).startswith("file://") and writer != "spark"
-    if in_process is True and not local_wh:
-        raise EpochError(f"an in-process ingest writes a file:// warehouse, not {cfg.warehouse}")
-    given_spark = spark
-    spark = None  # listing and the tails of the files need no Spark session
+    if not warehouse_fs.is_local(cfg.warehouse):
+        raise EpochError(
+            f"ingest needs a file:// warehouse (local, or a file system shared by the Spark executors "
+            f"at the same path), not {cfg.warehouse}"
+        )
     say = progress or (lambda line: None)
     started = time.perf_counter()
     src = cfg.source(source)
@@ -1348,52 +1334,40 @@ def run_ingest(
                 tail = tails[f.uri]
                 if tail[2] == "EPOCH" and tail[1] > skipped_closed.get(server, -1):
                     skipped_closed[server] = tail[1]
-    to_read = sum(f.size for fl in files.values() for f in fl)
-    if not (in_process is True or (budget is not None and local_wh and to_read <= budget)):
-        from epochsync.spark import spark_session
+    tasks: list[list[ChangelogFile]] = []
+    if any(files.values()):
+        if spark is None:
+            from epochsync.spark import spark_session
 
-        spark = given_spark or spark_session("epochsync-ingest")
-    # jsonl files stand alone: packed into a few balanced tasks per core; other formats
-    # carry MARK epochs and index order from file to file: one task per server.
-    if fmt == "jsonl":
-        slots = 1 if spark is None else max(1, spark.sparkContext.defaultParallelism) * TASKS_PER_CORE
-        tasks = pack_files([f for fl in files.values() for f in fl], slots)
-    else:
-        tasks = [fl for fl in files.values() if fl]
-    acc = None if spark is None else _list_accumulator(spark)
+            spark = spark_session("epochsync-ingest")
+        # jsonl files stand alone: packed into a few balanced tasks per core; other formats
+        # carry MARK epochs and index order from file to file: one task per server.
+        if fmt == "jsonl":
+            tasks = pack_files([f for fl in files.values() for f in fl], task_slots(spark))
+        else:
+            tasks = [fl for fl in files.values() if fl]
     staging = f"{wh.records(source)}/_ingest-{uuid.uuid4().hex[:12]}"
-    local = writer == "executors" or (writer == "auto" and staging.startswith("file://"))
-    if local:
-        # executors write Parquet with pyarrow straight into a local (or shared) staging
-        # directory: no Arrow → row conversion and no sort in the JVM (about half the time)
-        job = dataclasses.replace(job, staging_dir=local_path(staging))
+    # executors write Parquet with pyarrow straight into the (local or shared) staging
+    # directory: no Arrow → row conversion and no sort in the JVM
+    job = dataclasses.replace(job, staging_dir=local_path(staging))
     try:
-        if tasks and spark is None:
-            reports = _dedupe(_run_in_process(tasks, job, source))
-        elif tasks:
+        reports: list[dict] = []
+        if tasks:
             ids = spark.range(0, len(tasks), 1, numPartitions=len(tasks))
             try:
-                if local:
-                    rows = ids.mapInArrow(_task_runner(tasks, job, acc), "report string").collect()
-                    reports = _dedupe([json.loads(r["report"]) for r in rows])
-                else:
-                    df = ids.mapInArrow(_task_runner(tasks, job, acc), record_struct_type())
-                    df.write.mode("overwrite").partitionBy("epoch", "server").parquet(staging)
-            except Exception as exc:  # Py4J and PySpark wrap what the executor raised
+                rows = ids.mapInArrow(_task_runner(tasks, job), "report string").collect()
+            except Exception as exc:  # Py4J, PySpark and Spark Connect wrap what the executor raised
                 raise _executor_failure(exc, source) from None
-        if not tasks:
-            reports = []
-        elif not local:
-            reports = _dedupe(acc.value)
+            reports = _dedupe([json.loads(r["report"]) for r in rows])
         phases["spark_job"] = time.perf_counter() - started - phases["list"]
         result = _judge(src, job, reports, skipped_closed)
-        _commit(spark, wh, src, job, staging, result)
-        _write_markers(spark, wh, src, job, files, reports, result)
+        unchanged = _commit(wh, src, job, staging, files, result)
     finally:
-        _delete(spark, staging)
+        warehouse_fs.delete(staging)
     phases["check_and_commit"] = time.perf_counter() - started - phases["list"] - phases["spark_job"]
 
     stats = _stats(src, job, files, reports, result, time.perf_counter() - started)
+    stats["unchanged_epochs"] = unchanged
     for server, s in stats["servers"].items():
         # files before the run's epochs (and below the cursor) are listed but not read
         s["files_skipped"] = len(listed.get(server, [])) - len(files.get(server, []))
@@ -1405,23 +1379,9 @@ def run_ingest(
             f"{server}: {s['records']} records of epochs {first_epoch}..{last_epoch}, "
             f"closed through epoch {s['closed_through']}, {s['bad_records']} bad"
         )
+    if unchanged:
+        say(f"epoch(s) {', '.join(map(str, unchanged))}: already ingested with the same bytes, left in place")
     return stats
-
-
-def _run_in_process(tasks: list[list[ChangelogFile]], job: IngestJob, source: str) -> list[dict]:
-    """The executors' work in this process, one task after the other: the report of every file."""
-    import pyarrow as pa
-
-    runner = _task_runner(tasks, job, None)
-    ids = pa.RecordBatch.from_arrays([pa.array(range(len(tasks)), pa.int64())], names=["id"])
-    try:
-        return [json.loads(r) for out in runner([ids]) for r in out.column(0).to_pylist()]
-    except StoreError as exc:
-        raise StoreError(f"ingest of source {source!r}: {exc}") from None
-    except IngestError:
-        raise
-    except EpochError as exc:
-        raise EpochError(f"ingest of source {source!r}: {exc}") from None
 
 
 _EXECUTOR_ERROR = re.compile(r"epochsync\.errors\.(\w+): (.+)")
@@ -1506,30 +1466,90 @@ def _judge(src, job: IngestJob, reports: list[dict], skipped_closed: Mapping[str
     return _Judgement(bad, bad_total, records)
 
 
-def _commit(spark, wh: Warehouse, src, job: IngestJob, staging: str, result: _Judgement) -> None:
-    """Quarantine first, then swap each epoch's directory in (a re-run redoes both)."""
+#: in ``records/source=S/``: ingests of the source commit one at a time while they hold it
+COMMIT_LOCK = "_ingest.lock"
+
+
+def _commit(wh: Warehouse, src, job: IngestJob, staging: str, files, result: _Judgement) -> list[int]:
+    """Quarantine first, then each epoch's directory swapped in; returns the epochs left in place.
+
+    Under the source's commit lock, so two ingests of one epoch (two targets, a retry)
+    never interleave their swaps. An epoch whose committed data files are byte for byte the
+    staged ones is not swapped: only its marker is replaced (one rename), so a reader of
+    those files (another target's merge) is not disturbed. Otherwise the staged directory,
+    marker included, replaces the committed one in one atomic exchange where the file
+    system can (Linux ``renameat2``), else by two renames.
+    """
+    from epochsync import warehouse_fs
+
     by_epoch: dict[int, list[dict]] = {}
     for epoch, d in result.bad:
         by_epoch.setdefault(job.first if epoch is None else epoch, []).append(d)
-    for epoch in range(job.first, job.last + 1):
-        qdir = wh.quarantine(src.name, epoch)
-        _delete(spark, qdir)
-        entries = by_epoch.get(epoch)
-        if entries:
-            text = "".join(json.dumps(d, ensure_ascii=False, separators=(",", ":")) + "\n" for d in entries)
-            _write_text(spark, f"{qdir}/part-00000.jsonl", text)
-    for epoch in range(job.first, job.last + 1):
-        _move(spark, f"{staging}/epoch={epoch}", wh.records(src.name, epoch))
+    markers = _markers(src, job, files, result)
+    unchanged = []
+    base = local_path(wh.records(src.name))
+    with warehouse_fs.lock_file(os.path.join(base, COMMIT_LOCK)):
+        for epoch in range(job.first, job.last + 1):
+            qfile = os.path.join(local_path(wh.quarantine(src.name, epoch)), "part-00000.jsonl")
+            entries = by_epoch.get(epoch)
+            if entries:
+                text = "".join(json.dumps(d, ensure_ascii=False, separators=(",", ":")) + "\n" for d in entries)
+                warehouse_fs.write_text_atomic(qfile, text)
+            else:
+                warehouse_fs.delete(os.path.dirname(qfile))
+        for epoch in range(job.first, job.last + 1):
+            staged = os.path.join(local_path(staging), f"epoch={epoch}")
+            final = local_path(wh.records(src.name, epoch))
+            os.makedirs(staged, exist_ok=True)  # an epoch with no records is still ingested
+            if same_data_files(staged, final):
+                warehouse_fs.write_text_atomic(os.path.join(final, INGEST_MARKER), markers[epoch])
+                unchanged.append(epoch)
+            else:
+                warehouse_fs.write_text_atomic(os.path.join(staged, INGEST_MARKER), markers[epoch])
+                warehouse_fs.move_replacing(staged, final)
+    return unchanged
+
+
+def _data_files(root: str) -> dict[str, int]:
+    """Relative path → size of the files readers read under ``root`` (names starting with
+    ``_`` or ``.`` aside, as Spark and pyarrow skip them)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if not d.startswith(("_", "."))]
+        for name in filenames:
+            if not name.startswith(("_", ".")):
+                path = os.path.join(dirpath, name)
+                out[os.path.relpath(path, root)] = os.path.getsize(path)
+    return out
+
+
+def same_data_files(a: str, b: str) -> bool:
+    """True if directories ``a`` and ``b`` both exist and hold the same data files, byte for byte."""
+    if not (os.path.isdir(a) and os.path.isdir(b)):
+        return False
+    fa, fb = _data_files(a), _data_files(b)
+    if fa != fb:
+        return False
+    for rel in fa:
+        with open(os.path.join(a, rel), "rb") as x, open(os.path.join(b, rel), "rb") as y:
+            while True:
+                bx, by = x.read(1 << 20), y.read(1 << 20)
+                if bx != by:
+                    return False
+                if not bx:
+                    break
+    return True
 
 
 #: in each ingested epoch's records directory (Spark's readers skip ``_`` files): what was read
 INGEST_MARKER = "_epochsync_ingest.json"
 
 
-def _write_markers(spark, wh: Warehouse, src, job: IngestJob, files, reports: list[dict], result: _Judgement) -> None:
-    """After the swap: the window, the consumer cursor it started from and the changelog
-    files read (with sizes): the inputs that decide the result, so :func:`ingest_is_current`
+def _markers(src, job: IngestJob, files, result: _Judgement) -> dict[int, str]:
+    """Per epoch: the window, the consumer cursor it started from and the changelog files
+    read (with sizes): the inputs that decide the result, so :func:`ingest_is_current`
     can tell a second target's ingest of the same closed epoch that there is nothing to redo."""
+    out = {}
     for epoch in range(job.first, job.last + 1):
         marker = {
             "source": src.name,
@@ -1541,7 +1561,8 @@ def _write_markers(spark, wh: Warehouse, src, job: IngestJob, files, reports: li
             "files": {f.uri: f.size for fl in files.values() for f in fl},
             "ingested_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
-        _write_text(spark, f"{wh.records(src.name, epoch)}/{INGEST_MARKER}", json.dumps(marker, sort_keys=True))
+        out[epoch] = json.dumps(marker, sort_keys=True)
+    return out
 
 
 def ingest_is_current(cfg, source: str, first_epoch: int, last_epoch: int, consumer: str | None = None) -> str | None:
@@ -1625,7 +1646,9 @@ def read_records(spark, warehouse: str, source: str, first_epoch: int, last_epoc
     wh = Warehouse(warehouse)
     schema = record_struct_type()
     paths = [wh.records(source, e) for e in range(first_epoch, last_epoch + 1)]
-    missing = [p for p in paths if not _exists(spark, p)]
+    from epochsync import warehouse_fs
+
+    missing = [p for p in paths if not warehouse_fs.exists(p)]
     if missing:
         raise EpochError(f"not ingested yet: {', '.join(missing)}")
     df = spark.read.schema(schema).option("basePath", wh.records(source)).parquet(*paths)

@@ -50,57 +50,39 @@ def empty_snapshot(spark: SparkSession, root_fid: str) -> DataFrame:
 # --------------------------------------------------------------------------- file system helpers
 
 
-def _fs(uri: str):
-    """pyarrow FileSystem and path of ``uri`` (``file://``, a plain path, or any scheme pyarrow knows).
-
-    The client does warehouse file operations itself, not through Spark's JVM (a Spark
-    Connect client has none): the warehouse is a local or shared file system.
-    """
-    from pyarrow import fs as pafs
-
-    if "://" not in uri:
-        return pafs.LocalFileSystem(), uri
-    return pafs.FileSystem.from_uri(uri)
-
-
 def path_exists(spark: SparkSession | None, uri: str) -> bool:
-    """True if ``uri`` (a file or a directory) exists."""
-    from pyarrow import fs as pafs
+    """True if ``uri`` (a file or a directory) exists (checked by the caller, not by Spark)."""
+    from epochsync import warehouse_fs
 
-    fs, path = _fs(uri)
-    return fs.get_file_info(path).type != pafs.FileType.NotFound
+    return warehouse_fs.exists(uri)
 
 
 def _delete(spark: SparkSession | None, uri: str) -> None:
-    from pyarrow import fs as pafs
+    from epochsync import warehouse_fs
 
-    fs, path = _fs(uri)
-    kind = fs.get_file_info(path).type
-    if kind == pafs.FileType.Directory:
-        fs.delete_dir(path)
-    elif kind != pafs.FileType.NotFound:
-        fs.delete_file(path)
+    warehouse_fs.delete(uri)
 
 
 def write_table(spark: SparkSession, df: DataFrame, uri: str) -> None:
     """Write ``df`` as Parquet at ``uri``, replacing what was there, all or nothing.
 
     Spark writes into ``<uri>.tmp-<random>``; only a complete write is renamed onto ``uri``
-    (a rename on file:// and hdfs://). A failed write leaves the old table untouched.
+    (on file:// in one atomic exchange where Linux can, so a reader sees the old table or
+    the new one). A failed write leaves the old table untouched. The rename runs in this
+    process (``pyarrow.fs`` or ``os``, no JVM): under Spark Connect the warehouse must be
+    at the same path for this process and for Spark.
     """
+    from epochsync import warehouse_fs
+
     tmp = f"{uri.rstrip('/')}.tmp-{uuid.uuid4().hex[:12]}"
     try:
         df.write.mode("overwrite").parquet(tmp)
-        fs, dst = _fs(uri)
-        _, src = _fs(tmp)
-        fs.create_dir(dst.rstrip("/").rsplit("/", 1)[0], recursive=True)
-        _delete(spark, uri)
         try:
-            fs.move(src, dst)
+            warehouse_fs.move_replacing(tmp, uri)
         except OSError as exc:
             raise SnapshotError(f"could not move {tmp} to {uri}: {exc}") from None
     finally:
-        _delete(spark, tmp)
+        warehouse_fs.delete(tmp)
 
 
 # --------------------------------------------------------------------------- snapshots
@@ -136,15 +118,12 @@ def write_snapshot(spark: SparkSession, wh: Warehouse, target: str, epoch: int, 
 
 def snapshot_epochs(spark: SparkSession, wh: Warehouse, target: str) -> list[int]:
     """Epochs that have a snapshot of ``target``, ascending."""
-    from pyarrow import fs as pafs
+    from epochsync import warehouse_fs
 
-    fs, path = _fs(wh.snapshots(target))
-    if fs.get_file_info(path).type != pafs.FileType.Directory:
-        return []
     out = []
-    for st in fs.get_file_info(pafs.FileSelector(path)):
-        m = re.fullmatch(r"epoch=(\d+)", st.base_name)
-        if m and st.type == pafs.FileType.Directory:
+    for name in warehouse_fs.list_dirs(wh.snapshots(target)):
+        m = re.fullmatch(r"epoch=(\d+)", name)
+        if m:
             out.append(int(m.group(1)))
     return sorted(out)
 

@@ -445,3 +445,79 @@ def test_files_before_the_run_and_below_the_cursor_are_not_read_again(tmp_path):
         "2.jsonl",
         "3.jsonl",
     ]
+
+
+# --------------------------------------------------------------------------- Spark Connect-ready driver side
+
+
+class _Conf:
+    def __init__(self, values):
+        self.values = values
+
+    def get(self, key, default=None):
+        return self.values.get(key, default)
+
+
+class _Session:
+    def __init__(self, **values):
+        self.conf = _Conf({k.replace("_", "."): v for k, v in values.items()})
+
+
+def test_task_slots_come_from_the_session_conf_not_its_spark_context():
+    from epochsync.ingest import DEFAULT_CORES, TASKS_PER_CORE, task_slots
+
+    assert task_slots(_Session(**{"spark_default_parallelism": "3", "spark_master": "local[8]"})) == 3 * TASKS_PER_CORE
+    assert task_slots(_Session(spark_master="local[5]")) == 5 * TASKS_PER_CORE
+    assert task_slots(_Session(spark_master="local")) == TASKS_PER_CORE
+    assert task_slots(_Session(spark_master="spark://h:7077", spark_cores_max="6")) == 6 * TASKS_PER_CORE
+    assert task_slots(_Session(spark_master="spark://h:7077")) == DEFAULT_CORES * TASKS_PER_CORE
+    assert task_slots(_Session()) == DEFAULT_CORES * TASKS_PER_CORE
+
+
+def test_an_ingest_into_a_warehouse_that_is_not_a_file_system_is_refused_before_any_work(tmp_path):
+    from epochsync.ingest import run_ingest
+
+    cfg = config_from_dict(
+        {
+            "warehouse": "s3://bucket/wh",
+            "sources": [
+                {
+                    "name": "src",
+                    "root_fid": "[0x200000007:0x1:0x0]",
+                    "servers": ["M"],
+                    "changelogs": {"uri": str(tmp_path / "cl"), "format": "jsonl"},
+                    "store": {"conn_id": "store", "bucket": "data"},
+                    "epoch": {"interval": "5m", "start": "2026-01-01T00:00:00Z"},
+                }
+            ],
+        }
+    )
+    with pytest.raises(EpochError, match=r"^ingest needs a file:// warehouse .*, not s3://bucket/wh$"):
+        run_ingest(cfg, "src", 1, 1, spark=object())
+
+
+def test_the_same_records_give_the_same_parquet_bytes_however_they_are_batched(tmp_path, monkeypatch):
+    """What lets a re-ingest leave the committed files in place: fixed row groups, one chunk each."""
+    import pyarrow.parquet as pq
+
+    import epochsync.ingest as ingest
+
+    monkeypatch.setattr(ingest, "ROW_GROUP_ROWS", 5)
+    out, _ = _arrow_schemas()
+    records = [R("M", i, 1 if i <= 7 else 2, "CREAT", tfid=f"[0x1:{i:#x}:0x0]", pfid="[0x1:0x1:0x0]", name=f"n{i}")
+               for i in range(1, 13)]  # fmt: skip
+    f = ChangelogFile("M", 0, str(tmp_path / "changelog.jsonl"))
+    whole = [_records_to_batch(records, out)]
+    pieces = [_records_to_batch(records[i : i + 3], out) for i in range(0, 12, 3)]
+    ingest._write_parquet(iter(whole), str(tmp_path / "a"), f, out)
+    ingest._write_parquet(iter(pieces), str(tmp_path / "b"), f, out)
+    name = ingest.part_file_name(f)
+    for epoch, rows in ((1, 7), (2, 5)):
+        a = tmp_path / "a" / f"epoch={epoch}" / "server=M" / name
+        b = tmp_path / "b" / f"epoch={epoch}" / "server=M" / name
+        assert a.read_bytes() == b.read_bytes()
+        meta = pq.ParquetFile(a).metadata
+        assert meta.num_rows == rows and [meta.row_group(i).num_rows for i in range(meta.num_row_groups)] == (
+            [5, 2] if rows == 7 else [5]
+        )
+    assert sorted(p.name for p in (tmp_path / "a" / "epoch=1" / "server=M").iterdir()) == [name]  # no temp left

@@ -8,7 +8,7 @@ import pytest
 from pyspark.testing import assertDataFrameEqual
 
 from epochsync.config import config_from_dict
-from epochsync.errors import EpochError
+from epochsync.errors import EpochError, StoreError
 from epochsync.formats import ParseOptions, parse_stream
 from epochsync.formats.common import ParseContext
 from epochsync.ingest import closure_of_dataframe, read_records, run_ingest
@@ -143,15 +143,93 @@ def test_quarantine_mode_sets_bad_lines_aside_and_goes_on(spark, tmp_path):
 def test_rerun_overwrites_only_its_epochs(spark, tmp_path):
     write_changelogs(tmp_path, {"MDT0000/a.jsonl": MDT, "OST0000/a.jsonl": OST})
     cfg = config(tmp_path)
-    # the first run through Spark's own Parquet writer (any warehouse URI), the rerun
-    # through the executors' (local warehouses): same layout, one table
-    run_ingest(cfg, "src", 1, 2, spark, writer="spark")
+    run_ingest(cfg, "src", 1, 2, spark)
     changed = MDT[3].replace(xattr_value=b"new")
     write_changelogs(tmp_path, {"MDT0000/a.jsonl": [*MDT[:3], changed, *MDT[4:]]})
-    run_ingest(cfg, "src", 2, 2, spark)
+    stats = run_ingest(cfg, "src", 2, 2, spark)
+    assert stats["unchanged_epochs"] == []  # new bytes: swapped in
     assertDataFrameEqual(
         read_records(spark, cfg.warehouse, "src", 1, 2), expected(spark, [*MDT[:3], changed, *MDT[4:], *OST])
     )
+
+
+def _data_files(directory):
+    return {
+        p.relative_to(directory): (p.stat().st_ino, p.stat().st_mtime_ns)
+        for p in directory.rglob("*")
+        if p.is_file() and not p.name.startswith(("_", "."))
+    }
+
+
+def test_a_reingest_of_the_same_records_leaves_the_committed_files_in_place(spark, tmp_path):
+    """A retry or a second target's ingest of an epoch must not replace the files another
+    run may be reading: the same records give the same bytes whatever the window (and the
+    path, fast or importer), and then only the marker changes."""
+    pretty = json.dumps(MDT[4].to_dict(), indent=None, separators=(", ", ": ")) + "\n"
+    write_changelogs(
+        tmp_path, {"MDT0000/000001.jsonl": MDT[:4], "MDT0000/000002.jsonl": ["\n", pretty, MDT[5]], "OST0000/log": OST}
+    )
+    cfg = config(tmp_path)
+    run_ingest(cfg, "src", 1, 2, spark)
+    epoch2 = tmp_path / "wh" / "records" / "source=src" / "epoch=2"
+    before = _data_files(epoch2)
+    assert len(before) == 3  # one Parquet file per changelog file holding epoch-2 records
+    stats = run_ingest(cfg, "src", 2, 2, spark)
+    assert stats["unchanged_epochs"] == [2] and stats["records"] == 4
+    assert _data_files(epoch2) == before  # same inodes, never rewritten
+    marker = json.loads((epoch2 / "_epochsync_ingest.json").read_text())
+    assert marker["window"] == [2, 2]  # the marker says what the last run read
+    assertDataFrameEqual(read_records(spark, cfg.warehouse, "src", 2), expected(spark, MDT[3:] + OST[2:]))
+    assert [
+        p.name for p in (tmp_path / "wh" / "records" / "source=src").iterdir() if p.name.startswith("_ingest-")
+    ] == []
+
+
+def test_two_ingests_of_one_epoch_at_once_never_disturb_a_reader(spark, tmp_path):
+    """Issue 16: two runs ingesting the same source epoch at once (two targets, a retry)
+    while a third reads it: no FileNotFoundError anywhere, and the reader always sees
+    exactly the epoch's records."""
+    import threading
+
+    import pyarrow.dataset as ds
+
+    write_changelogs(tmp_path, {"MDT0000/a.jsonl": MDT, "OST0000/a.jsonl": OST})
+    cfg = config(tmp_path)
+    run_ingest(cfg, "src", 1, 2, spark)
+    epoch2 = tmp_path / "wh" / "records" / "source=src" / "epoch=2"
+    want = sorted((r.server, r.index) for r in MDT[3:] + OST[2:])
+    errors: list[BaseException] = []
+    reads = []
+    done = threading.Event()
+
+    def ingest(first):
+        try:
+            for _ in range(4):
+                run_ingest(cfg, "src", first, 2, spark)
+        except BaseException as exc:  # noqa: BLE001 - the test reports whatever happened
+            errors.append(exc)
+
+    def read():
+        while not done.is_set():
+            try:
+                t = ds.dataset(str(epoch2), format="parquet", partitioning="hive").to_table(columns=["server", "index"])
+                reads.append(sorted(zip(t.column("server").to_pylist(), t.column("index").to_pylist())))
+            except BaseException as exc:  # noqa: BLE001
+                errors.append(exc)
+                return
+
+    reader = threading.Thread(target=read)
+    writers = [threading.Thread(target=ingest, args=(first,)) for first in (1, 2)]
+    reader.start()
+    for w in writers:
+        w.start()
+    for w in writers:
+        w.join()
+    done.set()
+    reader.join()
+    assert errors == []
+    assert reads and all(r == want for r in reads)
+    assertDataFrameEqual(read_records(spark, cfg.warehouse, "src", 1, 2), expected(spark, MDT + OST))
 
 
 def test_a_second_ingest_of_an_unchanged_window_is_reported_current(spark, tmp_path):
@@ -277,3 +355,18 @@ def test_spark_app_prints_per_server_progress_and_fails_with_one_line(spark, tmp
     ]
     assert main(["--config", str(cfg_file), "--source", "nope", "--epoch", "1"]) == 1
     assert "no source named 'nope' (have: src)" in capsys.readouterr().err
+
+
+def test_an_error_on_an_executor_comes_back_as_one_line_naming_the_file(spark, tmp_path):
+    write_changelogs(tmp_path, {"MDT0000/a.jsonl": MDT, "OST0000/a.jsonl": OST})
+    cfg = config(tmp_path)
+    gone = tmp_path / "cl" / "OST0000" / "a.jsonl"
+
+    def progress(line):  # called after the listing, before the Spark job: the file vanishes in between
+        if gone.exists():
+            gone.unlink()
+
+    with pytest.raises(StoreError) as err:
+        run_ingest(cfg, "src", 1, 2, spark, progress=progress)
+    assert str(err.value) == f"ingest of source 'src': cannot read {gone}: No such file or directory"
+    assert not (tmp_path / "wh" / "records" / "source=src" / "epoch=1").exists()
