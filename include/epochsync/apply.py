@@ -335,7 +335,9 @@ def _apply_on_executors(spark, ops: list[dict], plan: dict, target, source_io, s
     """
     import json
 
-    n = max(1, min(len(ops), _executor_slots(spark) * 2))
+    # one task per slot, more only for plans large enough to balance (a task on a fresh
+    # session pays a Python worker's start)
+    n = max(1, min(len(ops), _executor_slots(spark) * (2 if len(ops) > 2000 else 1)))
     parts = [ops[i::n] for i in range(n)]
 
     def run(batches):
@@ -350,7 +352,7 @@ def _apply_on_executors(spark, ops: list[dict], plan: dict, target, source_io, s
                 for r in _data_partition(index, iter(parts[index]), target, source_io, source_bucket, jdir, faults):
                     yield pa.RecordBatch.from_pydict({"report": [json.dumps(r)]})
 
-    tag = f"epochsync-apply-{plan['target']}-{plan['epoch']}-{os.getpid()}-{time.monotonic_ns()}"
+    tag = f"apply-data-{plan['target']}-{plan['epoch']}-{os.getpid()}-{time.monotonic_ns()}"
     spark.addTag(tag)
     try:
         rows = spark.range(0, n, 1, numPartitions=n).mapInArrow(run, "report string").collect()

@@ -189,6 +189,16 @@ def epoch_line(epoch: int, target: str, stats: dict | None, seconds: float, stat
     )
 
 
+def user_tag(job_tags: str) -> str | None:
+    """The epochsync session tag among a job's ``spark.job.tags`` (Spark Connect wraps it:
+    ``SparkConnect_SessionTag_User_<user>_Session_<id>_Tag_<tag>``)."""
+    for t in job_tags.split(","):
+        at = t.find("epochsync-")
+        if at == 0 or (at > 0 and t[:at].endswith("_Tag_")):
+            return t[at:]
+    return None
+
+
 def spark_tasks_by_tag(event_dir: Path) -> dict[str, dict]:
     """Per stage tag (``epochsync-<stage>-<target>-e<epoch>``): Spark jobs, tasks and the executors that ran them.
 
@@ -204,10 +214,12 @@ def spark_tasks_by_tag(event_dir: Path) -> dict[str, dict]:
                     e = json.loads(line)
                 except ValueError:
                     continue  # a line cut by a server that was still writing
+                if not isinstance(e, dict):
+                    continue
                 kind = e.get("Event")
                 if kind == "SparkListenerJobStart":
                     tags = (e.get("Properties") or {}).get("spark.job.tags") or ""
-                    tag = next((t for t in tags.split(",") if t.startswith("epochsync-")), None)
+                    tag = user_tag(tags)
                     if tag:
                         row = out.setdefault(tag, {"jobs": 0, "tasks": 0, "executors": []})
                         row["jobs"] += 1

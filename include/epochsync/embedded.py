@@ -330,6 +330,7 @@ class SparkConnectServer:
             "spark.local.dir": str(self.work_dir / "local"),
             "spark.driver.extraJavaOptions": f"{SMALL_JVM_OPTIONS} -Dderby.system.home={self.work_dir}",
             "spark.sql.warehouse.dir": str(self.work_dir / "spark-warehouse"),
+            "spark.log.level": os.environ.get("EPOCHSYNC_SPARK_LOG_LEVEL", "WARN"),
             # an apply task must not be re-run behind the driver's back (see epochsync.apply)
             "spark.task.maxFailures": "1",
         }
@@ -340,7 +341,9 @@ class SparkConnectServer:
             conf.update(SMALL_SQL_CONF)
         if self.event_log is not None:
             self.event_log.mkdir(parents=True, exist_ok=True)
-            conf.update({"spark.eventLog.enabled": "true", "spark.eventLog.dir": f"file://{self.event_log}"})
+            conf.update({"spark.eventLog.enabled": "true", "spark.eventLog.dir": f"file://{self.event_log}",
+                         # plain JSON lines, one file: what epochsync.demo.spark_tasks_by_tag reads
+                         "spark.eventLog.compress": "false", "spark.eventLog.rolling.enabled": "false"})  # fmt: skip
         conf.update(self.conf)
         submit = str(pyspark_home() / "bin" / "spark-submit")
         cmd = [submit, "--class", self.CLASS, "--master", self.master, "--name", "epochsync",

@@ -51,6 +51,8 @@ CHUNK_BYTES = 32 * 1024 * 1024
 BATCH_RECORDS = 32768
 #: JSON Lines tasks per core: files are packed into this many tasks per core at most.
 TASKS_PER_CORE = 4
+#: changelog bytes one ingest task is worth (about 40,000 JSON Lines records)
+BYTES_PER_TASK = 16 * 1024 * 1024
 #: Bad records kept per file for the error message and the quarantine (the rest are counted).
 MAX_ERRORS_PER_FILE = 10000
 
@@ -1343,7 +1345,10 @@ def run_ingest(
         # jsonl files stand alone: packed into a few balanced tasks per core; other formats
         # carry MARK epochs and index order from file to file: one task per server.
         if fmt == "jsonl":
-            tasks = pack_files([f for fl in files.values() for f in fl], task_slots(spark))
+            every = [f for fl in files.values() for f in fl]
+            # a task costs a Python worker's start on a fresh session: small epochs take few
+            by_size = max(1, -(-sum(f.size for f in every) // BYTES_PER_TASK))
+            tasks = pack_files(every, min(task_slots(spark), by_size))
         else:
             tasks = [fl for fl in files.values() if fl]
     staging = f"{wh.records(source)}/_ingest-{uuid.uuid4().hex[:12]}"

@@ -627,7 +627,6 @@ def run_merge(
 
 
 def _run_merge_spark(cfg: Config, target_name: str, first_epoch: int, last_epoch: int, spark: SparkSession) -> dict:
-    from pyspark.sql import functions as F
 
     from epochsync.ingest import read_records
     from epochsync.paths import Warehouse
@@ -639,6 +638,7 @@ def _run_merge_spark(cfg: Config, target_name: str, first_epoch: int, last_epoch
     target = cfg.target(target_name)
     source = cfg.source_of(target)
     wh = Warehouse(cfg.warehouse)
+    _size_shuffle(spark, wh, target.name, source.name, first_epoch, last_epoch)
     prev = read_snapshot(spark, wh, target.name, first_epoch - 1, source.root_fid)
     persisted: list = []
     records = read_records(spark, cfg.warehouse, source.name, first_epoch, last_epoch)
@@ -661,19 +661,11 @@ def _run_merge_spark(cfg: Config, target_name: str, first_epoch: int, last_epoch
         for df in persisted:
             df.unpersist()
 
-    counts = (
-        spark.read.parquet(out.changes)
-        .agg(
-            F.count(F.lit(1)).alias("changes"),
-            *(F.count_if(F.col(c)).alias(c) for c in CHANGE_FIELDS if c in _FLAG_COLUMNS),
-            F.expr("coalesce(sum(aggregate(ranges, 0L, (a, r) -> a + r.length)), 0)").alias("range_bytes"),
-        )
-        .first()
-        .asDict()
-    )
-    rec_counts = records.agg(
-        F.count(F.lit(1)).alias("records"), F.count_if(F.col("type").isin(*MERGED_TYPES)).alias("merged")
-    ).first()
+    # the figures come from the files just written, read here with pyarrow: no Spark job
+    # re-reads a table only to count it (each would cost a round trip and a job)
+    counts = _table_counts(out, wh.records(source.name), first_epoch, last_epoch)
+    rec_counts = counts.pop("_records")
+    snapshot_fids, groups = counts.pop("_snapshot_fids"), counts.pop("_cookie_groups")
     stats = {
         "target": target.name,
         "source": source.name,
@@ -682,8 +674,8 @@ def _run_merge_spark(cfg: Config, target_name: str, first_epoch: int, last_epoch
         "records": rec_counts["records"],
         "merged_records": rec_counts["merged"],
         **counts,
-        "snapshot_fids": spark.read.parquet(out.snapshot).count(),
-        "cookie_groups": spark.read.parquet(out.cookie_groups).count(),
+        "snapshot_fids": snapshot_fids,
+        "cookie_groups": groups,
         "net_to_raw_ratio": counts["changes"] / rec_counts["merged"] if rec_counts["merged"] else 0.0,
         "snapshot": out.snapshot,
         "changes_uri": out.changes,
@@ -697,6 +689,51 @@ def _run_merge_spark(cfg: Config, target_name: str, first_epoch: int, last_epoch
         spark, wh, target.name, target.snapshot_retention, committed_epoch=first_epoch - 1
     )
     return stats
+
+
+def _size_shuffle(spark: SparkSession, wh, target: str, source: str, first: int, last: int) -> int:
+    """Shuffle partitions for the merge's input (records of the window + snapshot first-1), from Parquet footers."""
+    import pyarrow.dataset as ds
+
+    from epochsync import warehouse_fs
+    from epochsync.paths import local_path
+    from epochsync.spark import size_partitions
+
+    rows = 0
+    for uri in [wh.records(source, e) for e in range(first, last + 1)] + [wh.snapshot(target, first - 1)]:
+        if warehouse_fs.exists(uri):
+            rows += ds.dataset(local_path(uri), format="parquet", partitioning="hive").count_rows()
+    return size_partitions(spark, rows)
+
+
+def _table_counts(out: MergeOutputs, records_uri: str, first: int, last: int) -> dict:
+    """The merge's figures from its outputs and its input records, read with pyarrow in this process."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    from epochsync.paths import local_path
+
+    def dataset(uri: str, **kw):
+        return ds.dataset(local_path(uri), format="parquet", partitioning="hive", **kw)
+
+    flags = [c for c in CHANGE_FIELDS if c in _FLAG_COLUMNS]
+    changes = dataset(out.changes).to_table(columns=[*flags, "ranges"])
+    counts: dict = {"changes": changes.num_rows}
+    for c in flags:
+        counts[c] = int(pc.sum(pc.cast(pc.fill_null(changes[c], False), "int64")).as_py() or 0)
+    lengths = pc.struct_field(pc.list_flatten(changes["ranges"]), "length")
+    counts["range_bytes"] = int(pc.sum(lengths).as_py() or 0)
+    counts["_snapshot_fids"] = dataset(out.snapshot).count_rows()
+    counts["_cookie_groups"] = dataset(out.cookie_groups).count_rows()
+    merged_types = pa.array(list(MERGED_TYPES), pa.string())
+    records = merged = 0
+    for e in range(first, last + 1):
+        types = dataset(f"{records_uri}/epoch={e}").to_table(columns=["type"])["type"].cast(pa.string())
+        records += len(types)
+        merged += int(pc.sum(pc.cast(pc.is_in(types, value_set=merged_types), "int64")).as_py() or 0)
+    counts["_records"] = {"records": records, "merged": merged}
+    return counts
 
 
 _FLAG_COLUMNS = ("created", "deleted", "links_changed", "attrs_changed", "xattrs_changed", "data_changed", "whole_file")

@@ -549,7 +549,12 @@ def _replicate_epoch(cfg: Config, tcfg: TargetConfig, e: int, session: _Session,
     def step(name, fn, detail):
         t = time.monotonic()
         progress(f"{tcfg.name} epoch {e}: {name} ...")
-        out = fn()
+        tag = f"epochsync-{name}-{tcfg.name}-e{e}"  # the stage's jobs in the Spark UI and event log
+        spark.addTag(tag)
+        try:
+            out = fn()
+        finally:
+            spark.removeTag(tag)
         took = time.monotonic() - t
         progress(f"{tcfg.name} epoch {e}: {name} done in {took:.1f}s{detail(out)}")
         if name in ("ingest", "merge"):

@@ -24,7 +24,7 @@ AIRFLOW_SERVICES = (
     "airflow-dag-processor",
     "airflow-triggerer",
 )
-SERVICES = {*AIRFLOW_SERVICES, "postgres", "spark-master", "spark-worker", "seaweedfs"}
+SERVICES = {*AIRFLOW_SERVICES, "postgres", "spark-master", "spark-worker", "spark-connect", "seaweedfs"}
 
 
 def compose(*args: str, env_file: Path | None = ROOT / ".env.example") -> subprocess.CompletedProcess:
@@ -82,10 +82,13 @@ def test_airflow_services_share_the_anchor_and_wait_for_their_dependencies(resol
     assert resolved["services"]["airflow-init"]["restart"] == "no"
 
 
-def test_spark_default_points_at_the_master_and_the_stores_at_seaweedfs(resolved):
+def test_spark_connect_points_at_the_server_on_the_master_and_the_stores_at_seaweedfs(resolved):
     env = resolved["services"]["airflow-scheduler"]["environment"]
-    spark = json.loads(env["AIRFLOW_CONN_SPARK_DEFAULT"])
-    assert (spark["conn_type"], spark["host"], spark["port"]) == ("spark", "spark://spark-master", 7077)
+    spark = json.loads(env["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"])
+    assert (spark["conn_type"], spark["host"], spark["port"]) == ("spark_connect", "spark-connect", 15002)
+    assert env["EPOCHSYNC_SPARK_REMOTE"] == "sc://spark-connect:15002"
+    server = " ".join(resolved["services"]["spark-connect"]["command"])
+    assert "SparkConnectServer" in server and "--master spark://spark-master:7077" in server
     worker = " ".join(resolved["services"]["spark-worker"]["command"])
     assert "spark://spark-master:7077" in worker
     for conn in ("AIRFLOW_CONN_SOURCE_S3", "AIRFLOW_CONN_REPLICA_S3"):

@@ -1,9 +1,13 @@
-"""A short ``make demo``: both targets through the real Airflow DAG, an injected failure, ground truth.
+"""A short ``make demo`` on a real Spark standalone cluster: both targets through the Airflow DAG,
+an injected failure, ground truth.
 
 The demo itself asserts every epoch of both targets against the simulator's ground truth;
-this test runs it small (3 epochs, 60 files) and checks what it reports, the task states
-of the failed run (the Airflow e2e path: apply failed, verify and commit upstream_failed,
-rollback ran once and failed the run on purpose), and that it left no process behind.
+this test runs it small (3 epochs, 60 files) with ``--cluster`` (a standalone master and
+one worker started from the venv's pyspark, the Spark Connect server on that master) and
+checks what it reports: the task states of the failed run (apply failed, verify and commit
+upstream_failed, rollback ran once and failed the run on purpose), that the master lists
+the one Spark application every run used, that the merge's and apply's Spark tasks ran on
+the worker's executor (the server's event log), and that it left no process behind.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ def _processes_mentioning(text: str) -> list[str]:
 def test_short_demo_replicates_both_targets_and_rolls_back_the_injected_failure(tmp_path):
     work = tmp_path / "demo"
     cmd = [sys.executable, "-m", "epochsync.demo", "--workdir", str(work), "--epochs", "3", "--files", "60",
-           "--fail-epoch", "2", "--fail-after", "5"]  # fmt: skip
+           "--fail-epoch", "2", "--fail-after", "5", "--cluster"]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=3000, cwd=ROOT)
     out = done.stdout
     assert done.returncode == 0, out[-6000:] + done.stderr[-3000:]
@@ -69,10 +73,22 @@ def test_short_demo_replicates_both_targets_and_rolls_back_the_injected_failure(
     assert "rolled back: the target is at epoch 1 again" in Path(failed["log"]).read_text()
     assert re.search(r"^epoch +2 s3 .*FAILED as injected; apply failed, rollback ran, target equals epoch 1", out, re.M)
 
-    # the s3 chain reuses the records the posix chain ingested: no second spark-submit
+    # the s3 chain reuses the records the posix chain ingested: no second ingest job
     s3_log = Path(runs[(3, "s3", "run")]["log"]).read_text()
-    assert "already ingested" in s3_log and "spark-submit skipped" in s3_log
-    assert "spark-submit skipped" not in Path(runs[(3, "local", "run")]["log"]).read_text()
+    assert "already ingested" in s3_log and "nothing to do" in s3_log
+    assert "nothing to do (param reingest" not in Path(runs[(3, "local", "run")]["log"]).read_text()
+
+    # one Spark application on the standalone master served every stage of every run ...
+    spark = summary["spark"]
+    assert spark["master"].startswith("spark://127.0.0.1:")
+    apps = spark["cluster"]["activeapps"] + spark["cluster"]["completedapps"]
+    assert [a["name"] for a in apps] == ["epochsync"], apps
+    assert [w["state"] for w in spark["cluster"]["workers"]] == ["ALIVE"]
+    # ... and the merge's and apply's tasks ran on the worker's executor, not in the driver
+    stages = spark["stages"]
+    for tag in ("epochsync-merge-local-e1", "epochsync-merge-s3-e3", "epochsync-apply-s3-e3", "epochsync-ingest-local-e2"):
+        assert stages[tag]["tasks"] > 0, (tag, stages)
+        assert stages[tag]["executors"] and "driver" not in stages[tag]["executors"], (tag, stages[tag])
 
     report = Path(summary["report"])
     assert report.is_file() and "<svg" in report.read_text()

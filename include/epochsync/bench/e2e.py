@@ -7,10 +7,10 @@ its replica to epoch 2 while an :class:`~epochsync.s3proxy.S3Proxy` (in its own 
 SeaweedFS counts every request and byte, server side of the client:
 
 - ``epochsync``: ``pipeline.replicate`` of epoch 2 into an s3 target (ingest, merge,
-  translate, apply, verify, commit, with the target's default engine: epochs this small
-  run on the local engine, so the warm Spark session passed in stays unused; verify
-  sampling 0 so the source is read only for the pull — correctness is checked after the
-  measurement instead);
+  translate, apply, verify, commit), every stage on a warm Spark Connect server started
+  once for the benchmark (``local[2]``), as a deployment runs it; verify sampling 0 so
+  the source is read only for the pull — correctness is checked after the measurement
+  instead;
 - ``aws-s3-sync``: ``aws s3 sync --delete`` from a bucket holding the source's files
   whole at epoch 2 (bucket to bucket: the CLI copies changed files server-side);
 - ``whole-file``: what lustre_rsync and geo-replication do: every changed or new file is
@@ -432,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import shutil
 
-    from epochsync.embedded import SeaweedFS
+    from epochsync.embedded import SeaweedFS, SparkConnectServer
     from epochsync.spark import spark_session
 
     table = QUICK if args.quick else SCENARIOS
@@ -441,12 +441,16 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     rows: list[dict] = []
-    spark = spark_session("epochsync-bench-e2e")
+    server = SparkConnectServer("local[2]", work_dir=work / "spark")
+    print("bench e2e: starting the Spark Connect server (local[2]) ...", file=sys.stderr, flush=True)
+    spark = spark_session("epochsync-bench-e2e", remote=server.start())
+    spark.range(1).count()  # warm: the first query of a new server pays its start-up
     with SeaweedFS(work / "seaweedfs") as endpoint:
         for name in names:
             print(f"bench e2e: scenario {name}: {table[name].description}", file=sys.stderr, flush=True)
             rows.extend(run_scenario(table[name], endpoint, spark, work, verbose=args.verbose, profile=args.profile))
     spark.stop()
+    server.stop()
     name = args.results_name or ("e2e-quick" if args.quick else "e2e")
     result = {"rows": rows, "checks": checks(rows)}
     path = write_results(name, rows)
