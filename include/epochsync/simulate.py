@@ -1073,7 +1073,16 @@ class SourceStore:
 # --------------------------------------------------------------------------- the CLI verb
 
 
-def write_config(out: Path, *, bucket: str, conn_id: str, servers: tuple[str, ...], root_fid: str) -> Path:
+def write_config(
+    out: Path,
+    *,
+    bucket: str,
+    conn_id: str,
+    servers: tuple[str, ...],
+    root_fid: str,
+    start: datetime = EPOCH_START,
+    interval_s: float = EPOCH_INTERVAL_S,
+) -> Path:
     """``DIR/epochsync.yaml``: source ``sim``, a posix target ``local`` and an s3 target ``s3``."""
     import yaml
 
@@ -1086,7 +1095,7 @@ def write_config(out: Path, *, bucket: str, conn_id: str, servers: tuple[str, ..
                 "servers": list(servers),
                 "changelogs": {"uri": f"file://{out / 'changelogs'}/", "format": "jsonl"},
                 "store": {"conn_id": conn_id, "bucket": bucket, "key": STRIPED_KEY, "unstriped_key": UNSTRIPED_KEY},
-                "epoch": {"interval": f"{EPOCH_INTERVAL_S}s", "start": EPOCH_START.strftime("%Y-%m-%dT%H:%M:%SZ")},
+                "epoch": {"interval": f"{interval_s:g}s", "start": start.strftime("%Y-%m-%dT%H:%M:%SZ")},
             }
         ],
         "targets": [
@@ -1142,6 +1151,36 @@ def configure_simulate(parser) -> None:
     parser.add_argument(
         "--max-file-size", type=parse_size, default=256 * 1024, help="files stay below this size (default 256KiB)"
     )
+    parser.add_argument(
+        "--live",
+        action="store_true",
+        help="produce the epochs in real time: epoch E's changelogs appear (closed) at the end of its window",
+    )
+    parser.add_argument("--interval", default=None, help="epoch length (default 5m; 30s with --live)")
+    parser.add_argument(
+        "--start", default=None, help="start of epoch 1, ISO time (default: 2026-01-01; with --live the next boundary)"
+    )
+
+
+def _epoch_grid_of(args, live: bool) -> tuple[datetime, float]:
+    """Start of epoch 1 and the epoch length: as given, else 2026-01-01 and 5 minutes, or, live,
+    30 s epochs from the next whole interval at least 10 s away."""
+    from epochsync.config import parse_datetime, parse_duration
+
+    interval_s = parse_duration(args.interval) if getattr(args, "interval", None) else (30.0 if live else EPOCH_INTERVAL_S)
+    if getattr(args, "start", None):
+        start = parse_datetime(args.start)
+    elif live:
+        now = time.time() + 10
+        start = datetime.fromtimestamp((int(now // interval_s) + 1) * interval_s, tz=UTC)
+    else:
+        start = EPOCH_START
+    return start, interval_s
+
+
+def _sleep_until(when: float) -> None:
+    while (left := when - time.time()) > 0:
+        time.sleep(min(left, 1.0))
 
 
 def run_simulate(args) -> int:
@@ -1149,6 +1188,10 @@ def run_simulate(args) -> int:
     from epochsync.connections import S3Settings, resolve_s3
 
     out = Path(args.out).resolve()
+    live = bool(getattr(args, "live", False))
+    if live and args.no_data:
+        raise EpochsyncError("simulate: --live writes a source with data; drop --no-data")
+    start, interval_s = _epoch_grid_of(args, live)
     cfg = SimConfig(
         seed=args.seed,
         epochs=args.epochs,
@@ -1205,6 +1248,13 @@ def run_simulate(args) -> int:
     w = Workload(cfg, collected.append if cfg.data else stream)
     started = time.monotonic()
     stored_bytes = stored_versions = 0
+    if live:
+        # the config first: a scheduler reads the epoch grid before the first epoch closes
+        config = write_config(out, bucket=args.bucket, conn_id=conn_id, servers=cfg.servers, root_fid=cfg.root_fid,
+                              start=start, interval_s=interval_s)  # fmt: skip
+        print(f"simulate: live: config {config}; epoch 1 starts {start.isoformat()}, every {interval_s:g}s",
+              file=sys.stderr, flush=True)  # fmt: skip
+        _sleep_until(start.timestamp())
     for e in range(1, cfg.epochs + 1):
         t0 = time.monotonic()
         name = f"{e:06d}.jsonl"
@@ -1226,10 +1276,15 @@ def run_simulate(args) -> int:
             by_server: dict[str, list[Record]] = {s: [] for s in cfg.servers}
             for r in collected:
                 by_server[r.server].append(r)
+            if live:  # the epoch closes at the end of its window, not before
+                _sleep_until(start.timestamp() + e * interval_s)
             for s, recs in by_server.items():
-                with open(out / "changelogs" / s / name, "w", encoding="utf-8") as f:
+                # whole or not at all: a reader listing the folder never sees half a file
+                tmp = out / "changelogs" / s / f".{name}.tmp"
+                with open(tmp, "w", encoding="utf-8") as f:
                     for r in recs:
                         f.write(record_to_json(r) + "\n")
+                os.replace(tmp, out / "changelogs" / s / name)
         n_paths = 0
         with open(out / "truth" / f"epoch={e}.jsonl", "w", encoding="utf-8") as f:
             for row in w.iter_truth():
@@ -1240,6 +1295,9 @@ def run_simulate(args) -> int:
         with open(snap_dir / "part-0.jsonl", "w", encoding="utf-8") as f:
             for row in w.model.iter_snapshot_rows():
                 f.write(json.dumps(snapshot_row_to_json(row), ensure_ascii=False) + "\n")
+        if live:
+            with open(out / "closed.jsonl", "a", encoding="utf-8") as f:
+                f.write(json.dumps({"epoch": e, "closed_at": time.time()}) + "\n")
         uploaded = f", {len(w.uploads)} object versions stored, {len(w.deletes)} deleted" if store else ""
         print(
             f"simulate: epoch {e}/{cfg.epochs}: {n_records:,} records, {n_paths:,} paths{uploaded} "
@@ -1248,7 +1306,8 @@ def run_simulate(args) -> int:
             flush=True,
         )
         w.finish_epoch()
-    config = write_config(out, bucket=args.bucket, conn_id=conn_id, servers=cfg.servers, root_fid=cfg.root_fid)
+    config = write_config(out, bucket=args.bucket, conn_id=conn_id, servers=cfg.servers, root_fid=cfg.root_fid,
+                          start=start, interval_s=interval_s)  # fmt: skip
     data = (
         f"; {stored_versions:,} object versions ({stored_bytes / 1e6:.1f} MB) in bucket {args.bucket}" if store else ""
     )
