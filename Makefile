@@ -15,7 +15,7 @@ export PIP_EXTRA_INDEX_URL :=
 
 PYTEST_ARGS ?=
 
-.PHONY: help venv test test-fast lint format demo airflow bench bench-ingest bench-merge bench-e2e clean
+.PHONY: help venv test test-fast lint format demo airflow bench bench-ingest bench-merge bench-e2e bench-warm clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  make %-14s %s\n", $$1, $$2}'
@@ -48,10 +48,10 @@ format: $(STAMP) ## ruff format the tree
 demo: $(STAMP) ## the main job: simulate a source, replicate every epoch through Airflow, verify
 	$(BIN)/python -m epochsync.demo
 
-airflow: $(STAMP) ## SeaweedFS + airflow standalone with the project's DAGs (UI on :8080)
-	$(BIN)/python -m epochsync.devstack
+airflow: $(STAMP) ## SeaweedFS + Spark Connect + airflow standalone with the project's DAGs (UI on :8080; LIVE=1: a live source)
+	$(BIN)/python -m epochsync.devstack $(if $(LIVE),--live)
 
-bench: bench-ingest bench-merge bench-e2e ## all benchmarks, results in bench/results/
+bench: bench-ingest bench-merge bench-e2e bench-warm ## all benchmarks, results in bench/results/
 
 bench-ingest: $(STAMP) ## ingest 1M Lustre lines and 1M JSON Lines records
 	$(BIN)/python -m epochsync.bench ingest
@@ -61,6 +61,9 @@ bench-merge: $(STAMP) ## merge simulated epochs of 1M and 10M records
 
 bench-e2e: $(STAMP) ## epochsync vs aws s3 sync vs whole-file copy
 	$(BIN)/python -m epochsync.bench e2e
+
+bench-warm: $(STAMP) ## small epochs on one warm Spark Connect server: a DAG run, replicate, a 100-epoch catch-up
+	$(BIN)/python -m epochsync.bench warm
 
 clean: ## remove build output and test scratch (keeps .venv)
 	rm -rf build .pytest_cache .ruff_cache dist spark-warehouse metastore_db derby.log

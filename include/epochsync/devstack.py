@@ -229,6 +229,27 @@ def simulate_source(out: Path, env: dict[str, str], *, epochs: int, files: int, 
     return out / "epochsync.yaml"
 
 
+def start_live_source(out: Path, env: dict[str, str], *, epochs: int, files: int, lead: float, interval: int = 30):
+    """``epochsync simulate --live`` in the background (epoch 1 starts ``lead`` s from now); returns it and its config."""
+    import math
+    from datetime import UTC, datetime
+
+    start = datetime.fromtimestamp(math.ceil((time.time() + lead) / interval) * interval, tz=UTC)
+    cmd = [sys.executable, "-m", "epochsync.cli", "simulate", "--out", str(out), "--live", "--interval",
+           f"{interval}s", "--start", start.strftime("%Y-%m-%dT%H:%M:%SZ"), "--epochs", str(epochs), "--files",
+           str(files), "--osts", "2", "--threads", "4"]  # fmt: skip
+    config = out / "epochsync.yaml"
+    if config.exists():
+        config.unlink()
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not config.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"epochsync simulate --live exited with {proc.returncode} before writing {config}")
+        time.sleep(0.5)
+    return proc, config
+
+
 def main(argv: list[str] | None = None) -> int:
     from epochsync.embedded import SeaweedFS, free_port
 
@@ -237,6 +258,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--home", type=Path, default=VAR / "airflow", help="AIRFLOW_HOME (default var/airflow)")
     p.add_argument("--epochs", type=int, default=4, help="epochs of the simulated source (default 4)")
     p.add_argument("--files", type=int, default=60, help="files of the simulated source (default 60)")
+    p.add_argument("--live", action="store_true",
+                   help="a live source: 30 s epochs produced in real time, each run created by the scheduler "
+                        "as its epoch closes (make airflow LIVE=1)")  # fmt: skip
     args = p.parse_args(argv)
     port = args.port if _port_free(args.port) else free_port()
 
@@ -246,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     endpoint = weed.start()
     spark = SparkConnectServer("local[2]", work_dir=VAR / "spark")
     stack = None
+    live = None
     try:
         print("make airflow: starting the Spark Connect server (local[2]) ...", flush=True)
         spark_url = spark.start()
@@ -254,8 +279,13 @@ def main(argv: list[str] | None = None) -> int:
             "replica_s3": endpoint.airflow_conn_json(),
         }
         base_env = airflow_environment(args.home, port=port, config=None, connections=conns, spark_url=spark_url)
-        print(f"make airflow: SeaweedFS S3 on {endpoint.url}; simulating a source into var/demo ...", flush=True)
-        config = simulate_source(VAR / "demo", base_env, epochs=args.epochs, files=args.files)
+        if args.live:
+            print(f"make airflow: SeaweedFS S3 on {endpoint.url}; a live source in var/demo (30 s epochs) ...",
+                  flush=True)  # fmt: skip
+            live, config = start_live_source(VAR / "demo", base_env, epochs=args.epochs, files=args.files, lead=90)
+        else:
+            print(f"make airflow: SeaweedFS S3 on {endpoint.url}; simulating a source into var/demo ...", flush=True)
+            config = simulate_source(VAR / "demo", base_env, epochs=args.epochs, files=args.files)
         _ensure_bucket(endpoint, "replica")
         password = write_admin_password(args.home)
         env = airflow_environment(
@@ -265,8 +295,11 @@ def main(argv: list[str] | None = None) -> int:
             connections=conns,
             spark_url=spark_url,
             # the simulated epochs lie in the past: the scheduler creates no run by itself,
-            # the operator triggers epochs (or backfills them) and watches them in the UI
-            extra={"EPOCHSYNC_SCHEDULE_FROM": "never", "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False"},
+            # the operator triggers epochs (or backfills them) and watches them in the UI;
+            # a live source runs on the production schedule, one scheduled run per closed epoch
+            extra={"AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False"}
+            if args.live
+            else {"EPOCHSYNC_SCHEDULE_FROM": "never", "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False"},
         )
         stack = AirflowStandalone(args.home, env, port)
         print("make airflow: starting airflow standalone (first start initialises the database) ...", flush=True)
@@ -299,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
         print("\nmake airflow: stopping ...", flush=True)
         return 0
     finally:
+        if live is not None and live.poll() is None:
+            live.terminate()
         if stack is not None:
             stack.stop()
         spark.stop()

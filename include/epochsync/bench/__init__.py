@@ -1,6 +1,6 @@
 """Benchmarks (``make bench``): each writes ``bench/results/<name>.json``.
 
-Sub-modules register one benchmark each: ``ingest``, ``merge``, ``e2e``. Every result
+Sub-modules register one benchmark each: ``ingest``, ``merge``, ``e2e``, ``warm``. Every result
 row is measured in the run that writes it; nothing here is an estimate.
 """
 
@@ -16,6 +16,7 @@ BENCHMARKS = {
     "ingest": "epochsync.bench.ingest",
     "merge": "epochsync.bench.merge",
     "e2e": "epochsync.bench.e2e",
+    "warm": "epochsync.bench.warm",
 }
 
 

@@ -1,0 +1,118 @@
+"""Scheduled epochs, live: the scheduler itself creates one run per epoch as the source closes it.
+
+``epochsync simulate --live`` produces a source in real time (30 s epochs; each epoch's
+changelogs appear, closed, at the end of its window). ``airflow standalone`` runs with the
+production schedule (no ``EPOCHSYNC_SCHEDULE_FROM``): the ``EpochTimetable`` gives the
+scheduler one run per closed window, ``wait_epoch_closed`` releases it, and the posix
+replica follows. Every run must be of type ``scheduled`` and succeed, and the replica must
+equal the ground truth at every epoch (watched as each commit lands). The replication delay
+per epoch (commit time minus the moment the simulator closed the epoch) is written to
+``tests/output/live.json``: a figure to read, not a timed assertion.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+import uuid
+from datetime import UTC, datetime
+
+import pytest
+from airflow_stack import ROOT, airflow_env, replica, truth
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1800)]
+
+EPOCHS = 4
+INTERVAL = 30
+#: seconds from now to the start of epoch 1: Airflow's start, the DAG's parse and its unpause
+LEAD = 120
+DAG = "epochsync__sim__local"
+OUTPUT = ROOT / "tests" / "output"
+
+
+def test_the_scheduler_replicates_each_live_epoch_as_it_closes(seaweed, spark_connect, tmp_path):
+    from epochsync.devstack import AirflowStandalone, write_admin_password
+    from epochsync.embedded import free_port
+
+    port = free_port()
+    env = airflow_env(tmp_path, seaweed, extra={"AIRFLOW__API__PORT": str(port)})
+    start = datetime.fromtimestamp(math.ceil((time.time() + LEAD) / INTERVAL) * INTERVAL, tz=UTC)
+    sim = tmp_path / "sim"
+    cmd = [sys.executable, "-m", "epochsync.cli", "simulate", "--out", str(sim), "--live", "--interval",
+           f"{INTERVAL}s", "--start", start.strftime("%Y-%m-%dT%H:%M:%SZ"), "--epochs", str(EPOCHS), "--files", "24",
+           "--seed", "9", "--osts", "2", "--threads", "4", "--bucket", "live-" + uuid.uuid4().hex[:8]]  # fmt: skip
+    simulator = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    config = sim / "epochsync.yaml"
+    deadline = time.monotonic() + 60
+    while not config.exists():
+        assert simulator.poll() is None and time.monotonic() < deadline, simulator.stdout.read()
+        time.sleep(0.5)
+
+    home = tmp_path / "airflow-home"
+    password = write_admin_password(home)
+    # the production schedule: no EPOCHSYNC_SCHEDULE_FROM; only this target's DAG runs
+    run_env = airflow_env(tmp_path, seaweed, config=config, extra={"AIRFLOW__API__PORT": str(port)})
+    run_env.pop("EPOCHSYNC_SCHEDULE_FROM", None)
+    stack = AirflowStandalone(home, run_env, port)
+    delays: dict[int, float] = {}
+    seen: dict[int, bool] = {}
+    try:
+        stack.start(timeout=600)
+        token = stack.token(password)
+        _wait_for_dag(stack, token, DAG)
+        stack.api("PATCH", f"/dags/{DAG}", token, {"is_paused": False})
+        assert time.time() < start.timestamp() + INTERVAL, "Airflow came up after epoch 1 closed: raise LEAD"
+
+        # watch the manifest: each committed epoch must equal the ground truth while it is current
+        deadline = start.timestamp() + EPOCHS * INTERVAL + 600
+        last = 0
+        while last < EPOCHS and time.time() < deadline:
+            committed, rows = replica(config, "local", run_env)
+            if committed > last:
+                for e in range(last + 1, committed):
+                    seen[e] = False  # committed and overtaken between two looks: checked by its run's verify only
+                seen[committed] = rows == truth(sim, committed)
+                assert seen[committed], f"epoch {committed}: the replica differs from the ground truth"
+                last = committed
+            time.sleep(1)
+        assert last == EPOCHS, f"the replica reached epoch {last} of {EPOCHS}:\n{stack.tail()}"
+        assert simulator.wait(timeout=60) == 0
+
+        runs = stack.api("GET", f"/dags/{DAG}/dagRuns?order_by=logical_date&limit=100", token)["dag_runs"]
+        assert [r["run_type"] for r in runs] == ["scheduled"] * EPOCHS, runs
+        assert [r["state"] for r in runs] == ["success"] * EPOCHS, runs
+        closed = {
+            json.loads(x)["epoch"]: json.loads(x)["closed_at"] for x in (sim / "closed.jsonl").read_text().split()
+        }
+        for e in range(1, EPOCHS + 1):
+            stats = json.loads((sim / "warehouse" / "stats" / "target=local" / f"epoch={e}.json").read_text())
+            delays[e] = round(stats["committed_at"] - closed[e], 1)
+        # most epochs are seen as they land (an epoch overtaken within a second is the exception)
+        assert sum(seen.values()) >= EPOCHS - 1, seen
+    finally:
+        if simulator.poll() is None:
+            simulator.kill()
+        stack.stop()
+        OUTPUT.mkdir(parents=True, exist_ok=True)
+        (OUTPUT / "live.json").write_text(
+            json.dumps({"interval_s": INTERVAL, "delay_s": delays, "checked_against_truth": seen}, indent=1) + "\n"
+        )
+    print(f"live epochs: replication delay (commit - close) per epoch: {delays}")
+
+
+def _wait_for_dag(stack, token: str, dag_id: str, timeout: float = 300) -> None:
+    import urllib.error
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            stack.api("GET", f"/dags/{dag_id}", token)
+            return
+        except urllib.error.HTTPError as exc:
+            if exc.code != 404:
+                raise
+        time.sleep(2)
+    raise TimeoutError(f"DAG {dag_id} not parsed within {timeout:.0f}s:\n{stack.tail()}")
