@@ -317,3 +317,58 @@ def test_s3_partial_update_of_a_large_object_copies_unchanged_parts_server_side(
     rollback(target, str(env["tmp"] / f"undo-{target.name}-2"))
     assert not c.list_multipart_uploads(Bucket="replica-contract", Prefix=f"{name}/").get("Uploads")
     assert target.read_file("big") == data
+
+
+def _links(en: dict, old: list[tuple[str, str, str]], new: list[tuple[str, str, str]]) -> dict:
+    en["old_links"] = [{"pfid": p, "name": n, "path": x} for p, n, x in old]
+    en["new_links"] = [{"pfid": p, "name": n, "path": x} for p, n, x in new]
+    return en
+
+
+@pytest.mark.parametrize("k", [None, 1, 3, 6])
+def test_types_swapped_under_children_apply_verify_and_roll_back(env, target, k, tmp_path):
+    """Regression (issue 16, bug 1): one epoch turns a directory with a child into a symlink,
+    a symlink and a file into directories with children. Verify's absence check of ``c/x``
+    (under what is a symlink now), the write fence's of ``s/y`` (under what is a symlink at
+    E-1) and a rollback replayed twice (undo of ``create s/y`` while ``s`` is a symlink again)
+    used to raise instead of counting those paths as absent."""
+    from epochsync.faults import FaultCounter, FaultSpec, InjectedFailure
+
+    src = env["source"]
+    data = os.urandom(500)
+    v = src.put("CX", data)
+    d, fx = row("dir", mode=0o755), row("file", size=500, version=v, fid="CX")
+    s = row("symlink", mode=0o777, symlink="c/x")
+    entries1 = [entry("C", new=d, new_paths=["c"]), entry("CX", new=fx, new_paths=["c/x", "f"]),
+                entry("S", new=s, new_paths=["s"])]  # fmt: skip
+    run(env, target, entries1, 1)
+    target.write_manifest({"epoch": 1})
+    t1 = tree(target)
+    d2, ln = row("dir", mode=0o700), row("symlink", mode=0o777, symlink="elsewhere")
+    y = os.urandom(300)
+    fy = row("file", size=300, version=src.put("SY", y), fid="SY")
+    entries2 = [
+        _links(entry("C", old=d, old_paths=["c"]), [(ROOT, "c", "c")], []),
+        _links(entry("CX", old=fx, new=fx, old_paths=["c/x", "f"], new_paths=["g"]),
+               [("C", "x", "c/x"), (ROOT, "f", "f")], [(ROOT, "g", "g")]),
+        _links(entry("S", old=s, old_paths=["s"]), [(ROOT, "s", "s")], []),
+        _links(entry("C2", new=ln, new_paths=["c"]), [], [(ROOT, "c", "c")]),
+        _links(entry("S2", new=d2, new_paths=["s"]), [], [(ROOT, "s", "s")]),
+        _links(entry("SY", new=fy, new_paths=["s/y"]), [], [("S2", "y", "s/y")]),
+        _links(entry("F2", new=d2, new_paths=["f"]), [], [(ROOT, "f", "f")]),
+    ]  # fmt: skip
+    if k is not None:
+        counter = FaultCounter(FaultSpec(after=k), str(tmp_path / "count"), str(tmp_path / "fired"))
+        with pytest.raises(InjectedFailure):
+            run(env, target, entries2, 2, inject=counter)
+        rollback(target, str(env["tmp"] / f"undo-{target.name}-2"))  # replays the journal twice
+        assert tree(target) == t1
+        target.mark_rollback(2)  # the undo's renames changed ctimes: the fence instant moves past them
+    plan, _, _, src_io = run(env, target, entries2, 2)
+    result = verify_plan(plan, target, src_io, env["store"]["bucket"])
+    assert result["ok"], result["problems"]
+    t2 = tree(target)
+    assert {p: v[:2] for p, v in t2.items()} == {
+        "c": ("symlink", "elsewhere"), "f": ("dir", None), "g": ("file", sha(data)), "s": ("dir", None),
+        "s/y": ("file", sha(y)),
+    }  # fmt: skip

@@ -60,16 +60,53 @@ class PosixTarget(Target):
         return f"posix:{self.root}"
 
     # ------------------------------------------------------------------ paths
-    def _abs(self, rel: str) -> str:
-        """Absolute path of a replica path; refuses escapes and symlinked parents."""
+    def _abs(self, rel: str, *, root_ok: bool = False) -> str:
+        """Absolute path of a replica path; refuses escapes and symlinked parents.
+
+        ``""`` is the replica's root directory, accepted only where ``root_ok`` says so
+        (its attributes and xattrs; nothing may move or remove the root).
+        """
         if rel.startswith("@tmp/"):
             return self._tmp_abs(rel)
+        if rel == "" and root_ok:
+            return self.root
         safe_relpath(rel)
         path = os.path.join(self.root, rel)
         parent = os.path.dirname(path)
         if os.path.realpath(parent) != os.path.join(os.path.realpath(self.root), os.path.dirname(rel)).rstrip("/"):
             raise UnsafePathError(f"refusing path {rel!r}: a parent directory is a symlink or missing")
         return path
+
+    def _existing(self, rel: str) -> str | None:
+        """Absolute path of ``rel`` when every parent component is a real directory of the
+        replica; None when one is not (missing, a file or a symlink): the replica then holds
+        no entry ``rel``, whatever lies behind that parent. Hostile paths are still refused.
+
+        An epoch that replaces a directory ``d`` by a file or a symlink leaves its old
+        children ``d/x`` absent this way (verify, the write fence and undo ask about them).
+        """
+        try:
+            return self._abs(rel, root_ok=True)
+        except UnsafePathError:
+            parts = rel.split("/")
+            for i in range(1, len(parts)):
+                try:
+                    s = os.lstat(os.path.join(self.root, *parts[:i]))
+                except (FileNotFoundError, NotADirectoryError):
+                    return None
+                if not st.S_ISDIR(s.st_mode):
+                    return None
+            raise
+
+    def _lstat(self, rel: str) -> tuple[str, os.stat_result] | None:
+        """``(absolute path, lstat)`` of the entry at ``rel``, None when the replica holds none."""
+        path = self._existing(rel)
+        if path is None:
+            return None
+        try:
+            return path, os.lstat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
 
     def tmp_dir(self, epoch: int) -> str:
         return os.path.join(self.control, "tmp", str(int(epoch)))
@@ -166,12 +203,9 @@ class PosixTarget(Target):
             return f.read()
 
     def stat(self, path: str, type_hint: str | None = None) -> Entry | None:
-        p = self._abs(path)
-        try:
-            s = os.lstat(p)
-        except FileNotFoundError:
-            return None
-        return self._entry(path, p, s, hashes=False)
+        """The entry at ``path`` (``""``: the root), None when the replica holds none."""
+        found = self._lstat(path)
+        return None if found is None else self._entry(path, found[0], found[1], hashes=False)
 
     # ------------------------------------------------------------------ fence
     def fence_check(self, expect: list[dict], since_ns: int | None) -> tuple[list[str], dict[str, Any]]:
@@ -179,12 +213,11 @@ class PosixTarget(Target):
         for item in expect:
             rel = item["path"]
             try:
-                s = os.lstat(self._abs(rel))
-            except (FileNotFoundError, NotADirectoryError):
-                s = None
+                found = self._lstat(rel)
             except UnsafePathError as exc:
                 problems.append(f"{rel}: {exc}")
                 continue
+            s = None if found is None else found[1]
             want = item.get("type")
             if want is None:
                 if s is not None:
@@ -249,7 +282,7 @@ class PosixTarget(Target):
             journal.append({"op": "create", "path": op["path"]})
             os.link(existing, path, follow_symlinks=False)
         elif kind == "attrs":
-            path = self._abs(op["path"])
+            path = self._abs(op["path"], root_ok=True)
             journal.append({"op": "attrs", "path": op["path"], "old": self._attrs_of(path)})
             self._set_attrs(path, op["attrs"])
         else:
@@ -331,14 +364,18 @@ class PosixTarget(Target):
 
     # ------------------------------------------------------------------ undo
     def undo(self, entry: dict, journal_dir: str) -> None:
+        """Reverse one journal entry. Idempotent: an entry whose effect is gone (or whose
+        path the replica no longer holds, its parent being a file or a symlink now) is a no-op."""
         op = entry["op"]
         if op == "rename":
-            src, dst = self._abs(entry["src"]), self._abs(entry["dst"])
-            if os.path.lexists(dst) and not os.path.lexists(src):
-                os.rename(dst, src)
+            dst = self._existing(entry["dst"])
+            if dst is not None and os.path.lexists(dst):
+                src = self._abs(entry["src"])
+                if not os.path.lexists(src):
+                    os.rename(dst, src)
         elif op == "mkdir":
-            path = self._abs(entry["path"])
-            if os.path.isdir(path) and not os.path.islink(path):
+            path = self._existing(entry["path"])
+            if path is not None and os.path.isdir(path) and not os.path.islink(path):
                 try:
                     os.rmdir(path)
                 except OSError as exc:
@@ -349,13 +386,16 @@ class PosixTarget(Target):
                         ) from None
                     raise
         elif op == "create":
-            path = self._abs(entry["path"])
-            if os.path.lexists(path):
-                os.unlink(path)
+            found = self._lstat(entry["path"])
+            # what a create made is never a directory (mkdir has its own entry): a directory
+            # there is one an earlier undo of this journal already put back
+            if found is not None and not st.S_ISDIR(found[1].st_mode):
+                os.unlink(found[0])
         elif op == "write":
-            path = self._abs(entry["path"])
-            if not os.path.lexists(path):
+            found = self._lstat(entry["path"])
+            if found is None or not st.S_ISREG(found[1].st_mode):
                 return
+            path = found[0]
             fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
             try:
                 os.ftruncate(fd, int(entry["old_size"]))
@@ -371,8 +411,8 @@ class PosixTarget(Target):
             if entry.get("old"):
                 self._set_attrs(path, entry["old"])
         elif op == "attrs":
-            path = self._abs(entry["path"])
-            if entry.get("old") and os.path.lexists(path):
+            path = self._existing(entry["path"])
+            if path is not None and entry.get("old") and os.path.lexists(path):
                 self._set_attrs(path, entry["old"])
         else:
             raise EpochsyncError(f"posix target: unknown undo entry {op!r}")
