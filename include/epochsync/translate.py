@@ -6,7 +6,9 @@ Two halves:
   the paths inside the target's fileset, and returns one entry per fid whose visible
   paths, attributes or data changed (descendants of a renamed directory included:
   their paths differ between the snapshots). A move into or out of the fileset is
-  thereby a create or a delete.
+  thereby a create or a delete. The root directory has no link; when the fileset holds
+  it (no fileset, or ``/``) it is an entry of path ``""`` on both sides, so a change of
+  its attributes or xattrs reaches the replica's root.
 - :func:`build_plan` (pure Python over those entries, unit-testable without Spark):
   namespace operations in HDFS DistCp ``-diff`` order for posix (sources of deletes
   and moves into ``@tmp/E/n`` children-first, then into place parents-first with
@@ -31,7 +33,7 @@ from typing import Any
 from epochsync.config import MIN_PART_SIZE
 from epochsync.layout import file_range_to_objects, merge_ranges, object_size
 from epochsync.model import DIR, FILE, SYMLINK
-from epochsync.targets.base import safe_relpath
+from epochsync.targets.base import UnsafePathError, safe_relpath
 
 PLAN_VERSION = 1
 
@@ -227,7 +229,14 @@ def build_plan(
     epoch: int,
     first_epoch: int | None = None,
 ) -> dict:
-    """The plan for one target. ``target``/``store`` are plain dicts of the configs."""
+    """The plan for one target. ``target``/``store`` are plain dicts of the configs.
+
+    The root directory's entry (path ``""``, see :func:`plan_entries`) changes only the
+    attributes of the replica's root: the posix replica directory itself, the s3 root
+    marker ``prefix + .epochsync-dir``.
+    """
+    roots = [e for e in entries if is_root_entry(e)]
+    entries = [e for e in entries if not is_root_entry(e)]
     for e in entries:
         for p in e["old_paths"] + e["new_paths"]:
             safe_relpath(p)
@@ -235,6 +244,9 @@ def build_plan(
         plan = _plan_posix(entries, target, store, epoch)
     else:
         plan = _plan_s3(entries, target, store, epoch)
+    for e in roots:
+        _plan_root(e, target, plan)
+    entries = entries + [e for e in roots if attrs_changed(e)]
     plan.update(
         version=PLAN_VERSION, target=target["name"], kind=target["kind"], epoch=epoch,
         first_epoch=first_epoch if first_epoch is not None else epoch,
@@ -242,6 +254,35 @@ def build_plan(
     plan["verify"] = _verify_items(entries, store)
     plan["summary"] = _summary(entries, plan)
     return plan
+
+
+def is_root_entry(entry: dict) -> bool:
+    """The root directory's entry: its only path is ``""`` on both sides (no name can be empty,
+    so nothing else has that path); anything else naming ``""`` is refused."""
+    paths = entry["old_paths"] + entry["new_paths"]
+    if "" not in paths:
+        return False
+    types = [(entry.get(side) or {}).get("type") for side in ("old", "new")]
+    names = {lk.get("name") for side in ("old", "new") for lk in entry.get(f"{side}_links") or []}
+    if entry["old_paths"] != [""] or entry["new_paths"] != [""] or types != [DIR, DIR] or names - {""}:
+        raise UnsafePathError(f"refusing the empty path for fid {entry.get('fid')!r}: only the root directory has it")
+    return True
+
+
+def _plan_root(e: dict, target: dict, plan: dict) -> None:
+    """Attributes of the source root → the replica's root, after everything else."""
+    if not attrs_changed(e):
+        return
+    a = attrs_of(e["fid"], e["new"])
+    if target["kind"] == "posix":
+        plan["post"].append({"op": "attrs", "path": "", "attrs": a})
+        plan["fence"].append({"path": "", "type": DIR, "size": None})
+    else:
+        from epochsync.targets.s3 import ROOT_MARKER
+
+        plan["post"].append({"op": "put_empty", "key": ROOT_MARKER, "attrs": a})
+        # the marker exists once the root's attributes were first replicated: either state is ours
+        plan["fence"].append({"key": ROOT_MARKER, "present": None})
 
 
 def _verify_items(entries: list[dict], store: dict) -> dict:
@@ -609,7 +650,7 @@ def visible(links_df, fileset):
     """Links inside the fileset's subtrees (all of them without a fileset)."""
     from pyspark.sql import functions as F
 
-    if not fileset:
+    if not fileset or any(not sub.strip("/") for sub in fileset):
         return links_df
     cond = None
     for sub in fileset:
@@ -624,9 +665,16 @@ def plan_entries(old_snapshot, new_snapshot, changes, *, root_fid: str, fileset=
     from pyspark.sql import functions as F
 
     resolve = path_resolver or (lambda snap: resolve_links(snap, root_fid))
+    with_root = in_fileset("", fileset)
 
     def side(snap, name):
         lk = visible(resolve(snap), fileset)
+        if with_root:
+            # the root has no link, but its attributes are the replica root's: path ""
+            root = snap.filter(F.col("fid") == root_fid).select(
+                "fid", F.lit("").alias("pfid"), F.lit("").alias("name"), F.lit("").alias("path")
+            )
+            lk = lk.select("fid", "pfid", "name", "path").unionByName(root)
         return lk.groupBy("fid").agg(
             F.array_sort(F.collect_list(F.struct("path", "pfid", "name"))).alias(f"{name}_links")
         )

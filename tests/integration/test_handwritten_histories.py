@@ -208,12 +208,18 @@ def kind(request) -> str:
     return request.param
 
 
-def test_a_directory_replaced_by_a_file_or_a_symlink_and_back(world, spark, kind):
-    """Regression (issue 16, bug 1): ``mv logs logs.old; touch logs``, ``rm -r d; touch d`` and
-    ``rm -r d; ln -s ... d`` in one epoch: verify's check that ``d/x`` is gone raised
-    NotADirectoryError (UnsafePathError under a symlink) on posix, the epoch rolled back, and
-    every retry failed the same way. Epoch 3 turns a file and a symlink back into directories
-    with children (the write fence asks whether ``c/y`` is absent while ``c`` is a symlink)."""
+def test_types_replaced_under_children_and_root_attributes(world, spark, kind):
+    """Regressions (issue 16, bugs 1 and 2), one history:
+
+    - ``mv a a.old; touch a``, ``rm -r b; touch b`` and ``rm -r c; ln -s a.old/x c`` in one
+      epoch: verify's check that ``a/x`` is gone raised NotADirectoryError (UnsafePathError
+      under a symlink) on posix, the epoch rolled back, and every retry failed the same way.
+      Epoch 3 turns the file and the symlink back into directories with children (the write
+      fence asks whether ``c/y`` is absent while ``c`` is a symlink).
+    - SATTR and XATTR on the root's fid were in the change set, but translate built no plan
+      entry (the root has no parent link) and verify did not notice: the replica root
+      (posix: the replica directory; s3: ``prefix/.epochsync-dir``) must follow.
+    """
     h = History(world["client"], world["bucket"])
     a, ax, b, bx, c, cx = (fid(n) for n in range(1, 7))
     new_a, new_b, new_c, dir_a, ay, dir_c, cy = (fid(n) for n in range(7, 14))
@@ -223,11 +229,15 @@ def test_a_directory_replaced_by_a_file_or_a_symlink_and_back(world, spark, kind
     h.epoch().rename(a, (ROOT, "a"), (ROOT, "a.old")).create(new_a, ROOT, "a", two)  # mv a a.old; touch a
     h.unlink(bx, b, "x").rmdir(b, ROOT, "b").create(new_b, ROOT, "b", two)  # rm -r b; touch b
     h.unlink(cx, c, "x").rmdir(c, ROOT, "c").symlink(new_c, ROOT, "c", "a.old/x")  # rm -r c; ln -s a.old/x c
+    h.chmod(ROOT, 0o750).setxattr(ROOT, "user.project", b"alpha").setxattr(ROOT, "trusted.t", b"1")
     h.epoch().unlink(new_a, ROOT, "a").mkdir(dir_a, ROOT, "a").create(ay, dir_a, "y", three)
     h.unlink(new_c, ROOT, "c").mkdir(dir_c, ROOT, "c").create(cy, dir_c, "y", three)
+    h.chmod(ROOT, 0o711).setxattr(ROOT, "user.project", None).setxattr(ROOT, "user.owner", b"ops")
     expected = [
         {"a": D(), "a/x": F(one), "b": D(), "b/x": F(one), "c": D(), "c/x": F(one)},
-        {"a.old": D(), "a.old/x": F(one), "a": F(two), "b": F(two), "c": L("a.old/x")},
-        {"a.old": D(), "a.old/x": F(one), "a": D(), "a/y": F(three), "b": F(two), "c": D(), "c/y": F(three)},
-    ]
+        {"": D(0o750, {"user.project": b"alpha", "trusted.t": b"1"}),
+         "a.old": D(), "a.old/x": F(one), "a": F(two), "b": F(two), "c": L("a.old/x")},
+        {"": D(0o711, {"user.owner": b"ops", "trusted.t": b"1"}),
+         "a.old": D(), "a.old/x": F(one), "a": D(), "a/y": F(three), "b": F(two), "c": D(), "c/y": F(three)},
+    ]  # fmt: skip
     replicate_and_check(world, spark, kind, h, expected)

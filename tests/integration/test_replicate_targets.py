@@ -372,3 +372,114 @@ def test_types_swapped_under_children_apply_verify_and_roll_back(env, target, k,
         "c": ("symlink", "elsewhere"), "f": ("dir", None), "g": ("file", sha(data)), "s": ("dir", None),
         "s/y": ("file", sha(y)),
     }  # fmt: skip
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_root_attributes_apply_verify_and_roll_back(env, target, fail, tmp_path):
+    """Regression (issue 16, bug 2): the root's entry (path "") sets the replica root's mode and
+    xattrs (posix: the replica directory; s3: the root marker), verify checks them, and a
+    rollback (replayed twice) puts the root back as it was, whether the change was made or not."""
+    import shutil
+
+    from epochsync.faults import FaultCounter, FaultSpec, InjectedFailure
+
+    def root_state():
+        r = target.stat("", "dir")
+        return None if r is None else (r.type, r.mode, r.xattrs)
+
+    entries, _ = epoch1(env)
+    run(env, target, entries, 1)
+    target.write_manifest({"epoch": 1})
+    before = root_state()
+    old = row("dir", mode=0o40755)
+    new = row("dir", mode=0o40700, xattrs={"user.tag": b"root", "trusted.x": b"1"})
+    entries2 = [entry(ROOT, old=old, new=new, old_paths=[""], new_paths=[""], change=change(data=False))]
+    entries2[0]["change"]["attrs_changed"] = entries2[0]["change"]["xattrs_changed"] = True
+    jdir = str(env["tmp"] / f"undo-{target.name}-2")
+    want = ("dir", 0o700, {"user.tag": b"root"} if target.kind == "posix" else {"user.tag": b"root", "trusted.x": b"1"})
+    if fail:  # the root's change is the only mutation: fail before it is made
+        counter = FaultCounter(FaultSpec(after=0), str(tmp_path / "count"), str(tmp_path / "fired"))
+        with pytest.raises(InjectedFailure):
+            run(env, target, entries2, 2, inject=counter)
+    else:
+        run(env, target, entries2, 2)
+        assert root_state() == want
+    rollback(target, jdir)
+    assert root_state() == before
+    target.mark_rollback(2)
+    shutil.rmtree(jdir)
+    plan, _, _, src_io = run(env, target, entries2, 2)
+    assert plan["summary"]["attrs"] == 1
+    result = verify_plan(plan, target, src_io, env["store"]["bucket"])
+    assert result["ok"], result["problems"]
+    assert root_state() == want
+    assert "" not in tree(target) and ".epochsync-dir" not in tree(target)  # the root is no entry of a walk
+    # verify notices a root that does not match
+    if target.kind == "posix":
+        os.chmod(target.root, 0o755)
+    else:
+        target.io.client.put_object(Bucket=target.bucket, Key=target.prefix + ".epochsync-dir", Body=b"")
+    assert not verify_plan(plan, target, src_io, env["store"]["bucket"])["ok"]
+
+
+def test_the_empty_path_is_only_the_root_directory():
+    f = row("file", size=0)
+    tdict = {"name": "t", "kind": "posix", "fileset": [], "coalesce_gap": 0, "part_size": 5 << 20,
+             "small_object": 1 << 20, "stripe_size": None, "stripe_count": None}  # fmt: skip
+    for bad in [entry("X", new=f, new_paths=[""]), entry("X", old=row("dir"), new=row("dir"), old_paths=[""],
+                                                        new_paths=["", "a"])]:  # fmt: skip
+        with pytest.raises(UnsafePathError, match="only the root"):
+            build_plan([bad], target=tdict, store=STORE, epoch=1)
+
+
+@pytest.mark.parametrize("client", ["fast", "botocore"])
+def test_keys_with_control_characters_replicate_and_roll_back(env, client, monkeypatch):
+    """Regression (issue 16, bug 4): a file named with ``\\x01`` broke the version listing (the
+    XML answer cannot carry it: a parser error, or SeaweedFS's U+FFFD in its place), so the
+    write fence called the object missing and a rollback found no version to remove. Every
+    listing asks for ``encoding-type=url`` now; both S3 clients are checked."""
+    from epochsync.targets.s3fast import FastClient
+
+    monkeypatch.setenv("EPOCHSYNC_S3_CLIENT", client)
+    name = "ctl" + uuid.uuid4().hex[:6]
+    cfg = TargetConfig(name=name, source="sim", kind="s3", conn_id="contract_s3", bucket="replica-contract",
+                       prefix=f"{name}/")  # fmt: skip
+    target = open_target(cfg)
+    target.ensure_bucket()
+    assert isinstance(target.io.client, FastClient) == (client == "fast")
+    src = env["source"]
+    one = os.urandom(2000)
+    f1 = row("file", size=2000, version=src.put("CTL" + name, one), fid="CTL" + name)
+    d = row("dir", mode=0o755)
+    x = row("file", size=2000, version=src.put("X" + name, one), fid="X" + name)
+    f, dx = "ctl\x01name", "d\x1fir"
+    run(env, target, [entry("CTL" + name, new=f1, new_paths=[f]), entry("D", new=d, new_paths=[dx]),
+                      entry("X" + name, new=x, new_paths=[f"{dx}/x\x7fy"])], 1)  # fmt: skip
+    target.write_manifest({"epoch": 1})
+    assert {p: v[:2] for p, v in tree(target).items()} == {
+        f: ("file", sha(one)),
+        dx: ("dir", None),
+        f"{dx}/x\x7fy": ("file", sha(one)),
+    }
+    # epoch 2: patch the file in place (the fence needs its size), move the directory
+    two = bytearray(one)
+    two[10:20] = b"0123456789"
+    f2 = row("file", size=2000, version=src.put("CTL" + name, bytes(two)), fid="CTL" + name)
+    entries2 = [
+        entry("CTL" + name, old=f1, new=f2, old_paths=[f], new_paths=[f], change=change([(10, 10)])),
+        entry("D", old=d, new=d, old_paths=[dx], new_paths=["dir2"]),
+        entry("X" + name, old=x, new=x, old_paths=[f"{dx}/x\x7fy"], new_paths=["dir2/x\x7fy"]),
+    ]
+    plan, jdir, _, src_io = run(env, target, entries2, 2)
+    assert verify_plan(plan, target, src_io, env["store"]["bucket"])["ok"]
+    t2 = tree(target)
+    assert {p: v[:2] for p, v in t2.items()} == {
+        f: ("file", sha(bytes(two))),
+        "dir2": ("dir", None),
+        "dir2/x\x7fy": ("file", sha(one)),
+    }
+    # epoch 3 deletes it; the rollback finds the delete marker it must remove
+    plan, jdir, _, _ = run(env, target, [entry("CTL" + name, old=f2, old_paths=[f])], 3)
+    assert f not in tree(target)
+    rollback(target, jdir)
+    assert tree(target) == t2

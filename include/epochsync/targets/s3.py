@@ -22,6 +22,7 @@ import base64
 import hashlib
 import json
 import random
+import re
 import threading
 import time
 import urllib.parse
@@ -37,6 +38,9 @@ META_PREFIX = "es-"
 #: ``path/`` marker cannot carry metadata or versions on SeaweedFS (its filer turns it
 #: into a real directory), and this keeps one versioned, rollback-able object per path.
 DIR_SIDECAR = ".epochsync-dir"
+#: The root directory's attributes: ``prefix + .epochsync-dir``, written with the first
+#: change of the source root's attributes (a target without it has the root's defaults).
+ROOT_MARKER = DIR_SIDECAR
 RETRYABLE_CODES = {
     "SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeoutException",
     "InternalError", "ServiceUnavailable", "503", "500", "502", "504", "RequestLimitExceeded",
@@ -299,8 +303,42 @@ def decode_meta(meta: dict[str, str]) -> dict:
     return out
 
 
+def decode_listing(resp: dict) -> dict:
+    """URL-decode, in place, the keys and markers of a listing asked for with ``EncodingType=url``.
+
+    Every listing asks for it: a key may hold characters XML 1.0 cannot carry (a file name
+    with ``\x01``), which breaks the answer's parsing or comes back altered. Stores that
+    honour it say so (``EncodingType: url``); an answer without it is left as sent.
+    """
+    if resp.get("EncodingType") != "url":
+        return resp
+    for field in ("Prefix", "Delimiter", "Marker", "NextMarker", "KeyMarker", "NextKeyMarker", "StartAfter"):
+        if resp.get(field):
+            resp[field] = urllib.parse.unquote_plus(resp[field])
+    for group in ("Contents", "Versions", "DeleteMarkers"):
+        for item in resp.get(group) or []:
+            item["Key"] = urllib.parse.unquote_plus(item["Key"])
+    for item in resp.get("CommonPrefixes") or []:
+        item["Prefix"] = urllib.parse.unquote_plus(item["Prefix"])
+    resp.pop("EncodingType")
+    return resp
+
+
+_XML_FORBIDDEN = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff\ud800-\udfff]")
+
+
+def listed_key_is(listed: str, key: str) -> bool:
+    """Does a listing's ``listed`` key name ``key``? A store that ignores ``encoding-type`` for
+    a listing (SeaweedFS, for versions) sends the characters XML cannot carry as U+FFFD; with
+    the listing's prefix being ``key`` itself, such a key of the same length is that key."""
+    return listed == key or listed == _XML_FORBIDDEN.sub("\ufffd", key)
+
+
 def key_for(path: str, type_: str | None) -> str:
-    """Key (under the prefix) of a replica path: directories are their sidecar object."""
+    """Key (under the prefix) of a replica path: directories are their sidecar object
+    (the root, path ``""``, is :data:`ROOT_MARKER`)."""
+    if path == "" and type_ == "dir":
+        return ROOT_MARKER
     safe_relpath(path)
     if path.rsplit("/", 1)[-1] == DIR_SIDECAR:
         raise UnsafePathError(f"refusing path {path!r}: {DIR_SIDECAR} is reserved by the s3 target")
@@ -404,10 +442,10 @@ class S3Target(Target):
         out = []
         token = None
         while True:
-            kw = {"Bucket": self.bucket, "Prefix": self.prefix}
+            kw = {"Bucket": self.bucket, "Prefix": self.prefix, "EncodingType": "url"}
             if token:
                 kw["ContinuationToken"] = token
-            resp = self.io.call("LIST target", lambda c, kw=kw: c.list_objects_v2(**kw))
+            resp = decode_listing(self.io.call("LIST target", lambda c, kw=kw: c.list_objects_v2(**kw)))
             out.extend(resp.get("Contents", []))
             if not resp.get("IsTruncated"):
                 return out
@@ -430,7 +468,7 @@ class S3Target(Target):
         rels = [
             rel
             for rel in (o["Key"][len(self.prefix) :] for o in sorted(self.list_keys(), key=lambda o: o["Key"]))
-            if rel.split("/", 1)[0] != CONTROL_DIR
+            if rel.split("/", 1)[0] != CONTROL_DIR and rel != ROOT_MARKER  # the root is not an entry
         ]
 
         def one(rel: str) -> Entry | None:
@@ -454,9 +492,11 @@ class S3Target(Target):
 
     def _entry(self, rel: str, h: dict, hashes: bool) -> Entry:
         m = decode_meta(h.get("Metadata", {}))
-        is_dir = rel.endswith("/" + DIR_SIDECAR)
+        is_dir = rel.endswith("/" + DIR_SIDECAR) or rel == ROOT_MARKER
         kind = "dir" if is_dir else (m["type"] or "file")
         path = rel[: -len(DIR_SIDECAR) - 1] if is_dir else rel
+        if rel == ROOT_MARKER:
+            path = ""
         size = m["size"] if m["size"] is not None else int(h.get("ContentLength") or 0)
         e = Entry(
             path=path, type=kind, size=size if kind == "file" else 0,
@@ -490,7 +530,8 @@ class S3Target(Target):
         return self.io.get_all(self.bucket, self._full(self.key_of(path, "file")))
 
     def stat(self, path: str, type_hint: str | None = None) -> Entry | None:
-        for t in [type_hint] if type_hint else ["file", "dir"]:
+        """The entry at ``path`` (``""``: the root, None until its attributes were first written)."""
+        for t in ["dir"] if path == "" else [type_hint] if type_hint else ["file", "dir"]:
             h = self.head(self.key_of(path, t))
             if h is not None:
                 return self._entry(self.key_of(path, t), h, hashes=False)
@@ -501,13 +542,19 @@ class S3Target(Target):
         """Every version and delete marker of exactly this key: ids, the current one, times."""
         key = self._full(rel_key)
         ids, current, times = [], None, []
-        kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": key}
+        kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": key, "EncodingType": "url"}
         while True:
             resp = self.io.call(f"LIST versions {key}", lambda c, kw=kw: c.list_object_versions(**kw))
+            encoded = resp.get("EncodingType") == "url"
+            decode_listing(resp)
+
+            def mine(listed: str, encoded: bool = encoded) -> bool:
+                return listed == key if encoded else listed_key_is(listed, key)
+
             other = False
             for kind in ("Versions", "DeleteMarkers"):
                 for v in resp.get(kind, []):
-                    if v["Key"] != key:
+                    if not mine(v["Key"]):
                         other = True
                         continue
                     ids.append(v["VersionId"])
@@ -521,7 +568,9 @@ class S3Target(Target):
                         }
             if other or not resp.get("IsTruncated"):
                 break
-            kw = {**kw, "KeyMarker": resp.get("NextKeyMarker"), "VersionIdMarker": resp.get("NextVersionIdMarker")}
+            marker = resp.get("NextKeyMarker")
+            marker = key if marker is not None and mine(marker) else marker  # as sent, not as listed
+            kw = {**kw, "KeyMarker": marker, "VersionIdMarker": resp.get("NextVersionIdMarker")}
         live = current if current and not current["marker"] else None
         return {"known": ids, "current": live}
 
@@ -541,6 +590,10 @@ class S3Target(Target):
             rel = item["key"]
             state[rel] = v
             cur = v["current"]
+            if item.get("present") is None and "present" in item:  # either state is the replica's own
+                if cur is not None and since_ns is not None and cur["time_ns"] > since_ns:
+                    problems.append(f"{rel}: written after the last commit")
+                continue
             if not item.get("present"):
                 if cur is not None:
                     problems.append(f"{rel}: exists but the replica at the last epoch did not have it")
