@@ -142,6 +142,7 @@ def _target_dict(tcfg: TargetConfig) -> dict:
         "name": tcfg.name, "kind": tcfg.kind, "fileset": list(tcfg.fileset), "coalesce_gap": tcfg.coalesce_gap,
         "part_size": tcfg.part_size, "small_object": tcfg.small_object,
         "stripe_size": tcfg.stripe_size, "stripe_count": tcfg.stripe_count,
+        "prefix": tcfg.prefix, "path": tcfg.path, "control_dir": tcfg.control_dir,
     }  # fmt: skip
 
 
@@ -652,6 +653,39 @@ def run_rollback(cfg_or_args, target=None, spark=None) -> Any:
     args = cfg_or_args
     r = rollback_target(args.config, args.target, check=not args.no_check, progress=lambda s: print(s, flush=True))
     print(r["message"] + (f" ({r['undone']} journal entries undone)" if r["rolled_back"] else ""))
+    return 0
+
+
+def configure_relocate(parser) -> None:
+    parser.add_argument("--config", required=True, metavar="FILE", help="epochsync YAML config")
+    parser.add_argument("--target", required=True, metavar="NAME", help="target whose control directory moves")
+    parser.add_argument(
+        "--from", dest="old", default=".epochsync", metavar="NAME",
+        help="where the control directory is now (default .epochsync); it moves to the target's control_dir",
+    )  # fmt: skip
+
+
+def run_relocate(args) -> int:
+    """``epochsync relocate``: move a target's control directory to its (new) ``control_dir``.
+
+    The way forward when the source holds an entry named like the control directory at its
+    root: translate refuses that epoch, naming it; change ``control_dir``, relocate, rerun.
+    """
+    import dataclasses
+
+    from epochsync.targets import open_target
+
+    cfg = load_config(args.config)
+    tcfg = cfg.target(args.target)
+    old = open_target(dataclasses.replace(tcfg, control_dir=args.old))
+    committed = manifest_epoch(old.read_manifest())
+    unfinished = unfinished_epochs(cfg, tcfg, committed)
+    if unfinished:
+        raise EpochError(
+            f"target {tcfg.name}: epoch(s) {unfinished} did not commit; roll them back first "
+            f"(epochsync rollback --config {cfg.file} --target {tcfg.name}), then relocate"
+        )
+    print(open_target(tcfg).move_control_dir(args.old))
     return 0
 
 

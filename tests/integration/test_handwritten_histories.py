@@ -219,6 +219,8 @@ def test_types_replaced_under_children_and_root_attributes(world, spark, kind):
     - SATTR and XATTR on the root's fid were in the change set, but translate built no plan
       entry (the root has no parent link) and verify did not notice: the replica root
       (posix: the replica directory; s3: ``prefix/.epochsync-dir``) must follow.
+    - An xattr and a symlink target too large for S3's 2 KB of object metadata replicate
+      (through the fid's attribute sidecar on s3).
     """
     h = History(world["client"], world["bucket"])
     a, ax, b, bx, c, cx = (fid(n) for n in range(1, 7))
@@ -233,11 +235,14 @@ def test_types_replaced_under_children_and_root_attributes(world, spark, kind):
     h.epoch().unlink(new_a, ROOT, "a").mkdir(dir_a, ROOT, "a").create(ay, dir_a, "y", three)
     h.unlink(new_c, ROOT, "c").mkdir(dir_c, ROOT, "c").create(cy, dir_c, "y", three)
     h.chmod(ROOT, 0o711).setxattr(ROOT, "user.project", None).setxattr(ROOT, "user.owner", b"ops")
+    big = bytes(range(256)) * 7  # over S3's 2 KB of metadata once encoded: the fid's attribute sidecar
+    h.setxattr(ay, "user.big", big).symlink(fid(14), ROOT, "long", "t/" * 1500)
     expected = [
         {"a": D(), "a/x": F(one), "b": D(), "b/x": F(one), "c": D(), "c/x": F(one)},
         {"": D(0o750, {"user.project": b"alpha", "trusted.t": b"1"}),
          "a.old": D(), "a.old/x": F(one), "a": F(two), "b": F(two), "c": L("a.old/x")},
         {"": D(0o711, {"user.owner": b"ops", "trusted.t": b"1"}),
-         "a.old": D(), "a.old/x": F(one), "a": D(), "a/y": F(three), "b": F(two), "c": D(), "c/y": F(three)},
+         "a.old": D(), "a.old/x": F(one), "a": D(), "a/y": F(three, xattrs={"user.big": big}), "b": F(two), "c": D(),
+         "c/y": F(three), "long": L("t/" * 1500)},
     ]  # fmt: skip
     replicate_and_check(world, spark, kind, h, expected)

@@ -1,8 +1,8 @@
 """The ``posix`` target: a directory tree under ``path`` (DESIGN section 4).
 
 Namespace operations are renames (zero copy), so a delete is a rename into the
-epoch's scratch area ``.epochsync/tmp/<E>/`` (same file system) that the commit
-removes and a rollback renames back. Overwritten byte ranges are saved as pre-images
+epoch's scratch area ``<control_dir>/tmp/<E>/`` (same file system; ``control_dir`` is
+``.epochsync`` unless configured) that the commit removes and a rollback renames back. Overwritten byte ranges are saved as pre-images
 in the undo journal before ``pwrite``. Ownership is set only when running as root;
 xattrs in the ``user.`` namespace only.
 
@@ -22,7 +22,14 @@ import stat as st
 from typing import Any
 
 from epochsync.errors import EpochsyncError, StoreError
-from epochsync.targets.base import CONTROL_DIR, Entry, Target, UnsafePathError, safe_relpath
+from epochsync.targets.base import (
+    CONTROL_DIR,
+    Entry,
+    Target,
+    UnsafePathError,
+    moved_control_dir_error,
+    safe_relpath,
+)
 
 XATTR_NAMESPACE = "user."
 
@@ -53,7 +60,7 @@ class PosixTarget(Target):
         if not cfg.path:
             raise EpochsyncError(f"target {cfg.name}: a posix target needs 'path'")
         self.root = os.path.abspath(cfg.path)
-        self.control = os.path.join(self.root, CONTROL_DIR)
+        self.control = os.path.join(self.root, self.control_dir)
         self.as_root = os.geteuid() == 0
 
     def describe(self) -> str:
@@ -70,7 +77,7 @@ class PosixTarget(Target):
             return self._tmp_abs(rel)
         if rel == "" and root_ok:
             return self.root
-        safe_relpath(rel)
+        safe_relpath(rel, control_dir=self.control_dir)
         path = os.path.join(self.root, rel)
         parent = os.path.dirname(path)
         if os.path.realpath(parent) != os.path.join(os.path.realpath(self.root), os.path.dirname(rel)).rstrip("/"):
@@ -124,6 +131,9 @@ class PosixTarget(Target):
             with open(os.path.join(self.control, "manifest.json"), encoding="utf-8") as f:
                 return json.load(f)
         except FileNotFoundError:
+            legacy = os.path.join(self.root, CONTROL_DIR)
+            if self.control_dir != CONTROL_DIR and os.path.exists(os.path.join(legacy, "manifest.json")):
+                raise moved_control_dir_error(self, f"mv {legacy} {self.control}") from None
             return None
         except (OSError, ValueError) as exc:
             raise StoreError(f"{self.describe()}: manifest unreadable: {exc}") from None
@@ -188,7 +198,7 @@ class PosixTarget(Target):
             rel_dir = stack.pop()
             base = os.path.join(self.root, rel_dir) if rel_dir else self.root
             for name in sorted(os.listdir(base)):
-                if not rel_dir and name == CONTROL_DIR:
+                if not rel_dir and name == self.control_dir:
                     continue
                 rel = f"{rel_dir}/{name}" if rel_dir else name
                 path = os.path.join(base, name)
@@ -242,7 +252,8 @@ class PosixTarget(Target):
         for sub in self.cfg.fileset:
             parent = os.path.dirname(sub.strip("/"))
             if parent:
-                os.makedirs(os.path.join(self.root, safe_relpath(parent, "fileset parent")), exist_ok=True)
+                parent = safe_relpath(parent, "fileset parent", self.control_dir)
+                os.makedirs(os.path.join(self.root, parent), exist_ok=True)
 
     def run_namespace_op(self, op: dict, journal, state: dict) -> None:
         kind = op["op"]
@@ -427,6 +438,20 @@ class PosixTarget(Target):
         manifest = os.path.join(self.control, "manifest.json")
         if os.path.exists(manifest):
             os.utime(manifest)
+
+    def move_control_dir(self, old: str) -> str:
+        src = os.path.join(self.root, old)
+        if old == self.control_dir:
+            raise EpochsyncError(f"target {self.name}: the control directory is already {old!r}")
+        if not os.path.isdir(src) or os.path.islink(src):
+            if os.path.exists(os.path.join(self.control, "manifest.json")):
+                return f"{self.control} already holds the manifest; nothing to move"
+            raise EpochsyncError(f"target {self.name}: no control directory {src} to move")
+        if os.path.lexists(self.control):
+            raise EpochsyncError(f"target {self.name}: {self.control} exists already; move it away first")
+        os.rename(src, self.control)
+        _fsync_dir(self.root)
+        return f"moved {src} to {self.control}"
 
     def finish_rollback(self, epoch: int) -> None:
         shutil.rmtree(self.tmp_dir(epoch), ignore_errors=True)
