@@ -50,6 +50,7 @@ from epochsync.config import Config, TargetConfig, load_config
 from epochsync.errors import EpochError, EpochsyncError
 from epochsync.events import COMMITTED, FAILED, ROLLED_BACK, record_event
 from epochsync.journal import (
+    UndoneLog,
     advance_cursor,
     fault_counter,
     journal_dir,
@@ -418,19 +419,23 @@ def rollback_target(cfg, target, spark=None, *, check: bool = True, progress=Non
         mark_aborted(jdir)
         wait_for_writers(jdir)
         # replay until the journal stops growing: a writer that was mid-entry when the
-        # marker appeared has at most one more durable entry, and undo is idempotent
-        seen: set[tuple] = set()
+        # marker appeared has at most one more durable entry, and undo is idempotent;
+        # entries a killed rollback already undid are skipped (UndoneLog)
+        done = UndoneLog(jdir)
         entries: list[dict] = []
-        while True:
-            fresh = [x for x in read_journal(jdir) if (x["writer"], x["seq"]) not in seen]
-            if not fresh:
-                break
-            for entry in reversed(fresh):
-                tgt.undo(entry, jdir)
-                undone += 1
-                seen.add((entry["writer"], entry["seq"]))
-            entries += fresh
-            time.sleep(0.2)
+        try:
+            while True:
+                fresh = [x for x in read_journal(jdir) if x not in done]
+                if not fresh:
+                    break
+                for entry in reversed(fresh):
+                    tgt.undo(entry, jdir)
+                    done.add(entry)
+                    undone += 1
+                entries += fresh
+                time.sleep(0.2)
+        finally:
+            done.close()
         tgt.finish_rollback(e)
         if progress:
             progress(f"rollback: epoch {e}: {len(entries)} journal entries undone")
