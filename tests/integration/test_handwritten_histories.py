@@ -150,19 +150,13 @@ def replica_tree(target, *, root: bool) -> dict:
 
 
 @pytest.fixture()
-def world(seaweed, tmp_path, monkeypatch):
+def world(seaweed, tmp_path):
     """A source bucket, a posix and an s3 target, and Spark for merge and translate."""
     os.environ["AIRFLOW_CONN_HIST_S3"] = seaweed.airflow_conn_json()
     client = seaweed.client()
     bucket = "hist-" + uuid.uuid4().hex[:8]
     client.create_bucket(Bucket=bucket)
     client.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
-    try:  # while the local engine exists, these histories must cover the Spark translate
-        import epochsync.local_engine as le
-
-        monkeypatch.setattr(le, "choose_engine", lambda *a, **k: "spark")
-    except ImportError:
-        pass
     return {"client": client, "bucket": bucket, "tmp": tmp_path}
 
 
