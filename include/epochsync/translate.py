@@ -342,8 +342,8 @@ def _plan_root(e: dict, target: dict, plan: dict) -> None:
         return
     a = attrs_of(e["fid"], e["new"])
     if target["kind"] == "posix":
+        # no fence item: the replica directory is the target's own (made by the first apply)
         plan["post"].append({"op": "attrs", "path": "", "attrs": a})
-        plan["fence"].append({"path": "", "type": DIR, "size": None})
     else:
         from epochsync.targets.s3 import ROOT_MARKER
 

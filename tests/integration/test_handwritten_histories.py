@@ -4,10 +4,11 @@ Each history is a few epochs of changelog records written by hand (JSON Lines, o
 and one OST), with the source bytes in a versioned SeaweedFS bucket and, for every
 epoch, the tree the replica must hold, also written by hand. Every epoch runs through
 the real stages (``pipeline.replicate``: ingest, merge, translate, apply, verify,
-commit) on Spark; after each one the replica (root included) must equal that tree.
+commit) on Spark; after each one both replicas (root included) must equal that tree.
 
 These are the cases issue 16 found stuck or silent: a directory replaced by a file or a
-symlink in one epoch, attribute changes of the root directory.
+symlink in one epoch, attribute changes of the root directory, attributes larger than
+S3's object metadata.
 """
 
 from __future__ import annotations
@@ -160,7 +161,7 @@ def world(seaweed, tmp_path):
     return {"client": client, "bucket": bucket, "tmp": tmp_path}
 
 
-def make_config(world, kind: str) -> tuple:
+def make_config(world) -> object:
     out = world["tmp"]
     replica = "rep-" + uuid.uuid4().hex[:8]
     doc = {
@@ -172,44 +173,55 @@ def make_config(world, kind: str) -> tuple:
             "epoch": {"interval": f"{EPOCH_SECONDS}s", "start": "2026-01-01T00:00:00Z"},
         }],
         "targets": [
-            {"name": "posix", "source": "hist", "kind": "posix", "path": str(out / "replica")}
-            if kind == "posix" else
-            {"name": "s3", "source": "hist", "kind": "s3", "conn_id": "hist_s3", "bucket": replica,
-             "prefix": "tree/"},
+            {"name": "posix", "source": "hist", "kind": "posix", "path": str(out / "replica")},
+            {"name": "s3", "source": "hist", "kind": "s3", "conn_id": "hist_s3", "bucket": replica, "prefix": "tree/"},
         ],
     }  # fmt: skip
     (out / "epochsync.yaml").write_text(yaml.safe_dump(doc))
-    cfg = load_config(out / "epochsync.yaml")
-    return cfg, cfg.targets[0]
+    return load_config(out / "epochsync.yaml")
 
 
-def replicate_and_check(world, spark, kind: str, history: History, expected: list[dict]) -> None:
-    """Every epoch of ``history`` into a fresh ``kind`` target; after each, the tree must be ``expected[e-1]``."""
+def replicate_and_check(world, spark, history: History, expected: list[dict]) -> None:
+    """Every epoch of ``history`` into a posix and an s3 target; after each, both trees must be
+    ``expected[e-1]``. The posix target runs ``replicate`` (every stage); the s3 target shares its
+    merge (same source, no fileset: the same snapshot and change set) and runs the rest."""
+    import shutil
+
+    from epochsync.paths import Warehouse, local_path
+    from epochsync.pipeline import run_apply, run_commit, run_translate, run_verify
+
     history.write_changelogs(world["tmp"])
-    cfg, tcfg = make_config(world, kind)
-    target = open_target(tcfg)
+    cfg = make_config(world)
+    wh = Warehouse(cfg.warehouse)
     for e, want in enumerate(expected, start=1):
-        replicate(cfg, tcfg.name, epoch=e, spark=spark, progress=lambda _line: None)
-        assert target.read_manifest()["epoch"] == e
-        got = replica_tree(target, root="" in want)
-        if kind == "posix":  # a posix replica keeps user.* xattrs only
-            want = {p: (*v[:3], {k: x for k, x in v[3].items() if k.startswith("user.")}) for p, v in want.items()}
-        assert got == want, f"epoch {e}"
+        replicate(cfg, "posix", epoch=e, spark=spark, progress=lambda _line: None)
+        for uri in (wh.snapshot, wh.changes):
+            shutil.copytree(local_path(uri("posix", e)), local_path(uri("s3", e)))
+        run_translate(cfg, "s3", e, spark)
+        run_apply(cfg, "s3", e, spark)
+        run_verify(cfg, "s3", e, spark)
+        run_commit(cfg, "s3", e)
+        for name in ("posix", "s3"):
+            target = open_target(cfg.target(name))
+            assert target.read_manifest()["epoch"] == e
+            got = replica_tree(target, root="" in want)
+            if name == "posix":  # a posix replica keeps user.* xattrs only
+                want_here = {
+                    p: (*v[:3], {k: x for k, x in v[3].items() if k.startswith("user.")}) for p, v in want.items()
+                }
+            else:
+                want_here = want
+            assert got == want_here, f"{name} epoch {e}"
 
 
-@pytest.fixture(params=["posix", "s3"])
-def kind(request) -> str:
-    return request.param
-
-
-def test_types_replaced_under_children_and_root_attributes(world, spark, kind):
+def test_types_replaced_under_children_and_root_attributes(world, spark):
     """Regressions (issue 16, bugs 1 and 2), one history:
 
     - ``mv a a.old; touch a``, ``rm -r b; touch b`` and ``rm -r c; ln -s a.old/x c`` in one
       epoch: verify's check that ``a/x`` is gone raised NotADirectoryError (UnsafePathError
       under a symlink) on posix, the epoch rolled back, and every retry failed the same way.
-      Epoch 3 turns the file and the symlink back into directories with children (the write
-      fence asks whether ``c/y`` is absent while ``c`` is a symlink).
+      The same epoch turns a file and a symlink into directories with children (the write
+      fence asks whether ``s/y`` is absent while ``s`` is a symlink).
     - SATTR and XATTR on the root's fid were in the change set, but translate built no plan
       entry (the root has no parent link) and verify did not notice: the replica root
       (posix: the replica directory; s3: ``prefix/.epochsync-dir``) must follow.
@@ -217,26 +229,26 @@ def test_types_replaced_under_children_and_root_attributes(world, spark, kind):
       (through the fid's attribute sidecar on s3).
     """
     h = History(world["client"], world["bucket"])
-    a, ax, b, bx, c, cx = (fid(n) for n in range(1, 7))
-    new_a, new_b, new_c, dir_a, ay, dir_c, cy = (fid(n) for n in range(7, 14))
-    one, two, three = b"first\n" * 10, b"a file now\n", b"a child again\n"
+    a, ax, b, bx, c, cx, f, s = (fid(n) for n in range(1, 9))
+    new_a, new_b, new_c, dir_f, fy, dir_s, sy, long = (fid(n) for n in range(9, 17))
+    one, two, three = b"first\n" * 10, b"a file now\n", b"a child\n"
+    big = bytes(range(256)) * 7  # over S3's 2 KB of metadata once encoded: the fid's attribute sidecar
     h.epoch().mkdir(a, ROOT, "a").create(ax, a, "x", one)
     h.mkdir(b, ROOT, "b").create(bx, b, "x", one).mkdir(c, ROOT, "c").create(cx, c, "x", one)
+    h.create(f, ROOT, "f", one).symlink(s, ROOT, "s", "a/x")
+    h.chmod(ROOT, 0o750).setxattr(ROOT, "user.project", b"alpha").setxattr(ROOT, "trusted.t", b"1")
     h.epoch().rename(a, (ROOT, "a"), (ROOT, "a.old")).create(new_a, ROOT, "a", two)  # mv a a.old; touch a
     h.unlink(bx, b, "x").rmdir(b, ROOT, "b").create(new_b, ROOT, "b", two)  # rm -r b; touch b
     h.unlink(cx, c, "x").rmdir(c, ROOT, "c").symlink(new_c, ROOT, "c", "a.old/x")  # rm -r c; ln -s a.old/x c
-    h.chmod(ROOT, 0o750).setxattr(ROOT, "user.project", b"alpha").setxattr(ROOT, "trusted.t", b"1")
-    h.epoch().unlink(new_a, ROOT, "a").mkdir(dir_a, ROOT, "a").create(ay, dir_a, "y", three)
-    h.unlink(new_c, ROOT, "c").mkdir(dir_c, ROOT, "c").create(cy, dir_c, "y", three)
+    h.unlink(f, ROOT, "f").mkdir(dir_f, ROOT, "f").create(fy, dir_f, "y", three)  # rm f; mkdir f; touch f/y
+    h.unlink(s, ROOT, "s").mkdir(dir_s, ROOT, "s").create(sy, dir_s, "y", three).setxattr(sy, "user.big", big)
+    h.symlink(long, ROOT, "long", "t/" * 1500)
     h.chmod(ROOT, 0o711).setxattr(ROOT, "user.project", None).setxattr(ROOT, "user.owner", b"ops")
-    big = bytes(range(256)) * 7  # over S3's 2 KB of metadata once encoded: the fid's attribute sidecar
-    h.setxattr(ay, "user.big", big).symlink(fid(14), ROOT, "long", "t/" * 1500)
     expected = [
-        {"a": D(), "a/x": F(one), "b": D(), "b/x": F(one), "c": D(), "c/x": F(one)},
         {"": D(0o750, {"user.project": b"alpha", "trusted.t": b"1"}),
-         "a.old": D(), "a.old/x": F(one), "a": F(two), "b": F(two), "c": L("a.old/x")},
+         "a": D(), "a/x": F(one), "b": D(), "b/x": F(one), "c": D(), "c/x": F(one), "f": F(one), "s": L("a/x")},
         {"": D(0o711, {"user.owner": b"ops", "trusted.t": b"1"}),
-         "a.old": D(), "a.old/x": F(one), "a": D(), "a/y": F(three, xattrs={"user.big": big}), "b": F(two), "c": D(),
-         "c/y": F(three), "long": L("t/" * 1500)},
+         "a.old": D(), "a.old/x": F(one), "a": F(two), "b": F(two), "c": L("a.old/x"), "f": D(), "f/y": F(three),
+         "s": D(), "s/y": F(three, xattrs={"user.big": big}), "long": L("t/" * 1500)},
     ]  # fmt: skip
-    replicate_and_check(world, spark, kind, h, expected)
+    replicate_and_check(world, spark, h, expected)
