@@ -124,6 +124,9 @@ class TargetConfig:
     snapshot_retention: int = 3
     #: attempts per S3 request before a clear failure
     max_attempts: int = 6
+    #: the replica's own directory at its root (manifest, scratch area, s3 stripes and
+    #: attribute sidecars); a source entry of that name at the root is refused
+    control_dir: str = ".epochsync"
 
 
 @dataclass(frozen=True)
@@ -285,6 +288,19 @@ def _abs_subtree(v: Any) -> str:
     if not isinstance(v, str) or not v.startswith("/") or "/../" in v + "/" or "/./" in v + "/":
         raise ValueError(f"fileset entries are absolute paths without . or .., got {v!r}")
     return "/" + v.strip("/")
+
+
+def _control_dir(v: Any) -> str:
+    from epochsync.errors import RecordError
+    from epochsync.names import check_basename
+
+    try:
+        check_basename(_text(v), "control_dir")
+    except RecordError as exc:
+        raise ValueError(str(exc)) from None
+    if v == ".epochsync-dir":
+        raise ValueError("'.epochsync-dir' is the s3 directory marker's name; choose another")
+    return v
 
 
 def _key_template(v: Any) -> str:
@@ -475,6 +491,7 @@ def _load_target(file: str, i: int, data: Any, base: Path) -> TargetConfig:
         small_object=r.get("small_object", parse_size, default=d.small_object),
         snapshot_retention=r.get("snapshot_retention", _int_range(1), default=d.snapshot_retention),
         max_attempts=r.get("max_attempts", _int_range(1, 100), default=d.max_attempts),
+        control_dir=r.get("control_dir", _control_dir, default=d.control_dir),
         **kw,
     )
     r.done()

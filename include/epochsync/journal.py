@@ -7,7 +7,8 @@ is made durable (flush + fsync) BEFORE the mutation it describes, and says how t
 reverse it. ``preimages/`` holds saved bytes of overwritten ranges (posix).
 
 Rollback replays every entry in reverse journal order (phase, then sequence), and
-every undo step is idempotent, so a rollback killed half way simply runs again.
+every undo step is idempotent, so a rollback killed half way simply runs again; it logs
+each entry it undid (``undone.txt``, :class:`UndoneLog`) and a rerun skips those.
 Entries of one phase written by different partitions touch disjoint paths, so their
 relative order does not matter; nor does the order of an s3 writer's entries written
 by concurrent threads (``apply.run_in_order`` only overlaps operations on disjoint keys).
@@ -134,6 +135,47 @@ def read_journal(directory: str) -> list[dict]:
                 entries.append(json.loads(line))
     entries.sort(key=lambda e: (e["phase"], e["writer"], e["seq"]))
     return entries
+
+
+#: the entries a rollback has undone, one ``writer seq`` line each, durable before the next
+UNDONE_LOG = "undone.txt"
+
+
+class UndoneLog:
+    """What a rollback has undone so far, so a rollback run again after a crash skips it.
+
+    Each undo step is idempotent on its own, but the journal as a whole is not: replaying
+    ``create f`` again after ``rename f -> scratch`` was undone would remove the restored
+    original (an epoch that replaced a file by another of the same name).
+    """
+
+    def __init__(self, directory: str):
+        self.path = os.path.join(directory, UNDONE_LOG)
+        self.done: set[tuple[str, int]] = set()
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                for line in f:
+                    if line.endswith("\n") and " " in line:
+                        writer, seq = line.split()
+                        self.done.add((writer, int(seq)))
+        except FileNotFoundError:
+            pass
+        self._f = None
+
+    def __contains__(self, entry: dict) -> bool:
+        return (entry["writer"], entry["seq"]) in self.done
+
+    def add(self, entry: dict) -> None:
+        if self._f is None:
+            self._f = open(self.path, "a", encoding="utf-8")
+        self._f.write(f"{entry['writer']} {entry['seq']}\n")
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self.done.add((entry["writer"], entry["seq"]))
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
 
 
 def mark_aborted(directory: str) -> None:

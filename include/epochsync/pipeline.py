@@ -50,6 +50,7 @@ from epochsync.config import Config, TargetConfig, load_config
 from epochsync.errors import EpochError, EpochsyncError
 from epochsync.events import COMMITTED, FAILED, ROLLED_BACK, record_event
 from epochsync.journal import (
+    UndoneLog,
     advance_cursor,
     fault_counter,
     journal_dir,
@@ -142,6 +143,7 @@ def _target_dict(tcfg: TargetConfig) -> dict:
         "name": tcfg.name, "kind": tcfg.kind, "fileset": list(tcfg.fileset), "coalesce_gap": tcfg.coalesce_gap,
         "part_size": tcfg.part_size, "small_object": tcfg.small_object,
         "stripe_size": tcfg.stripe_size, "stripe_count": tcfg.stripe_count,
+        "prefix": tcfg.prefix, "path": tcfg.path, "control_dir": tcfg.control_dir,
     }  # fmt: skip
 
 
@@ -417,19 +419,23 @@ def rollback_target(cfg, target, spark=None, *, check: bool = True, progress=Non
         mark_aborted(jdir)
         wait_for_writers(jdir)
         # replay until the journal stops growing: a writer that was mid-entry when the
-        # marker appeared has at most one more durable entry, and undo is idempotent
-        seen: set[tuple] = set()
+        # marker appeared has at most one more durable entry, and undo is idempotent;
+        # entries a killed rollback already undid are skipped (UndoneLog)
+        done = UndoneLog(jdir)
         entries: list[dict] = []
-        while True:
-            fresh = [x for x in read_journal(jdir) if (x["writer"], x["seq"]) not in seen]
-            if not fresh:
-                break
-            for entry in reversed(fresh):
-                tgt.undo(entry, jdir)
-                undone += 1
-                seen.add((entry["writer"], entry["seq"]))
-            entries += fresh
-            time.sleep(0.2)
+        try:
+            while True:
+                fresh = [x for x in read_journal(jdir) if x not in done]
+                if not fresh:
+                    break
+                for entry in reversed(fresh):
+                    tgt.undo(entry, jdir)
+                    done.add(entry)
+                    undone += 1
+                entries += fresh
+                time.sleep(0.2)
+        finally:
+            done.close()
         tgt.finish_rollback(e)
         if progress:
             progress(f"rollback: epoch {e}: {len(entries)} journal entries undone")
@@ -652,6 +658,39 @@ def run_rollback(cfg_or_args, target=None, spark=None) -> Any:
     args = cfg_or_args
     r = rollback_target(args.config, args.target, check=not args.no_check, progress=lambda s: print(s, flush=True))
     print(r["message"] + (f" ({r['undone']} journal entries undone)" if r["rolled_back"] else ""))
+    return 0
+
+
+def configure_relocate(parser) -> None:
+    parser.add_argument("--config", required=True, metavar="FILE", help="epochsync YAML config")
+    parser.add_argument("--target", required=True, metavar="NAME", help="target whose control directory moves")
+    parser.add_argument(
+        "--from", dest="old", default=".epochsync", metavar="NAME",
+        help="where the control directory is now (default .epochsync); it moves to the target's control_dir",
+    )  # fmt: skip
+
+
+def run_relocate(args) -> int:
+    """``epochsync relocate``: move a target's control directory to its (new) ``control_dir``.
+
+    The way forward when the source holds an entry named like the control directory at its
+    root: translate refuses that epoch, naming it; change ``control_dir``, relocate, rerun.
+    """
+    import dataclasses
+
+    from epochsync.targets import open_target
+
+    cfg = load_config(args.config)
+    tcfg = cfg.target(args.target)
+    old = open_target(dataclasses.replace(tcfg, control_dir=args.old))
+    committed = manifest_epoch(old.read_manifest())
+    unfinished = unfinished_epochs(cfg, tcfg, committed)
+    if unfinished:
+        raise EpochError(
+            f"target {tcfg.name}: epoch(s) {unfinished} did not commit; roll them back first "
+            f"(epochsync rollback --config {cfg.file} --target {tcfg.name}), then relocate"
+        )
+    print(open_target(tcfg).move_control_dir(args.old))
     return 0
 
 

@@ -6,7 +6,9 @@ Two halves:
   the paths inside the target's fileset, and returns one entry per fid whose visible
   paths, attributes or data changed (descendants of a renamed directory included:
   their paths differ between the snapshots). A move into or out of the fileset is
-  thereby a create or a delete.
+  thereby a create or a delete. The root directory has no link; when the fileset holds
+  it (no fileset, or ``/``) it is an entry of path ``""`` on both sides, so a change of
+  its attributes or xattrs reaches the replica's root.
 - :func:`build_plan` (pure Python over those entries, unit-testable without Spark):
   namespace operations in HDFS DistCp ``-diff`` order for posix (sources of deletes
   and moves into ``@tmp/E/n`` children-first, then into place parents-first with
@@ -26,12 +28,13 @@ written one per line (``data.jsonl``) for the executors.
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 from epochsync.config import MIN_PART_SIZE
 from epochsync.layout import file_range_to_objects, merge_ranges, object_size
 from epochsync.model import DIR, FILE, SYMLINK
-from epochsync.targets.base import safe_relpath
+from epochsync.targets.base import CONTROL_DIR, TargetLimitError, UnsafePathError, safe_relpath
 
 PLAN_VERSION = 1
 
@@ -227,14 +230,34 @@ def build_plan(
     epoch: int,
     first_epoch: int | None = None,
 ) -> dict:
-    """The plan for one target. ``target``/``store`` are plain dicts of the configs."""
+    """The plan for one target. ``target``/``store`` are plain dicts of the configs.
+
+    The root directory's entry (path ``""``, see :func:`plan_entries`) changes only the
+    attributes of the replica's root: the posix replica directory itself, the s3 root
+    marker ``prefix + .epochsync-dir``.
+    """
+    roots = [e for e in entries if is_root_entry(e)]
+    entries = [e for e in entries if not is_root_entry(e)]
+    cd = control_dir_of(target)
     for e in entries:
         for p in e["old_paths"] + e["new_paths"]:
-            safe_relpath(p)
+            if p.split("/", 1)[0] == cd:
+                raise ReservedNameError(
+                    f"target {target['name']}: the source holds {p!r} at its root, where this target keeps its "
+                    f"control directory {cd!r}. Nothing was applied. Give the target another control_dir (a name "
+                    f"the source does not use), move the current one there with 'epochsync relocate --config FILE "
+                    f"--target {target['name']}', and run the epoch again"
+                )
+            safe_relpath(p, control_dir=cd)
     if target["kind"] == "posix":
         plan = _plan_posix(entries, target, store, epoch)
+        _check_posix_paths(entries, target)
     else:
         plan = _plan_s3(entries, target, store, epoch)
+        _check_s3_keys(plan, target)
+    for e in roots:
+        _plan_root(e, target, plan)
+    entries = entries + [e for e in roots if attrs_changed(e)]
     plan.update(
         version=PLAN_VERSION, target=target["name"], kind=target["kind"], epoch=epoch,
         first_epoch=first_epoch if first_epoch is not None else epoch,
@@ -242,6 +265,91 @@ def build_plan(
     plan["verify"] = _verify_items(entries, store)
     plan["summary"] = _summary(entries, plan)
     return plan
+
+
+#: S3's longest key: UTF-8 bytes of prefix + key
+S3_KEY_MAX = 1024
+#: Linux PATH_MAX: the longest path a system call takes, terminating NUL included
+POSIX_PATH_MAX = 4096
+
+
+class ReservedNameError(UnsafePathError):
+    """A source entry at the root has the name of the target's control directory."""
+
+
+def control_dir_of(target: dict) -> str:
+    return target.get("control_dir") or CONTROL_DIR
+
+
+def _limit_error(target: dict, path: str, needs: str, more: int, shorter: str) -> TargetLimitError:
+    others = f" ({more} more path(s) of this epoch too)" if more else ""
+    return TargetLimitError(
+        f"target {target['name']}: {path!r} {needs}{others}. Nothing was applied. Shorten the path at the "
+        f"source, give the target a shorter {shorter}, or leave that subtree out of the target's fileset"
+    )
+
+
+def _check_s3_keys(plan: dict, target: dict) -> None:
+    """Every key the plan writes fits S3's 1,024 bytes (SeaweedFS and moto take longer ones; AWS
+    refuses them at apply, half way through an epoch)."""
+    from epochsync.targets.s3 import DIR_SIDECAR
+
+    prefix = target.get("prefix") or ""
+    keys: set[str] = set()
+    for op in plan["namespace"] + plan["post"]:
+        keys.add(op["key"])
+    for op in plan["data"]:
+        keys.update([op["key"], *(op.get("extra_keys") or []), *(sp["key"] for sp in op.get("stripes") or [])])
+    size = {k: len((prefix + k).encode("utf-8", "surrogateescape")) for k in keys}
+    too_long = sorted(k for k in keys if size[k] > S3_KEY_MAX)
+    if too_long:
+        k = too_long[0]
+        path = k[: -len(DIR_SIDECAR) - 1] if k.endswith("/" + DIR_SIDECAR) else k
+        needs = f"needs an S3 key of {size[k]} bytes (prefix {prefix!r} included); S3 keys hold at most {S3_KEY_MAX}"
+        raise _limit_error(target, path, needs, len(too_long) - 1, "prefix")
+
+
+def _check_posix_paths(entries: list[dict], target: dict) -> None:
+    """Every path the plan creates fits one system call (PATH_MAX), so apply never meets ENAMETOOLONG."""
+    root = target.get("path")
+    if not root:
+        return
+    base = len(os.path.abspath(root).encode("utf-8", "surrogateescape")) + 1
+    size = {p: base + len(p.encode("utf-8", "surrogateescape")) for e in entries for p in e["new_paths"]}
+    too_long = sorted(p for p, n in size.items() if n >= POSIX_PATH_MAX)
+    if too_long:
+        p = too_long[0]
+        needs = f"would be an absolute path of {size[p]} bytes under {root}; Linux takes at most {POSIX_PATH_MAX - 1}"
+        raise _limit_error(target, p, needs, len(too_long) - 1, "path")
+
+
+def is_root_entry(entry: dict) -> bool:
+    """The root directory's entry: its only path is ``""`` on both sides (no name can be empty,
+    so nothing else has that path); anything else naming ``""`` is refused."""
+    paths = entry["old_paths"] + entry["new_paths"]
+    if "" not in paths:
+        return False
+    types = [(entry.get(side) or {}).get("type") for side in ("old", "new")]
+    names = {lk.get("name") for side in ("old", "new") for lk in entry.get(f"{side}_links") or []}
+    if entry["old_paths"] != [""] or entry["new_paths"] != [""] or types != [DIR, DIR] or names - {""}:
+        raise UnsafePathError(f"refusing the empty path for fid {entry.get('fid')!r}: only the root directory has it")
+    return True
+
+
+def _plan_root(e: dict, target: dict, plan: dict) -> None:
+    """Attributes of the source root → the replica's root, after everything else."""
+    if not attrs_changed(e):
+        return
+    a = attrs_of(e["fid"], e["new"])
+    if target["kind"] == "posix":
+        # no fence item: the replica directory is the target's own (made by the first apply)
+        plan["post"].append({"op": "attrs", "path": "", "attrs": a})
+    else:
+        from epochsync.targets.s3 import ROOT_MARKER
+
+        plan["post"].append({"op": "put_empty", "key": ROOT_MARKER, "attrs": a})
+        # the marker exists once the root's attributes were first replicated: either state is ours
+        plan["fence"].append({"key": ROOT_MARKER, "present": None})
 
 
 def _verify_items(entries: list[dict], store: dict) -> dict:
@@ -419,21 +527,32 @@ def _dedupe_fence(items: list[dict], key: str) -> list[dict]:
     return [seen[k] for k in sorted(seen)]
 
 
-def _key(path: str, type_: str | None) -> str:
-    from epochsync.targets.s3 import key_for
-
-    return key_for(path, type_)
-
-
 def _plan_s3(entries: list[dict], target: dict, store: dict, epoch: int) -> dict:
+    from epochsync.targets.s3 import attrs_key, attrs_sidecar, key_for
+
     striped = bool(target.get("stripe_size") and target.get("stripe_count"))
+    cd = control_dir_of(target)
     ns: list[dict] = []
     data: list[dict] = []
     post: list[dict] = []
     fence: list[dict] = []
     old_keys: dict[str, dict] = {}
     new_keys: set[str] = set()
-    from epochsync.targets.s3 import stripe_key
+
+    def _key(path: str, type_: str | None) -> str:
+        return key_for(path, type_, cd)
+
+    def stripe_key(fid: str, index: int) -> str:
+        from epochsync.targets.s3 import stripe_key
+
+        return stripe_key(fid, index, cd)
+
+    def written_attrs(fid: str, row: dict) -> dict:
+        """The attributes the target's objects of ``fid`` carry (striped files: and the geometry)."""
+        a = attrs_of(fid, row)
+        if striped and row.get("type") == FILE:
+            a["stripe"] = f"{target['stripe_size']}:{target['stripe_count']}"
+        return a
 
     for e in entries:
         old, new = e.get("old") or {}, e.get("new") or {}
@@ -449,11 +568,21 @@ def _plan_s3(entries: list[dict], target: dict, store: dict, epoch: int) -> dict
                 if osz:
                     k = stripe_key(e["fid"], i)
                     old_keys[k] = {"key": k, "present": True, "size": osz}
+        # attributes too large for object metadata live in the fid's sidecar (see s3.attrs_sidecar)
+        side_key = attrs_key(e["fid"], cd)
+        old_side = attrs_sidecar(written_attrs(e["fid"], old)) if e["old_paths"] and old else None
+        if old_side is not None:
+            old_keys[side_key] = {"key": side_key, "present": None}  # either: written before the sidecars were
         if not e["new_paths"]:
             continue
         keys = [_key(p, ntype) for p in e["new_paths"]]
         new_keys.update(keys)
-        a = attrs_of(e["fid"], new)
+        a = written_attrs(e["fid"], new)
+        new_side = attrs_sidecar(a)
+        if new_side is not None:
+            new_keys.add(side_key)
+            if new_side != old_side:
+                ns.append({"op": "put_attrs", "key": side_key, "attrs": a})
         same_type = bool(e["old_paths"]) and otype == ntype
         old_first = _key(e["old_paths"][0], otype) if same_type else None
         has_data = needs_data(e)
@@ -468,7 +597,6 @@ def _plan_s3(entries: list[dict], target: dict, store: dict, epoch: int) -> dict
             data.append(op)
             continue
         if ntype == FILE and striped:
-            a["stripe"] = f"{target['stripe_size']}:{target['stripe_count']}"
             if has_data:
                 data.extend(_striped_data_ops(e, target, store, same_type))
             # head objects: tiny, rewritten whenever anything about the path changed
@@ -493,7 +621,7 @@ def _plan_s3(entries: list[dict], target: dict, store: dict, epoch: int) -> dict
     # scratch area, and a path that changes type (file <-> directory) is free before
     # its new object is written (a filer-backed store cannot hold both at once).
     deletes = [{"op": "delete", "key": k} for k in sorted(old_keys.keys() - new_keys, key=lambda k: (-k.count("/"), k))]
-    for k in new_keys - old_keys.keys():
+    for k in sorted(new_keys - old_keys.keys()):
         fence.append({"key": k, "present": False})
     fence.extend(old_keys.values())
     # stripe objects a striped write touches
@@ -525,6 +653,7 @@ def _striped_data_ops(e: dict, target: dict, store: dict, same_type: bool) -> li
     """
     from epochsync.targets.s3 import stripe_key
 
+    cd = control_dir_of(target)
     common = _data_common(e, target, store)
     ss, sc = int(target["stripe_size"]), int(target["stripe_count"])
     old_size = common["base_size"]
@@ -539,7 +668,7 @@ def _striped_data_ops(e: dict, target: dict, store: dict, same_type: bool) -> li
         rs = merge_ranges(per_obj.get(i, []))
         if not rs and new_len == old_len:
             continue
-        key = stripe_key(e["fid"], i)
+        key = stripe_key(e["fid"], i, cd)
         base = key if (same_type and old_len and not common["whole"]) else None
         write = {"mode": "delete"} if new_len == 0 else _write_mode(new_len, rs, base, old_len, target)
         stripes.append({"key": key, "stripe_index": i, "base": base, "base_size": old_len, "had": old_len > 0,
@@ -609,7 +738,7 @@ def visible(links_df, fileset):
     """Links inside the fileset's subtrees (all of them without a fileset)."""
     from pyspark.sql import functions as F
 
-    if not fileset:
+    if not fileset or any(not sub.strip("/") for sub in fileset):
         return links_df
     cond = None
     for sub in fileset:
@@ -624,9 +753,16 @@ def plan_entries(old_snapshot, new_snapshot, changes, *, root_fid: str, fileset=
     from pyspark.sql import functions as F
 
     resolve = path_resolver or (lambda snap: resolve_links(snap, root_fid))
+    with_root = in_fileset("", fileset)
 
     def side(snap, name):
         lk = visible(resolve(snap), fileset)
+        if with_root:
+            # the root has no link, but its attributes are the replica root's: path ""
+            root = snap.filter(F.col("fid") == root_fid).select(
+                "fid", F.lit("").alias("pfid"), F.lit("").alias("name"), F.lit("").alias("path")
+            )
+            lk = lk.select("fid", "pfid", "name", "path").unionByName(root)
         return lk.groupBy("fid").agg(
             F.array_sort(F.collect_list(F.struct("path", "pfid", "name"))).alias(f"{name}_links")
         )

@@ -86,9 +86,7 @@ def target(request, env):
 
 
 def run(env, target, entries, epoch, *, inject=None):
-    tdict = {"name": target.name, "kind": target.kind, "fileset": [], "coalesce_gap": 1 << 20,
-             "part_size": 5 << 20, "small_object": 1 << 20, "stripe_size": target.cfg.stripe_size,
-             "stripe_count": target.cfg.stripe_count}  # fmt: skip
+    tdict = _tdict(target)
     plan = build_plan(entries, target=tdict, store=env["store"], epoch=epoch)
     problems, state = target.fence_check(plan["fence"], target.fence_time_ns())
     assert problems == []
@@ -317,3 +315,349 @@ def test_s3_partial_update_of_a_large_object_copies_unchanged_parts_server_side(
     rollback(target, str(env["tmp"] / f"undo-{target.name}-2"))
     assert not c.list_multipart_uploads(Bucket="replica-contract", Prefix=f"{name}/").get("Uploads")
     assert target.read_file("big") == data
+
+
+def _links(en: dict, old: list[tuple[str, str, str]], new: list[tuple[str, str, str]]) -> dict:
+    en["old_links"] = [{"pfid": p, "name": n, "path": x} for p, n, x in old]
+    en["new_links"] = [{"pfid": p, "name": n, "path": x} for p, n, x in new]
+    return en
+
+
+@pytest.mark.parametrize("k", [None, 1, 3, 6])
+def test_types_swapped_under_children_apply_verify_and_roll_back(env, target, k, tmp_path):
+    """Regression (issue 16, bug 1): one epoch turns a directory with a child into a symlink,
+    a symlink and a file into directories with children. Verify's absence check of ``c/x``
+    (under what is a symlink now), the write fence's of ``s/y`` (under what is a symlink at
+    E-1) and a rollback replayed twice (undo of ``create s/y`` while ``s`` is a symlink again)
+    used to raise instead of counting those paths as absent."""
+    from epochsync.faults import FaultCounter, FaultSpec, InjectedFailure
+
+    src = env["source"]
+    data = os.urandom(500)
+    v = src.put("CX", data)
+    d, fx = row("dir", mode=0o755), row("file", size=500, version=v, fid="CX")
+    s = row("symlink", mode=0o777, symlink="c/x")
+    entries1 = [entry("C", new=d, new_paths=["c"]), entry("CX", new=fx, new_paths=["c/x", "f"]),
+                entry("S", new=s, new_paths=["s"])]  # fmt: skip
+    run(env, target, entries1, 1)
+    target.write_manifest({"epoch": 1})
+    t1 = tree(target)
+    d2, ln = row("dir", mode=0o700), row("symlink", mode=0o777, symlink="elsewhere")
+    y = os.urandom(300)
+    fy = row("file", size=300, version=src.put("SY", y), fid="SY")
+    entries2 = [
+        _links(entry("C", old=d, old_paths=["c"]), [(ROOT, "c", "c")], []),
+        _links(entry("CX", old=fx, new=fx, old_paths=["c/x", "f"], new_paths=["g"]),
+               [("C", "x", "c/x"), (ROOT, "f", "f")], [(ROOT, "g", "g")]),
+        _links(entry("S", old=s, old_paths=["s"]), [(ROOT, "s", "s")], []),
+        _links(entry("C2", new=ln, new_paths=["c"]), [], [(ROOT, "c", "c")]),
+        _links(entry("S2", new=d2, new_paths=["s"]), [], [(ROOT, "s", "s")]),
+        _links(entry("SY", new=fy, new_paths=["s/y"]), [], [("S2", "y", "s/y")]),
+        _links(entry("F2", new=d2, new_paths=["f"]), [], [(ROOT, "f", "f")]),
+    ]  # fmt: skip
+    if k is not None:
+        counter = FaultCounter(FaultSpec(after=k), str(tmp_path / "count"), str(tmp_path / "fired"))
+        with pytest.raises(InjectedFailure):
+            run(env, target, entries2, 2, inject=counter)
+        rollback(target, str(env["tmp"] / f"undo-{target.name}-2"))  # replays the journal twice
+        assert tree(target) == t1
+        target.mark_rollback(2)  # the undo's renames changed ctimes: the fence instant moves past them
+    plan, _, _, src_io = run(env, target, entries2, 2)
+    result = verify_plan(plan, target, src_io, env["store"]["bucket"])
+    assert result["ok"], result["problems"]
+    t2 = tree(target)
+    assert {p: v[:2] for p, v in t2.items()} == {
+        "c": ("symlink", "elsewhere"), "f": ("dir", None), "g": ("file", sha(data)), "s": ("dir", None),
+        "s/y": ("file", sha(y)),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_root_attributes_apply_verify_and_roll_back(env, target, fail, tmp_path):
+    """Regression (issue 16, bug 2): the root's entry (path "") sets the replica root's mode and
+    xattrs (posix: the replica directory; s3: the root marker), verify checks them, and a
+    rollback (replayed twice) puts the root back as it was, whether the change was made or not."""
+    import shutil
+
+    from epochsync.faults import FaultCounter, FaultSpec, InjectedFailure
+
+    def root_state():
+        r = target.stat("", "dir")
+        return None if r is None else (r.type, r.mode, r.xattrs)
+
+    entries, _ = epoch1(env)
+    run(env, target, entries, 1)
+    target.write_manifest({"epoch": 1})
+    before = root_state()
+    old = row("dir", mode=0o40755)
+    new = row("dir", mode=0o40700, xattrs={"user.tag": b"root", "trusted.x": b"1"})
+    entries2 = [entry(ROOT, old=old, new=new, old_paths=[""], new_paths=[""], change=change(data=False))]
+    entries2[0]["change"]["attrs_changed"] = entries2[0]["change"]["xattrs_changed"] = True
+    jdir = str(env["tmp"] / f"undo-{target.name}-2")
+    want = ("dir", 0o700, {"user.tag": b"root"} if target.kind == "posix" else {"user.tag": b"root", "trusted.x": b"1"})
+    if fail:  # the root's change is the only mutation: fail before it is made
+        counter = FaultCounter(FaultSpec(after=0), str(tmp_path / "count"), str(tmp_path / "fired"))
+        with pytest.raises(InjectedFailure):
+            run(env, target, entries2, 2, inject=counter)
+    else:
+        run(env, target, entries2, 2)
+        assert root_state() == want
+    rollback(target, jdir)
+    assert root_state() == before
+    target.mark_rollback(2)
+    shutil.rmtree(jdir)
+    plan, _, _, src_io = run(env, target, entries2, 2)
+    assert plan["summary"]["attrs"] == 1
+    result = verify_plan(plan, target, src_io, env["store"]["bucket"])
+    assert result["ok"], result["problems"]
+    assert root_state() == want
+    assert "" not in tree(target) and ".epochsync-dir" not in tree(target)  # the root is no entry of a walk
+    # verify notices a root that does not match
+    if target.kind == "posix":
+        os.chmod(target.root, 0o755)
+    else:
+        target.io.client.put_object(Bucket=target.bucket, Key=target.prefix + ".epochsync-dir", Body=b"")
+    assert not verify_plan(plan, target, src_io, env["store"]["bucket"])["ok"]
+
+
+def test_the_empty_path_is_only_the_root_directory():
+    f = row("file", size=0)
+    tdict = {"name": "t", "kind": "posix", "fileset": [], "coalesce_gap": 0, "part_size": 5 << 20,
+             "small_object": 1 << 20, "stripe_size": None, "stripe_count": None}  # fmt: skip
+    for bad in [entry("X", new=f, new_paths=[""]), entry("X", old=row("dir"), new=row("dir"), old_paths=[""],
+                                                        new_paths=["", "a"])]:  # fmt: skip
+        with pytest.raises(UnsafePathError, match="only the root"):
+            build_plan([bad], target=tdict, store=STORE, epoch=1)
+
+
+@pytest.mark.parametrize("client", ["fast", "botocore"])
+def test_keys_with_control_characters_replicate_and_roll_back(env, client, monkeypatch):
+    """Regression (issue 16, bug 4): a file named with ``\\x01`` broke the version listing (the
+    XML answer cannot carry it: a parser error, or SeaweedFS's U+FFFD in its place), so the
+    write fence called the object missing and a rollback found no version to remove. Every
+    listing asks for ``encoding-type=url`` now; both S3 clients are checked."""
+    from epochsync.targets.s3fast import FastClient
+
+    monkeypatch.setenv("EPOCHSYNC_S3_CLIENT", client)
+    name = "ctl" + uuid.uuid4().hex[:6]
+    cfg = TargetConfig(name=name, source="sim", kind="s3", conn_id="contract_s3", bucket="replica-contract",
+                       prefix=f"{name}/")  # fmt: skip
+    target = open_target(cfg)
+    target.ensure_bucket()
+    assert isinstance(target.io.client, FastClient) == (client == "fast")
+    src = env["source"]
+    one = os.urandom(2000)
+    f1 = row("file", size=2000, version=src.put("CTL" + name, one), fid="CTL" + name)
+    d = row("dir", mode=0o755)
+    x = row("file", size=2000, version=src.put("X" + name, one), fid="X" + name)
+    f, dx = "ctl\x01name", "d\x1fir"
+    run(env, target, [entry("CTL" + name, new=f1, new_paths=[f]), entry("D", new=d, new_paths=[dx]),
+                      entry("X" + name, new=x, new_paths=[f"{dx}/x\x7fy"])], 1)  # fmt: skip
+    target.write_manifest({"epoch": 1})
+    assert {p: v[:2] for p, v in tree(target).items()} == {
+        f: ("file", sha(one)),
+        dx: ("dir", None),
+        f"{dx}/x\x7fy": ("file", sha(one)),
+    }
+    # epoch 2: patch the file in place (the fence needs its size), move the directory
+    two = bytearray(one)
+    two[10:20] = b"0123456789"
+    f2 = row("file", size=2000, version=src.put("CTL" + name, bytes(two)), fid="CTL" + name)
+    entries2 = [
+        entry("CTL" + name, old=f1, new=f2, old_paths=[f], new_paths=[f], change=change([(10, 10)])),
+        entry("D", old=d, new=d, old_paths=[dx], new_paths=["dir2"]),
+        entry("X" + name, old=x, new=x, old_paths=[f"{dx}/x\x7fy"], new_paths=["dir2/x\x7fy"]),
+    ]
+    plan, jdir, _, src_io = run(env, target, entries2, 2)
+    assert verify_plan(plan, target, src_io, env["store"]["bucket"])["ok"]
+    t2 = tree(target)
+    assert {p: v[:2] for p, v in t2.items()} == {
+        f: ("file", sha(bytes(two))),
+        "dir2": ("dir", None),
+        "dir2/x\x7fy": ("file", sha(one)),
+    }
+    target.write_manifest({"epoch": 2})
+    # epoch 3 deletes it; the rollback finds the delete marker it must remove
+    plan, jdir, _, _ = run(env, target, [entry("CTL" + name, old=f2, old_paths=[f])], 3)
+    assert f not in tree(target)
+    rollback(target, jdir)
+    assert tree(target) == t2
+
+
+def _tdict(target) -> dict:
+    return {"name": target.name, "kind": target.kind, "fileset": [], "coalesce_gap": 1 << 20, "part_size": 5 << 20,
+            "small_object": 1 << 20, "stripe_size": target.cfg.stripe_size, "stripe_count": target.cfg.stripe_count,
+            "prefix": target.cfg.prefix, "path": target.cfg.path, "control_dir": target.control_dir}  # fmt: skip
+
+
+def test_paths_over_the_targets_limits_are_refused_at_translate(env, target):
+    """S3 keys hold 1,024 bytes of UTF-8 (prefix included), Linux system calls 4,095 bytes of
+    path. SeaweedFS and moto take longer keys; AWS would refuse them half way through an apply.
+    Translate refuses such a path by name, before anything is applied."""
+    from epochsync.targets.base import TargetLimitError
+
+    entries, _ = epoch1(env)
+    run(env, target, entries, 1)
+    t1 = tree(target)
+    f, d = row("file", size=0), row("dir")
+    if target.kind == "s3":
+        room = 1024 - len(target.prefix.encode())
+        fits = "/".join(["é" * 100] * 4 + ["x" * (room - 4 * 201)])  # 1,024 bytes with the prefix
+        assert len((target.prefix + fits).encode()) == 1024
+        too_long = fits + "y"
+        dir_too_long = fits[: -len("/.epochsync-dir") + 1]  # its marker key is one byte too long
+    else:
+        room = 4095 - len(target.root.encode()) - 1
+        n = (room - 1) // 251
+        fits = "/".join(["d" * 250] * n + ["x" * (room - 251 * n)])
+        assert len((target.root + "/" + fits).encode()) == 4095
+        too_long = fits + "y"
+        dir_too_long = None
+    for bad, row_ in ((too_long, f), (dir_too_long, d)):
+        if bad is None:
+            continue
+        parents = [entry(f"P{i}", new=d, new_paths=[bad[:i]]) for i, c in enumerate(bad) if c == "/"]
+        with pytest.raises(TargetLimitError, match=r"needs an S3 key of 102[5-9] bytes|would be an absolute path"):
+            build_plan([*parents, entry("X", new=row_, new_paths=[bad])], target=_tdict(target), store=env["store"],
+                       epoch=2)  # fmt: skip
+        assert tree(target) == t1
+    parents = [entry(f"P{i}", new=d, new_paths=[fits[:i]]) for i, c in enumerate(fits) if c == "/"]
+    plan = build_plan(
+        [*parents, entry("X", new=f, new_paths=[fits])], target=_tdict(target), store=env["store"], epoch=2
+    )
+    problems, state = target.fence_check(plan["fence"], target.fence_time_ns())
+    assert problems == []
+    apply_plan(plan, target, S3Access(resolve_s3("contract_s3")), env["store"]["bucket"],
+               str(env["tmp"] / f"undo-{target.name}-limits"), state)  # fmt: skip
+    assert tree(target)[fits][0] == "file"
+
+
+def test_attributes_over_the_metadata_limit_live_in_a_sidecar(env, target):
+    """S3 refuses more than 2 KB of user metadata (SeaweedFS and moto do not). xattrs and a
+    symlink target that do not fit go to the fid's attribute sidecar in the control area:
+    they replicate, verify, roll back, and the sidecar goes when it is no longer needed."""
+    src = env["source"]
+    data = os.urandom(700)
+    big, other = os.urandom(1700), os.urandom(1600)  # base64 in metadata: over 2 KB (ext4: 4 KB an inode)
+    v = src.put("BIG", data)
+    f1 = row("file", size=700, version=v, fid="BIG", xattrs={"user.big": big, "user.small": b"s"})
+    s1 = row("symlink", mode=0o777, symlink="t" * 3000)
+    d1 = row("dir", xattrs={"user.dir": other})
+    entries1 = [entry("BIG", new=f1, new_paths=["f", "hard"]), entry("S", new=s1, new_paths=["s"]),
+                entry("D", new=d1, new_paths=["d"])]  # fmt: skip
+    plan1, _, _, src_io = run(env, target, entries1, 1)
+    assert verify_plan(plan1, target, src_io, env["store"]["bucket"])["ok"]
+    target.write_manifest({"epoch": 1})
+    t1 = tree(target)
+    want_f = {"user.big": big, "user.small": b"s"}
+    assert t1["f"][3] == t1["hard"][3] == want_f and t1["d"][3] == {"user.dir": other}
+    assert t1["s"][:2] == ("symlink", "t" * 3000)
+
+    def sidecars() -> list[str]:
+        if target.kind != "s3":
+            return []
+        return sorted(o["Key"] for o in target.list_keys(f"{target.control_dir}/attrs/"))
+
+    if target.kind == "s3":
+        assert len(sidecars()) == 3  # one per fid (the hard link shares it)
+        for key in target.list_keys():
+            meta = target.io.client.head_object(Bucket=target.bucket, Key=key["Key"])["Metadata"]
+            assert sum(len(f"x-amz-meta-{k}".encode()) + len(v.encode()) for k, v in meta.items()) <= 2048
+    # epoch 2: the file's xattrs shrink (inline again), the symlink goes, the directory's grow
+    f2 = dict(f1, xattrs=[{"name": "user.small", "value": b"s"}])
+    d2 = dict(d1, xattrs=[{"name": "user.dir", "value": other + other}])
+    entries2 = [
+        entry("BIG", old=f1, new=f2, old_paths=["f", "hard"], new_paths=["f", "hard"], change=change(data=False)),
+        entry("S", old=s1, old_paths=["s"]),
+        entry("D", old=d1, new=d2, old_paths=["d"], new_paths=["d"], change=change(data=False)),
+    ]
+    for e in (entries2[0], entries2[2]):
+        e["change"]["xattrs_changed"] = True
+    plan2, jdir2, _, _ = run(env, target, entries2, 2)
+    result = verify_plan(plan2, target, src_io, env["store"]["bucket"])
+    assert result["ok"], result["problems"]
+    t2 = tree(target)
+    assert sorted(t2) == ["d", "f", "hard"] and t2["f"][3] == {"user.small": b"s"}
+    assert t2["d"][3] == {"user.dir": other + other}
+    if target.kind == "s3":
+        assert len(sidecars()) == 1  # the directory's
+    rollback(target, jdir2)
+    assert tree(target) == t1
+    if target.kind == "s3":
+        assert len(sidecars()) == 3
+
+
+def test_the_s3_target_refuses_metadata_over_2kb(env):
+    from epochsync.errors import StoreError
+
+    name = "meta" + uuid.uuid4().hex[:6]
+    cfg = TargetConfig(name=name, source="sim", kind="s3", conn_id="contract_s3", bucket="replica-contract",
+                       prefix=f"{name}/")  # fmt: skip
+    target = open_target(cfg)
+    target.ensure_bucket()
+    jdir = str(env["tmp"] / f"undo-{name}")
+    from epochsync.journal import UndoJournal
+
+    with UndoJournal(jdir, "ns", 1) as journal, pytest.raises(StoreError, match="S3 allows 2048"):
+        target.put(journal, {}, "k", b"x", {"es-xattrs": "v" * 2030})
+    assert target.head("k") is None and read_journal(jdir) == []
+
+
+def test_a_source_entry_named_like_the_control_directory_has_a_way_forward(env, target):
+    """A source may hold ``.epochsync`` at its root. Translate refuses that epoch by name, with
+    nothing applied; the way forward is another ``control_dir`` for the target and
+    ``epochsync relocate`` (Target.move_control_dir), after which the epoch replicates."""
+    import dataclasses
+
+    from epochsync.errors import EpochError
+    from epochsync.translate import ReservedNameError
+
+    entries, st = epoch1(env)
+    run(env, target, entries, 1)
+    target.write_manifest({"epoch": 1, "target": target.name})
+    t1 = tree(target)
+    data = os.urandom(3000)
+    notes = row("file", size=3000, version=env["source"].put("NOTES", data), fid="NOTES")
+    entries2 = [entry("CD", new=row("dir"), new_paths=[".epochsync"]),
+                entry("NOTES", new=notes, new_paths=[".epochsync/notes"])]  # fmt: skip
+    with pytest.raises(ReservedNameError, match=r"holds '\.epochsync(/notes)?' at its root.*epochsync relocate"):
+        run(env, target, entries2, 2)
+    assert tree(target) == t1 and target.read_manifest()["epoch"] == 1
+
+    moved = open_target(dataclasses.replace(target.cfg, control_dir=".epochsync-" + target.name))
+    with pytest.raises(EpochError, match="move that directory first"):
+        moved.read_manifest()  # never "epoch 0" for a target whose control directory was not moved
+    assert "moved" in moved.move_control_dir(".epochsync")
+    assert "nothing to move" in moved.move_control_dir(".epochsync")  # a rerun finds it done
+    assert moved.read_manifest()["epoch"] == 1
+    assert tree(moved) == t1  # striped targets: the stripe objects moved with it
+    plan, _, _, src_io = run(env, moved, entries2, 2)
+    assert verify_plan(plan, moved, src_io, env["store"]["bucket"])["ok"]
+    t2 = tree(moved)
+    assert t2[".epochsync"][0] == "dir" and t2[".epochsync/notes"][:2] == ("file", sha(data))
+    assert {p: v for p, v in t2.items() if not p.startswith(".epochsync")} == t1
+
+
+def test_relocate_verb_moves_a_posix_control_directory(tmp_path, capsys):
+    from epochsync.cli import main
+
+    replica = tmp_path / "replica"
+    (replica / ".epochsync").mkdir(parents=True)
+    (replica / ".epochsync" / "manifest.json").write_text('{"epoch": 4, "target": "t"}')
+    conf = tmp_path / "c.yaml"
+    conf.write_text(
+        "sources: [{name: s, root_fid: R, servers: [M], changelogs: {uri: /x}, store: {conn_id: c, bucket: b},"
+        " epoch: {interval: 60s, start: '2026-01-01T00:00:00Z'}}]\n"
+        f"targets: [{{name: t, source: s, kind: posix, path: {replica}, control_dir: .ctl}}]\n"
+    )
+    assert main(["relocate", "--config", str(conf), "--target", "t"]) == 0
+    assert "moved" in capsys.readouterr().out
+    assert (replica / ".ctl" / "manifest.json").exists() and not (replica / ".epochsync").exists()
+    # an epoch in flight (an undo journal above the manifest's epoch) must be rolled back first
+    (replica / ".ctl").rename(replica / ".epochsync")
+    jdir = tmp_path / "warehouse" / "undo" / "target=t" / "epoch=5"
+    jdir.mkdir(parents=True)
+    (jdir / "ns.jsonl").write_text("")
+    assert main(["relocate", "--config", str(conf), "--target", "t"]) == 1
+    assert "roll them back first" in capsys.readouterr().err
+    assert (replica / ".epochsync" / "manifest.json").exists()

@@ -50,6 +50,9 @@ def test_design_example_loads(tmp_path):
         ("/projects/cam1", "/projects/cam2"),
     )
     assert cfg.target("local").path == str(tmp_path / "replica-tree")
+    assert cfg.target("local").control_dir == ".epochsync"  # the default
+    other = load_config(write(tmp_path, GOOD.replace("path: replica-tree", "path: t\n    control_dir: .ctl")))
+    assert other.target("local").control_dir == ".ctl"
     assert cfg.warehouse == "file:///tmp/wh"
 
 
@@ -64,6 +67,9 @@ def test_design_example_loads(tmp_path):
         ("source: lustre1\n    kind: s3", "source: nosuch\n    kind: s3", "targets[0].source", "no source named"),
         ("path: replica-tree", "path: replica-tree\n    bucket: x", "targets[1].bucket", "only s3 targets"),
         ("prefix: lustre1/", "prefix: ../escape/", "targets[0].prefix", "relative key prefix"),
+        ("path: replica-tree", "path: replica-tree\n    control_dir: a/b", "targets[1].control_dir", "contains '/'"),
+        ("path: replica-tree", "path: replica-tree\n    control_dir: ..", "targets[1].control_dir", "escape"),
+        ("kind: s3\n", "kind: s3\n    control_dir: .epochsync-dir\n", "targets[0].control_dir", "directory marker"),
     ],
 )
 def test_bad_config_names_file_and_key(tmp_path, old, new, key, reason):

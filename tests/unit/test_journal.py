@@ -15,6 +15,8 @@ from epochsync.journal import (
     PHASE_POST,
     UndoJournal,
     advance_cursor,
+    journal_dir,
+    journal_exists,
     read_journal,
 )
 from epochsync.paths import Warehouse, local_path
@@ -80,3 +82,54 @@ def test_a_rollback_in_progress_stops_late_writers(tmp_path):
         with pytest.raises(EpochsyncError, match="rollback"):
             j.append({"op": "create", "path": "b"})
     assert [e["path"] for e in read_journal(d)] == ["a"]
+
+
+def test_a_rollback_run_again_after_a_crash_does_not_undo_twice(tmp_path, monkeypatch):
+    """Regression: a rollback killed after its last undo, before the journal was removed, ran the
+    whole journal again; undoing ``create s`` a second time removed the original ``s`` that
+    undoing ``rename s -> scratch`` had just put back (an epoch that replaced ``s`` by another
+    entry of the same name). A rerun skips what the killed one undid (``undone.txt``)."""
+    from epochsync.apply import apply_plan
+    from epochsync.config import config_from_dict
+    from epochsync.connections import S3Settings
+    from epochsync.pipeline import _target_dict, rollback_target
+    from epochsync.targets.posix import PosixTarget
+    from epochsync.targets.s3 import S3Access
+    from epochsync.translate import build_plan
+
+    replica = tmp_path / "replica"
+    cfg = config_from_dict({
+        "warehouse": str(tmp_path / "wh"),
+        "sources": [{"name": "s", "root_fid": "R", "servers": ["M"], "changelogs": {"uri": "/x"},
+                     "store": {"conn_id": "c", "bucket": "b"}, "epoch": {"interval": 60, "start": "2026-01-01"}}],
+        "targets": [{"name": "t", "source": "s", "kind": "posix", "path": str(replica)}],
+    }, file=str(tmp_path / "c.yaml"))  # fmt: skip
+    target = PosixTarget(cfg.target("t"))
+
+    def link(to: str) -> dict:
+        return {"type": "symlink", "mode": 0o120777, "uid": 0, "gid": 0, "size": 0, "symlink": to, "xattrs": []}
+
+    def apply(entries, epoch):
+        plan = build_plan(
+            entries, target=_target_dict(cfg.target("t")), store={"unstriped_key": "d/{fid}"}, epoch=epoch
+        )
+        _, state = target.fence_check(plan["fence"], None)
+        apply_plan(plan, target, S3Access(S3Settings("none")), "b", journal_dir(cfg.warehouse, "t", epoch), state)
+
+    apply([{"fid": "A", "old": None, "new": link("one"), "old_paths": [], "new_paths": ["s"], "change": None}], 1)
+    target.write_manifest({"epoch": 1})
+    apply([{"fid": "A", "old": link("one"), "new": None, "old_paths": ["s"], "new_paths": [], "change": None},
+           {"fid": "B", "old": None, "new": link("two"), "old_paths": [], "new_paths": ["s"], "change": None}], 2)  # fmt: skip
+    assert os.readlink(replica / "s") == "two"
+
+    def killed(self, epoch):
+        raise KeyboardInterrupt("killed after the undo, before the journal was removed")
+
+    monkeypatch.setattr(PosixTarget, "mark_rollback", killed)
+    with pytest.raises(KeyboardInterrupt):
+        rollback_target(cfg, "t", check=False)
+    assert os.readlink(replica / "s") == "one"
+    monkeypatch.undo()
+    assert rollback_target(cfg, "t", check=False)["rolled_back"] == [2]
+    assert os.readlink(replica / "s") == "one"
+    assert not journal_exists(journal_dir(cfg.warehouse, "t", 2))

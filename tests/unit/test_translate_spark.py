@@ -73,3 +73,32 @@ def test_fileset_moves_and_directory_renames(spark):
     assert [(d["path"], d["create"], d["ranges"]) for d in plan["data"]] == [
         ("proj/kept/moving-in/f1", True, [[0, 10]])
     ]
+
+
+def test_the_roots_attributes_are_an_entry_of_path_nothing(spark):
+    """Regression (issue 16, bug 2): the root has no link, so its SATTR/XATTR changes built no
+    entry. With the root in the fileset it is the entry of path ""; a fileset of subtrees
+    (whose parents are scaffolding) leaves it out."""
+    from epochsync.model import change_struct_type
+
+    f = row("F", "file", [(ROOT, "f")], 3)
+    old_snap = snap(spark, [f])
+    new_snap = spark.createDataFrame([(ROOT, "dir", [], 0o40700, 0, 0, 0, None, None, None,
+                                       [("user.k", b"v")], None, None, []), f], old_snap.schema)  # fmt: skip
+    changes = spark.createDataFrame(
+        [(ROOT, "dir", False, False, False, True, True, False, False, [], None, None)], change_struct_type()
+    )
+    for fileset, want in (((), True), (("/",), True), (("/proj",), False)):
+        entries = plan_entries(old_snap, new_snap, changes, root_fid=ROOT, fileset=fileset)
+        assert [(e["fid"], e["old_paths"], e["new_paths"]) for e in entries] == ([(ROOT, [""], [""])] if want else [])
+    target = {"name": "t", "kind": "s3", "fileset": [], "coalesce_gap": 0, "part_size": 8 << 20,
+              "small_object": 8 << 20, "stripe_size": None, "stripe_count": None, "prefix": "p/"}  # fmt: skip
+    entries = plan_entries(old_snap, new_snap, changes, root_fid=ROOT)
+    plan = build_plan(entries, target=target, store=STORE, epoch=2)
+    assert [(o["op"], o["key"]) for o in plan["post"]] == [("put_empty", ".epochsync-dir")]
+    assert [i["path"] for i in plan["verify"]["present"]] == [""] and plan["summary"]["attrs"] == 1
+    # a file at the root: the fileset "/" keeps every path (it used to keep none but the root)
+    changed = spark.createDataFrame(
+        [("F", "file", True, False, True, False, False, True, True, [], None, 3)], change_struct_type()
+    )
+    assert [e["fid"] for e in plan_entries(old_snap, new_snap, changed, root_fid=ROOT, fileset=("/",))] == ["F"]

@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 
     from epochsync.config import TargetConfig
 
-#: The replica's own area (manifest, scratch); never a replicated path.
+#: The replica's own area (manifest, scratch) by default (``targets[].control_dir``); never
+#: a replicated path.
 CONTROL_DIR = ".epochsync"
 
 
@@ -40,7 +41,12 @@ class UnsafePathError(EpochsyncError):
     """A plan or changelog named a path that could leave the replica."""
 
 
-def safe_relpath(path: str, what: str = "path") -> str:
+class TargetLimitError(EpochsyncError):
+    """A source path the target cannot hold (too long a key or path, a reserved name);
+    raised by translate, before anything is applied."""
+
+
+def safe_relpath(path: str, what: str = "path", control_dir: str = CONTROL_DIR) -> str:
     """Return ``path`` if it is a safe replica-relative path, else raise UnsafePathError.
 
     Every component must be a safe basename (epochsync.names) and the first one may
@@ -50,8 +56,8 @@ def safe_relpath(path: str, what: str = "path") -> str:
         check_relative_path(path, what)
     except RecordError as exc:
         raise UnsafePathError(f"refusing {what} {path!r}: {exc}") from None
-    if path.split("/", 1)[0] == CONTROL_DIR:
-        raise UnsafePathError(f"refusing {what} {path!r}: {CONTROL_DIR}/ belongs to epochsync")
+    if path.split("/", 1)[0] == control_dir:
+        raise UnsafePathError(f"refusing {what} {path!r}: {control_dir}/ belongs to epochsync")
     return path
 
 
@@ -94,6 +100,7 @@ class Target:
     def __init__(self, cfg: TargetConfig):
         self.cfg = cfg
         self.name = cfg.name
+        self.control_dir = getattr(cfg, "control_dir", None) or CONTROL_DIR
 
     # -- identity and manifest
     def describe(self) -> str:
@@ -140,11 +147,26 @@ class Target:
     def undo(self, entry: dict, journal_dir: str) -> None:
         raise NotImplementedError
 
+    def move_control_dir(self, old: str) -> str:
+        """Move the control directory from ``old`` to this target's ``control_dir`` (no epoch in
+        flight; resumable); returns a line saying what was moved."""
+        raise NotImplementedError
+
     def finish_commit(self, epoch: int) -> None:
         """Make the epoch's deletes final (drop moved-aside originals)."""
 
     def finish_rollback(self, epoch: int) -> None:
         """Remove what is left of the epoch's scratch area after a rollback."""
+
+
+def moved_control_dir_error(target: Target, move_hint: str) -> EpochsyncError:
+    """A target whose ``control_dir`` was changed while its manifest is still at the default place."""
+    from epochsync.errors import EpochError
+
+    return EpochError(
+        f"target {target.name}: control_dir is {target.control_dir!r} but the manifest is still under "
+        f"{CONTROL_DIR!r}; move that directory first ({move_hint}), with no epoch in flight, then run again"
+    )
 
 
 def open_target(cfg: TargetConfig) -> Target:

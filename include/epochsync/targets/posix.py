@@ -1,8 +1,8 @@
 """The ``posix`` target: a directory tree under ``path`` (DESIGN section 4).
 
 Namespace operations are renames (zero copy), so a delete is a rename into the
-epoch's scratch area ``.epochsync/tmp/<E>/`` (same file system) that the commit
-removes and a rollback renames back. Overwritten byte ranges are saved as pre-images
+epoch's scratch area ``<control_dir>/tmp/<E>/`` (same file system; ``control_dir`` is
+``.epochsync`` unless configured) that the commit removes and a rollback renames back. Overwritten byte ranges are saved as pre-images
 in the undo journal before ``pwrite``. Ownership is set only when running as root;
 xattrs in the ``user.`` namespace only.
 
@@ -22,7 +22,14 @@ import stat as st
 from typing import Any
 
 from epochsync.errors import EpochsyncError, StoreError
-from epochsync.targets.base import CONTROL_DIR, Entry, Target, UnsafePathError, safe_relpath
+from epochsync.targets.base import (
+    CONTROL_DIR,
+    Entry,
+    Target,
+    UnsafePathError,
+    moved_control_dir_error,
+    safe_relpath,
+)
 
 XATTR_NAMESPACE = "user."
 
@@ -53,23 +60,60 @@ class PosixTarget(Target):
         if not cfg.path:
             raise EpochsyncError(f"target {cfg.name}: a posix target needs 'path'")
         self.root = os.path.abspath(cfg.path)
-        self.control = os.path.join(self.root, CONTROL_DIR)
+        self.control = os.path.join(self.root, self.control_dir)
         self.as_root = os.geteuid() == 0
 
     def describe(self) -> str:
         return f"posix:{self.root}"
 
     # ------------------------------------------------------------------ paths
-    def _abs(self, rel: str) -> str:
-        """Absolute path of a replica path; refuses escapes and symlinked parents."""
+    def _abs(self, rel: str, *, root_ok: bool = False) -> str:
+        """Absolute path of a replica path; refuses escapes and symlinked parents.
+
+        ``""`` is the replica's root directory, accepted only where ``root_ok`` says so
+        (its attributes and xattrs; nothing may move or remove the root).
+        """
         if rel.startswith("@tmp/"):
             return self._tmp_abs(rel)
-        safe_relpath(rel)
+        if rel == "" and root_ok:
+            return self.root
+        safe_relpath(rel, control_dir=self.control_dir)
         path = os.path.join(self.root, rel)
         parent = os.path.dirname(path)
         if os.path.realpath(parent) != os.path.join(os.path.realpath(self.root), os.path.dirname(rel)).rstrip("/"):
             raise UnsafePathError(f"refusing path {rel!r}: a parent directory is a symlink or missing")
         return path
+
+    def _existing(self, rel: str) -> str | None:
+        """Absolute path of ``rel`` when every parent component is a real directory of the
+        replica; None when one is not (missing, a file or a symlink): the replica then holds
+        no entry ``rel``, whatever lies behind that parent. Hostile paths are still refused.
+
+        An epoch that replaces a directory ``d`` by a file or a symlink leaves its old
+        children ``d/x`` absent this way (verify, the write fence and undo ask about them).
+        """
+        try:
+            return self._abs(rel, root_ok=True)
+        except UnsafePathError:
+            parts = rel.split("/")
+            for i in range(1, len(parts)):
+                try:
+                    s = os.lstat(os.path.join(self.root, *parts[:i]))
+                except (FileNotFoundError, NotADirectoryError):
+                    return None
+                if not st.S_ISDIR(s.st_mode):
+                    return None
+            raise
+
+    def _lstat(self, rel: str) -> tuple[str, os.stat_result] | None:
+        """``(absolute path, lstat)`` of the entry at ``rel``, None when the replica holds none."""
+        path = self._existing(rel)
+        if path is None:
+            return None
+        try:
+            return path, os.lstat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
 
     def tmp_dir(self, epoch: int) -> str:
         return os.path.join(self.control, "tmp", str(int(epoch)))
@@ -87,6 +131,9 @@ class PosixTarget(Target):
             with open(os.path.join(self.control, "manifest.json"), encoding="utf-8") as f:
                 return json.load(f)
         except FileNotFoundError:
+            legacy = os.path.join(self.root, CONTROL_DIR)
+            if self.control_dir != CONTROL_DIR and os.path.exists(os.path.join(legacy, "manifest.json")):
+                raise moved_control_dir_error(self, f"mv {legacy} {self.control}") from None
             return None
         except (OSError, ValueError) as exc:
             raise StoreError(f"{self.describe()}: manifest unreadable: {exc}") from None
@@ -151,7 +198,7 @@ class PosixTarget(Target):
             rel_dir = stack.pop()
             base = os.path.join(self.root, rel_dir) if rel_dir else self.root
             for name in sorted(os.listdir(base)):
-                if not rel_dir and name == CONTROL_DIR:
+                if not rel_dir and name == self.control_dir:
                     continue
                 rel = f"{rel_dir}/{name}" if rel_dir else name
                 path = os.path.join(base, name)
@@ -166,12 +213,9 @@ class PosixTarget(Target):
             return f.read()
 
     def stat(self, path: str, type_hint: str | None = None) -> Entry | None:
-        p = self._abs(path)
-        try:
-            s = os.lstat(p)
-        except FileNotFoundError:
-            return None
-        return self._entry(path, p, s, hashes=False)
+        """The entry at ``path`` (``""``: the root), None when the replica holds none."""
+        found = self._lstat(path)
+        return None if found is None else self._entry(path, found[0], found[1], hashes=False)
 
     # ------------------------------------------------------------------ fence
     def fence_check(self, expect: list[dict], since_ns: int | None) -> tuple[list[str], dict[str, Any]]:
@@ -179,12 +223,11 @@ class PosixTarget(Target):
         for item in expect:
             rel = item["path"]
             try:
-                s = os.lstat(self._abs(rel))
-            except (FileNotFoundError, NotADirectoryError):
-                s = None
+                found = self._lstat(rel)
             except UnsafePathError as exc:
                 problems.append(f"{rel}: {exc}")
                 continue
+            s = None if found is None else found[1]
             want = item.get("type")
             if want is None:
                 if s is not None:
@@ -209,7 +252,8 @@ class PosixTarget(Target):
         for sub in self.cfg.fileset:
             parent = os.path.dirname(sub.strip("/"))
             if parent:
-                os.makedirs(os.path.join(self.root, safe_relpath(parent, "fileset parent")), exist_ok=True)
+                parent = safe_relpath(parent, "fileset parent", self.control_dir)
+                os.makedirs(os.path.join(self.root, parent), exist_ok=True)
 
     def run_namespace_op(self, op: dict, journal, state: dict) -> None:
         kind = op["op"]
@@ -249,7 +293,7 @@ class PosixTarget(Target):
             journal.append({"op": "create", "path": op["path"]})
             os.link(existing, path, follow_symlinks=False)
         elif kind == "attrs":
-            path = self._abs(op["path"])
+            path = self._abs(op["path"], root_ok=True)
             journal.append({"op": "attrs", "path": op["path"], "old": self._attrs_of(path)})
             self._set_attrs(path, op["attrs"])
         else:
@@ -331,14 +375,18 @@ class PosixTarget(Target):
 
     # ------------------------------------------------------------------ undo
     def undo(self, entry: dict, journal_dir: str) -> None:
+        """Reverse one journal entry. Idempotent: an entry whose effect is gone (or whose
+        path the replica no longer holds, its parent being a file or a symlink now) is a no-op."""
         op = entry["op"]
         if op == "rename":
-            src, dst = self._abs(entry["src"]), self._abs(entry["dst"])
-            if os.path.lexists(dst) and not os.path.lexists(src):
-                os.rename(dst, src)
+            dst = self._existing(entry["dst"])
+            if dst is not None and os.path.lexists(dst):
+                src = self._abs(entry["src"])
+                if not os.path.lexists(src):
+                    os.rename(dst, src)
         elif op == "mkdir":
-            path = self._abs(entry["path"])
-            if os.path.isdir(path) and not os.path.islink(path):
+            path = self._existing(entry["path"])
+            if path is not None and os.path.isdir(path) and not os.path.islink(path):
                 try:
                     os.rmdir(path)
                 except OSError as exc:
@@ -349,13 +397,16 @@ class PosixTarget(Target):
                         ) from None
                     raise
         elif op == "create":
-            path = self._abs(entry["path"])
-            if os.path.lexists(path):
-                os.unlink(path)
+            found = self._lstat(entry["path"])
+            # what a create made is never a directory (mkdir has its own entry): a directory
+            # there is one an earlier undo of this journal already put back
+            if found is not None and not st.S_ISDIR(found[1].st_mode):
+                os.unlink(found[0])
         elif op == "write":
-            path = self._abs(entry["path"])
-            if not os.path.lexists(path):
+            found = self._lstat(entry["path"])
+            if found is None or not st.S_ISREG(found[1].st_mode):
                 return
+            path = found[0]
             fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
             try:
                 os.ftruncate(fd, int(entry["old_size"]))
@@ -371,8 +422,8 @@ class PosixTarget(Target):
             if entry.get("old"):
                 self._set_attrs(path, entry["old"])
         elif op == "attrs":
-            path = self._abs(entry["path"])
-            if entry.get("old") and os.path.lexists(path):
+            path = self._existing(entry["path"])
+            if path is not None and entry.get("old") and os.path.lexists(path):
                 self._set_attrs(path, entry["old"])
         else:
             raise EpochsyncError(f"posix target: unknown undo entry {op!r}")
@@ -387,6 +438,20 @@ class PosixTarget(Target):
         manifest = os.path.join(self.control, "manifest.json")
         if os.path.exists(manifest):
             os.utime(manifest)
+
+    def move_control_dir(self, old: str) -> str:
+        src = os.path.join(self.root, old)
+        if old == self.control_dir:
+            raise EpochsyncError(f"target {self.name}: the control directory is already {old!r}")
+        if not os.path.isdir(src) or os.path.islink(src):
+            if os.path.exists(os.path.join(self.control, "manifest.json")):
+                return f"{self.control} already holds the manifest; nothing to move"
+            raise EpochsyncError(f"target {self.name}: no control directory {src} to move")
+        if os.path.lexists(self.control):
+            raise EpochsyncError(f"target {self.name}: {self.control} exists already; move it away first")
+        os.rename(src, self.control)
+        _fsync_dir(self.root)
+        return f"moved {src} to {self.control}"
 
     def finish_rollback(self, epoch: int) -> None:
         shutil.rmtree(self.tmp_dir(epoch), ignore_errors=True)

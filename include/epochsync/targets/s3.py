@@ -22,6 +22,7 @@ import base64
 import hashlib
 import json
 import random
+import re
 import threading
 import time
 import urllib.parse
@@ -30,13 +31,23 @@ from datetime import UTC
 from typing import Any
 
 from epochsync.errors import EpochsyncError, StoreError
-from epochsync.targets.base import CONTROL_DIR, Entry, Target, UnsafePathError, safe_relpath
+from epochsync.targets.base import (
+    CONTROL_DIR,
+    Entry,
+    Target,
+    UnsafePathError,
+    moved_control_dir_error,
+    safe_relpath,
+)
 
 META_PREFIX = "es-"
 #: A directory is an empty object ``<path>/.epochsync-dir`` holding its attributes: a
 #: ``path/`` marker cannot carry metadata or versions on SeaweedFS (its filer turns it
 #: into a real directory), and this keeps one versioned, rollback-able object per path.
 DIR_SIDECAR = ".epochsync-dir"
+#: The root directory's attributes: ``prefix + .epochsync-dir``, written with the first
+#: change of the source root's attributes (a target without it has the root's defaults).
+ROOT_MARKER = DIR_SIDECAR
 RETRYABLE_CODES = {
     "SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeoutException",
     "InternalError", "ServiceUnavailable", "503", "500", "502", "504", "RequestLimitExceeded",
@@ -265,8 +276,18 @@ class S3Access:
 # --------------------------------------------------------------------------- metadata
 
 
-def encode_meta(attrs: dict) -> dict[str, str]:
-    """Snapshot attributes → S3 user metadata (ASCII only, as S3 requires)."""
+#: S3's limit on user metadata: names (counted here with their ``x-amz-meta-`` prefix) and
+#: values, UTF-8 bytes. AWS refuses a request over it; SeaweedFS and moto do not, so the
+#: target enforces it itself (:meth:`S3Target.check_meta`).
+META_LIMIT = 2048
+
+
+def meta_size(meta: dict[str, str]) -> int:
+    """Bytes of user metadata as :data:`META_LIMIT` counts them."""
+    return sum(len(f"x-amz-meta-{k}".encode()) + len(v.encode()) for k, v in meta.items())
+
+
+def _meta_fields(attrs: dict) -> dict[str, str]:
     m = {"type": attrs.get("type") or "file"}
     for k in ("mode", "uid", "gid", "mtime_ns", "atime_ns", "size"):
         if attrs.get(k) is not None:
@@ -276,11 +297,38 @@ def encode_meta(attrs: dict) -> dict[str, str]:
     if attrs.get("symlink") is not None:
         m["symlink"] = urllib.parse.quote(attrs["symlink"], safe="")
     if attrs.get("xattrs"):
-        doc = {k: base64.b64encode(bytes.fromhex(v)).decode() for k, v in sorted(attrs["xattrs"].items())}
-        m["xattrs"] = base64.urlsafe_b64encode(json.dumps(doc, sort_keys=True).encode()).decode()
+        m["xattrs"] = base64.urlsafe_b64encode(json.dumps(_xattr_doc(attrs), sort_keys=True).encode()).decode()
     if attrs.get("stripe"):
         m["stripe"] = attrs["stripe"]
     return {META_PREFIX + k: v for k, v in m.items()}
+
+
+def _xattr_doc(attrs: dict) -> dict[str, str]:
+    return {k: base64.b64encode(bytes.fromhex(v)).decode() for k, v in sorted((attrs.get("xattrs") or {}).items())}
+
+
+def attrs_sidecar(attrs: dict) -> bytes | None:
+    """The body of a fid's attribute sidecar when its metadata would exceed :data:`META_LIMIT`, else None.
+
+    The sidecar (:func:`attrs_key`, in the control area, one per fid like stripe objects, so
+    hard links share it) holds the unbounded attributes: xattrs and the symlink target. The
+    objects' metadata then keeps the bounded ones and ``es-attrs``, the sidecar's sha256.
+    """
+    if meta_size(_meta_fields(attrs)) <= META_LIMIT:
+        return None
+    doc = {"xattrs": _xattr_doc(attrs), "symlink": attrs.get("symlink")}
+    return json.dumps(doc, sort_keys=True).encode()
+
+
+def encode_meta(attrs: dict) -> dict[str, str]:
+    """Snapshot attributes → S3 user metadata (ASCII only, as S3 requires; at most :data:`META_LIMIT`)."""
+    m = _meta_fields(attrs)
+    body = attrs_sidecar(attrs)
+    if body is not None:
+        m.pop(META_PREFIX + "xattrs", None)
+        m.pop(META_PREFIX + "symlink", None)
+        m[META_PREFIX + "attrs"] = hashlib.sha256(body).hexdigest()
+    return m
 
 
 def decode_meta(meta: dict[str, str]) -> dict:
@@ -296,21 +344,64 @@ def decode_meta(meta: dict[str, str]) -> dict:
         xattrs = {k: base64.b64decode(v) for k, v in doc.items()}
     out["xattrs"] = xattrs
     out["stripe"] = m.get("stripe")
+    out["attrs"] = m.get("attrs")  # the sha256 of the attribute sidecar holding xattrs and symlink
     return out
 
 
-def key_for(path: str, type_: str | None) -> str:
-    """Key (under the prefix) of a replica path: directories are their sidecar object."""
-    safe_relpath(path)
+def decode_listing(resp: dict) -> dict:
+    """URL-decode, in place, the keys and markers of a listing asked for with ``EncodingType=url``.
+
+    Every listing asks for it: a key may hold characters XML 1.0 cannot carry (a file name
+    with ``\x01``), which breaks the answer's parsing or comes back altered. Stores that
+    honour it say so (``EncodingType: url``); an answer without it is left as sent.
+    """
+    if resp.get("EncodingType") != "url":
+        return resp
+    for field in ("Prefix", "Delimiter", "Marker", "NextMarker", "KeyMarker", "NextKeyMarker", "StartAfter"):
+        if resp.get(field):
+            resp[field] = urllib.parse.unquote_plus(resp[field])
+    for group in ("Contents", "Versions", "DeleteMarkers"):
+        for item in resp.get(group) or []:
+            item["Key"] = urllib.parse.unquote_plus(item["Key"])
+    for item in resp.get("CommonPrefixes") or []:
+        item["Prefix"] = urllib.parse.unquote_plus(item["Prefix"])
+    resp.pop("EncodingType")
+    return resp
+
+
+_XML_FORBIDDEN = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff\ud800-\udfff]")
+
+
+def listed_key_is(listed: str, key: str) -> bool:
+    """Does a listing's ``listed`` key name ``key``? A store that ignores ``encoding-type`` for
+    a listing (SeaweedFS, for versions) sends the characters XML cannot carry as U+FFFD; with
+    the listing's prefix being ``key`` itself, such a key of the same length is that key."""
+    return listed == key or listed == _XML_FORBIDDEN.sub("\ufffd", key)
+
+
+def key_for(path: str, type_: str | None, control_dir: str = CONTROL_DIR) -> str:
+    """Key (under the prefix) of a replica path: directories are their sidecar object
+    (the root, path ``""``, is :data:`ROOT_MARKER`)."""
+    if path == "" and type_ == "dir":
+        return ROOT_MARKER
+    safe_relpath(path, control_dir=control_dir)
     if path.rsplit("/", 1)[-1] == DIR_SIDECAR:
         raise UnsafePathError(f"refusing path {path!r}: {DIR_SIDECAR} is reserved by the s3 target")
     return f"{path}/{DIR_SIDECAR}" if type_ == "dir" else path
 
 
-def stripe_key(fid: str, index: int) -> str:
+def _fid_token(fid: str) -> str:
+    return base64.urlsafe_b64encode(fid.encode()).decode().rstrip("=")
+
+
+def stripe_key(fid: str, index: int, control_dir: str = CONTROL_DIR) -> str:
     """Key (under the prefix) of stripe object ``index`` of a file in a striped target."""
-    token = base64.urlsafe_b64encode(fid.encode()).decode().rstrip("=")
-    return f"{CONTROL_DIR}/stripes/{token}/{index:05d}"
+    return f"{control_dir}/stripes/{_fid_token(fid)}/{index:05d}"
+
+
+def attrs_key(fid: str, control_dir: str = CONTROL_DIR) -> str:
+    """Key (under the prefix) of a fid's attribute sidecar (see :func:`attrs_sidecar`)."""
+    return f"{control_dir}/attrs/{_fid_token(fid)}"
 
 
 # --------------------------------------------------------------------------- the target
@@ -338,7 +429,7 @@ class S3Target(Target):
     # ------------------------------------------------------------------ keys
     def key_of(self, path: str, type_: str) -> str:
         """The key (relative to the prefix) that holds ``path``."""
-        return key_for(path, type_)
+        return key_for(path, type_, self.control_dir)
 
     def _full(self, rel_key: str) -> str:
         if rel_key.startswith("/") or ".." in rel_key.split("/"):
@@ -359,14 +450,20 @@ class S3Target(Target):
             c.put_bucket_versioning(Bucket=self.bucket, VersioningConfiguration={"Status": "Enabled"})
 
     # ------------------------------------------------------------------ manifest
-    def _control_key(self, name: str) -> str:
-        return f"{self.prefix}{CONTROL_DIR}/{name}"
+    def _control_key(self, name: str, control_dir: str | None = None) -> str:
+        return f"{self.prefix}{control_dir or self.control_dir}/{name}"
 
     def read_manifest(self) -> dict | None:
         try:
             data = self.io.get_all(self.bucket, self._control_key("manifest.json"))
         except Exception as exc:
             if error_code(exc) in ("NoSuchKey", "404", "NoSuchBucket"):
+                legacy = self._control_key("manifest.json", CONTROL_DIR)
+                if self.control_dir != CONTROL_DIR and self._last_modified_ns(legacy):
+                    old, new = (
+                        f"s3://{self.bucket}/{self._control_key('', d)}" for d in (CONTROL_DIR, self.control_dir)
+                    )
+                    raise moved_control_dir_error(self, f"aws s3 mv --recursive {old} {new}") from None
                 return None
             raise
         return json.loads(data)
@@ -400,14 +497,15 @@ class S3Target(Target):
         )
 
     # ------------------------------------------------------------------ reading
-    def list_keys(self) -> list[dict]:
+    def list_keys(self, under: str = "") -> list[dict]:
+        """Every current object under the prefix (and ``under`` below it)."""
         out = []
         token = None
         while True:
-            kw = {"Bucket": self.bucket, "Prefix": self.prefix}
+            kw = {"Bucket": self.bucket, "Prefix": self.prefix + under, "EncodingType": "url"}
             if token:
                 kw["ContinuationToken"] = token
-            resp = self.io.call("LIST target", lambda c, kw=kw: c.list_objects_v2(**kw))
+            resp = decode_listing(self.io.call("LIST target", lambda c, kw=kw: c.list_objects_v2(**kw)))
             out.extend(resp.get("Contents", []))
             if not resp.get("IsTruncated"):
                 return out
@@ -430,7 +528,7 @@ class S3Target(Target):
         rels = [
             rel
             for rel in (o["Key"][len(self.prefix) :] for o in sorted(self.list_keys(), key=lambda o: o["Key"]))
-            if rel.split("/", 1)[0] != CONTROL_DIR
+            if rel.split("/", 1)[0] != self.control_dir and rel != ROOT_MARKER  # the root is not an entry
         ]
 
         def one(rel: str) -> Entry | None:
@@ -454,10 +552,14 @@ class S3Target(Target):
 
     def _entry(self, rel: str, h: dict, hashes: bool) -> Entry:
         m = decode_meta(h.get("Metadata", {}))
-        is_dir = rel.endswith("/" + DIR_SIDECAR)
+        is_dir = rel.endswith("/" + DIR_SIDECAR) or rel == ROOT_MARKER
         kind = "dir" if is_dir else (m["type"] or "file")
         path = rel[: -len(DIR_SIDECAR) - 1] if is_dir else rel
+        if rel == ROOT_MARKER:
+            path = ""
         size = m["size"] if m["size"] is not None else int(h.get("ContentLength") or 0)
+        if m["attrs"]:
+            m.update(self._sidecar(path, m))
         e = Entry(
             path=path, type=kind, size=size if kind == "file" else 0,
             mode=None if kind == "symlink" or m["mode"] is None else m["mode"] & 0o7777,
@@ -466,6 +568,23 @@ class S3Target(Target):
         if kind == "file" and hashes:
             e.sha256 = hashlib.sha256(self.read_file(path, head=h)).hexdigest()
         return e
+
+    def _sidecar(self, path: str, m: dict) -> dict:
+        """xattrs and symlink from the fid's attribute sidecar that the metadata names by sha256."""
+        key = attrs_key(m["fid"] or "", self.control_dir)
+        try:
+            body = self.io.get_all(self.bucket, self._full(key))
+        except Exception as exc:
+            if error_code(exc) not in ("NoSuchKey", "404"):
+                raise
+            body = None
+        if body is None or hashlib.sha256(body).hexdigest() != m["attrs"]:
+            raise StoreError(
+                f"{self.describe()}: {path!r}: its attribute sidecar {key} is "
+                + ("missing" if body is None else "not the one its metadata names")
+            )
+        doc = json.loads(body)
+        return {"xattrs": {k: base64.b64decode(v) for k, v in doc["xattrs"].items()}, "symlink": doc["symlink"]}
 
     def read_file(self, path: str, head: dict | None = None) -> bytes:
         h = head or self.head(self.key_of(path, "file"))
@@ -479,7 +598,8 @@ class S3Target(Target):
             objs = []
             for i in range(sc):
                 try:
-                    objs.append(self.io.get_all(self.bucket, self._full(stripe_key(m["fid"], i))))
+                    key = self._full(stripe_key(m["fid"], i, self.control_dir))
+                    objs.append(self.io.get_all(self.bucket, key))
                 except Exception as exc:
                     if error_code(exc) not in ("NoSuchKey", "404"):
                         raise
@@ -490,7 +610,8 @@ class S3Target(Target):
         return self.io.get_all(self.bucket, self._full(self.key_of(path, "file")))
 
     def stat(self, path: str, type_hint: str | None = None) -> Entry | None:
-        for t in [type_hint] if type_hint else ["file", "dir"]:
+        """The entry at ``path`` (``""``: the root, None until its attributes were first written)."""
+        for t in ["dir"] if path == "" else [type_hint] if type_hint else ["file", "dir"]:
             h = self.head(self.key_of(path, t))
             if h is not None:
                 return self._entry(self.key_of(path, t), h, hashes=False)
@@ -501,13 +622,19 @@ class S3Target(Target):
         """Every version and delete marker of exactly this key: ids, the current one, times."""
         key = self._full(rel_key)
         ids, current, times = [], None, []
-        kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": key}
+        kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": key, "EncodingType": "url"}
         while True:
             resp = self.io.call(f"LIST versions {key}", lambda c, kw=kw: c.list_object_versions(**kw))
+            encoded = resp.get("EncodingType") == "url"
+            decode_listing(resp)
+
+            def mine(listed: str, encoded: bool = encoded) -> bool:
+                return listed == key if encoded else listed_key_is(listed, key)
+
             other = False
             for kind in ("Versions", "DeleteMarkers"):
                 for v in resp.get(kind, []):
-                    if v["Key"] != key:
+                    if not mine(v["Key"]):
                         other = True
                         continue
                     ids.append(v["VersionId"])
@@ -521,7 +648,9 @@ class S3Target(Target):
                         }
             if other or not resp.get("IsTruncated"):
                 break
-            kw = {**kw, "KeyMarker": resp.get("NextKeyMarker"), "VersionIdMarker": resp.get("NextVersionIdMarker")}
+            marker = resp.get("NextKeyMarker")
+            marker = key if marker is not None and mine(marker) else marker  # as sent, not as listed
+            kw = {**kw, "KeyMarker": marker, "VersionIdMarker": resp.get("NextVersionIdMarker")}
         live = current if current and not current["marker"] else None
         return {"known": ids, "current": live}
 
@@ -541,6 +670,10 @@ class S3Target(Target):
             rel = item["key"]
             state[rel] = v
             cur = v["current"]
+            if item.get("present") is None and "present" in item:  # either state is the replica's own
+                if cur is not None and since_ns is not None and cur["time_ns"] > since_ns:
+                    problems.append(f"{rel}: written after the last commit")
+                continue
             if not item.get("present"):
                 if cur is not None:
                     problems.append(f"{rel}: exists but the replica at the last epoch did not have it")
@@ -561,8 +694,18 @@ class S3Target(Target):
             state[rel_key] = known
         journal.append({"op": op, "key": rel_key, "known": known["known"]})
 
+    def check_meta(self, rel_key: str, meta: dict) -> None:
+        """Refuse metadata S3 would refuse (:data:`META_LIMIT`), before anything is written."""
+        n = meta_size(meta)
+        if n > META_LIMIT:
+            raise StoreError(
+                f"{self.describe()}: metadata of {rel_key!r} is {n} bytes; S3 allows {META_LIMIT} "
+                "(attributes that do not fit belong in the fid's attribute sidecar)"
+            )
+
     def copy(self, journal, state: dict, rel_key: str, src_key: str, meta: dict, size: int) -> None:
         """Server-side copy of the E-1 version of ``src_key`` to ``rel_key`` with new metadata."""
+        self.check_meta(rel_key, meta)
         src = state.get(src_key) or self.key_versions(src_key)
         state.setdefault(src_key, src)
         if src["current"] is None:
@@ -579,6 +722,7 @@ class S3Target(Target):
         self.io.counters.count(copied=size)
 
     def put(self, journal, state: dict, rel_key: str, body: bytes, meta: dict) -> None:
+        self.check_meta(rel_key, meta)
         self._journal_key(journal, "put", rel_key, state)
         self.io.call(
             f"PUT {rel_key}",
@@ -592,6 +736,7 @@ class S3Target(Target):
     def multipart(self, journal, state: dict, rel_key: str, parts: list[dict], meta: dict, read_upload) -> None:
         """Build a new version from parts: ``{"copy": [a, b)}`` from the key's E-1 version or
         ``{"upload": [a, b)}`` whose bytes ``read_upload(a, b)`` returns. Each part is a mutation."""
+        self.check_meta(rel_key, meta)
         self._journal_key(journal, "put", rel_key, state)
         key = self._full(rel_key)
         cur = (state.get(rel_key) or {}).get("current")
@@ -653,6 +798,11 @@ class S3Target(Target):
             self.copy(journal, state, op["key"], op["src"], encode_meta(op["attrs"]), int(op.get("size") or 0))
         elif kind == "put_empty":
             self.put(journal, state, op["key"], b"", encode_meta(op["attrs"]))
+        elif kind == "put_attrs":  # a fid's attribute sidecar
+            body = attrs_sidecar(op["attrs"])
+            if body is None:
+                raise EpochsyncError(f"s3 target: {op['key']}: these attributes need no sidecar")
+            self.put(journal, state, op["key"], body, {})
         else:
             raise EpochsyncError(f"s3 target: unknown namespace operation {kind!r}")
 
@@ -661,6 +811,30 @@ class S3Target(Target):
             self.delete(journal, state, op["key"])
         else:
             self.run_namespace_op(op, journal, state)
+
+    def move_control_dir(self, old: str) -> str:
+        """Server-side copies of every current object under ``old/`` (the manifest last), then the
+        deletes (the manifest first): a move killed half way is finished by running it again."""
+        if old == self.control_dir:
+            raise EpochsyncError(f"target {self.name}: the control directory is already {old!r}")
+        rels = sorted(o["Key"][len(self.prefix) + len(old) + 1 :] for o in self.list_keys(old + "/"))
+        if not rels:
+            if self._last_modified_ns(self._control_key("manifest.json")):
+                return f"{self.describe()}{self.control_dir}/ already holds the manifest; nothing to move"
+            raise EpochsyncError(f"target {self.name}: nothing under {self.describe()}{old}/ to move")
+        first = [r for r in rels if r != "manifest.json"] + [r for r in rels if r == "manifest.json"]
+        for rel in first:
+            src = {"Bucket": self.bucket, "Key": self._control_key(rel, old)}
+            self.io.call(
+                f"COPY {old}/{rel}",
+                lambda c, src=src, rel=rel: c.copy_object(
+                    Bucket=self.bucket, Key=self._control_key(rel), CopySource=src
+                ),
+            )
+        for rel in reversed(first):
+            key = self._control_key(rel, old)
+            self.io.call(f"DELETE {key}", lambda c, key=key: c.delete_object(Bucket=self.bucket, Key=key))
+        return f"moved {len(rels)} object(s) from {self.describe()}{old}/ to {self.describe()}{self.control_dir}/"
 
     # ------------------------------------------------------------------ undo
     def undo(self, entry: dict, journal_dir: str) -> None:

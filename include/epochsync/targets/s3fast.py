@@ -33,6 +33,7 @@ import hmac
 import http.client
 import io
 import os
+import re
 import socket
 import ssl
 import threading
@@ -46,6 +47,8 @@ from typing import Any
 #: ``EPOCHSYNC_S3_CLIENT=botocore`` sends every request through botocore
 ENV_SWITCH = "EPOCHSYNC_S3_CLIENT"
 _S3_NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
+#: control characters XML 1.0 cannot carry, even as character references
+_XML_FORBIDDEN = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f]")
 _UNSIGNED = "UNSIGNED-PAYLOAD"
 
 
@@ -287,20 +290,32 @@ class FastClient:
         return out
 
     def list_object_versions(self, *, Bucket: str, Prefix: str | None = None, KeyMarker: str | None = None,  # noqa: N803
-                             VersionIdMarker: str | None = None, **kw):  # fmt: skip
-        if kw:
-            given = _given(Prefix=Prefix, KeyMarker=KeyMarker, VersionIdMarker=VersionIdMarker)
+                             VersionIdMarker: str | None = None, EncodingType: str | None = None, **kw):  # fmt: skip
+        """Always asks for ``encoding-type=url`` (a key may hold characters XML 1.0 cannot carry).
+
+        As botocore does: keys and markers come back decoded unless the caller asked for the
+        encoding itself (then they are as the store sent them, and ``EncodingType`` says so).
+        """
+        if kw or EncodingType not in (None, "url"):
+            given = _given(Prefix=Prefix, KeyMarker=KeyMarker, VersionIdMarker=VersionIdMarker,
+                           EncodingType=EncodingType)  # fmt: skip
             return self._boto.list_object_versions(Bucket=Bucket, **given, **kw)
-        q = {"versions": ""}
+        q = {"versions": "", "encoding-type": "url"}
         for name, v in (("prefix", Prefix), ("key-marker", KeyMarker), ("version-id-marker", VersionIdMarker)):
             if v:
                 q[name] = v
         _, _, data = self._send("ListObjectVersions", "GET", Bucket, None, q)
-        root = ET.fromstring(data)
+        try:
+            root = ET.fromstring(data)
+        except ET.ParseError:
+            # a store that ignores encoding-type may send characters XML 1.0 forbids: read them as
+            # U+FFFD, as stores written in Go do themselves (see s3.listed_key_is)
+            root = ET.fromstring(_XML_FORBIDDEN.sub("\ufffd".encode(), data))
         out: dict[str, Any] = {"IsTruncated": _text(root, "IsTruncated") == "true"}
-        for field, tag in (("NextKeyMarker", "NextKeyMarker"), ("NextVersionIdMarker", "NextVersionIdMarker")):
-            if _text(root, tag) is not None:
-                out[field] = _text(root, tag)
+        fields = ("NextKeyMarker", "NextVersionIdMarker", "KeyMarker", "Prefix", "EncodingType")
+        for field in fields:
+            if _text(root, field) is not None:
+                out[field] = _text(root, field)
         versions, markers = [], []
         for el in root:
             tag = el.tag.rsplit("}", 1)[-1]
@@ -320,6 +335,10 @@ class FastClient:
             out["Versions"] = versions
         if markers:
             out["DeleteMarkers"] = markers
+        if EncodingType is None:
+            from epochsync.targets.s3 import decode_listing
+
+            decode_listing(out)
         return out
 
 
