@@ -22,6 +22,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "replicate": ("epochsync.pipeline", "run ingest, merge, translate, apply, verify, commit for a target"),
     "rollback": ("epochsync.pipeline", "roll a target back to its last committed epoch"),
     "relocate": ("epochsync.pipeline", "move a target's control directory to its configured control_dir"),
+    "changes": ("epochsync.changes", "list what differs between two committed epochs of a target (NEW, MODIFY, ...)"),
     "status": ("epochsync.status", "per target: committed epoch, lag, last run's figures"),
     "report": ("epochsync.status", "write an HTML report of lag and bytes over epochs"),
     "bench": ("epochsync.bench", "run a benchmark and write bench/results/*.json"),
