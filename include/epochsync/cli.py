@@ -23,6 +23,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "rollback": ("epochsync.pipeline", "roll a target back to its last committed epoch"),
     "relocate": ("epochsync.pipeline", "move a target's control directory to its configured control_dir"),
     "changes": ("epochsync.changes", "list what differs between two committed epochs of a target (NEW, MODIFY, ...)"),
+    "feed": ("epochsync.feed", "feed consumers: register (from a dump), ack an epoch, status, hydrate, unregister"),
     "status": ("epochsync.status", "per target: committed epoch, lag, last run's figures"),
     "report": ("epochsync.status", "write an HTML report of lag and bytes over epochs"),
     "bench": ("epochsync.bench", "run a benchmark and write bench/results/*.json"),

@@ -19,7 +19,10 @@ ENV_VAR = "EPOCHSYNC_CONFIG"
 
 FORMATS = ("jsonl", "lustre", "gluster")
 EPOCH_SOURCES = ("records", "mark", "time")
-TARGET_KINDS = ("s3", "posix")
+TARGET_KINDS = ("s3", "posix", "feed")
+#: a feed target's file format (``targets[].format``) and event mask (``targets[].events``)
+FEED_FORMATS = ("jsonl", "parquet")
+FEED_EVENTS = ("create", "delete", "rename", "data", "attrs", "xattrs")
 #: target keys of earlier versions that now stop the load with a way forward
 REMOVED_TARGET_KEYS = {
     "engine": "removed: Spark is the only engine of merge and translate; delete this key",
@@ -101,6 +104,19 @@ class VerifyConfig:
 
 
 @dataclass(frozen=True)
+class FeedRetentionConfig:
+    """How long a feed keeps its epoch files (``targets[].retention`` of a ``kind: feed`` target)."""
+
+    #: the newest epochs kept even when every registered consumer has acknowledged them
+    epochs: int = 10
+    #: epochs older than this many below the last published one go even if unacknowledged
+    #: (their consumers must hydrate); None keeps them until every consumer acknowledged
+    max_epochs: int | None = None
+    #: a consumer with unacknowledged epochs that has not acknowledged for this long is idle
+    idle_limit_s: float = 86400.0
+
+
+@dataclass(frozen=True)
 class TargetConfig:
     name: str
     source: str
@@ -127,6 +143,10 @@ class TargetConfig:
     #: the replica's own directory at its root (manifest, scratch area, s3 stripes and
     #: attribute sidecars); a source entry of that name at the root is refused
     control_dir: str = ".epochsync"
+    #: feed targets: file format, event mask, retention of epoch files
+    format: str = "jsonl"
+    events: tuple[str, ...] = FEED_EVENTS
+    retention: FeedRetentionConfig = field(default_factory=FeedRetentionConfig)
 
 
 @dataclass(frozen=True)
@@ -455,6 +475,8 @@ def _load_target(file: str, i: int, data: Any, base: Path) -> TargetConfig:
                 "stripe_count" if kw["stripe_count"] is None else "stripe_size",
                 "a striped target needs both stripe_size and stripe_count",
             )
+    elif kind == "feed":
+        kw.update(_load_feed(r, base))
     else:
         path = r.get("path", _text, required=True)
         kw["path"] = str((base / path).resolve()) if not path.startswith("/") else path
@@ -496,3 +518,43 @@ def _load_target(file: str, i: int, data: Any, base: Path) -> TargetConfig:
     )
     r.done()
     return t
+
+
+def _load_feed(r: _Reader, base: Path) -> dict[str, Any]:
+    """The keys of a ``kind: feed`` target: where (a directory, or an S3 prefix), format, events, retention."""
+    kw: dict[str, Any] = {}
+    if "path" in r.data:
+        path = r.get("path", _text)
+        kw["path"] = str((base / path).resolve()) if not path.startswith("/") else path
+        for k in ("conn_id", "bucket", "prefix"):
+            if k in r.data:
+                r.fail(k, "a feed goes to a directory (path) or to an S3 prefix (conn_id, bucket, prefix), not both")
+    else:
+        if "bucket" not in r.data and "conn_id" not in r.data:
+            r.fail("path", "a feed needs a directory (path) or an S3 prefix (conn_id, bucket, prefix)")
+        kw["conn_id"] = r.get("conn_id", _text, required=True)
+        kw["bucket"] = r.get("bucket", _text, required=True)
+        prefix = r.get("prefix", str, default="")
+        if prefix.startswith("/") or ".." in prefix.split("/"):
+            r.fail("prefix", f"expected a relative key prefix like 'feeds/audit/', got {prefix!r}")
+        kw["prefix"] = prefix if not prefix or prefix.endswith("/") else prefix + "/"
+    for k in ("stripe_size", "stripe_count"):
+        if k in r.data:
+            r.fail(k, "only s3 targets take this key")
+    kw["format"] = r.get("format", _choice(FEED_FORMATS), default="jsonl")
+
+    def events(v: Any) -> tuple[str, ...]:
+        got = _list_of(_choice(FEED_EVENTS))(v)
+        return tuple(e for e in FEED_EVENTS if e in got)
+
+    kw["events"] = r.get("events", events, default=FEED_EVENTS)
+    rt = r.sub("retention")
+    d = FeedRetentionConfig()
+    if rt is not None:
+        kw["retention"] = FeedRetentionConfig(
+            epochs=rt.get("epochs", _int_range(0), default=d.epochs),
+            max_epochs=rt.get("max_epochs", _int_range(1), default=d.max_epochs),
+            idle_limit_s=rt.get("idle_limit", parse_duration, default=d.idle_limit_s),
+        )
+        rt.done()
+    return kw

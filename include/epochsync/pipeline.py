@@ -578,6 +578,16 @@ def _replicate_epoch(cfg: Config, tcfg: TargetConfig, e: int, session: _Session,
     spark = session.get()
     step("ingest", lambda: _ingest(cfg, src.name, e, e, spark, tcfg.name), lambda o: _fmt(o, "records"))
     step("merge", lambda: run_merge(cfg, tcfg.name, e, e, spark), lambda o: _fmt(o, "changes"))
+    if tcfg.kind == "feed":
+        # a feed publishes the net change in place of translate, apply, verify and commit
+        from epochsync.feed import publish_epoch
+
+        try:
+            return step("publish", lambda: publish_epoch(cfg, tcfg, e, e, spark, inject=inject),
+                        lambda o: f": {o['records_published']} records in {o['file']}")  # fmt: skip
+        except EpochsyncError as exc:  # nothing to roll back: _feed.json still names the previous epoch
+            record_event(cfg.warehouse, tcfg.name, FAILED, e, message=str(exc)[:500])
+            raise EpochError(f"epoch {e} of feed {tcfg.name} was not published: {exc}") from exc
     step("translate", lambda: run_translate(cfg, tcfg, e, spark, whole_file=whole_file),
          lambda o: f": {o['namespace_ops']} namespace, {o['data_ops']} data, {o['post_ops']} post operations")  # fmt: skip
     try:
@@ -637,6 +647,10 @@ def run_replicate(args) -> int:
         whole_file=args.whole_file, progress=progress,
     )  # fmt: skip
     for r in rows:
+        if r.get("kind") == "feed":
+            print(f"epoch {r['epoch']}: published; {r['records_in']} records, {r['records_published']} changes "
+                  f"{r['events']} in {r['file']} ({r['bytes_written']} bytes)")  # fmt: skip
+            continue
         print(
             f"epoch {r['epoch']}: committed; {r['records_in']} records, ops {r['net_operations']}, "
             f"{r['bytes_changed']} bytes changed, {r['bytes_pulled']} pulled, {r['bytes_written']} written, "

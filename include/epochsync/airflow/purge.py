@@ -11,6 +11,10 @@ purgeable:
   (read from the warehouse records before they go), so a file still holding a record a
   consumer needs is kept whole.
 
+A feed target (``kind: feed``) is a consumer like a replica (its cursor moves when it
+publishes an epoch); its own epoch files are purged by :func:`epochsync.feed.purge_feed`
+for the consumers registered to the feed, whose idle ones are reported the same way.
+
 A consumer whose cursor has not moved for ``retention.idle_limit`` holds the minimum
 cursor forever: the purge lists it, and every consumer lagging more than
 ``retention.epochs`` behind the most advanced one, and fails naming the idle ones, so
@@ -230,12 +234,28 @@ def purge_source(config: Config, source_name: str, *, dry_run: bool = False, log
         "lagging": plan.lagging,
         "dry_run": dry_run,
     }
-    if plan.idle:
-        raise PurgeBlocked(
-            f"consumers idle past {source.retention.idle_limit_s:.0f}s hold the minimum cursor of source "
-            f"{source_name!r} at epoch {plan.min_epoch} forever: {', '.join(plan.idle)}; remove them from the "
-            "config or bring them up to date (trigger or backfill their epoch DAG), then purge again"
-        )
+    # feed targets: their epoch files, held by the feed's own registered consumers
+    from epochsync.feed import purge_feed
+
+    feeds = [purge_feed(config, t, dry_run=dry_run, log=log) for t in config.targets
+             if t.source == source_name and t.kind == "feed"]  # fmt: skip
+    result["feeds"] = feeds
+    idle_feed = [f"{c} (feed {f['feed']})" for f in feeds for c in f["idle"]]
+    if plan.idle or idle_feed:
+        parts = []
+        if plan.idle:
+            parts.append(
+                f"consumers idle past {source.retention.idle_limit_s:.0f}s hold the minimum cursor of source "
+                f"{source_name!r} at epoch {plan.min_epoch} forever: {', '.join(plan.idle)}; remove them from the "
+                "config or bring them up to date (trigger or backfill their epoch DAG)"
+            )
+        if idle_feed:
+            parts.append(
+                f"feed consumers idle past their feed's retention.idle_limit hold its epoch files: "
+                f"{', '.join(idle_feed)}; acknowledge (epochsync feed ack), unregister (epochsync feed unregister) "
+                "or bound them with the feed's retention.max_epochs"
+            )
+        raise PurgeBlocked("; ".join(parts) + "; then purge again")
     return result
 
 

@@ -179,4 +179,8 @@ def open_target(cfg: TargetConfig) -> Target:
         from epochsync.targets.s3 import S3Target
 
         return S3Target(cfg)
+    if cfg.kind == "feed":
+        from epochsync.targets.feed import FeedTarget
+
+        return FeedTarget(cfg)
     raise EpochsyncError(f"target {cfg.name}: unknown kind {cfg.kind!r}")

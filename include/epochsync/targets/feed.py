@@ -1,0 +1,210 @@
+"""Where a feed target's files live: a directory, or a prefix in an S3 bucket.
+
+:class:`FeedStore` is the small interface :mod:`epochsync.feed` needs: read, write
+atomically, list one folder, delete. A write is all or nothing for a reader: on a
+directory the bytes go to a hidden temporary file that is fsynced and renamed over the
+name (then the directory is fsynced); on S3 one PUT is atomic. :class:`FeedTarget`
+lets the rest of the package treat a feed like a replica where that makes sense: its
+"manifest" is ``_feed.json`` (the last published epoch), so ``status``, the
+preconditions of an epoch run and ``changes`` read a feed's committed epoch the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+
+from epochsync.errors import EpochsyncError, StoreError
+from epochsync.targets.base import Target
+
+#: the feed's commit point, like a replica's manifest
+FEED_DOC = "_feed.json"
+
+
+class FeedStore:
+    def describe(self) -> str:
+        raise NotImplementedError
+
+    def read(self, name: str) -> bytes | None:
+        """The bytes of ``name`` (relative to the feed root), None when it does not exist."""
+        raise NotImplementedError
+
+    def write(self, name: str, data: bytes) -> None:
+        """Replace ``name`` with ``data``; a reader sees the old or the new bytes, never part."""
+        raise NotImplementedError
+
+    def list(self, folder: str) -> list[str]:
+        """Names of the files directly in ``folder`` (relative to it), sorted; hidden ones left out."""
+        raise NotImplementedError
+
+    def delete(self, name: str) -> None:
+        raise NotImplementedError
+
+    def read_json(self, name: str) -> dict | None:
+        data = self.read(name)
+        if data is None:
+            return None
+        try:
+            return json.loads(data)
+        except ValueError:
+            raise EpochsyncError(f"{self.describe()}{name} is not valid JSON") from None
+
+    def write_json(self, name: str, doc: dict) -> None:
+        self.write(name, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
+
+
+def _check(name: str) -> str:
+    parts = name.split("/")
+    if not name or name.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise StoreError(f"refusing feed file name {name!r}")
+    return name
+
+
+class PosixFeedStore(FeedStore):
+    def __init__(self, root: str):
+        self.root = root
+
+    def describe(self) -> str:
+        return self.root.rstrip("/") + "/"
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.root, _check(name))
+
+    def read(self, name: str) -> bytes | None:
+        try:
+            with open(self._path(name), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    def write(self, name: str, data: bytes) -> None:
+        path = self._path(name)
+        folder = os.path.dirname(path)
+        os.makedirs(folder, exist_ok=True)
+        tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex[:8]}")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def list(self, folder: str) -> list[str]:
+        path = os.path.join(self.root, _check(folder))
+        if not os.path.isdir(path):
+            return []
+        return sorted(n for n in os.listdir(path) if not n.startswith(".") and os.path.isfile(os.path.join(path, n)))
+
+    def delete(self, name: str) -> None:
+        try:
+            os.unlink(self._path(name))
+        except FileNotFoundError:
+            pass
+
+
+class S3FeedStore(FeedStore):
+    def __init__(self, settings, bucket: str, prefix: str, *, max_attempts: int = 6):
+        from epochsync.targets.s3 import S3Access
+
+        self.io = S3Access(settings, max_attempts=max_attempts)
+        self.bucket = bucket
+        self.prefix = prefix or ""
+        self._bucket_checked = False
+
+    def describe(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}"
+
+    def _key(self, name: str) -> str:
+        return self.prefix + _check(name)
+
+    def read(self, name: str) -> bytes | None:
+        from epochsync.targets.s3 import error_code
+
+        try:
+            return self.io.call(
+                f"GET {self._key(name)}",
+                lambda c: c.get_object(Bucket=self.bucket, Key=self._key(name))["Body"].read(),
+            )
+        except Exception as exc:
+            if error_code(exc) in ("NoSuchKey", "404", "NoSuchBucket", "NotFound"):
+                return None
+            raise
+
+    def _ensure_bucket(self) -> None:
+        from epochsync.targets.s3 import error_code
+
+        if self._bucket_checked:
+            return
+        try:
+            self.io.call(f"HEAD bucket {self.bucket}", lambda c: c.head_bucket(Bucket=self.bucket))
+        except Exception as exc:
+            if error_code(exc) not in ("404", "NoSuchBucket", "NotFound"):
+                raise
+            self.io.call(f"create bucket {self.bucket}", lambda c: c.create_bucket(Bucket=self.bucket))
+        self._bucket_checked = True
+
+    def write(self, name: str, data: bytes) -> None:
+        self._ensure_bucket()
+        key = self._key(name)
+        self.io.call(f"PUT {key}", lambda c: c.put_object(Bucket=self.bucket, Key=key, Body=data))
+
+    def list(self, folder: str) -> list[str]:
+        from epochsync.targets.s3 import error_code
+
+        base = self.prefix + _check(folder) + "/"
+        names = []
+        try:
+            pages = self.io.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base)
+            for page in pages:
+                for o in page.get("Contents", []):
+                    rest = o["Key"][len(base) :]
+                    if rest and "/" not in rest and not rest.startswith("."):
+                        names.append(rest)
+        except Exception as exc:
+            if error_code(exc) in ("NoSuchBucket", "404"):
+                return []
+            raise
+        return sorted(names)
+
+    def delete(self, name: str) -> None:
+        key = self._key(name)
+        self.io.call(f"DELETE {key}", lambda c: c.delete_object(Bucket=self.bucket, Key=key))
+
+
+def open_feed_store(cfg) -> FeedStore:
+    """The store of a ``kind: feed`` target config."""
+    if cfg.path:
+        return PosixFeedStore(cfg.path)
+    if not cfg.bucket or not cfg.conn_id:
+        raise EpochsyncError(f"target {cfg.name}: a feed needs a path, or conn_id and bucket")
+    from epochsync.connections import resolve_s3
+
+    return S3FeedStore(resolve_s3(cfg.conn_id), cfg.bucket, cfg.prefix, max_attempts=cfg.max_attempts)
+
+
+class FeedTarget(Target):
+    """A feed seen as a target: its manifest is ``_feed.json``; it holds no replica to walk."""
+
+    kind = "feed"
+
+    def __init__(self, cfg, store: FeedStore | None = None):
+        super().__init__(cfg)
+        self.store = store or open_feed_store(cfg)
+
+    def describe(self) -> str:
+        return self.store.describe()
+
+    def read_manifest(self) -> dict | None:
+        return self.store.read_json(FEED_DOC)
+
+    def write_manifest(self, doc: dict) -> None:
+        self.store.write_json(FEED_DOC, doc)
