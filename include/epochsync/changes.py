@@ -359,7 +359,7 @@ def changes_between(cfg, target, e1: int, e2: int, spark=None) -> list[dict]:
     if spark is None:
         from epochsync.spark import spark_session
 
-        spark = spark_session(f"epochsync-changes-{tcfg.name}")
+        spark = spark_session(f"epochsync-changes-{tcfg.name}", cfg=cfg)
     return diff_entries(gather_entries(spark, cfg, tcfg, e1, e2, windows))
 
 

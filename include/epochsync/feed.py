@@ -278,7 +278,7 @@ def publish_epoch(cfg, target, first_epoch: int, epoch: int, spark=None, *, inje
     if spark is None:
         from epochsync.spark import spark_session
 
-        spark = spark_session(f"epochsync-publish-{tcfg.name}")
+        spark = spark_session(f"epochsync-publish-{tcfg.name}", cfg=cfg)
     records = filter_events(
         diff_entries(gather_entries(spark, cfg, tcfg, first_epoch - 1, epoch, [(first_epoch, epoch)])), tcfg.events
     )
@@ -336,7 +336,7 @@ def write_dump(cfg: Config, tcfg: TargetConfig, store: FeedStore, epoch: int, sp
     if spark is None:
         from epochsync.spark import spark_session
 
-        spark = spark_session(f"epochsync-feed-dump-{tcfg.name}")
+        spark = spark_session(f"epochsync-feed-dump-{tcfg.name}", cfg=cfg)
     src = cfg.source_of(tcfg)
     snap = read_snapshot(spark, Warehouse(cfg.warehouse), tcfg.name, epoch, src.root_fid)
     links = visible(resolve_links(snap, src.root_fid), tcfg.fileset).select("fid", "path")
@@ -622,7 +622,7 @@ def publish_main(argv: list[str] | None = None) -> int:
         from epochsync.spark import spark_session
 
         cfg = load_config(args.config)
-        spark = spark_session(f"epochsync-publish-{args.target}")
+        spark = spark_session(f"epochsync-publish-{args.target}", cfg=cfg)
         out = publish_epoch(cfg, args.target, args.epoch, args.through or args.epoch, spark,
                             inject=args.inject_failure)  # fmt: skip
     except EpochsyncError as exc:
