@@ -1073,6 +1073,10 @@ class SourceStore:
 # --------------------------------------------------------------------------- the CLI verb
 
 
+#: ``--cache``: the master's own layout (a striped s3 target), different from the cache's
+MASTER_STRIPE_SIZE, MASTER_STRIPE_COUNT = 64 * 1024, 4
+
+
 def write_config(
     out: Path,
     *,
@@ -1082,8 +1086,13 @@ def write_config(
     root_fid: str,
     start: datetime = EPOCH_START,
     interval_s: float = EPOCH_INTERVAL_S,
+    cache: bool = False,
 ) -> Path:
-    """``DIR/epochsync.yaml``: source ``sim``, a posix target ``local`` and an s3 target ``s3``."""
+    """``DIR/epochsync.yaml``: source ``sim``, a posix target ``local`` and an s3 target ``s3``.
+
+    ``cache``: the history is a write-back cache's (docs/reintegration.md): source ``cache``
+    and one target, ``master``, striped with the master's own layout.
+    """
     import yaml
 
     cfg = {
@@ -1110,6 +1119,11 @@ def write_config(
             },
         ],
     }
+    if cache:
+        cfg["sources"][0]["name"] = "cache"
+        cfg["targets"] = [{"name": "master", "source": "cache", "kind": "s3", "conn_id": "replica_s3",
+                           "bucket": "master", "prefix": "", "stripe_size": MASTER_STRIPE_SIZE,
+                           "stripe_count": MASTER_STRIPE_COUNT}]  # fmt: skip
     path = out / "epochsync.yaml"
     header = (
         "# Written by `epochsync simulate`. Keys come from AIRFLOW_CONN_SOURCE_S3 and\n"
@@ -1147,7 +1161,12 @@ def configure_simulate(parser) -> None:
     )
     parser.add_argument("--bucket", default="sim-source", help="source data bucket (default sim-source)")
     parser.add_argument("--threads", type=int, default=16, help="parallel uploads (default 16)")
-    parser.add_argument("--unstriped-ratio", type=float, default=0.1, help="share of files with no layout")
+    parser.add_argument("--unstriped-ratio", type=float, default=None,
+                        help="share of files with no layout (default 0.1; 1.0 with --cache)")  # fmt: skip
+    parser.add_argument("--cache", action="store_true",
+                        help="a write-back cache's history for reintegration: every file unstriped (unless "
+                             "--unstriped-ratio says otherwise), config with source cache and a striped s3 "
+                             "target master (docs/reintegration.md)")  # fmt: skip
     parser.add_argument(
         "--max-file-size", type=parse_size, default=256 * 1024, help="files stay below this size (default 256KiB)"
     )
@@ -1202,7 +1221,7 @@ def run_simulate(args) -> int:
         records=args.records,
         records_per_epoch=args.records_per_epoch,
         data=not args.no_data,
-        unstriped_ratio=args.unstriped_ratio,
+        unstriped_ratio=args.unstriped_ratio if args.unstriped_ratio is not None else (1.0 if args.cache else 0.1),
         max_file_size=args.max_file_size,
         write_share=args.write_share,
     )
@@ -1307,7 +1326,7 @@ def run_simulate(args) -> int:
         )
         w.finish_epoch()
     config = write_config(out, bucket=args.bucket, conn_id=conn_id, servers=cfg.servers, root_fid=cfg.root_fid,
-                          start=start, interval_s=interval_s)  # fmt: skip
+                          start=start, interval_s=interval_s, cache=args.cache)  # fmt: skip
     data = (
         f"; {stored_versions:,} object versions ({stored_bytes / 1e6:.1f} MB) in bucket {args.bucket}" if store else ""
     )

@@ -27,7 +27,7 @@ import threading
 import time
 import urllib.parse
 from collections import defaultdict
-from datetime import UTC
+from datetime import UTC, datetime
 from typing import Any
 
 from epochsync.errors import EpochsyncError, StoreError
@@ -407,6 +407,23 @@ def attrs_key(fid: str, control_dir: str = CONTROL_DIR) -> str:
 # --------------------------------------------------------------------------- the target
 
 
+def _both_versions(current: dict | None, history: list[dict], since_ns: int | None) -> str:
+    """`` (now: version V, N bytes, at T; at the last commit: version W, ...)``: what a write fence
+    problem shows, so an operator sees both sides before deciding which one wins."""
+
+    def one(v: dict | None) -> str:
+        if v is None or v.get("marker"):
+            return "absent"
+        at = datetime.fromtimestamp(v["time_ns"] / 1e9, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        return f"version {v['version']}, {v['size']} bytes, written {at}"
+
+    before = None
+    if since_ns is not None:
+        older = [h for h in history if h["time_ns"] <= since_ns]
+        before = max(older, key=lambda h: h["time_ns"]) if older else None
+    return f" (now: {one(current)}; at the last commit: {one(before)})"
+
+
 class S3Target(Target):
     kind = "s3"
 
@@ -621,7 +638,7 @@ class S3Target(Target):
     def key_versions(self, rel_key: str) -> dict:
         """Every version and delete marker of exactly this key: ids, the current one, times."""
         key = self._full(rel_key)
-        ids, current, times = [], None, []
+        ids, current, times, history = [], None, [], []
         kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": key, "EncodingType": "url"}
         while True:
             resp = self.io.call(f"LIST versions {key}", lambda c, kw=kw: c.list_object_versions(**kw))
@@ -639,6 +656,8 @@ class S3Target(Target):
                         continue
                     ids.append(v["VersionId"])
                     times.append(int(v["LastModified"].astimezone(UTC).timestamp() * 1e9))
+                    history.append({"version": v["VersionId"], "marker": kind == "DeleteMarkers",
+                                    "size": v.get("Size", 0), "time_ns": times[-1]})  # fmt: skip
                     if v.get("IsLatest"):
                         current = {
                             "version": v["VersionId"],
@@ -652,7 +671,7 @@ class S3Target(Target):
             marker = key if marker is not None and mine(marker) else marker  # as sent, not as listed
             kw = {**kw, "KeyMarker": marker, "VersionIdMarker": resp.get("NextVersionIdMarker")}
         live = current if current and not current["marker"] else None
-        return {"known": ids, "current": live}
+        return {"known": ids, "current": live, "history": history}
 
     def fence_check(self, expect: list[dict], since_ns: int | None) -> tuple[list[str], dict[str, Any]]:
         """``expect`` items: ``{"key", "present", "size"}``; returns problems and key → versions."""
@@ -668,6 +687,7 @@ class S3Target(Target):
                 versions = list(pool.map(self.key_versions, keys))
         for item, v in zip(expect, versions):
             rel = item["key"]
+            history = v.pop("history", [])
             state[rel] = v
             cur = v["current"]
             if item.get("present") is None and "present" in item:  # either state is the replica's own
@@ -676,14 +696,16 @@ class S3Target(Target):
                 continue
             if not item.get("present"):
                 if cur is not None:
-                    problems.append(f"{rel}: exists but the replica at the last epoch did not have it")
+                    problems.append(f"{rel}: exists but the replica at the last epoch did not have it"
+                                    f"{_both_versions(cur, history, since_ns)}")  # fmt: skip
                 continue
             if cur is None:
-                problems.append(f"{rel}: missing")
+                problems.append(f"{rel}: missing{_both_versions(cur, history, since_ns)}")
             elif item.get("size") is not None and cur["size"] != item["size"]:
-                problems.append(f"{rel}: size {cur['size']}, expected {item['size']}")
+                problems.append(f"{rel}: size {cur['size']}, expected {item['size']}"
+                                f"{_both_versions(cur, history, since_ns)}")  # fmt: skip
             elif since_ns is not None and cur["time_ns"] > since_ns:
-                problems.append(f"{rel}: written after the last commit")
+                problems.append(f"{rel}: written after the last commit{_both_versions(cur, history, since_ns)}")
         return problems, state
 
     # ------------------------------------------------------------------ mutations
