@@ -3,7 +3,8 @@
 Each verb lives in the module that owns it, which provides
 ``configure_<verb>(parser)`` and ``run_<verb>(args) -> int``; only the module of the
 verb being run is imported, so ``epochsync parse`` never loads Spark or Airflow.
-Exit codes: 0 done, 1 failed (one line on stderr saying what and where), 2 usage.
+Exit codes: 0 done, 1 failed (one line on stderr saying what and where), 2 usage,
+130/143 stopped by SIGINT/SIGTERM (one line saying where the target was left).
 """
 
 from __future__ import annotations
@@ -11,9 +12,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
 import sys
 
 from epochsync.errors import EpochsyncError
+from epochsync.shutdown import Interrupted, signals_raise
+
+#: set to 1 to see the traceback of a file system error instead of its one-line summary
+DEBUG_ENV = "EPOCHSYNC_DEBUG"
 
 #: verb -> (owning module, one-line help)
 VERBS: dict[str, tuple[str, str]] = {
@@ -62,15 +68,32 @@ def main(argv: list[str] | None = None) -> int:
     verb = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(verb if verb in VERBS else None)
     args = parser.parse_args(argv)
-    module = importlib.import_module(_available()[args.verb][0])
     try:
-        return int(getattr(module, f"run_{args.verb}")(args) or 0)
+        # SIGTERM and SIGINT raise Interrupted: leases are released, replicate rolls back
+        with signals_raise():
+            module = importlib.import_module(_available()[args.verb][0])
+            return int(getattr(module, f"run_{args.verb}")(args) or 0)
     except EpochsyncError as exc:
         print(f"epochsync {args.verb}: error: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print(f"epochsync {args.verb}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        sig = Interrupted.of(exc)
+        print(f"epochsync {args.verb}: interrupted by {sig.name}" + (f": {sig.outcome}" if sig.outcome else ""),
+              file=sys.stderr)  # fmt: skip
+        return sig.exit_code
+    except OSError as exc:
+        # a file system or network failure outside the checks above: one line, not a traceback
+        if os.environ.get(DEBUG_ENV):
+            raise
+        print(f"epochsync {args.verb}: error: {_os_error(exc)} (set {DEBUG_ENV}=1 for the traceback)", file=sys.stderr)
+        return 1
+
+
+def _os_error(exc: OSError) -> str:
+    if exc.filename is not None:
+        where = f"{exc.filename}" + (f" -> {exc.filename2}" if exc.filename2 is not None else "")
+        return f"{where}: {exc.strerror or exc}"
+    return f"{type(exc).__name__}: {exc}"
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """Fault injection for tests, the demo and the DAG's ``inject_failure`` param.
 
-A spec says when the apply of an epoch fails::
+A spec says when a stage of an epoch fails::
 
-    EPOCHSYNC_INJECT_FAILURE="after=K[,epoch=E][,target=NAME][,mode=raise|kill][,repeat=1]"
+    EPOCHSYNC_INJECT_FAILURE="after=K|at=F[,stage=apply|commit|rollback][,epoch=E][,target=NAME]
+                              [,mode=raise|kill|stall][,repeat=1]"
 
 - ``after=K``: the (K+1)-th mutation of the apply fails: its undo entry is already
   durable but the mutation is not done (the worst moment for a rollback). ``K=0``
@@ -10,15 +11,23 @@ A spec says when the apply of an epoch fails::
   executor of the apply (a counter file beside the undo journal, under a lock), in
   journal order: namespace operations, then data (each multipart part is one), then
   post operations (links, attributes, deletes).
+- ``at=F`` (0 <= F < 1, apply only): ``after`` is that share of the plan's operations.
+- ``stage=commit``: the commit's steps are counted instead (1 stats row, 2 manifest,
+  3 scratch area, 4 consumer cursor, 5 undo journal); ``after=1`` dies before the manifest,
+  ``after=2`` right after it. ``stage=rollback``: each undo entry replayed is one, then
+  the scratch clean-up.
 - ``epoch=E`` / ``target=NAME``: only that epoch / target (default: any).
 - ``mode=raise`` (default) raises :class:`InjectedFailure`; ``mode=kill`` sends
-  SIGKILL to the whole process group (a crashed worker: no cleanup runs at all).
-- by default a spec fires once per (target, epoch), remembered by a file in the
+  SIGKILL to the whole process group (a crashed worker: no cleanup runs at all);
+  ``mode=stall`` waits there (up to 10 minutes) until the process is interrupted
+  (SIGTERM/SIGINT, see :mod:`epochsync.shutdown`): a run caught mid-stage by a signal.
+- by default a spec fires once per (target, epoch, stage), remembered by a file in the
   epoch's plan directory, so a retry or a rerun of the epoch succeeds; ``repeat=1``
   fires every time.
 
 The same spec can be passed as ``inject=`` to :func:`epochsync.pipeline.run_apply` and
-``replicate`` (``--inject-failure``), which is how the DAG param reaches it.
+``replicate`` (``--inject-failure``), which is how the DAG param reaches it; commit and
+rollback read it from the environment variable.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from __future__ import annotations
 import fcntl
 import os
 import signal
+import time
 from dataclasses import dataclass
 
 from epochsync.errors import EpochsyncError
@@ -37,6 +47,10 @@ class InjectedFailure(EpochsyncError):
     """The failure a fault spec asked for (never raised unless one is set)."""
 
 
+STAGES = ("apply", "commit", "rollback")
+MODES = ("raise", "kill", "stall")
+
+
 @dataclass(frozen=True)
 class FaultSpec:
     after: int
@@ -44,6 +58,8 @@ class FaultSpec:
     target: str | None = None
     mode: str = "raise"
     repeat: bool = False
+    stage: str = "apply"
+    at: float | None = None
 
     @classmethod
     def parse(cls, text: str | None) -> FaultSpec | None:
@@ -56,27 +72,36 @@ class FaultSpec:
                 raise EpochsyncError(f"{ENV_VAR}: expected key=value items, got {part!r} in {text!r}")
             k, v = part.split("=", 1)
             fields[k.strip()] = v.strip()
-        unknown = set(fields) - {"after", "epoch", "target", "mode", "repeat"}
-        if unknown or "after" not in fields:
+        unknown = set(fields) - {"after", "at", "epoch", "target", "mode", "repeat", "stage"}
+        if unknown or ("after" in fields) == ("at" in fields):
             raise EpochsyncError(
-                f"{ENV_VAR}: {text!r}: need after=K; optional epoch=E, target=NAME, mode=raise|kill, repeat=1"
+                f"{ENV_VAR}: {text!r}: need after=K or at=F; optional stage=apply|commit|rollback, epoch=E, "
+                "target=NAME, mode=raise|kill|stall, repeat=1"
             )
         try:
             spec = cls(
-                after=int(fields["after"]),
+                after=int(fields.get("after", 0)),
                 epoch=int(fields["epoch"]) if "epoch" in fields else None,
                 target=fields.get("target"),
                 mode=fields.get("mode", "raise"),
                 repeat=fields.get("repeat", "0") in ("1", "true", "yes"),
+                stage=fields.get("stage", "apply"),
+                at=float(fields["at"]) if "at" in fields else None,
             )
         except ValueError:
-            raise EpochsyncError(f"{ENV_VAR}: {text!r}: after and epoch are whole numbers") from None
-        if spec.mode not in ("raise", "kill") or spec.after < 0:
-            raise EpochsyncError(f"{ENV_VAR}: {text!r}: mode is raise or kill, after >= 0")
+            raise EpochsyncError(f"{ENV_VAR}: {text!r}: after and epoch are whole numbers, at a fraction") from None
+        if spec.mode not in MODES or spec.after < 0 or spec.stage not in STAGES:
+            raise EpochsyncError(
+                f"{ENV_VAR}: {text!r}: mode is {'|'.join(MODES)}, stage {'|'.join(STAGES)}, after >= 0"
+            )
+        if spec.at is not None and not (0 <= spec.at < 1 and spec.stage == "apply"):
+            raise EpochsyncError(f"{ENV_VAR}: {text!r}: at=F is a fraction 0 <= F < 1 of an apply's operations")
         return spec
 
     def to_text(self) -> str:
-        parts = [f"after={self.after}"]
+        parts = [f"after={self.after}" if self.at is None else f"at={self.at:g}"]
+        if self.stage != "apply":
+            parts.append(f"stage={self.stage}")
         if self.epoch is not None:
             parts.append(f"epoch={self.epoch}")
         if self.target:
@@ -86,8 +111,12 @@ class FaultSpec:
             parts.append("repeat=1")
         return ",".join(parts)
 
-    def applies(self, target: str, epoch: int) -> bool:
-        return (self.epoch is None or self.epoch == epoch) and (self.target is None or self.target == target)
+    def applies(self, target: str, epoch: int, stage: str = "apply") -> bool:
+        return (
+            self.stage == stage
+            and (self.epoch is None or self.epoch == epoch)
+            and (self.target is None or self.target == target)
+        )
 
 
 def resolve(inject: str | FaultSpec | None) -> FaultSpec | None:
@@ -134,4 +163,18 @@ class FaultCounter:
         if fire:
             if self.spec.mode == "kill":
                 os.killpg(os.getpgid(0), signal.SIGKILL)
-            raise InjectedFailure(f"injected failure at mutation {n} ({what}) [{self.spec.to_text()}]")
+            if self.spec.mode == "stall":
+                _stall(self.fired_file)
+            where = "mutation" if self.spec.stage == "apply" else f"{self.spec.stage} step"
+            raise InjectedFailure(f"injected failure at {where} {n} ({what}) [{self.spec.to_text()}]")
+
+
+def _stall(fired_file: str, limit_s: float = 600.0) -> None:
+    """Wait until the process is interrupted (the signal raises in the main thread)."""
+    from epochsync.shutdown import INTERRUPTED
+
+    with open(fired_file + ".stalled", "w") as f:
+        f.write(f"{os.getpid()}\n")
+    deadline = time.monotonic() + limit_s
+    while not INTERRUPTED.is_set() and time.monotonic() < deadline:
+        time.sleep(0.05)

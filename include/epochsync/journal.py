@@ -18,6 +18,7 @@ The warehouse must be a local or shared file system (``file://``) for the journa
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import os
@@ -229,11 +230,33 @@ def fault_counter(warehouse: str, target: str, epoch: int, spec: FaultSpec | Non
     pdir = plan_dir(warehouse, target, epoch)
     os.makedirs(jdir, exist_ok=True)
     os.makedirs(pdir, exist_ok=True)
+    if spec.at is not None:  # a share of the plan's operations
+        plan = read_json(os.path.join(pdir, "plan.json")) or {}
+        total = sum(len(plan.get(k) or []) for k in ("namespace", "data", "post"))
+        spec = dataclasses.replace(spec, after=int(spec.at * total))
     counter = os.path.join(jdir, "faults.count")
     # a fresh apply run counts from zero
     if os.path.exists(counter):
         os.remove(counter)
     return FaultCounter(spec, counter, os.path.join(pdir, "fault.fired"))
+
+
+def fault_point(warehouse: str, target: str, epoch: int, stage: str):
+    """``tick(what)`` for the steps of a commit or rollback of (target, epoch) (see :mod:`epochsync.faults`).
+
+    A no-op unless ``$EPOCHSYNC_INJECT_FAILURE`` names this stage; each call is one step.
+    """
+    from epochsync.faults import resolve
+
+    spec = resolve(None)
+    if spec is None or not spec.applies(target, epoch, stage):
+        return lambda what: None
+    pdir = plan_dir(warehouse, target, epoch)
+    os.makedirs(pdir, exist_ok=True)
+    counter = os.path.join(pdir, f"faults-{stage}.count")
+    if os.path.exists(counter):
+        os.remove(counter)
+    return FaultCounter(spec, counter, os.path.join(pdir, f"fault-{stage}.fired")).tick
 
 
 # --------------------------------------------------------------------------- manifest

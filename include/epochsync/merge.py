@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING
 
 from epochsync.errors import EpochError, EpochsyncError
 from epochsync.formats.common import FLAG_OPEN_EXEC, FLAG_OPEN_READ, FLAG_OPEN_WRITE
+from epochsync.lease import holds_target_lease
 from epochsync.model import CHANGE_FIELDS, DIR, FILE, OTHER, SNAPSHOT_FIELDS, SYMLINK
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -607,6 +608,7 @@ def extents_known_for(fmt: str) -> bool:
     return fmt == "jsonl"
 
 
+@holds_target_lease
 def run_merge(
     cfg: Config, target_name: str, first_epoch: int, last_epoch: int, spark: SparkSession | None = None
 ) -> dict:

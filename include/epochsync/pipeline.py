@@ -53,6 +53,7 @@ from epochsync.journal import (
     UndoneLog,
     advance_cursor,
     fault_counter,
+    fault_point,
     journal_dir,
     journal_exists,
     manifest_doc,
@@ -67,7 +68,9 @@ from epochsync.journal import (
     write_json_atomic,
     write_stage_stats,
 )
+from epochsync.lease import check_lease, holds_target_lease, target_lease
 from epochsync.paths import Warehouse, local_path
+from epochsync.shutdown import rollback_on_interrupt
 
 
 def _config(cfg: Config | str | os.PathLike) -> Config:
@@ -160,6 +163,7 @@ def plan_path(cfg: Config, target: str, epoch: int) -> str:
     return os.path.join(plan_dir(cfg.warehouse, target, epoch), "plan.json")
 
 
+@holds_target_lease
 def run_translate(
     cfg, target, epoch: int, spark=None, whole_file: bool = False, first_epoch: int | None = None
 ) -> dict:
@@ -230,6 +234,7 @@ def load_plan(cfg: Config, target: str, epoch: int) -> dict:
 # --------------------------------------------------------------------------- apply
 
 
+@holds_target_lease
 def run_apply(cfg, target, epoch: int, spark=None, inject=None, first_epoch: int | None = None) -> dict:
     """Apply the stored plan (see the module docstring); returns the apply figures."""
     from epochsync.apply import apply_plan
@@ -268,6 +273,7 @@ def run_apply(cfg, target, epoch: int, spark=None, inject=None, first_epoch: int
 # --------------------------------------------------------------------------- verify
 
 
+@holds_target_lease
 def run_verify(cfg, target, epoch: int, spark=None, first_epoch: int | None = None) -> dict:
     """Verify the applied epoch against the source; raises EpochError on any difference."""
     from epochsync.verify import verify_plan
@@ -312,6 +318,7 @@ def _last_indexes(cfg: Config, source: str, first: int, last: int) -> dict[str, 
     return out
 
 
+@holds_target_lease
 def run_commit(cfg, target, epoch: int, first_epoch: int | None = None) -> dict:
     """Commit a verified epoch; returns the stats row (see the module docstring)."""
     t0 = time.monotonic()
@@ -336,15 +343,22 @@ def run_commit(cfg, target, epoch: int, first_epoch: int | None = None) -> dict:
     stages = read_stage_stats(cfg.warehouse, tcfg.name, epoch)
     row = stats_row(tcfg, src.name, first, epoch, stages, plan)
     row["durations"]["commit"] = round(time.monotonic() - t0, 3)
+    fault = fault_point(cfg.warehouse, tcfg.name, epoch, "commit")  # tests: stage=commit
+    fault("stats row")
     write_json_atomic(local_path(Warehouse(cfg.warehouse).stats(tcfg.name, epoch)), row)
+    check_lease(tcfg)  # an s3 lease lost while verifying: never commit behind the new writer's back
+    fault("manifest")
     # the commit point: from here on the target is at E
     tgt.write_manifest(manifest_doc(tcfg.name, src.name, epoch, plan.get("snapshot") or ""))
     record_event(cfg.warehouse, tcfg.name, COMMITTED, epoch, first_epoch=first)
+    fault("scratch area")
     # after the manifest, garbage only: the moved-aside originals of the epoch's deletes
     # (under .epochsync/, never seen by readers); a crash here is finished by a rerun
     tgt.finish_commit(epoch)
+    fault("consumer cursor")
     # a cursor ahead of the manifest could let records be purged too early
     advance_cursor(cfg.warehouse, src.name, tcfg.name, epoch, _last_indexes(cfg, src.name, first, epoch))
+    fault("undo journal")
     remove_journal(journal_dir(cfg.warehouse, tcfg.name, epoch))
     return row
 
@@ -401,6 +415,7 @@ def _expected_namespace(cfg: Config, tcfg: TargetConfig, epoch: int, spark) -> d
     return {r["path"]: attrs_of(r["fid"], r.asDict(recursive=True)) for r in rows}
 
 
+@holds_target_lease
 def rollback_target(cfg, target, spark=None, *, check: bool = True, progress=None) -> dict:
     """Undo every unfinished epoch of ``target`` (see :func:`run_rollback`)."""
     from epochsync.verify import compare_with_snapshot
@@ -416,6 +431,7 @@ def rollback_target(cfg, target, spark=None, *, check: bool = True, progress=Non
     undone = 0
     for e in sorted(epochs, reverse=True):
         jdir = journal_dir(cfg.warehouse, tcfg.name, e)
+        fault = fault_point(cfg.warehouse, tcfg.name, e, "rollback")  # tests: stage=rollback
         mark_aborted(jdir)
         wait_for_writers(jdir)
         # replay until the journal stops growing: a writer that was mid-entry when the
@@ -429,6 +445,7 @@ def rollback_target(cfg, target, spark=None, *, check: bool = True, progress=Non
                 if not fresh:
                     break
                 for entry in reversed(fresh):
+                    fault(f"undo {entry.get('op')}")
                     tgt.undo(entry, jdir)
                     done.add(entry)
                     undone += 1
@@ -436,6 +453,7 @@ def rollback_target(cfg, target, spark=None, *, check: bool = True, progress=Non
                 time.sleep(0.2)
         finally:
             done.close()
+        fault("scratch area")
         tgt.finish_rollback(e)
         if progress:
             progress(f"rollback: epoch {e}: {len(entries)} journal entries undone")
@@ -536,10 +554,12 @@ def replicate(
     rows = []
     if not epochs:
         progress(f"{tcfg.name}: at epoch {committed}, nothing to do up to epoch {through_epoch}")
-    for e in epochs:
-        row = _replicate_epoch(cfg, tcfg, e, session, inject, whole_file, progress)
-        if row is not None:
-            rows.append(row)
+    # one writer per target for the whole run; a signal rolls the unfinished epoch back
+    with target_lease(cfg, tcfg), rollback_on_interrupt(cfg, tcfg, lambda: session.existing, progress):
+        for e in epochs:
+            row = _replicate_epoch(cfg, tcfg, e, session, inject, whole_file, progress)
+            if row is not None:
+                rows.append(row)
     return rows
 
 
@@ -647,6 +667,9 @@ def run_replicate(args) -> int:
         whole_file=args.whole_file, progress=progress,
     )  # fmt: skip
     for r in rows:
+        if "epoch" not in r:  # a no-op (the epoch was committed in between)
+            print(r.get("message", "nothing to do"))
+            continue
         if r.get("kind") == "feed":
             print(f"epoch {r['epoch']}: published; {r['records_in']} records, {r['records_published']} changes "
                   f"{r['events']} in {r['file']} ({r['bytes_written']} bytes)")  # fmt: skip

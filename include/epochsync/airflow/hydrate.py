@@ -21,6 +21,7 @@ from typing import Any
 
 from epochsync.config import Config, SourceConfig, load_config
 from epochsync.errors import EpochError
+from epochsync.lease import holds_target_lease
 from epochsync.paths import Warehouse, epoch_partitions
 
 
@@ -78,6 +79,7 @@ def snapshot_diff(old, new):
     return out.filter(keep).select(*CHANGE_FIELDS)
 
 
+@holds_target_lease  # one writer per target: the whole hydrate, from its snapshot to its commit
 def hydrate_target(
     config: Config,
     target: str,
