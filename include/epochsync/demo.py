@@ -29,6 +29,8 @@ import threading
 import time
 from pathlib import Path
 
+from epochsync.shutdown import INTERRUPTED
+
 REPO = Path(__file__).resolve().parents[2]
 SOURCE = "sim"
 TARGETS = ("local", "s3")
@@ -130,6 +132,8 @@ def run_dag_epoch(env: dict, target: str, epoch: int, logs: Path, *, inject: str
         run_env["EPOCHSYNC_INJECT_FAILURE"] = inject
     log_path = logs / f"epoch{epoch:02d}-{target}{'-failing' if inject else ''}.log"
     t0 = time.monotonic()
+    if INTERRUPTED.is_set():  # stopping: start nothing new
+        return {"state": "interrupted", "tasks": {}, "seconds": 0.0, "returncode": None, "log": str(log_path)}
     with open(log_path, "w") as out, RunWatcher(f"epoch {epoch} {target}", log_path):
         proc = subprocess.run(
             [sys.executable, "-m", "epochsync.airflow.dagtest", "--dag-id", dag_id, "--epoch", str(epoch)],
@@ -234,7 +238,35 @@ def spark_tasks_by_tag(event_dir: Path) -> dict[str, dict]:
     return out
 
 
+def stop_demo(weed, cfg, threads: list[threading.Thread]) -> str:
+    """Stop every process the demo started (``dag.test`` runs, spark-submit, JVMs, ``airflow db``),
+    whatever session they run in, then roll back a target a killed run left mid-epoch while
+    SeaweedFS still runs; one phrase."""
+    from epochsync.shutdown import descendants, settle_targets, stop_processes
+
+    keep = {weed.proc.pid} if weed.proc is not None else set()
+    parts = [f"{stop_processes(descendants(), keep=keep)} processes stopped"]
+    for t in threads:  # their runs are gone: each chain ends at its next check
+        t.join(timeout=60)
+    if cfg is not None and weed.proc is not None:
+        parts += settle_targets(cfg, TARGETS)
+    return "; ".join(parts + ["SeaweedFS stopped"])
+
+
 def main(argv: list[str] | None = None) -> int:
+    from epochsync.shutdown import Interrupted, signals_raise
+
+    # SIGTERM (a CI timeout, kill) and Ctrl-C: stop every process, leave both targets committed
+    try:
+        with signals_raise():
+            return _main(argv)
+    except KeyboardInterrupt as exc:  # before SeaweedFS started: nothing to stop
+        sig = Interrupted.of(exc)
+        log(f"demo: stopped by {sig.name} before anything was started")
+        return sig.exit_code
+
+
+def _main(argv: list[str] | None) -> int:
     p = argparse.ArgumentParser(prog="python -m epochsync.demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--workdir", default=str(REPO / "var" / "demo"), help="scratch folder (emptied first)")
     p.add_argument("--epochs", type=int, default=6)
@@ -266,6 +298,10 @@ def main(argv: list[str] | None = None) -> int:
     lines: list = []  # (epoch, target order, attempt, text), sorted at the end
     runs: list[dict] = []  # one row per DAG run, written to demo-summary.json
     report = None
+    interrupted = None
+    cfg = None
+    threads: list[threading.Thread] = []
+    stop = threading.Event()
     weed = SeaweedFS(workdir / "seaweedfs")
     cluster = SparkStandalone(work_dir=workdir / "spark-cluster") if args.cluster else None
     spark_server = None
@@ -297,7 +333,6 @@ def main(argv: list[str] | None = None) -> int:
         log(f"demo: replicating every epoch through the Airflow DAGs epochsync__{SOURCE}__{{{','.join(TARGETS)}}}: "
             "each target has its own Airflow database; the s3 chain starts an epoch once the posix chain has ingested it")  # fmt: skip
         done = {t: {e: threading.Event() for e in range(1, args.epochs + 1)} for t in TARGETS}
-        stop = threading.Event()
 
         def one_epoch(target: str, epoch: int, tenv: dict) -> bool:
             inject = None
@@ -384,6 +419,15 @@ def main(argv: list[str] | None = None) -> int:
     except subprocess.CalledProcessError as exc:
         failures.append(f"{' '.join(map(str, exc.cmd[:4]))}... exited {exc.returncode}")
         report = None
+    except KeyboardInterrupt as exc:
+        from epochsync.shutdown import Interrupted, signals_deferred
+
+        interrupted = Interrupted.of(exc)
+        stop.set()
+        log(f"demo: {interrupted.name}: stopping ...")
+        with signals_deferred():
+            interrupted.outcome = stop_demo(weed, cfg, threads)
+        report = None
     finally:
         if cluster is not None:
             try:
@@ -399,6 +443,9 @@ def main(argv: list[str] | None = None) -> int:
         spark_info["stages"] = spark_tasks_by_tag(Path(spark_info["event_log"]))
     total = time.monotonic() - t_start
     verdict = "passed" if not failures else "failed"
+    if interrupted is not None:
+        verdict = "interrupted"
+        failures.append(f"stopped by {interrupted.name}: {interrupted.outcome}")
     runs.sort(key=lambda r: (r["epoch"], TARGETS.index(r["target"]) if r["target"] in TARGETS else 0))
     (workdir / "demo-summary.json").write_text(
         json.dumps(
@@ -417,6 +464,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     if report:
         log(f"demo: report {report}")
+    if interrupted is not None:
+        log(f"demo: stopped by {interrupted.name} after {total:.0f}s: {interrupted.outcome}")
+        return interrupted.exit_code
     if failures:
         log(f"demo: FAILED in {total:.0f}s: " + " | ".join(failures))
         return 1

@@ -141,6 +141,19 @@ class AirflowStandalone:
         self.wait_healthy(timeout=timeout)
         return self
 
+    def create_pools(self, config: Path) -> list[str]:
+        """One pool with one slot per target of ``config`` (every task that writes a target takes it).
+
+        The scheduler does not schedule a task whose pool is missing (it logs "Tasks using
+        non-existent pool"), so every stack creates them as soon as its database exists.
+        """
+        from epochsync.config import load_config
+        from epochsync.lease import write_airflow_pools
+
+        path = write_airflow_pools(load_config(config), self.home / "epochsync-pools.json")
+        self.airflow("pools", "import", path)
+        return sorted(json.loads(Path(path).read_text()))
+
     def health(self) -> dict:
         with urllib.request.urlopen(f"{self.url}/api/v2/monitor/health", timeout=5) as resp:
             return json.loads(resp.read())
@@ -251,6 +264,19 @@ def start_live_source(out: Path, env: dict[str, str], *, epochs: int, files: int
 
 
 def main(argv: list[str] | None = None) -> int:
+    from epochsync.shutdown import Interrupted, signals_raise
+
+    # SIGTERM (a CI timeout, kill) as well as Ctrl-C: stop everything, leave the targets committed
+    try:
+        with signals_raise():
+            return _main(argv)
+    except KeyboardInterrupt as exc:  # before SeaweedFS started: nothing to stop
+        sig = Interrupted.of(exc)
+        print(f"make airflow: stopped by {sig.name} before anything was started", file=sys.stderr)
+        return 0 if sig.signum == signal.SIGINT else sig.exit_code
+
+
+def _main(argv: list[str] | None) -> int:
     from epochsync.embedded import SeaweedFS, free_port
 
     p = argparse.ArgumentParser(prog="make airflow", description=__doc__.split("\n\n")[0])
@@ -267,11 +293,11 @@ def main(argv: list[str] | None = None) -> int:
     from epochsync.embedded import SparkConnectServer
 
     weed = SeaweedFS(VAR / "seaweed")
-    endpoint = weed.start()
     spark = SparkConnectServer("local[2]", work_dir=VAR / "spark")
-    stack = None
-    live = None
+    stack = config = live = None
+    conns: dict[str, str] = {}
     try:
+        endpoint = weed.start()
         print("make airflow: starting the Spark Connect server (local[2]) ...", flush=True)
         spark_url = spark.start()
         conns = {
@@ -304,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         stack = AirflowStandalone(args.home, env, port)
         print("make airflow: starting airflow standalone (first start initialises the database) ...", flush=True)
         stack.start(timeout=600)
+        stack.create_pools(config)
         first, last = _epoch_dates(config, args.epochs)
         print(
             "\n"
@@ -321,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
             f"      {Path(sys.executable).parent}/airflow backfill create \\\n"
             f"      --dag-id epochsync__sim__s3 --from-date {first} --to-date {last} --reprocess-behavior failed\n"
             "  A failed epoch and its rollback: trigger the next epoch with inject_failure = after=3.\n"
+            f"  Pools        {', '.join(_pool_names(config))} (one slot: one writer per target)\n"
             "\n  Ctrl-C stops Airflow and SeaweedFS.\n",
             flush=True,
         )
@@ -328,9 +356,15 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(1)
         print(f"make airflow: airflow standalone exited; see {stack.log_path}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("\nmake airflow: stopping ...", flush=True)
-        return 0
+    except KeyboardInterrupt as exc:
+        from epochsync.shutdown import Interrupted, signals_deferred
+
+        sig = Interrupted.of(exc)
+        print(f"\nmake airflow: {sig.name}: stopping ...", flush=True)
+        with signals_deferred():
+            done = stop_stack(stack, weed, config, conns)
+        print(f"make airflow: stopped by {sig.name}: {done}", flush=True)
+        return 0 if sig.signum == signal.SIGINT else sig.exit_code
     finally:
         if live is not None and live.poll() is None:
             live.terminate()
@@ -338,6 +372,32 @@ def main(argv: list[str] | None = None) -> int:
             stack.stop()
         spark.stop()
         weed.stop()
+
+
+def stop_stack(stack: AirflowStandalone | None, weed, config: Path | None, conns: dict[str, str]) -> str:
+    """Stop every process of the stack (task processes in sessions of their own too), then roll
+    back any target a killed task left mid-epoch while the store still runs; one phrase."""
+    from epochsync.shutdown import descendants, settle_targets, stop_processes
+
+    keep = {weed.proc.pid} if weed.proc is not None else set()
+    n = stop_processes(descendants(), keep=keep)  # the whole tree first: a killed parent orphans its children
+    if stack is not None:
+        stack.stop()
+    parts = [f"{n} processes stopped"]
+    if config is not None and weed.proc is not None:
+        from epochsync.config import load_config
+
+        os.environ.update({f"AIRFLOW_CONN_{k.upper()}": v for k, v in conns.items()})
+        cfg = load_config(config)
+        parts += settle_targets(cfg, [t.name for t in cfg.targets])
+    return "; ".join(parts + ["SeaweedFS stopped"])
+
+
+def _pool_names(config: Path) -> list[str]:
+    from epochsync.config import load_config
+    from epochsync.lease import pool_name
+
+    return [pool_name(t.name) for t in load_config(config).targets]
 
 
 def _epoch_dates(config: Path, epochs: int) -> tuple[str, str]:

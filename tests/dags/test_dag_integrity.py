@@ -207,3 +207,22 @@ def test_dag_ids(bag):
         "epochsync_hydrate__scratch",
         "epochsync_purge__lustre1",
     ]
+
+
+def test_every_task_that_writes_a_target_takes_its_one_slot_pool(bag, dag_config):
+    """Runs of the epoch DAG and the hydrate DAG of one target never write it at the same time."""
+    from epochsync.config import load_config
+    from epochsync.lease import airflow_pools, pool_name
+
+    writers = {"merge", "translate", "apply", "verify", "commit", "rollback"}
+    for target in ("dr", "scratch"):
+        epoch_dag = bag.dags[f"epochsync__lustre1__{target}"]
+        pools = {t.task_id: t.pool for t in epoch_dag.tasks}
+        assert {k for k, v in pools.items() if v == pool_name(target)} == writers, pools
+        assert {pools[k] for k in set(pools) - writers} == {"default_pool"}  # the sensor and the shared ingest
+        assert bag.dags[f"epochsync_hydrate__{target}"].get_task("hydrate").pool == pool_name(target)
+    # the pools every Airflow stack creates for this config: exactly those, one slot each
+    assert {k: v["slots"] for k, v in airflow_pools(load_config(dag_config)).items()} == {
+        "epochsync_target_dr": 1,
+        "epochsync_target_scratch": 1,
+    }

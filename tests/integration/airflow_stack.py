@@ -139,6 +139,7 @@ class SchedulerStack:
 
     def start(self) -> SchedulerStack:
         self.airflow.start(timeout=600)
+        self.airflow.create_pools(self.config)  # as `make airflow`: one pool per target, one slot
         return self
 
     def stop(self) -> None:

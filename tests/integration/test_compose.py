@@ -149,3 +149,27 @@ def test_env_example_lists_every_variable_the_file_uses():
     # HOSTNAME is the container's own ($$ escapes it); EPOCHSYNC_IMAGE only renames the built image
     assert used - example - {"HOSTNAME", "EPOCHSYNC_IMAGE"} == set()
     assert ".env" in (ROOT / ".gitignore").read_text().split()
+
+
+def test_init_creates_one_pool_per_target_with_the_package_s_names(resolved, tmp_path):
+    """The scheduler never starts a task whose pool is missing: airflow-init imports the pools."""
+    script = " ".join(resolved["services"]["airflow-init"]["command"])
+    assert "airflow db migrate" in script
+    # ($$ is compose's escape: the shell sees ${EPOCHSYNC_CONFIG}, the container's variable)
+    assert 'python -m epochsync.lease pools "$${EPOCHSYNC_CONFIG}" /tmp/epochsync-pools.json' in script
+    assert "airflow pools import /tmp/epochsync-pools.json" in script
+    # what that command writes is an `airflow pools import` file: name -> slots, description
+    cfg = tmp_path / "epochsync.yaml"
+    cfg.write_text(
+        "warehouse: file:///tmp/wh\n"
+        "sources:\n  - name: s\n    root_fid: '0x1:0x1:0x0'\n    servers: [MDT0000]\n"
+        "    changelogs: {uri: file:///tmp/cl, format: jsonl}\n    store: {conn_id: s3, bucket: b}\n"
+        "    epoch: {start: '2026-01-01T00:00:00Z', interval: 1h}\n"
+        "targets:\n  - {name: a, source: s, kind: posix, path: /tmp/a}\n"
+    )
+    out = subprocess.run([sys.executable, "-m", "epochsync.lease", "pools", str(cfg), str(tmp_path / "p.json")],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    pools = json.loads((tmp_path / "p.json").read_text())
+    assert list(pools) == ["epochsync_target_a"] and pools["epochsync_target_a"]["slots"] == 1
+    assert "description" in pools["epochsync_target_a"]

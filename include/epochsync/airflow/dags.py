@@ -18,6 +18,7 @@ from epochsync.airflow.stages import EpochStageOperator, run_stage_task, spark_c
 from epochsync.airflow.tasks import EpochClosedSensor, commit_task, config_path_from_env, rollback_task
 from epochsync.airflow.timetable import NEVER, EpochTimetable
 from epochsync.config import Config, SourceConfig, TargetConfig, load_config
+from epochsync.lease import pool_name
 
 log = logging.getLogger(__name__)
 
@@ -160,13 +161,17 @@ def build_epoch_dag(
             )
 
         ingest = stage("ingest", doc_md="Parses every server's changelog files of the run's epochs into the warehouse.")
+        # one writer per target: every task that writes the target or its warehouse state
+        # (snapshot, change set, plan, journal, manifest) takes the target's one-slot pool
+        pool = pool_name(target.name)
         merge = stage(
-            "merge", doc_md="Net change per fid: snapshot E-1 + records of the epochs -> snapshot E, change set."
-        )
+            "merge", doc_md="Net change per fid: snapshot E-1 + records of the epochs -> snapshot E, change set.",
+            pool=pool,
+        )  # fmt: skip
         translate = stage(
-            "translate", doc_md="The plan: namespace operations, pulls and writes in the target's layout."
+            "translate", doc_md="The plan: namespace operations, pulls and writes in the target's layout.", pool=pool
         )
-        apply = stage("apply", skip_in_dry_run=True,
+        apply = stage("apply", skip_in_dry_run=True, pool=pool,
                       doc_md="Namespace operations here, data operations on the Spark executors, journaled first.")  # fmt: skip
         verify = PythonOperator(
             task_id="verify",
@@ -178,12 +183,14 @@ def build_epoch_dag(
                 "source": source.name,
                 "skip_in_dry_run": True,
             },  # fmt: skip
+            pool=pool,
             doc_md="Checks every touched path of the target against the source at the epoch.",
         )
         commit = PythonOperator(
             task_id="commit",
             python_callable=commit_task,
             op_kwargs={"config_path": cfg, "target": target.name},
+            pool=pool,
             doc_md="Writes the target manifest at the run's last epoch (last, atomically) and advances cursors.",
         )
         rollback = PySparkOperator(
@@ -192,6 +199,7 @@ def build_epoch_dag(
             conn_id=spark_conn_id(),
             op_kwargs={"config_path": cfg, "target": target.name},
             trigger_rule=TriggerRule.ONE_FAILED,
+            pool=pool,
             # rollback is idempotent and resumable: a transient error is retried
             retries=2,
             retry_delay=timedelta(seconds=10),
@@ -241,6 +249,7 @@ def build_hydrate_dag(config: Config, target: TargetConfig, *, doc_md: str = "")
             python_callable=hydrate_task,
             conn_id=spark_conn_id(),
             op_kwargs={"config_path": config.file, "target": target.name},
+            pool=pool_name(target.name),
             doc_md="Full-object copies of every file in the dump, then the manifest at E.",
         )
     return dag

@@ -24,6 +24,7 @@ def run_epoch(dag_id: str, epoch: int, *, dags_folder: str | None = None, conf: 
     from airflow.utils import db
 
     db.initdb()
+    ensure_pools()
     folder = dags_folder or str(Path(__file__).resolve().parents[3] / "dags")
     bag = DagBag(dag_folder=folder)
     if bag.import_errors:
@@ -53,6 +54,29 @@ def run_epoch(dag_id: str, epoch: int, *, dags_folder: str | None = None, conf: 
         tries = {ti.task_id: ti.try_number for ti in tis}
     state = dr.state.value if hasattr(dr.state, "value") else str(dr.state)
     return {"dag_id": dag_id, "epoch": epoch, "run_id": dr.run_id, "state": state, "tasks": tasks, "tries": tries}
+
+
+def ensure_pools(config_path: str | None = None) -> list[str]:
+    """Create the one-slot pool of every target of ``$EPOCHSYNC_CONFIG`` in this Airflow database.
+
+    ``dag.test()`` itself ignores pools (it runs one task at a time and never looks at pool
+    slots, even for a pool that does not exist); a scheduler started on the same database
+    would not schedule a task whose pool is missing, so the stack gets them here too.
+    """
+    import os
+
+    from airflow.models.pool import Pool
+
+    from epochsync.config import load_config
+    from epochsync.lease import airflow_pools
+
+    path = config_path or os.environ.get("EPOCHSYNC_CONFIG")
+    if not path:
+        return []
+    pools = airflow_pools(load_config(path))
+    for name, p in pools.items():
+        Pool.create_or_update_pool(name, p["slots"], p["description"], p["include_deferred"])
+    return sorted(pools)
 
 
 def main(argv: list[str] | None = None) -> int:
