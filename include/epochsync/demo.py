@@ -238,7 +238,7 @@ def spark_tasks_by_tag(event_dir: Path) -> dict[str, dict]:
     return out
 
 
-def stop_demo(weed, cfg, threads: list[threading.Thread]) -> str:
+def stop_demo(weed, cfg, threads: list[threading.Thread], targets: tuple[str, ...] = TARGETS) -> str:
     """Stop every process the demo started (``dag.test`` runs, spark-submit, JVMs, ``airflow db``),
     whatever session they run in, then roll back a target a killed run left mid-epoch while
     SeaweedFS still runs; one phrase."""
@@ -249,7 +249,7 @@ def stop_demo(weed, cfg, threads: list[threading.Thread]) -> str:
     for t in threads:  # their runs are gone: each chain ends at its next check
         t.join(timeout=60)
     if cfg is not None and weed.proc is not None:
-        parts += settle_targets(cfg, TARGETS)
+        parts += settle_targets(cfg, targets)
     return "; ".join(parts + ["SeaweedFS stopped"])
 
 

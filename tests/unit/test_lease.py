@@ -181,7 +181,9 @@ def test_s3_second_writer_refused_then_free_after_release(store, bucket_name):
     cfg, t = s3_target(bucket_name)
     proc = start_holder("s3", bucket=bucket_name)
     try:
-        with pytest.raises(TargetBusyError, match=rf"target rep is being written by pid {proc.pid} .*nothing was changed"):
+        with pytest.raises(
+            TargetBusyError, match=rf"target rep is being written by pid {proc.pid} .*nothing was changed"
+        ):
             with target_lease(cfg, t):
                 pass
     finally:
