@@ -1,0 +1,56 @@
+"""Expected failures end in one line on stderr and an exit code, never a raw traceback."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from epochsync import pipeline
+from epochsync.cli import main
+from epochsync.shutdown import Interrupted
+
+
+def rollback_raising(monkeypatch, exc: BaseException) -> None:
+    def run_rollback(args):
+        raise exc
+
+    monkeypatch.setattr(pipeline, "run_rollback", run_rollback)
+
+
+@pytest.mark.parametrize(
+    ("exc", "code", "line"),
+    [
+        (PermissionError(13, "Permission denied", "/replica/.epochsync/lease"), 1,
+         "epochsync rollback: error: /replica/.epochsync/lease: Permission denied (set EPOCHSYNC_DEBUG=1 for the "
+         "traceback)"),
+        (FileNotFoundError(2, "No such file or directory", "/wh/records/x.parquet"), 1,
+         "epochsync rollback: error: /wh/records/x.parquet: No such file or directory (set EPOCHSYNC_DEBUG=1 for "
+         "the traceback)"),
+        (KeyboardInterrupt(), 130, "epochsync rollback: interrupted by SIGINT"),
+        (Interrupted(signal.SIGTERM, "target t is at committed epoch 4"), 143,
+         "epochsync rollback: interrupted by SIGTERM: target t is at committed epoch 4"),
+    ],
+)  # fmt: skip
+def test_one_line_and_an_exit_code(monkeypatch, capsys, exc, code, line):
+    rollback_raising(monkeypatch, exc)
+    assert main(["rollback", "--config", "c.yaml", "--target", "t"]) == code
+    err = capsys.readouterr().err
+    assert err.strip() == line
+
+
+def test_debug_shows_the_traceback_of_a_file_system_error(monkeypatch):
+    rollback_raising(monkeypatch, PermissionError(13, "Permission denied", "/x"))
+    monkeypatch.setenv("EPOCHSYNC_DEBUG", "1")
+    with pytest.raises(PermissionError):
+        main(["rollback", "--config", "c.yaml", "--target", "t"])
+
+
+def test_replicate_prints_a_no_op_row_instead_of_failing_on_it(monkeypatch, capsys):
+    """A commit that found its epoch already committed returns a no-op row (no 'epoch' key)."""
+    monkeypatch.setattr(pipeline, "load_config", lambda path: object())
+    monkeypatch.setattr(
+        pipeline, "replicate", lambda *a, **k: [{"noop": True, "message": "target t is already at epoch 3"}]
+    )
+    assert main(["replicate", "--config", "c.yaml", "--target", "t", "--through", "3"]) == 0
+    assert "target t is already at epoch 3" in capsys.readouterr().out
