@@ -70,7 +70,7 @@ from epochsync.journal import (
 )
 from epochsync.lease import check_lease, holds_target_lease, target_lease
 from epochsync.paths import Warehouse, local_path
-from epochsync.shutdown import rollback_on_interrupt
+from epochsync.shutdown import Interrupted, raise_on_signals, rollback_on_interrupt
 
 
 def _config(cfg: Config | str | os.PathLike) -> Config:
@@ -754,6 +754,7 @@ def stage_main(stage: str, argv: list[str] | None = None) -> int:
     parser.add_argument("--source", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     first, last = args.epoch, args.through or args.epoch
+    raise_on_signals()  # Airflow stops a task with SIGTERM: leases released, one line
     try:
         from epochsync.spark import spark_session
 
@@ -772,6 +773,11 @@ def stage_main(stage: str, argv: list[str] | None = None) -> int:
     except EpochsyncError as exc:
         print(f"{stage}: error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt as exc:
+        sig = Interrupted.of(exc)
+        print(f"{stage}: stopped by {sig.name}; the target keeps its last committed epoch (the DAG's rollback "
+              "task undoes a partial apply)", file=sys.stderr)  # fmt: skip
+        return sig.exit_code
     print(json.dumps(_plain_tree(out), sort_keys=True, default=str))
     return 0
 

@@ -71,6 +71,20 @@ def signals_raise() -> Iterator[None]:
             signal.signal(s, h)
 
 
+def raise_on_signals() -> None:
+    """:func:`signals_raise` for the rest of the process (a Spark app's ``main``): Airflow stops a
+    task with SIGTERM, and its lease is then released by the ``finally`` blocks instead of
+    being left to expire."""
+    if threading.current_thread() is threading.main_thread():
+
+        def handler(signum, frame):
+            INTERRUPTED.set()
+            raise Interrupted(signum)
+
+        for s in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(s, handler)
+
+
 @contextlib.contextmanager
 def signals_deferred() -> Iterator[list[int]]:
     """Record SIGTERM/SIGINT instead of raising (a clean-up that must not be cut short)."""

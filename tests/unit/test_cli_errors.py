@@ -54,3 +54,25 @@ def test_replicate_prints_a_no_op_row_instead_of_failing_on_it(monkeypatch, caps
     )
     assert main(["replicate", "--config", "c.yaml", "--target", "t", "--through", "3"]) == 0
     assert "target t is already at epoch 3" in capsys.readouterr().out
+
+
+def test_a_spark_app_stopped_by_airflow_says_so_in_one_line(monkeypatch, capsys):
+    """Airflow stops a stage task with SIGTERM: one line, exit 143, the lease released on the way out."""
+    import epochsync.spark
+
+    def session(*a, **k):
+        raise Interrupted(signal.SIGTERM)
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    monkeypatch.setattr(pipeline, "load_config", lambda path: object())
+    monkeypatch.setattr(epochsync.spark, "spark_session", session)
+    try:
+        assert pipeline.stage_main("apply", ["--config", "c.yaml", "--target", "t", "--epoch", "2"]) == 143
+        # the app's handler turns SIGTERM into the exception the finally blocks see
+        with pytest.raises(Interrupted):
+            signal.raise_signal(signal.SIGTERM)
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("apply: stopped by SIGTERM; the target keeps its last committed epoch") and "\n" not in err
