@@ -260,9 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with signals_raise():
             return _main(argv)
-    except KeyboardInterrupt as exc:  # before SeaweedFS started: nothing to stop
+    except KeyboardInterrupt as exc:  # outside the stack's lifetime (before SeaweedFS, or while ending)
         sig = Interrupted.of(exc)
-        log(f"demo: stopped by {sig.name} before anything was started")
+        log(f"demo: stopped by {sig.name}; nothing was running")
         return sig.exit_code
 
 

@@ -270,9 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with signals_raise():
             return _main(argv)
-    except KeyboardInterrupt as exc:  # before SeaweedFS started: nothing to stop
+    except KeyboardInterrupt as exc:  # outside the stack's lifetime (before SeaweedFS, or while ending)
         sig = Interrupted.of(exc)
-        print(f"make airflow: stopped by {sig.name} before anything was started", file=sys.stderr)
+        print(f"make airflow: stopped by {sig.name}; nothing was running", file=sys.stderr)
         return 0 if sig.signum == signal.SIGINT else sig.exit_code
 
 
