@@ -129,13 +129,20 @@ def resolve(inject: str | FaultSpec | None) -> FaultSpec | None:
 class FaultCounter:
     """Counts mutations across processes and fires the spec once the count passes K.
 
-    Picklable (paths and the spec only), so executors get their own copy.
+    Picklable (paths, the spec and who made it), so executors get their own copy. A kill
+    that fires on an executor (a Spark Connect server's worker) kills the process group
+    of the run that made the counter, when it runs on the same host: the writer dies, not
+    the shared server, and the executor's task stops there; its sibling tasks are the
+    stragglers a rollback must wait for.
     """
 
     def __init__(self, spec: FaultSpec | None, counter_file: str, fired_file: str):
         self.spec = spec
         self.counter_file = counter_file
         self.fired_file = fired_file
+        self.owner_pid = os.getpid()
+        self.owner_pgid = os.getpgid(0)
+        self.owner_boot = _boot_id()
 
     @property
     def armed(self) -> bool:
@@ -161,20 +168,42 @@ class FaultCounter:
                     m.flush()
                     os.fsync(m.fileno())
         if fire:
-            if self.spec.mode == "kill":
-                os.killpg(os.getpgid(0), signal.SIGKILL)
+            if self.spec.mode == "kill" and _boot_id() == self.owner_boot:
+                os.killpg(self.owner_pgid, signal.SIGKILL)  # the run (and this process if it is in that group)
             if self.spec.mode == "stall":
-                _stall(self.fired_file)
+                _stall(self.fired_file, os.path.dirname(self.counter_file), self.owner_pid, self.owner_boot)
             where = "mutation" if self.spec.stage == "apply" else f"{self.spec.stage} step"
             raise InjectedFailure(f"injected failure at {where} {n} ({what}) [{self.spec.to_text()}]")
 
 
-def _stall(fired_file: str, limit_s: float = 600.0) -> None:
-    """Wait until the process is interrupted (the signal raises in the main thread)."""
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _stall(fired_file: str, work_dir: str, owner_pid: int, owner_boot: str, limit_s: float = 600.0) -> None:
+    """Wait until the run is interrupted: a signal here (it raises in the main thread), or,
+    on an executor, the rollback's ``ABORTED`` marker or the run's process gone."""
     from epochsync.shutdown import INTERRUPTED
 
     with open(fired_file + ".stalled", "w") as f:
         f.write(f"{os.getpid()}\n")
     deadline = time.monotonic() + limit_s
     while not INTERRUPTED.is_set() and time.monotonic() < deadline:
+        gone = _boot_id() == owner_boot and not _alive(owner_pid)
+        if gone or os.path.exists(os.path.join(work_dir, "ABORTED")):
+            return
         time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
