@@ -239,7 +239,7 @@ def spark_tasks_by_tag(event_dir: Path) -> dict[str, dict]:
 
 
 def stop_demo(weed, cfg, threads: list[threading.Thread], targets: tuple[str, ...] = TARGETS) -> str:
-    """Stop every process the demo started (``dag.test`` runs, spark-submit, JVMs, ``airflow db``),
+    """Stop every process the demo started (``dag.test`` runs, the Spark Connect server, ``airflow db``),
     whatever session they run in, then roll back a target a killed run left mid-epoch while
     SeaweedFS still runs; one phrase."""
     from epochsync.shutdown import descendants, settle_targets, stop_processes

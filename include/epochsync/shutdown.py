@@ -9,7 +9,7 @@ The entry points (the ``epochsync`` verbs, ``make demo``, ``make airflow``) run 
   and exits 130 (SIGINT) or 143 (SIGTERM) with one line saying where the target is.
 - ``make demo`` and ``make airflow`` stop every process they started, including those in
   sessions of their own (``weed mini``, ``airflow standalone`` and its task processes,
-  ``dag.test`` runs, spark-submit and its JVM: :func:`stop_processes` on the whole tree),
+  ``dag.test`` runs, the Spark Connect server: :func:`stop_processes` on the whole tree),
   then roll back any target left mid-epoch (:func:`settle_targets`) and say so in one line.
 """
 

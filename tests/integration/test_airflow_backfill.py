@@ -45,6 +45,15 @@ def test_backfill_replays_missed_epochs_in_order(scheduler_stack):
     for r in runs:
         states = stack.task_states(DAG, r["dag_run_id"])
         assert states["commit"] == "success" and states["rollback"] == "skipped", states
+    # the tasks that write the target ran in its one-slot pool, which the stack created
+    from urllib.parse import quote
+
+    tis = stack.api("GET", f"/dags/{DAG}/dagRuns/{quote(runs[-1]['dag_run_id'], safe='')}/taskInstances")
+    pools = {t["task_id"]: t["pool"] for t in tis["task_instances"]}
+    assert {k for k, v in pools.items() if v == "epochsync_target_s3"} == {
+        "merge", "translate", "apply", "verify", "commit", "rollback"
+    }, pools  # fmt: skip
+    assert stack.api("GET", "/pools/epochsync_target_s3")["slots"] == 1
     committed, rows = replica(stack.config, "s3", stack.env)
     assert committed == 3
     assert rows == truth(stack.sim, 3)

@@ -149,9 +149,12 @@ def test_kill_9_in_apply_rollback_and_commit_then_rerun_equals_the_ground_truth(
             jdir = journal_dir(cfg.warehouse, target, e)
             assert journal_exists(jdir) and committed_epoch(cfg, target) == e - 1
             # 2. the next run starts by rolling that back: killed after k undo entries (k = all: at the clean-up)
-            entries = len(read_journal(jdir))
+            journal = read_journal(jdir)
+            entries = len(journal)
             k = rng.randrange(entries + 1)
-            point.update(apply_at=share, journal_entries=entries, rollback_after=k)
+            # which writers journaled before the kill: ns (driver), data-* (Spark executors), post (driver)
+            writers = sorted({x["writer"].split("-")[0] for x in journal})
+            point.update(apply_at=share, journal_entries=entries, journal_writers=writers, rollback_after=k)
             killed(cli_replicate(cfg, target, "--epoch", str(e), inject=f"after={k},stage=rollback,epoch={e},"
                                  "mode=kill,repeat=1"), f"rollback after={k}")  # fmt: skip
             COUNTS["kills"]["rollback"] += 1
