@@ -62,6 +62,7 @@ from epochsync.config import Config, TargetConfig, load_config
 from epochsync.errors import EpochError, EpochsyncError
 from epochsync.events import COMMITTED, record_event
 from epochsync.journal import advance_cursor, manifest_epoch, write_json_atomic
+from epochsync.lease import holds_target_lease
 from epochsync.paths import Warehouse, local_path
 from epochsync.targets.feed import FEED_DOC, FeedStore, open_feed_store
 
@@ -247,6 +248,7 @@ def _records_in(cfg: Config, source: str, first: int, last: int) -> int:
     return n
 
 
+@holds_target_lease  # one publisher per feed (its lease: a hidden file in the feed folder)
 def publish_epoch(cfg, target, first_epoch: int, epoch: int, spark=None, *, inject=None) -> dict:
     """Publish the net change of ``first_epoch..epoch`` (merged already) as one feed file; returns the stats row.
 
