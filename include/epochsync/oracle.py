@@ -603,12 +603,13 @@ def _replay_names(model: FsModel, ranked: list[tuple[tuple, Record]]) -> None:
     rank_of = {id(r): k for k, r in ranked}
     heads = dict.fromkeys(queues, 0)
     needed: dict[str, int] = {}  # fid -> waiting records that need it
-    remaining: dict[tuple, dict[str, list[int]]] = {}  # (fid, pfid, name) -> server -> deltas still to come
+    # (fid, pfid, name) -> server -> (delta, record) of the adds and removes still to come
+    remaining: dict[tuple, dict[str, list[tuple[int, Record]]]] = {}
     for r in (r for q in queues.values() for r in q):
         for f in _needs(r):
             needed[f] = needed.get(f, 0) + 1
         for fid, pfid, name, delta in link_events(r):
-            remaining.setdefault((fid, pfid, name), {}).setdefault(r.server, []).append(delta)
+            remaining.setdefault((fid, pfid, name), {}).setdefault(r.server, []).append((delta, r))
 
     def holds(link: tuple) -> int:
         node = model.nodes.get(link[0])
@@ -628,11 +629,14 @@ def _replay_names(model: FsModel, ranked: list[tuple[tuple, Record]]) -> None:
             state = holds(link) + sum(deltas)
             if not 0 <= state <= 1:
                 continue  # it does not apply now: FsModel.apply says why
-            rest = [d[len(deltas) :] if s == r.server else d for s, d in remaining[link].items()]
-            if not _alternates(rest, state):
+            rest = [e[len(deltas) :] if s == r.server else e for s, e in remaining[link].items()]
+            if not _alternates([[d for d, _ in e] for e in rest], state):
+                names = ", ".join(
+                    f"{o.server} index {o.index} ({o.type})" for e in remaining[link].values() for _, o in e
+                )
                 return (
-                    f"its names leave {link[2]!r} in {link[1]} of {link[0]} with no order of their adds and"
-                    " removes that applies"
+                    f"name {link[2]!r} in {link[1]} of {link[0]} is added and removed in no order that applies"
+                    f" (records {names})"
                 )
         return None
 

@@ -11,7 +11,8 @@ For random histories (hypothesis, plus fixed seeds kept as regressions):
   and size did not change is marked as changed.
 
 Spark start-up and scheduling dominate tiny merges, so every batch of histories is one
-Spark job: each (history, epoch) item gets its own fid prefix and its own root.
+Spark job: each (history, epoch) item gets its own fid, server and cookie prefix and its
+own root.
 """
 
 from __future__ import annotations
@@ -62,8 +63,9 @@ def _rename_row(prefix: str, row: dict) -> tuple:
 
 
 def _rename_record(prefix: str, r: Record) -> Record:
+    # servers and cookies too: the causal time runs per server and joins a cookie's records
     return r.replace(tfid=_pf(prefix, r.tfid), pfid=_pf(prefix, r.pfid), sfid=_pf(prefix, r.sfid),
-                     spfid=_pf(prefix, r.spfid))  # fmt: skip
+                     spfid=_pf(prefix, r.spfid), server=prefix + r.server, cookie=_pf(prefix, r.cookie))  # fmt: skip
 
 
 def items_of(n: int, p: Params, windows: bool = True) -> list[Item]:

@@ -47,7 +47,10 @@ class Case:
         self.t += 10
         self.idx[server] = self.idx.get(server, 0) + 1
         kw.setdefault("time_ns", self.t)
-        self.records.append(Record(server=server, index=self.idx[server], epoch=1, type=type_, **kw))
+        if kw.get("cookie") is not None:
+            kw["cookie"] = f"{self.name}:{kw['cookie']}"
+        # each case is its own source: the causal time runs per server and joins a cookie's records
+        self.records.append(Record(server=f"{self.name}:{server}", index=self.idx[server], epoch=1, type=type_, **kw))
         return self
 
 
