@@ -8,16 +8,27 @@ and the property tests compare the two on random simulated histories.
 How it is computed (Spark SQL functions, window functions and aggregates only; no Python
 UDF, no ``applyInPandas``):
 
-- Records of a fid are ordered by ``ord = (time_ns, server, index)`` (the oracle's order);
-  "last value wins" is ``max(named_struct('o', ord, 'v', value))`` with a ``FILTER`` on the
-  records that set the value (struct comparison orders by ``ord`` first).
-- Links: every namespace record becomes add/remove events per ``(fid, pfid, name)`` (a
-  ``RENME`` removes the old name of ``sfid``, adds the new one, and removes the new name
-  from the overwritten ``tfid``; a rename onto another name of the same fid does nothing);
-  the last event per triple wins; the final links are the links of E-1 minus the names
-  whose last event is a remove plus those whose last event is an add. A fid exists at E
-  iff it has a link or is the root. A rename back to the original name ends with an add
-  of the original name: links unchanged, no change row.
+- The replay order (``docs/INTERNALS.md``, "Merge: the replay order"; MDT and OST clocks are
+  independent): :func:`causal_time` gives every record ``ctime``, its server's clock so far
+  (a running maximum in index order, so the index orders within a server) raised by the
+  operations spanning servers (records sharing a ``cookie``) it took part in: an
+  operation's time is its records' highest ``time_ns``, and the records its servers log
+  after it rank after it. Records of a fid are ordered by ``ord = (creator ? 0 : 1, ctime,
+  server, index)``: its creator first, then by causal rank. "Last value wins" is
+  ``max(named_struct('o', ord, 'v', value))`` with a ``FILTER`` on the records that set the
+  value (struct comparison orders by ``ord`` first).
+- Links: every namespace record becomes add (+1) / remove (-1) events per ``(fid, pfid,
+  name)`` (a ``RENME`` removes the old name of ``sfid``, removes the new name from the
+  overwritten ``tfid``, then adds the new name to ``sfid``; a rename onto another name of the
+  same fid does nothing). No order is needed: in every order in which each record applies,
+  a name's count goes 0, 1, 0, ... alternately, so a fid holds a name at E iff its E-1 state
+  plus the events' sum is 1 (a create on one MDT and the rename that moves it on another
+  end the same whatever their clocks). :func:`link_changes` also checks that such an order
+  exists (exactly when one server logs the name's adds, as Lustre and Gluster do; by the
+  running counts otherwise) and the merge fails naming the records when none does. The
+  final links are the links of E-1 minus the names whose sum is -1 plus those whose sum is
+  +1. A fid exists at E iff it has a link or is the root. A rename back to the original
+  name sums to 0: links unchanged, no change row.
 - Attributes and xattrs: last value wins (creates set mode/uid/gid/layout even when null;
   ``SATTR`` sets what it carries, a mode without file-type bits keeps the node's;
   ``MTIME``/``CTIME``/``ATIME`` without a value use ``time_ns``; creates, ``SATTR``,
@@ -470,7 +481,9 @@ def merge_epoch(
 
     A record that gives a name to a fid that neither exists at E-1 nor is created in the
     window fails the job with a message naming the fid (the snapshot and the changelog
-    disagree). Records about such fids that give no name (a late ``CLOSE`` or ``WRITE`` of a
+    disagree), and so does a name whose adds and removes apply in no order (a name removed
+    that the fid never held, added twice with no removal between...), naming its records
+    (``server index N (TYPE)``); :func:`run_merge` turns either into one-line ``EpochError``. Records about such fids that give no name (a late ``CLOSE`` or ``WRITE`` of a
     file deleted before) change nothing, as in the oracle.
 
     ``root_fid`` may be several fids: independent namespaces merged in one job (the tests
