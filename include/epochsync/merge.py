@@ -8,16 +8,27 @@ and the property tests compare the two on random simulated histories.
 How it is computed (Spark SQL functions, window functions and aggregates only; no Python
 UDF, no ``applyInPandas``):
 
-- Records of a fid are ordered by ``ord = (time_ns, server, index)`` (the oracle's order);
-  "last value wins" is ``max(named_struct('o', ord, 'v', value))`` with a ``FILTER`` on the
-  records that set the value (struct comparison orders by ``ord`` first).
-- Links: every namespace record becomes add/remove events per ``(fid, pfid, name)`` (a
-  ``RENME`` removes the old name of ``sfid``, adds the new one, and removes the new name
-  from the overwritten ``tfid``; a rename onto another name of the same fid does nothing);
-  the last event per triple wins; the final links are the links of E-1 minus the names
-  whose last event is a remove plus those whose last event is an add. A fid exists at E
-  iff it has a link or is the root. A rename back to the original name ends with an add
-  of the original name: links unchanged, no change row.
+- The replay order (``docs/INTERNALS.md``, "Merge: the replay order"; MDT and OST clocks are
+  independent): :func:`causal_time` gives every record ``ctime``, its server's clock so far
+  (a running maximum in index order, so the index orders within a server) raised by the
+  operations spanning servers (records sharing a ``cookie``) it took part in: an
+  operation's time is its records' highest ``time_ns``, and the records its servers log
+  after it rank after it. Records of a fid are ordered by ``ord = (creator ? 0 : 1, ctime,
+  server, index)``: its creator first, then by causal rank. "Last value wins" is
+  ``max(named_struct('o', ord, 'v', value))`` with a ``FILTER`` on the records that set the
+  value (struct comparison orders by ``ord`` first).
+- Links: every namespace record becomes add (+1) / remove (-1) events per ``(fid, pfid,
+  name)`` (a ``RENME`` removes the old name of ``sfid``, removes the new name from the
+  overwritten ``tfid``, then adds the new name to ``sfid``; a rename onto another name of the
+  same fid does nothing). No order is needed: in every order in which each record applies,
+  a name's count goes 0, 1, 0, ... alternately, so a fid holds a name at E iff its E-1 state
+  plus the events' sum is 1 (a create on one MDT and the rename that moves it on another
+  end the same whatever their clocks). :func:`link_changes` also checks that such an order
+  exists (exactly when one server logs the name's adds, as Lustre and Gluster do; by the
+  running counts otherwise) and the merge fails naming the records when none does. The
+  final links are the links of E-1 minus the names whose sum is -1 plus those whose sum is
+  +1. A fid exists at E iff it has a link or is the root. A rename back to the original
+  name sums to 0: links unchanged, no change row.
 - Attributes and xattrs: last value wins (creates set mode/uid/gid/layout even when null;
   ``SATTR`` sets what it carries, a mode without file-type bits keeps the node's;
   ``MTIME``/``CTIME``/``ATIME`` without a value use ``time_ns``; creates, ``SATTR``,
@@ -112,17 +123,59 @@ _NODE_TYPE = (
 )
 
 
-def prepare_records(records: DataFrame) -> DataFrame:
-    """Keep the record types the merge reads; add ``ord`` (replay order) and ``fid``.
+def causal_time(records: DataFrame) -> DataFrame:
+    """``records`` plus ``ctime``, the causal time of each record (the oracle's
+    :func:`epochsync.oracle.causal_times`; ``docs/INTERNALS.md``, "Merge: the replay order").
 
-    ``fid`` is the fid a record is about: ``sfid`` for a rename, ``tfid`` otherwise.
+    ``ctime`` of a record of server S is the highest of: the ``time_ns`` (null = 0) of every
+    record of S up to it in index order; for every operation spanning servers (a ``cookie``
+    on records of two or more servers) with a record on S at or before it, the operation's
+    time (the highest ``time_ns`` of its records), plus 1 ns for the records after it. Two
+    windows: one over the records that carry a cookie (partitioned by cookie), one over
+    every record (partitioned by server, in index order: running maxima).
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    timed = records.withColumn("_t", F.coalesce(F.col("time_ns"), F.lit(0)))
+    op = Window.partitionBy("cookie")
+    with_op = timed.filter(F.col("cookie").isNotNull()).withColumn(
+        "_op", F.when(F.min("server").over(op) != F.max("server").over(op), F.max("_t").over(op))
+    )
+    alone = timed.filter(F.col("cookie").isNull()).withColumn("_op", F.lit(None).cast("bigint"))
+    w = Window.partitionBy("server").orderBy("index")
+    upto = w.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    before = w.rowsBetween(Window.unboundedPreceding, -1)
+    return (
+        with_op.unionByName(alone)
+        .withColumn(
+            "ctime",
+            F.greatest(F.max(F.greatest("_t", "_op")).over(upto), F.max(F.col("_op") + 1).over(before)),
+        )
+        .drop("_t", "_op")
+    )
+
+
+def prepare_records(records: DataFrame) -> DataFrame:
+    """Add ``ctime`` (over every record), keep the record types the merge reads, add ``ord``
+    and ``fid``.
+
+    ``ord = (creator ? 0 : 1, ctime, server, index)``: the replay rank, a fid's creator first
+    (a fid's values start from its creator's whatever the clocks say). ``fid`` is the fid a
+    record is about: ``sfid`` for a rename, ``tfid`` otherwise.
     """
     from pyspark.sql import functions as F
 
-    return records.filter(F.col("type").isin(*MERGED_TYPES)).select(
-        "*",
-        F.struct(F.coalesce("time_ns", F.lit(0)).alias("t"), "server", "index").alias("ord"),
-        F.when(F.col("type") == "RENME", F.col("sfid")).otherwise(F.col("tfid")).alias("fid"),
+    return (
+        causal_time(records)
+        .filter(F.col("type").isin(*MERGED_TYPES))
+        .select(
+            "*",
+            F.struct(
+                F.when(F.col("type").isin(*CREATORS), 0).otherwise(1).alias("c"), "ctime", "server", "index"
+            ).alias("ord"),
+            F.when(F.col("type") == "RENME", F.col("sfid")).otherwise(F.col("tfid")).alias("fid"),
+        )
     )
 
 
@@ -180,7 +233,26 @@ def layout_facts(recs: DataFrame) -> DataFrame:
 
 
 def link_changes(recs: DataFrame) -> DataFrame:
-    """Per fid: ``added`` and ``removed`` names (the last event per (fid, pfid, name) wins)."""
+    """Per fid: the names it gains (``added``) and loses (``removed``) in the window, and the
+    names whose adds and removes apply in no order (``bad_absent`` if the fid did not hold
+    the name at E-1, ``bad_present`` if it did; ``bad_records`` maps each to its events).
+
+    Order-free: a fid holds ``(pfid, name)`` at E iff its E-1 state plus the adds minus the
+    removes of that name is 1. In any order in which every record applies, the count goes
+    0, 1, 0, ... alternately, so any such order ends there; the clocks of the servers do not
+    matter. Whether such an order exists (each server's events in index order, then the
+    events of one record in the order it applies them):
+
+    - always checked: the final count is 0 or 1, and no server's running count leaves 0..1
+      by more than the other servers' adds or removes could make up;
+    - exact when at most one server logs adds of the name (Lustre and Gluster log the
+      entries of a directory on the server holding it; only a rename's removal of its old
+      name is logged elsewhere, with the new name): that server's events must not remove
+      twice in a row, nor first when the name was absent; each two adds in a row need one
+      removal from another server between them (and one before the first add when the name
+      was held), and one more may come after a last add.
+    """
+    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     def ev(fid: str, pfid: str, name: str, add: bool, sub: int) -> str:
@@ -197,26 +269,75 @@ def link_changes(recs: DataFrame) -> DataFrame:
         CASE WHEN type IN {_in(LINK_ADDERS)} THEN {ev("tfid", "pfid", "name", True, 0)} END,
         CASE WHEN type IN {_in(LINK_REMOVERS)} THEN {ev("tfid", "pfid", "name", False, 0)} END,
         CASE WHEN {ren} THEN {ev("sfid", "spfid", "sname", False, 0)} END,
-        CASE WHEN {ren} THEN {ev("sfid", "pfid", "name", True, 1)} END,
-        CASE WHEN {ren} AND tfid IS NOT NULL THEN {ev("tfid", "pfid", "name", False, 0)} END
+        CASE WHEN {ren} AND tfid IS NOT NULL THEN {ev("tfid", "pfid", "name", False, 0)} END,
+        CASE WHEN {ren} THEN {ev("sfid", "pfid", "name", True, 1)} END
     )"""
     exploded = (
         recs.filter(F.col("type").isin(*LINK_ADDERS, *LINK_REMOVERS, "RENME"))
-        .select("ord", "server", "index", "type", F.explode(F.expr(events)).alias("ev"))
+        .select("server", "index", "type", F.explode(F.expr(events)).alias("ev"))
         .filter(F.col("ev").isNotNull())  # explode + filter: no lambda per record
         .select(
             F.col("ev.fid").alias("fid"),
             F.expr(f"CASE WHEN ev.fid IS NULL OR ev.pfid IS NULL OR ev.name IS NULL THEN {bad} ELSE ev.pfid END")
             .alias("pfid"),
             F.col("ev.name").alias("name"),
-            F.col("ev.add").alias("add"),
-            F.struct("ord", F.col("ev.sub").alias("sub")).alias("at"),
+            F.when(F.col("ev.add"), 1).otherwise(-1).alias("d"),
+            "server", "index", F.col("ev.sub").alias("sub"), "type",
         )
     )  # fmt: skip
-    last = exploded.groupBy("fid", "pfid", "name").agg(F.expr("max_by(add, at)").alias("add"))
-    return last.groupBy("fid").agg(
-        F.expr("collect_list(named_struct('pfid', pfid, 'name', name)) FILTER (WHERE add)").alias("added"),
-        F.expr("collect_list(named_struct('pfid', pfid, 'name', name)) FILTER (WHERE NOT add)").alias("removed"),
+    link = ["fid", "pfid", "name"]
+    w = Window.partitionBy(*link, "server").orderBy("index", "sub")
+    per_server = (
+        exploded.select(
+            "*",
+            F.lag("d").over(w).alias("prev_d"),
+            F.sum("d").over(w.rowsBetween(Window.unboundedPreceding, Window.currentRow)).alias("run"),
+        )
+        .groupBy(*link, "server")
+        .agg(
+            F.expr("count_if(d = 1)").alias("n_add"),
+            F.expr("count_if(d = -1)").alias("n_rem"),
+            F.expr("min_by(d, struct(index, sub))").alias("first_d"),
+            F.expr("max_by(d, struct(index, sub))").alias("last_d"),
+            F.expr("count_if(d = 1 AND prev_d = 1)").alias("adds_in_a_row"),
+            F.expr("count_if(d = -1 AND prev_d = -1)").alias("removes_in_a_row"),
+            F.min("run").alias("low"),
+            F.max("run").alias("high"),
+            F.expr("collect_list(named_struct('server', server, 'index', index, 'type', type))").alias("evs"),
+        )
+    )
+    adder = "FILTER (WHERE n_add > 0)"
+    per_link = per_server.groupBy(*link).agg(
+        F.expr("sum(n_add) - sum(n_rem)").alias("d"),
+        # the lowest and highest count a server can reach with the others' events at their extremes
+        F.expr("sum(n_add) + min(low - n_add)").alias("lo"),
+        F.expr("max(high + n_rem) - sum(n_rem)").alias("hi"),
+        F.expr("count_if(n_add > 0)").alias("adders"),
+        F.expr(f"max(first_d) {adder}").alias("h_first"),
+        F.expr(f"max(last_d) {adder}").alias("h_last"),
+        F.expr(f"max(adds_in_a_row) {adder}").alias("h_adds_in_a_row"),
+        F.expr(f"max(removes_in_a_row) {adder}").alias("h_removes_in_a_row"),
+        F.expr("coalesce(sum(n_rem) FILTER (WHERE n_add = 0), 0)").alias("foreign_removes"),
+        F.flatten(F.collect_list("evs")).alias("evs"),
+    )
+
+    def consistent(b: int) -> str:
+        needed = f"h_adds_in_a_row + {'CASE WHEN h_first = 1 THEN 1 ELSE 0 END' if b else '0'}"
+        return f"""({b} + d BETWEEN 0 AND 1 AND {b} + lo >= 0 AND {b} + hi <= 1 AND CASE
+            WHEN adders = 0 THEN foreign_removes <= {b}
+            WHEN adders = 1 THEN h_removes_in_a_row = 0 AND {"true" if b else "h_first = 1"}
+                AND (foreign_removes = {needed} OR (foreign_removes = {needed} + 1 AND h_last = 1))
+            ELSE true END)"""
+
+    pair = "named_struct('pfid', pfid, 'name', name)"
+    return per_link.groupBy("fid").agg(
+        F.expr(f"collect_list({pair}) FILTER (WHERE d = 1)").alias("added"),
+        F.expr(f"collect_list({pair}) FILTER (WHERE d = -1)").alias("removed"),
+        F.expr(f"collect_list({pair}) FILTER (WHERE NOT {consistent(0)})").alias("bad_absent"),
+        F.expr(f"collect_list({pair}) FILTER (WHERE NOT {consistent(1)})").alias("bad_present"),
+        F.expr(
+            f"map_from_entries(collect_list(struct({pair}, evs)) FILTER (WHERE NOT {consistent(0)} OR NOT {consistent(1)}))"
+        ).alias("bad_records"),
     )
 
 
@@ -361,7 +482,9 @@ def merge_epoch(
 
     A record that gives a name to a fid that neither exists at E-1 nor is created in the
     window fails the job with a message naming the fid (the snapshot and the changelog
-    disagree). Records about such fids that give no name (a late ``CLOSE`` or ``WRITE`` of a
+    disagree), and so does a name whose adds and removes apply in no order (a name removed
+    that the fid never held, added twice with no removal between...), naming its records
+    (``server index N (TYPE)``); :func:`run_merge` turns either into one-line ``EpochError``. Records about such fids that give no name (a late ``CLOSE`` or ``WRITE`` of a
     file deleted before) change nothing, as in the oracle.
 
     ``root_fid`` may be several fids: independent namespaces merged in one job (the tests
@@ -389,6 +512,20 @@ def merge_epoch(
         f"array_sort(array_union(array_except(coalesce(p_links, {_empty(_LINK)}), coalesce(removed, {_empty(_LINK)})),"
         f" coalesce(added, {_empty(_LINK)})))"
     )
+    # names whose adds and removes apply in no order, given whether the fid held them at E-1
+    held = f"coalesce(p_links, {_empty(_LINK)})"
+    bad = (
+        f"concat(array_except(coalesce(bad_absent, {_empty(_LINK)}), {held}),"
+        f" array_intersect(coalesce(bad_present, {_empty(_LINK)}), {held}))"
+    )
+    first_bad = f"element_at({bad}, 1)"
+    inconsistent = f"""raise_error(concat('fid ', fid, ': name ', {first_bad}.name, ' in ', {first_bad}.pfid,
+        ' is added and removed in no order that applies (', CASE WHEN array_contains({held}, {first_bad})
+        THEN 'held' ELSE 'not held' END, ' at E-1; records ', concat_ws(', ', transform(
+        slice(array_sort(element_at(bad_records, {first_bad})), 1, 8),
+        e -> concat(e.server, ' index ', e.index, ' (', e.type, ')'))),
+        '): the snapshot and the changelog disagree (missing or reordered records?)'))"""
+    links = f"CASE WHEN size({bad}) > 0 THEN {inconsistent} ELSE {links} END"
     # data: every write with its fid's final layout (the layout may come from this window)
     layouts = (
         layout_facts(recs)
@@ -741,14 +878,19 @@ def _table_counts(out: MergeOutputs, records_uri: str, first: int, last: int) ->
 _FLAG_COLUMNS = ("created", "deleted", "links_changed", "attrs_changed", "xattrs_changed", "data_changed", "whole_file")
 
 
+#: what the merge's raise_error sentences say (each starts at "fid " or "record ")
+_MERGE_ERRORS = ("gains a name in this window", "has no fid, parent fid or name", "in no order that applies")
+
+
 def _clean_error(exc: Exception, target: str, first: int, last: int) -> EpochsyncError:
     text = str(exc)
-    for marker in ("gains a name in this window", "has no parent fid or name"):
+    for marker in _MERGE_ERRORS:
         if marker in text:
             line = next((ln for ln in text.splitlines() if marker in ln), text)
             # raise_error messages arrive wrapped in Spark's error text; keep the sentence.
-            start = line.find("fid ") if marker.startswith("gains") else line.find("record ")
-            return EpochError(f"merge of target {target!r} epochs {first}..{last}: {line[start:].strip()}")
+            start = line.find("record ") if marker.startswith("has no") else line.find("fid ")
+            sentence = line[start:].split(" SQLSTATE:")[0].strip().rstrip("'")
+            return EpochError(f"merge of target {target!r} epochs {first}..{last}: {sentence}")
     if isinstance(exc, EpochsyncError):
         return exc
     return EpochError(

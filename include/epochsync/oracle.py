@@ -18,7 +18,33 @@ for r in rows], snapshot_struct_type())`` accepts, sorted by fid:
 - ``objects``: sorted list of ``(ost, oid, version)``: the last version a ``WRITE``
   reported per object.
 
-Records are replayed in (time_ns, server, index) order. The rules:
+The replay order (MDT and OST clocks are independent, so a record's ``time_ns`` only decides
+where the changelog says nothing else; see ``docs/INTERNALS.md``, "Merge: the replay order"):
+
+- **Causal time** (:func:`causal_times`). ``ctime`` of a record of server S is the highest
+  of: the ``time_ns`` (null = 0) of every record of S up to it in index order; for every
+  operation that spans servers (a ``cookie`` shared by records of two or more servers) with a
+  record on S at or before it, the operation's time, the highest ``time_ns`` of its
+  records, plus 1 ns when the record comes after the operation's record on S. Records are
+  ranked by ``(ctime, server, index)``: within a server the index orders (a clock that steps
+  back changes nothing), an operation's records rank together, and what a server logs after
+  an operation ranks after what the operation's other servers logged before it.
+- **Names** (namespace records: ``CREAT MKDIR MKNOD SLINK HLINK UNLNK RMDIR RENME``) are
+  replayed in an order that keeps every server's index order and in which every record
+  applies. Every such order ends in the same namespace: a fid holds ``(pfid, name)`` at E iff
+  it held it at E-1 plus the adds minus the removes of that name for that fid make 1 (in
+  any order where each applies, the count goes 0, 1, 0, ... alternately). :func:`replay`
+  finds one greedily: among the servers' next namespace records, the first by rank that
+  applies goes next. A record also waits when applying it now would delete a fid (remove
+  its last link) that a waiting record still links, renames or uses as a parent; when it
+  would leave the remaining adds and removes of one of its names with no consistent order;
+  or when a rename would overwrite a name the record does not say it overwrites (``tfid``),
+  unless no other record can go (Gluster logs no overwritten fid). When no server's next
+  record can go, :class:`InconsistentRecord` names every waiting record and why.
+- **Values** (every other record) are replayed after the names, by rank; a fid's values
+  therefore start from its creator's, then follow its records by rank.
+
+The rules:
 
 - ``CREAT MKDIR MKNOD SLINK`` create ``tfid`` with one link ``(pfid, name)``, the record's
   mode/uid/gid/layout/symlink and the times it carries; size 0. Type: CREAT file, MKDIR
@@ -44,8 +70,8 @@ Records are replayed in (time_ns, server, index) order. The rules:
 A record that does not fit the model (a create over an existing name, an unlink of a
 name that is not there, a rename into its own subtree, a write to a fid never seen...)
 raises :class:`InconsistentRecord` naming the server, index, type and what is wrong.
-Records about a fid that this model deleted earlier (writes or attribute changes
-reaching an open-unlinked file) are ignored, as the replica can never hold them.
+Value records about a fid that this replay deleted (writes or attribute changes reaching
+an open-unlinked file) are ignored, as the replica can never hold them.
 
 With ``track_data=True`` every file node also holds its bytes (``Node.data``), kept as
 long as the size: truncation cuts or zero-extends it, writes zero-extend it (the
@@ -482,17 +508,205 @@ class FsModel:
         self._set_times(node, r)
 
 
+#: record types that change the namespace; the others change values (or nothing)
+NAMESPACE_TYPES = frozenset({*_CREATE_TYPES, "HLINK", "UNLNK", "RMDIR", "RENME"})
+
+
 def replay(root_fid: str, prev_rows: Iterable[Mapping[str, Any]], records: Iterable[Record]) -> list[dict[str, Any]]:
-    """Snapshot rows after applying ``records`` to the snapshot ``prev_rows``, in (time_ns, server, index) order."""
+    """Snapshot rows after applying ``records`` to the snapshot ``prev_rows`` in the replay
+    order of the module docstring (names first, in an order where each applies; then values
+    by causal rank)."""
     model = FsModel.from_snapshot_rows(root_fid, prev_rows)
-    for r in sort_records(records):
+    records = list(records)
+    rank = _ranks(records)
+    _replay_names(model, [(rank[i], r) for i, r in enumerate(records) if r.type in NAMESPACE_TYPES])
+    for _, r in sorted((rank[i], r) for i, r in enumerate(records) if r.type not in NAMESPACE_TYPES):
         model.apply(r)
     return model.snapshot_rows()
 
 
+def causal_times(records: list[Record]) -> list[int]:
+    """``ctime`` of each record of ``records`` (same positions): see the module docstring.
+
+    The Spark merge computes the same column (:func:`epochsync.merge.causal_time`).
+    """
+    times = [r.time_ns if r.time_ns is not None else 0 for r in records]
+    servers: dict[str, set[str]] = {}
+    op_time: dict[str, int] = {}
+    for r, t in zip(records, times, strict=True):
+        if r.cookie is not None:
+            servers.setdefault(r.cookie, set()).add(r.server)
+            op_time[r.cookie] = max(op_time.get(r.cookie, t), t)
+    op_time = {c: t for c, t in op_time.items() if len(servers[c]) > 1}
+    by_server: dict[str, list[int]] = {}
+    for i, r in enumerate(records):
+        by_server.setdefault(r.server, []).append(i)
+    out = [0] * len(records)
+    for positions in by_server.values():
+        positions.sort(key=lambda i: records[i].index)
+        high: int | None = None  # the clock of this server so far, raised by its operations
+        after: int | None = None  # 1 ns past the latest operation this server took part in
+        for i in positions:
+            op = op_time.get(records[i].cookie) if records[i].cookie is not None else None
+            x = times[i] if op is None else max(times[i], op)
+            high = x if high is None else max(high, x)
+            out[i] = high if after is None else max(high, after)
+            if op is not None:
+                after = op + 1 if after is None else max(after, op + 1)
+    return out
+
+
 def sort_records(records: Iterable[Record]) -> list[Record]:
-    """The replay order of DESIGN section 5: (time_ns, server, index)."""
-    return sorted(records, key=lambda r: (r.time_ns if r.time_ns is not None else 0, r.server, r.index))
+    """``records`` by causal rank ``(ctime, server, index)`` (see the module docstring)."""
+    records = list(records)
+    rank = _ranks(records)
+    return [r for _, r in sorted((rank[i], r) for i, r in enumerate(records))]
+
+
+def _ranks(records: list[Record]) -> list[tuple[int, str, int, int]]:
+    # the position breaks the tie of a Lustre EPOCH and the MARK it repeats (never compares records)
+    return [(t, r.server, r.index, i) for i, (t, r) in enumerate(zip(causal_times(records), records, strict=True))]
+
+
+def link_events(r: Record) -> list[tuple[str | None, str | None, str | None, int]]:
+    """``(fid, pfid, name, +1 add / -1 remove)`` of a namespace record, in the order it applies
+    them (the merge explodes the same events)."""
+    t = r.type
+    if t in _CREATE_TYPES or t == "HLINK":
+        return [(r.tfid, r.pfid, r.name, 1)]
+    if t in ("UNLNK", "RMDIR"):
+        return [(r.tfid, r.pfid, r.name, -1)]
+    if t == "RENME" and not (r.tfid is not None and r.tfid == r.sfid):
+        out = [(r.sfid, r.spfid, r.sname, -1)]
+        if r.tfid is not None:
+            out.append((r.tfid, r.pfid, r.name, -1))
+        return [*out, (r.sfid, r.pfid, r.name, 1)]
+    return []
+
+
+def _needs(r: Record) -> set[str]:
+    """Fids that must still exist when ``r`` applies: the fid it links or renames, its parents."""
+    out = {f for f in (r.pfid, r.spfid) if f}
+    if r.type == "HLINK" and r.tfid:
+        out.add(r.tfid)
+    if r.type == "RENME" and r.sfid:
+        out.add(r.sfid)
+    return out
+
+
+def _replay_names(model: FsModel, ranked: list[tuple[tuple, Record]]) -> None:
+    """Apply namespace records in an order that keeps each server's order and where each
+    applies (the greedy search of the module docstring)."""
+    queues: dict[str, list[Record]] = {}
+    for _, r in sorted(ranked, key=lambda x: (x[1].server, x[1].index, x[0])):
+        queues.setdefault(r.server, []).append(r)
+    rank_of = {id(r): k for k, r in ranked}
+    heads = dict.fromkeys(queues, 0)
+    needed: dict[str, int] = {}  # fid -> waiting records that need it
+    # (fid, pfid, name) -> server -> (delta, record) of the adds and removes still to come
+    remaining: dict[tuple, dict[str, list[tuple[int, Record]]]] = {}
+    for r in (r for q in queues.values() for r in q):
+        for f in _needs(r):
+            needed[f] = needed.get(f, 0) + 1
+        for fid, pfid, name, delta in link_events(r):
+            remaining.setdefault((fid, pfid, name), {}).setdefault(r.server, []).append((delta, r))
+
+    def holds(link: tuple) -> int:
+        node = model.nodes.get(link[0])
+        return int(node is not None and (link[1], link[2]) in node.links)
+
+    def waits(r: Record, strict: bool) -> str | None:
+        """Why ``r`` cannot go now, or None."""
+        if strict and r.type == "RENME":
+            held = model.lookup(r.pfid, r.name)
+            if held is not None and held not in (r.sfid, r.tfid):
+                return f"it would overwrite {held}, which it does not name as overwritten ({r.tfid})"
+        own = _needs(r)
+        for fid in _deletes(model, r):
+            if needed.get(fid, 0) - (fid in own) > 0:
+                return f"it would delete {fid}, which a waiting record still links, renames or uses as a parent"
+        for link, deltas in _by_link(r).items():
+            state = holds(link) + sum(deltas)
+            if not 0 <= state <= 1:
+                continue  # it does not apply now: FsModel.apply says why
+            rest = [e[len(deltas) :] if s == r.server else e for s, e in remaining[link].items()]
+            if not _alternates([[d for d, _ in e] for e in rest], state):
+                names = ", ".join(
+                    f"{o.server} index {o.index} ({o.type})" for e in remaining[link].values() for _, o in e
+                )
+                return (
+                    f"name {link[2]!r} in {link[1]} of {link[0]} is added and removed in no order that applies"
+                    f" (records {names})"
+                )
+        return None
+
+    while any(heads[s] < len(q) for s, q in queues.items()):
+        ready = sorted((queues[s][h] for s, h in heads.items() if h < len(queues[s])), key=lambda r: rank_of[id(r)])
+        why: dict[int, str] = {}
+        chosen = None
+        for strict in (True, False):
+            for r in ready:
+                reason = waits(r, strict)
+                if reason is None:
+                    try:
+                        model.apply(r)
+                    except InconsistentRecord as exc:
+                        reason = exc.reason
+                if reason is None:
+                    chosen = r
+                    break
+                why[id(r)] = reason
+            if chosen is not None:
+                break
+        if chosen is None:
+            first, *others = ready
+            also = "".join(f"; waiting too: {o.server} index {o.index} ({o.type}): {why[id(o)]}" for o in others)
+            raise InconsistentRecord(first, f"{why[id(first)]}{also}; no order of the records applies")
+        heads[chosen.server] += 1
+        for f in _needs(chosen):
+            needed[f] -= 1
+        for link, deltas in _by_link(chosen).items():
+            del remaining[link][chosen.server][: len(deltas)]
+
+
+def _by_link(r: Record) -> dict[tuple, list[int]]:
+    out: dict[tuple, list[int]] = {}
+    for fid, pfid, name, delta in link_events(r):
+        out.setdefault((fid, pfid, name), []).append(delta)
+    return out
+
+
+def _deletes(model: FsModel, r: Record) -> list[str]:
+    """Fids ``r`` would remove the last link of, applied now."""
+    if r.type in ("UNLNK", "RMDIR"):
+        victims = [model.lookup(r.pfid, r.name)]
+    elif r.type == "RENME":
+        held = model.lookup(r.pfid, r.name)
+        victims = [held] if held != r.sfid else []
+    else:
+        return []
+    return [f for f in victims if f is not None and f in model.nodes and len(model.nodes[f].links) == 1]
+
+
+def _alternates(sequences: list[list[int]], state: int) -> bool:
+    """Can the servers' remaining adds (+1) and removes (-1) of one name interleave, each
+    server's in its order, so that the name's count stays 0 or 1 from ``state``?"""
+    seqs = tuple(tuple(s) for s in sequences if s)
+    if not seqs:
+        return True
+    seen: set[tuple] = set()
+    stack = [((0,) * len(seqs), state)]
+    while stack:
+        pos, count = stack.pop()
+        if all(p == len(s) for p, s in zip(pos, seqs, strict=True)):
+            return True
+        for k, s in enumerate(seqs):
+            if pos[k] < len(s) and 0 <= count + s[pos[k]] <= 1:
+                nxt = (pos[:k] + (pos[k] + 1,) + pos[k + 1 :], count + s[pos[k]])
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append(nxt)
+    return False
 
 
 # --------------------------------------------------------------------------- row conversion

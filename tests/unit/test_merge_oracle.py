@@ -4,18 +4,22 @@ For random histories (hypothesis, plus fixed seeds kept as regressions):
 
 - snapshot E from :func:`epochsync.merge.merge_epoch` equals
   :func:`epochsync.oracle.replay` of the same records on snapshot E-1, for every epoch and
-  for catch-up windows E1..E2;
+  for catch-up windows E1..E2, also when every server's clock is off (issue 16), and the
+  namespace (which fid holds which name) always equals the truth's;
+- the merge refuses a name's adds and removes exactly when no order of them applies;
 - the data ranges of the change set cover every byte that differs between E-1 and E in
   the simulator's file contents (a byte past the old size counts as zero, since the
   replica grows a file by truncation), lie inside the new size, and no file whose bytes
   and size did not change is marked as changed.
 
 Spark start-up and scheduling dominate tiny merges, so every batch of histories is one
-Spark job: each (history, epoch) item gets its own fid prefix and its own root.
+Spark job: each (history, epoch) item gets its own fid, server and cookie prefix and its
+own root.
 """
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,6 +54,7 @@ class Item:
     records: list[Record]
     old_contents: dict[str, bytes]
     new_contents: dict[str, bytes]
+    truth: list[dict]  # the simulator's snapshot E
 
 
 def _pf(prefix: str, fid: str | None) -> str | None:
@@ -62,11 +67,28 @@ def _rename_row(prefix: str, row: dict) -> tuple:
 
 
 def _rename_record(prefix: str, r: Record) -> Record:
+    # servers and cookies too: the causal time runs per server and joins a cookie's records
     return r.replace(tfid=_pf(prefix, r.tfid), pfid=_pf(prefix, r.pfid), sfid=_pf(prefix, r.sfid),
-                     spfid=_pf(prefix, r.spfid))  # fmt: skip
+                     spfid=_pf(prefix, r.spfid), server=prefix + r.server, cookie=_pf(prefix, r.cookie))  # fmt: skip
 
 
-def items_of(n: int, p: Params, windows: bool = True) -> list[Item]:
+@dataclass(frozen=True)
+class Skew:
+    """Independent server clocks: each server's ``time_ns`` moved by up to ``max_us`` either
+    way, then cut to a ``tick_us`` resolution (ties between servers)."""
+
+    seed: int
+    max_us: int
+    tick_us: int
+
+    def apply(self, records: list[Record]) -> list[Record]:
+        rng = random.Random(self.seed)
+        offset = {s: rng.randint(-self.max_us, self.max_us) * 1000 for s in sorted({r.server for r in records})}
+        tick = self.tick_us * 1000
+        return [r.replace(time_ns=(r.time_ns + offset[r.server]) // tick * tick) for r in records]
+
+
+def items_of(n: int, p: Params, windows: bool = True, skew: Skew | None = None) -> list[Item]:
     """Every single epoch of a history, plus (when there are 3+) a catch-up window 2..last."""
     hist = simulate_history(p.seed, p.epochs, p.files, mdts=p.mdts, osts=p.osts, ops_per_epoch=p.ops,
                             max_file_size=32 * 1024)  # fmt: skip
@@ -77,6 +99,8 @@ def items_of(n: int, p: Params, windows: bool = True) -> list[Item]:
     for first, last in spans:
         prefix = f"h{n}e{first}-{last}/"
         recs = [r for e in range(first, last + 1) for r in hist.at(e).records]
+        if skew is not None:
+            recs = skew.apply(recs)
         out.append(
             Item(
                 prefix=prefix,
@@ -85,12 +109,16 @@ def items_of(n: int, p: Params, windows: bool = True) -> list[Item]:
                 records=recs,
                 old_contents={} if first == 1 else hist.at(first - 1).contents,
                 new_contents=hist.at(last).contents,
+                truth=hist.at(last).snapshot,
             )
         )
     return out
 
 
-def check_batch(spark, items: list[Item]) -> None:
+def check_batch(spark, items: list[Item], check_data: bool = True) -> None:
+    """Snapshot E of the merge equals the oracle's; with ``check_data`` the change set covers
+    every byte that changed in the simulator's files (clock skew moves the records, not the
+    simulator's bytes: then only the namespace must equal the truth, see below)."""
     from epochsync.merge import merge_epoch
 
     prev = [_rename_row(it.prefix, row) for it in items for row in it.prev]
@@ -113,7 +141,12 @@ def check_batch(spark, items: list[Item]) -> None:
     by_fid = {r.fid: r for r in change_rows}
     assert len(by_fid) == len(change_rows), "one change row per fid"
     for it in items:
-        _check_data(it, by_fid)
+        if check_data:
+            _check_data(it, by_fid)
+        # which fid holds which name does not depend on any clock: always the truth's
+        got = sorted((r.fid, sorted((link.pfid, link.name) for link in r.links)) for r in snap_rows
+                     if r.fid.startswith(it.prefix))  # fmt: skip
+        assert got == [(it.prefix + r["fid"], [(it.prefix + p, n) for p, n in r["links"]]) for r in it.truth]
 
 
 def _check_data(it: Item, by_fid: dict) -> None:
@@ -169,6 +202,18 @@ def test_merge_equals_oracle_on_random_histories(spark, batch):
     check_batch(spark, [it for n, p in enumerate(batch) for it in items_of(n, p)])
 
 
+skews = st.builds(Skew, seed=st.integers(0, 2**31), max_us=st.integers(0, 3000), tick_us=st.sampled_from([1, 10, 1000]))
+
+
+@settings(max_examples=2, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
+@given(batch=st.lists(st.tuples(params, skews), min_size=4, max_size=4))
+def test_merge_equals_oracle_under_clock_skew(spark, batch):
+    """Issue 16: every server's clock off by up to 3 ms, ticks up to 1 ms (ties). The merge
+    still equals the oracle (same causal order), and the namespace equals the truth's."""
+    check_batch(spark, [it for n, (p, sk) in enumerate(batch) for it in items_of(n, p, skew=sk)], check_data=False)
+
+
 #: regressions and coverage of the bigger shapes: several MDTs and OSTs, more operations
 FIXED = [
     Params(seed=1, epochs=4, files=20, mdts=2, osts=4, ops=40),
@@ -182,11 +227,71 @@ def test_merge_equals_oracle_fixed_seeds(spark):
     check_batch(spark, [it for n, p in enumerate(FIXED) for it in items_of(n, p)])
 
 
+def _orderable(sequences: list[list[int]], held: int) -> bool:
+    """Brute force: can the servers' adds (+1) and removes (-1) of one name interleave, each
+    server's in order, with the count staying 0 or 1 from ``held``?"""
+    if not any(sequences):
+        return True
+    return any(
+        0 <= held + s[0] <= 1 and _orderable([t[1:] if j == k else t for j, t in enumerate(sequences)], held + s[0])
+        for k, s in enumerate(sequences)
+        if s
+    )
+
+
+_pm = st.sampled_from([1, -1])
+#: one name: the first server adds and removes; the others mostly only remove (a rename's old
+#: name logged on the new parent's server), sometimes add too
+name_histories = st.tuples(
+    st.lists(_pm, max_size=5),
+    st.lists(st.one_of(st.lists(st.just(-1), max_size=2), st.lists(_pm, max_size=3)), max_size=2),
+).map(lambda t: [t[0], *t[1]])
+#: names with no order that only the exact rule (one server adds) finds, and two that only the
+#: running counts find (two servers add)
+ALWAYS = [[[1, -1, -1, 1], [], [-1]], [[1, -1, -1, 1], [-1]], [[1], [1, -1, -1]], [[1], [-1, -1, 1]]]
+
+
+@settings(max_examples=3, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(histories=st.lists(name_histories, min_size=1, max_size=80))
+def test_merge_refuses_exactly_the_names_no_order_applies(spark, histories):
+    """Per name: server k logs ``histories[i][k]`` (HLINK +1, UNLNK -1). The merge's check says
+    "no order applies" iff brute force finds none, for the name held at E-1 and not, when at
+    most one server adds the name; when several do, it never refuses a name some order
+    applies to (and refuses what the running counts rule out)."""
+    from epochsync.merge import link_changes, prepare_records
+
+    histories = [*ALWAYS, *histories]
+    index: dict[str, int] = {}
+    recs = []
+    for i, per_server in enumerate(histories):
+        for k, seq in enumerate(per_server):
+            server = f"MDT000{k}"
+            for d in seq:
+                index[server] = index.get(server, 0) + 1
+                recs.append(Record(server, index[server], 1, "HLINK" if d == 1 else "UNLNK", time_ns=0,
+                                   tfid=f"F{i}", pfid="P", name="n"))  # fmt: skip
+    got = {r.fid: r for r in link_changes(prepare_records(spark.createDataFrame([r.to_row() for r in recs],
+                                                                                 record_struct_type()))).collect()}  # fmt: skip
+    for i, per_server in enumerate(histories):
+        row = got.get(f"F{i}")
+        adders = sum(1 in seq for seq in per_server)
+        for held, refused in ((0, row and row.bad_absent), (1, row and row.bad_present)):
+            possible = _orderable(per_server, held)
+            where = f"name {i}: servers {per_server}, held {held}"
+            if possible:
+                assert not refused, f"refused though an order applies: {where}"
+            elif adders <= 1 or i < len(ALWAYS):
+                assert refused, f"accepted though no order applies: {where}"
+        d = sum(sum(seq) for seq in per_server)
+        if any(_orderable(per_server, h) for h in (0, 1)) and d != 0:
+            assert (len(row.added), len(row.removed)) == ((1, 0) if d == 1 else (0, 1)), where
+
+
 def test_data_check_is_not_vacuous():
     """_check_data fails on a missed byte, a stray range, and a change that is not one."""
     from types import SimpleNamespace as Row
 
-    it = Item("p/", "p/R", [], [], {"f": b"abcd", "same": b"xy"}, {"f": b"abXd", "same": b"xy"})
+    it = Item("p/", "p/R", [], [], {"f": b"abcd", "same": b"xy"}, {"f": b"abXd", "same": b"xy"}, [])
 
     def row(fid, ranges, **kw):
         base = dict(fid="p/" + fid, data_changed=True, whole_file=False, deleted=False, new_size=4)

@@ -9,6 +9,7 @@ compares the whole snapshot rows and change rows of its case with
 
 from __future__ import annotations
 
+import re
 import stat
 
 import pytest
@@ -47,7 +48,10 @@ class Case:
         self.t += 10
         self.idx[server] = self.idx.get(server, 0) + 1
         kw.setdefault("time_ns", self.t)
-        self.records.append(Record(server=server, index=self.idx[server], epoch=1, type=type_, **kw))
+        if kw.get("cookie") is not None:
+            kw["cookie"] = f"{self.name}:{kw['cookie']}"
+        # each case is its own source: the causal time runs per server and joins a cookie's records
+        self.records.append(Record(server=f"{self.name}:{server}", index=self.idx[server], epoch=1, type=type_, **kw))
         return self
 
 
@@ -241,12 +245,44 @@ def build_cases() -> dict[str, tuple[Case, list, list]]:
     add(c, [node(c.root, "dir", mode=DIRM | 0o700, uid=0, gid=0, size=0)],
         [change(c.root, "dir", attrs=True, old_size=0, new_size=0)])  # fmt: skip
 
-    c = Case("ordering_across_servers")  # (time_ns, server, index): same time, server decides
+    c = Case("ordering_across_servers")  # unrelated records of two servers, same time: the server decides
     c.old("x", "file", [("R", "x")], mode=F644, uid=1, gid=1, size=3)
     c.rec("SATTR", "MDT0001", tfid="x", uid=5, time_ns=1000)
     c.rec("SATTR", "MDT0000", tfid="x", uid=6, time_ns=1000)
     add(c, [c.prev[0], node(c.f("x"), "file", [(c.f("R"), "x")], mode=F644, uid=5, gid=1, size=3)],
         [change(c.f("x"), "file", attrs=True, old_size=3, new_size=3)])  # fmt: skip
+
+    # Issue 16: MDT0001 creates f in its directory m1, MDT0000 moves it to m0 (one cookie). Same
+    # time, or MDT0001's clock ahead: the replica must not keep m1/f (a phantom hard link).
+    for name, t_create, t_rename in (("cross_mdt_move_same_time", 1000, 1000), ("cross_mdt_move_skewed", 1005, 1002)):
+        c = Case(name)
+        c.old("m0", "dir", [("R", "m0")], mode=DIRM | 0o755, uid=0, gid=0)
+        c.old("m1", "dir", [("R", "m1")], mode=DIRM | 0o755, uid=0, gid=0)
+        c.rec("CREAT", "MDT0001", tfid="f", pfid="m1", name="f", mode=F644, uid=1, gid=1, time_ns=t_create, cookie="op")
+        c.rec("RENME", sfid="f", spfid="m1", sname="f", pfid="m0", name="f", time_ns=t_rename, cookie="op")
+        add(c, [*c.prev, node(c.f("f"), "file", [(c.f("m0"), "f")], mode=F644, uid=1, gid=1, size=0)],
+            [change(c.f("f"), "file", created=True, links=True, attrs=True, new_size=0)])  # fmt: skip
+
+    c = Case("clock_steps_back")  # one server: the index orders, not the time
+    c.old("x", "file", [("R", "x")], mode=F644, uid=1, gid=1, size=3)
+    c.rec("SATTR", tfid="x", uid=5, time_ns=1000)
+    c.rec("SATTR", tfid="x", uid=6, time_ns=500)
+    add(c, [c.prev[0], node(c.f("x"), "file", [(c.f("R"), "x")], mode=F644, uid=6, gid=1, size=3)],
+        [change(c.f("x"), "file", attrs=True, old_size=3, new_size=3)])  # fmt: skip
+
+    c = Case("creator_first")  # a directory's mode set on its own MDT, whose clock is behind its parent's
+    c.rec("MKDIR", tfid="d", pfid="R", name="d", mode=DIRM | 0o755, uid=0, gid=0, time_ns=1000)
+    c.rec("SATTR", "MDT0001", tfid="d", mode=0o700, time_ns=10)
+    add(c, [c.prev[0], node(c.f("d"), "dir", [(c.f("R"), "d")], mode=DIRM | 0o700, uid=0, gid=0)],
+        [change(c.f("d"), "dir", created=True, links=True, attrs=True, new_size=0)])  # fmt: skip
+
+    c = Case("operation_orders_servers")  # write + MTIME (one cookie), then a truncate on the MDT, behind
+    c.old("x", "file", [("R", "x")], mode=F644, uid=1, gid=1, size=0)
+    c.rec("WRITE", "OST0000", tfid="x", extents=(Extent(0, 100),), time_ns=5000, cookie="w")
+    c.rec("MTIME", tfid="x", time_ns=1200, cookie="w")
+    c.rec("TRUNC", tfid="x", size=10, time_ns=1300)
+    add(c, [c.prev[0], node(c.f("x"), "file", [(c.f("R"), "x")], mode=F644, uid=1, gid=1, size=10, mtime=1200)],
+        [change(c.f("x"), "file", attrs=True, data=True, ranges=[(0, 10)], old_size=0, new_size=10)])  # fmt: skip
     return out
 
 
@@ -332,6 +368,53 @@ def test_columns_follow_the_model(merged):
     _, snap, changes = merged
     assert tuple(snap[0].asDict()) == SNAPSHOT_FIELDS
     assert tuple(changes[0].asDict()) == CHANGE_FIELDS
+
+
+@pytest.mark.parametrize(
+    "records, named",
+    [
+        # MDT0000 renames x away from a name nobody gave it (issue 16: refused, not silently merged)
+        (
+            [("RENME", "MDT0000", dict(sfid="x", spfid="m1", sname="f", pfid="R", name="g"))],
+            r"fid bad:x: name f in bad:m1 is added and removed in no order that applies \(not held at E-1; records"
+            r" bad:MDT0000 index 1 \(RENME\)\)",
+        ),
+        # held at E-1, removed by two servers, added back by none
+        (
+            [
+                ("UNLNK", "MDT0000", dict(tfid="x", pfid="R", name="x")),
+                ("UNLNK", "MDT0001", dict(tfid="x", pfid="R", name="x")),
+            ],
+            r"fid bad:x: name x in bad:R is added and removed in no order that applies \(held at E-1; records"
+            r" bad:MDT0000 index 1 \(UNLNK\), bad:MDT0001 index 1 \(UNLNK\)\)",
+        ),
+    ],
+    ids=["never-created", "removed-twice"],
+)
+def test_names_in_no_consistent_order_fail_naming_the_records(spark, records, named):
+    from epochsync.errors import EpochError
+    from epochsync.merge import _clean_error, merge_epoch
+    from epochsync.model import snapshot_struct_type
+    from epochsync.schema import record_struct_type
+
+    c = Case("bad")
+    c.old("m1", "dir", [("R", "m1")], mode=DIRM | 0o755, uid=0, gid=0)
+    c.old("x", "file", [("R", "x")], mode=F644, uid=1, gid=1, size=3)
+    for type_, server, kw in records:
+        c.rec(type_, server, **kw)
+    snap, _ = merge_epoch(
+        spark.createDataFrame(c.prev, snapshot_struct_type()),
+        spark.createDataFrame([r.to_row() for r in c.records], record_struct_type()),
+        c.root,
+    )
+    with pytest.raises(Exception, match=named) as err:
+        snap.collect()
+    # the stage turns it into one line a person can act on
+    clean = _clean_error(err.value, "t", 3, 3)
+    assert isinstance(clean, EpochError)
+    assert re.fullmatch(
+        r"merge of target 't' epochs 3\.\.3: " + named + r".*\(missing or reordered records\?\)", str(clean)
+    )
 
 
 def test_name_for_unknown_fid_fails_naming_it(spark):

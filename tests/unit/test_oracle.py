@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import random
+import re
 import stat
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from epochsync.model import SNAPSHOT_FIELDS
 from epochsync.oracle import (
@@ -347,7 +350,7 @@ def test_lyout_replaces_the_layout_and_forgets_old_objects():
 # --------------------------------------------------------------------------- order and errors
 
 
-def test_replay_orders_by_time_then_server_then_index():
+def test_replay_keeps_each_servers_order_whatever_the_input_order():
     log = Log()
     recs = [
         mkfile(log, "A", "a"),
@@ -360,13 +363,129 @@ def test_replay_orders_by_time_then_server_then_index():
     shuffled = recs[:]
     random.Random(4).shuffle(shuffled)
     assert replay(ROOT, [], shuffled) == expect
-    # same time: server then index decide
+    # same time on two servers: the unlink of the last name waits for the hard link that needs the file
     t = [
         Record(server="MDT0001", index=1, epoch=1, type="UNLNK", time_ns=5, tfid="A", pfid=ROOT, name="a"),
         Record(server="MDT0000", index=2, epoch=1, type="HLINK", time_ns=5, tfid="A", pfid=ROOT, name="z"),
         Record(server="MDT0000", index=1, epoch=1, type="CREAT", time_ns=5, tfid="A", pfid=ROOT, name="a", mode=REG),
     ]
     assert rows_by_fid(replay(ROOT, [], t))["A"]["links"] == [(ROOT, "z")]
+
+
+# --------------------------------------------------------------------------- causal order across servers
+
+M0, M1 = "[0x200000400:0x1:0x0]", "[0x200000401:0x1:0x0]"
+
+
+def cross_mdt_move(create_ns: int, rename_ns: int) -> list[Record]:
+    """Issue 16: MDT0001 creates F in its directory M1, MDT0000 renames it into M0 (one cookie)."""
+    return [
+        Record("MDT0000", 1, 1, "MKDIR", time_ns=10, tfid=M0, pfid=ROOT, name="m0", mode=DIRM),
+        Record("MDT0000", 2, 1, "MKDIR", time_ns=20, tfid=M1, pfid=ROOT, name="m1", mode=DIRM),
+        Record("MDT0001", 1, 1, "CREAT", time_ns=create_ns, tfid="F", pfid=M1, name="f", mode=REG, cookie="op"),
+        Record("MDT0000", 3, 1, "RENME", time_ns=rename_ns, sfid="F", spfid=M1, sname="f", pfid=M0, name="f",
+               cookie="op"),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("create_ns, rename_ns", [(1000, 1001), (1000, 1000), (1005, 1002), (1_000_000, 30)], ids=str)
+def test_cross_mdt_create_then_rename_whatever_the_clocks(create_ns, rename_ns):
+    """Same time, or MDT0001's clock ahead: the rename still removes the name the create added."""
+    rows = rows_by_fid(replay(ROOT, [], cross_mdt_move(create_ns, rename_ns)))
+    assert rows["F"]["links"] == [(M0, "f")]
+
+
+def test_causal_time_keeps_index_order_and_joins_an_operations_servers():
+    from epochsync.oracle import causal_times
+
+    recs = [
+        Record("MDT0000", 1, 1, "SATTR", time_ns=100, tfid="X"),
+        Record("MDT0000", 2, 1, "SATTR", time_ns=40, tfid="X"),  # the clock stepped back
+        Record("MDT0000", 3, 1, "MTIME", time_ns=50, tfid="X", cookie="w"),
+        Record("OST0000", 1, 1, "WRITE", time_ns=500, tfid="X", cookie="w"),  # the OST clock runs ahead
+        Record("MDT0000", 4, 1, "TRUNC", time_ns=60, tfid="X", size=0),
+        Record("OST0001", 1, 1, "WRITE", time_ns=7, tfid="Y", cookie="solo"),  # one server: no operation
+    ]
+    assert causal_times(recs) == [100, 100, 500, 500, 501, 7]
+    assert [(r.server, r.index) for r in sort_records(recs)] == [
+        ("OST0001", 1), ("MDT0000", 1), ("MDT0000", 2), ("MDT0000", 3), ("OST0000", 1), ("MDT0000", 4),
+    ]  # fmt: skip
+
+
+def test_values_follow_the_creator_and_the_operations_across_servers():
+    log = Log()
+    recs = [
+        # the directory is made on MDT0000, its mode set on its own MDT0001, whose clock is behind
+        Record("MDT0000", 1, 1, "MKDIR", time_ns=1000, tfid="D", pfid=ROOT, name="d", mode=DIRM),
+        Record("MDT0001", 1, 1, "SATTR", time_ns=10, tfid="D", mode=0o700),
+        # a write and its MTIME (one operation), then a truncate on the MDT, whose clock is behind
+        Record("MDT0000", 2, 1, "CREAT", time_ns=1100, tfid="F", pfid=ROOT, name="f", mode=REG),
+        Record("OST0000", 1, 1, "WRITE", time_ns=5000, tfid="F", extents=(Extent(0, 100),), cookie="w"),
+        Record("MDT0000", 3, 1, "MTIME", time_ns=1200, tfid="F", cookie="w"),
+        Record("MDT0000", 4, 1, "TRUNC", time_ns=1300, tfid="F", size=10),
+    ]
+    rows = rows_by_fid(replay(ROOT, [], recs))
+    assert rows["D"]["mode"] == stat.S_IFDIR | 0o700
+    assert (rows["F"]["size"], rows["F"]["mtime_ns"]) == (10, 1200)
+    del log
+
+
+@pytest.mark.parametrize(
+    "recs, named",
+    [
+        # MDT0000 renames away a name no server ever created
+        (
+            [Record("MDT0000", 7, 1, "RENME", time_ns=5, sfid="F", spfid=M1, sname="f", pfid=ROOT, name="f")],
+            "MDT0000 index 7 (RENME",
+        ),
+        # the only create of the name comes after its removal on the same server
+        (
+            [
+                Record("MDT0001", 1, 1, "UNLNK", time_ns=5, tfid="F", pfid=ROOT, name="f"),
+                Record("MDT0001", 2, 1, "CREAT", time_ns=1, tfid="F", pfid=ROOT, name="f", mode=REG),
+            ],
+            "MDT0001 index 1 (UNLNK",
+        ),
+        # two creates of one name on one server, the removal between them nowhere
+        (
+            [
+                Record("MDT0000", 1, 1, "CREAT", time_ns=1, tfid="F", pfid=ROOT, name="f", mode=REG),
+                Record("MDT0000", 2, 1, "HLINK", time_ns=2, tfid="F", pfid=ROOT, name="f"),
+            ],
+            "MDT0000 index 2 (HLINK",
+        ),
+    ],
+    ids=["never-created", "removed-before-created", "added-twice"],
+)
+def test_a_history_with_no_consistent_order_names_the_records(recs, named):
+    with pytest.raises(InconsistentRecord, match=re.escape(named)) as err:
+        replay(ROOT, [], recs)
+    assert "no order of the records applies" in str(err.value)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+@given(
+    seed=st.integers(0, 2**31),
+    mdts=st.integers(2, 4),
+    osts=st.integers(1, 3),
+    ops=st.integers(5, 60),
+    skew_us=st.integers(0, 2000),
+    tick_us=st.sampled_from([1, 10, 1000]),
+)
+def test_any_clock_skew_gives_the_true_namespace(seed, mdts, osts, ops, skew_us, tick_us):
+    """Per-server clock offsets up to ``skew_us`` and clocks of ``tick_us`` resolution (ties):
+    the replay never refuses the history and ends in the true namespace (which fid holds which
+    name); values may differ only where no operation links the servers (issue 16)."""
+    from epochsync.simulate import simulate_history
+
+    hist = simulate_history(seed, 2, 8, mdts=mdts, osts=osts, ops_per_epoch=ops, data=False)
+    rng = random.Random(seed)
+    for e in (1, 2):
+        offset = {s: rng.randint(-skew_us, skew_us) * 1000 for s in {r.server for r in hist.at(e).records}}
+        skewed = [r.replace(time_ns=(r.time_ns + offset[r.server]) // (tick_us * 1000)) for r in hist.at(e).records]
+        got = replay(hist.root_fid, hist.snapshot_before(e), skewed)
+        want = hist.at(e).snapshot
+        assert [(r["fid"], r["links"]) for r in got] == [(r["fid"], r["links"]) for r in want]
 
 
 @pytest.mark.parametrize(
