@@ -172,3 +172,49 @@ def test_package_zip_holds_the_package(tmp_path, monkeypatch):
     assert "epochsync/__init__.py" in names and "epochsync/merge.py" in names
     assert not [n for n in names if "__pycache__" in n]
     assert json.loads(json.dumps(names))  # plain names, stable order
+
+
+def test_a_feed_target_gets_ingest_merge_publish(tmp_path, calls):
+    """A ``kind: feed`` target's epoch DAG publishes in place of translate..commit, and has no hydrate DAG."""
+    from epochsync.airflow.dags import build_epoch_dag
+    import yaml
+
+    from epochsync.config import load_config
+
+    (tmp_path / "epochsync.yaml").write_text(yaml.safe_dump(
+        {
+            "warehouse": f"file://{tmp_path / 'wh'}",
+            "sources": [
+                {
+                    "name": "s",
+                    "root_fid": "[0x1:0x1:0x0]",
+                    "servers": ["MDT0000"],
+                    "changelogs": {"uri": f"file://{tmp_path}/cl/", "format": "jsonl"},
+                    "store": {"conn_id": "source_s3", "bucket": "b"},
+                    "epoch": {"interval": "1m", "start": "2026-01-01T00:00:00Z"},
+                }
+            ],  # fmt: skip
+            "targets": [{"name": "audit", "source": "s", "kind": "feed", "path": str(tmp_path / "feed")}],
+        }
+    ))  # fmt: skip
+    cfg = load_config(tmp_path / "epochsync.yaml")
+    dag = build_epoch_dag(cfg, cfg.sources[0], cfg.targets[0])
+    assert set(dag.task_ids) == {"wait_epoch_closed", "ingest", "merge", "publish"}
+    assert dag.get_task("publish").upstream_task_ids == {"merge"}
+    assert dag.get_task("publish").pool == "epochsync_target_audit" or dag.get_task("publish").pool.endswith("audit")
+    import epochsync.feed
+    from epochsync.airflow.stages import run_stage_task
+
+    published = []
+    epochsync.feed.publish_epoch, original = (
+        (lambda *a, **k: published.append((a, k)) or {"epoch": 3}),
+        epochsync.feed.publish_epoch,
+    )
+    try:
+        task = dag.get_task("publish")
+        out = run_stage_task(
+            **task.op_kwargs, spark=FakeSpark(), ti=FakeTI(epochs(3, 3)), params={"inject_failure": None}
+        )
+    finally:
+        epochsync.feed.publish_epoch = original
+    assert out == {"epoch": 3} and published[0][0][1:4] == ("audit", 3, 3)

@@ -168,6 +168,13 @@ def build_epoch_dag(
             "merge", doc_md="Net change per fid: snapshot E-1 + records of the epochs -> snapshot E, change set.",
             pool=pool,
         )  # fmt: skip
+        if target.kind == "feed":
+            # a feed publishes the net change: the file of the epoch, then _feed.json (its commit
+            # point); a failed publish leaves _feed.json at the previous epoch, nothing to roll back
+            publish = stage("publish", pool=pool,
+                            doc_md="Publishes the epoch's net change (filtered) as one file, then commits _feed.json.")  # fmt: skip
+            wait >> ingest >> merge >> publish
+            return dag
         translate = stage(
             "translate", doc_md="The plan: namespace operations, pulls and writes in the target's layout.", pool=pool
         )
@@ -310,7 +317,8 @@ def dags_from_env(kind: str, doc_md: str) -> dict[str, DAG]:
             )
             out[d.dag_id] = d
     elif kind == "hydrate":
-        for t in config.targets:
+        # a feed consumer hydrates from a dump with `epochsync feed hydrate`, not by copying files
+        for t in (t for t in config.targets if t.kind != "feed"):
             d = build_hydrate_dag(config, t, doc_md=doc_md)
             out[d.dag_id] = d
     elif kind == "purge":

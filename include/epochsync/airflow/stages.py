@@ -23,7 +23,7 @@ from epochsync.spark import SPARK_CONN_ID
 log = logging.getLogger("epochsync.stage")
 
 #: stages that run as Spark Connect clients
-SPARK_STAGES = ("ingest", "merge", "translate", "apply")
+SPARK_STAGES = ("ingest", "merge", "translate", "apply", "publish")
 
 
 def stage_tag(stage: str, target: str, epoch: int) -> str:
@@ -111,6 +111,10 @@ def _call_stage(stage: str, cfg, target: str, source: str, first: int, through: 
     if stage == "apply":
         return pipeline.run_apply(cfg, target, through, spark, inject=params.get("inject_failure") or None,
                                   first_epoch=first)  # fmt: skip
+    if stage == "publish":  # feed targets: in place of translate, apply, verify and commit
+        from epochsync.feed import publish_epoch
+
+        return publish_epoch(cfg, target, first, through, spark, inject=params.get("inject_failure") or None)
     if stage == "verify":  # no Spark: it reads the target and the source store
         return pipeline.run_verify(cfg, target, through, first_epoch=first)
     raise ValueError(f"unknown stage {stage!r}")
