@@ -9,12 +9,13 @@ How it is computed (Spark SQL functions, window functions and aggregates only; n
 UDF, no ``applyInPandas``):
 
 - The replay order (``docs/INTERNALS.md``, "Merge: the replay order"; MDT and OST clocks are
-  independent): :func:`causal_time` gives every record ``ctime``, its server's clock so far
-  (a running maximum in index order, so the index orders within a server) raised by the
-  operations spanning servers (records sharing a ``cookie``) it took part in: an
-  operation's time is its records' highest ``time_ns``, and the records its servers log
-  after it rank after it. Records of a fid are ordered by ``ord = (creator ? 0 : 1, ctime,
-  server, index)``: its creator first, then by causal rank. "Last value wins" is
+  independent): :func:`causal_time` gives every record about a fid ``ctime``, its server's
+  clock for that fid so far (a running maximum in index order, so the index orders within
+  a server) raised by the operations on the fid spanning servers (records sharing a
+  ``cookie``) it took part in: an operation's time is its records' highest ``time_ns``, and
+  the records its servers log about the fid after it rank after it. Records of a fid are
+  ordered by ``ord = (creator ? 0 : 1, ctime, server, index)``: its creator first, then by
+  causal rank. "Last value wins" is
   ``max(named_struct('o', ord, 'v', value))`` with a ``FILTER`` on the records that set the
   value (struct comparison orders by ``ord`` first).
 - Links: every namespace record becomes add (+1) / remove (-1) events per ``(fid, pfid,
@@ -123,31 +124,30 @@ _NODE_TYPE = (
 )
 
 
-def causal_time(records: DataFrame) -> DataFrame:
-    """``records`` plus ``ctime``, the causal time of each record (the oracle's
-    :func:`epochsync.oracle.causal_times`; ``docs/INTERNALS.md``, "Merge: the replay order").
+def causal_time(recs: DataFrame) -> DataFrame:
+    """``recs`` (records with their ``fid``) plus ``ctime``, the causal time of each record
+    (the oracle's :func:`epochsync.oracle.causal_times`; ``docs/INTERNALS.md``, "Merge: the
+    replay order").
 
-    ``ctime`` of a record of server S is the highest of: the ``time_ns`` (null = 0) of every
-    record of S up to it in index order; for every operation spanning servers (a ``cookie``
-    on records of two or more servers) with a record on S at or before it, the operation's
-    time (the highest ``time_ns`` of its records), plus 1 ns for the records after it. Two
-    windows: one over the records that carry a cookie (partitioned by cookie), one over
-    every record (partitioned by server, in index order: running maxima).
+    Per fid: ``ctime`` of a record about fid X logged by server S is the highest of: the
+    ``time_ns`` (null = 0) of every record about X that S logged up to it in index order; for
+    every operation on X spanning servers (a ``cookie`` on records about X of two or more
+    servers) with a record on S at or before it, the operation's time (the highest
+    ``time_ns`` of its records), plus 1 ns for the records after it. Two windows, both within
+    a fid: ``recs`` partitioned by ``fid`` needs no shuffle for them, nor for the per-fid
+    aggregations after them.
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    timed = records.withColumn("_t", F.coalesce(F.col("time_ns"), F.lit(0)))
-    op = Window.partitionBy("cookie")
-    with_op = timed.filter(F.col("cookie").isNotNull()).withColumn(
-        "_op", F.when(F.min("server").over(op) != F.max("server").over(op), F.max("_t").over(op))
-    )
-    alone = timed.filter(F.col("cookie").isNull()).withColumn("_op", F.lit(None).cast("bigint"))
-    w = Window.partitionBy("server").orderBy("index")
+    op = Window.partitionBy("fid", "cookie")
+    spans = F.col("cookie").isNotNull() & (F.min("server").over(op) != F.max("server").over(op))
+    w = Window.partitionBy("fid", "server").orderBy("index")
     upto = w.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     before = w.rowsBetween(Window.unboundedPreceding, -1)
     return (
-        with_op.unionByName(alone)
+        recs.withColumn("_t", F.coalesce(F.col("time_ns"), F.lit(0)))
+        .withColumn("_op", F.when(spans, F.max("_t").over(op)))
         .withColumn(
             "ctime",
             F.greatest(F.max(F.greatest("_t", "_op")).over(upto), F.max(F.col("_op") + 1).over(before)),
@@ -157,26 +157,25 @@ def causal_time(records: DataFrame) -> DataFrame:
 
 
 def prepare_records(records: DataFrame) -> DataFrame:
-    """Add ``ctime`` (over every record), keep the record types the merge reads, add ``ord``
-    and ``fid``.
+    """Add ``fid`` and ``ctime`` (over every record), keep the record types the merge reads,
+    add ``ord``; partitioned by ``fid``.
 
+    ``fid`` is the fid a record is about: ``sfid`` for a rename, ``tfid`` otherwise.
     ``ord = (creator ? 0 : 1, ctime, server, index)``: the replay rank, a fid's creator first
-    (a fid's values start from its creator's whatever the clocks say). ``fid`` is the fid a
-    record is about: ``sfid`` for a rename, ``tfid`` otherwise.
+    (a fid's values start from its creator's whatever the clocks say).
     """
     from pyspark.sql import functions as F
 
-    return (
-        causal_time(records)
-        .filter(F.col("type").isin(*MERGED_TYPES))
-        .select(
-            "*",
-            F.struct(
-                F.when(F.col("type").isin(*CREATORS), 0).otherwise(1).alias("c"), "ctime", "server", "index"
-            ).alias("ord"),
-            F.when(F.col("type") == "RENME", F.col("sfid")).otherwise(F.col("tfid")).alias("fid"),
-        )
+    about = records.drop(*_UNREAD).withColumn(
+        "fid", F.when(F.col("type") == "RENME", F.col("sfid")).otherwise(F.col("tfid"))
     )
+    ranked = causal_time(about.repartition("fid")).filter(F.col("type").isin(*MERGED_TYPES))
+    creator_first = F.when(F.col("type").isin(*CREATORS), 0).otherwise(1).alias("c")
+    return ranked.withColumn("ord", F.struct(creator_first, "ctime", "server", "index")).drop("cookie", "ctime")
+
+
+#: record columns no step of the merge reads (dropped before the records are shuffled)
+_UNREAD = ("epoch", "jobid", "nid")
 
 
 def attribute_changes(recs: DataFrame) -> DataFrame:
@@ -490,13 +489,21 @@ def merge_epoch(
     ``root_fid`` may be several fids: independent namespaces merged in one job (the tests
     batch many small histories this way); each root exists without links.
 
-    ``cache`` (True, or a list that receives the persisted DataFrame so the caller can
-    ``unpersist()`` it) persists the per-fid state both outputs derive from, so writing
-    the snapshot and then the change set computes the merge once.
+    ``cache`` (True, or a list that receives the persisted DataFrames so the caller can
+    ``unpersist()`` them) persists the ranked records (every aggregation reads them) and the
+    per-fid state both outputs derive from, so writing the snapshot and then the change set
+    computes the merge once.
     """
     from pyspark.sql import functions as F
 
     recs = prepare_records(records)
+    if cache is not False:
+        from pyspark import StorageLevel
+
+        # five aggregations read the ranked records: shuffle and sort them once
+        recs = recs.persist(StorageLevel.MEMORY_AND_DISK)
+        if isinstance(cache, list):
+            cache.append(recs)
     writes = recs.filter((F.col("type") == "WRITE") & F.col("fid").isNotNull()).select(
         "fid", "ord", "object", "extents", *TIME_TYPES
     )

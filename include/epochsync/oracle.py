@@ -21,14 +21,16 @@ for r in rows], snapshot_struct_type())`` accepts, sorted by fid:
 The replay order (MDT and OST clocks are independent, so a record's ``time_ns`` only decides
 where the changelog says nothing else; see ``docs/INTERNALS.md``, "Merge: the replay order"):
 
-- **Causal time** (:func:`causal_times`). ``ctime`` of a record of server S is the highest
-  of: the ``time_ns`` (null = 0) of every record of S up to it in index order; for every
-  operation that spans servers (a ``cookie`` shared by records of two or more servers) with a
-  record on S at or before it, the operation's time, the highest ``time_ns`` of its
-  records, plus 1 ns when the record comes after the operation's record on S. Records are
-  ranked by ``(ctime, server, index)``: within a server the index orders (a clock that steps
-  back changes nothing), an operation's records rank together, and what a server logs after
-  an operation ranks after what the operation's other servers logged before it.
+- **Causal time** (:func:`causal_times`), per fid (a record is about its ``tfid``, a rename
+  about its ``sfid``). ``ctime`` of a record about fid X logged by server S is the highest of:
+  the ``time_ns`` (null = 0) of every record about X that S logged up to it, in index order;
+  for every operation on X that spans servers (a ``cookie`` shared by records about X of two
+  or more servers) with a record on S at or before it, the operation's time, the highest
+  ``time_ns`` of its records, plus 1 ns when the record comes after the operation's record
+  on S. A fid's records are ranked by ``(ctime, server, index)``: within a server the index
+  orders (a clock that steps back changes nothing), an operation's records rank together,
+  and what a server logs about the fid after an operation ranks after what the operation's
+  other servers logged about it before.
 - **Names** (namespace records: ``CREAT MKDIR MKNOD SLINK HLINK UNLNK RMDIR RENME``) are
   replayed in an order that keeps every server's index order and in which every record
   applies. Every such order ends in the same namespace: a fid holds ``(pfid, name)`` at E iff
@@ -525,29 +527,36 @@ def replay(root_fid: str, prev_rows: Iterable[Mapping[str, Any]], records: Itera
     return model.snapshot_rows()
 
 
+def record_fid(r: Record) -> str | None:
+    """The fid a record is about: ``sfid`` for a rename, ``tfid`` otherwise."""
+    return r.sfid if r.type == "RENME" else r.tfid
+
+
 def causal_times(records: list[Record]) -> list[int]:
     """``ctime`` of each record of ``records`` (same positions): see the module docstring.
 
     The Spark merge computes the same column (:func:`epochsync.merge.causal_time`).
     """
     times = [r.time_ns if r.time_ns is not None else 0 for r in records]
-    servers: dict[str, set[str]] = {}
-    op_time: dict[str, int] = {}
+    servers: dict[tuple, set[str]] = {}
+    op_time: dict[tuple, int] = {}
     for r, t in zip(records, times, strict=True):
         if r.cookie is not None:
-            servers.setdefault(r.cookie, set()).add(r.server)
-            op_time[r.cookie] = max(op_time.get(r.cookie, t), t)
-    op_time = {c: t for c, t in op_time.items() if len(servers[c]) > 1}
-    by_server: dict[str, list[int]] = {}
+            op = (record_fid(r), r.cookie)
+            servers.setdefault(op, set()).add(r.server)
+            op_time[op] = max(op_time.get(op, t), t)
+    op_time = {op: t for op, t in op_time.items() if len(servers[op]) > 1}
+    chains: dict[tuple, list[int]] = {}  # (fid, server) -> positions
     for i, r in enumerate(records):
-        by_server.setdefault(r.server, []).append(i)
+        chains.setdefault((record_fid(r), r.server), []).append(i)
     out = [0] * len(records)
-    for positions in by_server.values():
+    for positions in chains.values():
         positions.sort(key=lambda i: records[i].index)
-        high: int | None = None  # the clock of this server so far, raised by its operations
-        after: int | None = None  # 1 ns past the latest operation this server took part in
+        high: int | None = None  # the server's clock for this fid so far, raised by operations
+        after: int | None = None  # 1 ns past the latest operation on this fid the server took part in
         for i in positions:
-            op = op_time.get(records[i].cookie) if records[i].cookie is not None else None
+            r = records[i]
+            op = op_time.get((record_fid(r), r.cookie)) if r.cookie is not None else None
             x = times[i] if op is None else max(times[i], op)
             high = x if high is None else max(high, x)
             out[i] = high if after is None else max(high, after)
