@@ -417,6 +417,22 @@ def test_names_in_no_consistent_order_fail_naming_the_records(spark, records, na
     )
 
 
+def test_nameless_link_record_fails_naming_it(spark):
+    from epochsync.merge import _clean_error, merge_epoch
+    from epochsync.schema import record_struct_type
+    from epochsync.snapshot import empty_snapshot
+
+    c = Case("bad").rec("UNLNK", tfid="x", pfid="R", name=None)
+    records = spark.createDataFrame([r.to_row() for r in c.records], record_struct_type())
+    snap, _ = merge_epoch(empty_snapshot(spark, c.root), records, c.root)
+    with pytest.raises(Exception, match=r"record bad:MDT0000:1 \(UNLNK\) has no fid, parent fid or name") as err:
+        snap.collect()
+    assert str(_clean_error(err.value, "t", 2, 2)) == (
+        "merge of target 't' epochs 2..2: record bad:MDT0000:1 (UNLNK) has no fid, parent fid or name;"
+        " fix the importer or quarantine the record"
+    )
+
+
 def test_name_for_unknown_fid_fails_naming_it(spark):
     from epochsync.merge import merge_epoch
     from epochsync.schema import record_struct_type
