@@ -67,7 +67,7 @@ def _rename_row(prefix: str, row: dict) -> tuple:
 
 
 def _rename_record(prefix: str, r: Record) -> Record:
-    # servers and cookies too: the causal time runs per server and joins a cookie's records
+    # servers and cookies too: each item is a source of its own
     return r.replace(tfid=_pf(prefix, r.tfid), pfid=_pf(prefix, r.pfid), sfid=_pf(prefix, r.sfid),
                      spfid=_pf(prefix, r.spfid), server=prefix + r.server, cookie=_pf(prefix, r.cookie))  # fmt: skip
 

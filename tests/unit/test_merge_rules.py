@@ -50,7 +50,7 @@ class Case:
         kw.setdefault("time_ns", self.t)
         if kw.get("cookie") is not None:
             kw["cookie"] = f"{self.name}:{kw['cookie']}"
-        # each case is its own source: the causal time runs per server and joins a cookie's records
+        # each case is a source of its own: its servers and cookies too
         self.records.append(Record(server=f"{self.name}:{server}", index=self.idx[server], epoch=1, type=type_, **kw))
         return self
 
