@@ -150,22 +150,10 @@ class SeaweedFS:
         )
 
     def tail(self, n: int = 20) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
+        return _tail(self.log_path, n)
 
     def stop(self):
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, 15)
-            except ProcessLookupError:
-                pass
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, 9)
-                self.proc.wait(timeout=5)
+        _stop_group(self.proc, timeout=15)
         self.proc = None
         if self._own_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)

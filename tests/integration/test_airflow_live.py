@@ -62,6 +62,7 @@ def test_the_scheduler_replicates_each_live_epoch_as_it_closes(seaweed, spark_co
     seen: dict[int, bool] = {}
     try:
         stack.start(timeout=600)
+        stack.create_pools(config)  # as `make airflow`: the scheduler runs no task of a missing pool
         token = stack.token(password)
         _wait_for_dag(stack, token, DAG)
         stack.api("PATCH", f"/dags/{DAG}", token, {"is_paused": False})
