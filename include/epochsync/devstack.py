@@ -232,6 +232,19 @@ class AirflowStandalone:
         self.stop()
 
 
+def add_feed_target(config: Path, name: str = "audit") -> None:
+    """Add a feed target (``kind: feed``, a folder beside the config) to a simulated config:
+    its DAG (ingest, merge, publish) shows next to the replica DAGs."""
+    import yaml
+
+    doc = yaml.safe_load(config.read_text())
+    if not any(t["name"] == name for t in doc["targets"]):
+        doc["targets"].append(
+            {"name": name, "source": "sim", "kind": "feed", "path": str(config.parent / "feeds" / name)}
+        )
+        config.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
 def simulate_source(out: Path, env: dict[str, str], *, epochs: int, files: int, seed: int = 1) -> Path:
     """``epochsync simulate`` into the store of ``source_s3``; returns the config it writes."""
     cmd = [
@@ -312,6 +325,7 @@ def _main(argv: list[str] | None) -> int:
         else:
             print(f"make airflow: SeaweedFS S3 on {endpoint.url}; simulating a source into var/demo ...", flush=True)
             config = simulate_source(VAR / "demo", base_env, epochs=args.epochs, files=args.files)
+            add_feed_target(config)
         _ensure_bucket(endpoint, "replica")
         password = write_admin_password(args.home)
         env = airflow_environment(
@@ -341,6 +355,7 @@ def _main(argv: list[str] | None) -> int:
             f"  Spark        {spark_url}  (Spark Connect on local[2]; connection spark_connect_default)\n"
             f"  logs         {stack.log_path}\n"
             "  DAGs         epochsync__sim__local (posix replica), epochsync__sim__s3 (s3 replica),\n"
+            "               epochsync__sim__audit (a feed: ingest, merge, publish),\n"
             "               epochsync_hydrate__<target>, epochsync_purge__sim\n"
             "\n"
             "  Trigger epoch 1 in the UI (Trigger, param epoch = 1), or replay every epoch in order:\n"

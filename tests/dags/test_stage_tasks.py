@@ -176,9 +176,9 @@ def test_package_zip_holds_the_package(tmp_path, monkeypatch):
 
 def test_a_feed_target_gets_ingest_merge_publish(tmp_path, calls):
     """A ``kind: feed`` target's epoch DAG publishes in place of translate..commit, and has no hydrate DAG."""
-    from epochsync.airflow.dags import build_epoch_dag
     import yaml
 
+    from epochsync.airflow.dags import build_epoch_dag
     from epochsync.config import load_config
 
     (tmp_path / "epochsync.yaml").write_text(yaml.safe_dump(
@@ -218,3 +218,18 @@ def test_a_feed_target_gets_ingest_merge_publish(tmp_path, calls):
     finally:
         epochsync.feed.publish_epoch = original
     assert out == {"epoch": 3} and published[0][0][1:4] == ("audit", 3, 3)
+
+
+def test_make_airflow_shows_a_feed_dag_next_to_the_replicas(tmp_path, monkeypatch):
+    from epochsync.airflow.dags import dags_from_env
+    from epochsync.devstack import add_feed_target
+    from epochsync.simulate import write_config
+
+    config = write_config(tmp_path, bucket="b", conn_id="source_s3", servers=("MDT0000",), root_fid="[0x1:0x1:0x0]")
+    add_feed_target(config)
+    add_feed_target(config)  # once
+    monkeypatch.setenv("EPOCHSYNC_CONFIG", str(config))
+    epoch_dags = dags_from_env("epoch", "doc")
+    assert set(epoch_dags) == {"epochsync__sim__local", "epochsync__sim__s3", "epochsync__sim__audit"}
+    assert "publish" in epoch_dags["epochsync__sim__audit"].task_ids
+    assert set(dags_from_env("hydrate", "doc")) == {"epochsync_hydrate__local", "epochsync_hydrate__s3"}
