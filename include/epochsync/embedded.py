@@ -419,7 +419,7 @@ class SparkStandalone:
                                             "--cores", str(self.cores), "--memory", self.memory,
                                             "--webui-port", str(worker_ui), self.url], "worker.log")  # fmt: skip
             deadline = time.monotonic() + self.startup_timeout
-            while not [w for w in self.json().get("workers", []) if w.get("state") == "ALIVE"]:
+            while not self._alive_workers():
                 if self.worker_proc.poll() is not None or time.monotonic() > deadline:
                     raise StoreError(f"the Spark worker did not register with {self.url}; log: "
                                      f"{self.work_dir / 'worker.log'}\n{_tail(self.work_dir / 'worker.log')}")  # fmt: skip
@@ -428,6 +428,12 @@ class SparkStandalone:
             self.stop()
             raise
         return self.url
+
+    def _alive_workers(self) -> list:
+        try:
+            return [w for w in self.json().get("workers", []) if w.get("state") == "ALIVE"]
+        except (OSError, ValueError):  # the status page answers a moment after the master listens
+            return []
 
     def json(self) -> dict:
         """The master's status page as JSON (``workers``, ``activeapps``, ``completedapps``)."""

@@ -93,7 +93,7 @@ def test_the_scheduler_replicates_each_live_epoch_as_it_closes(seaweed, spark_co
         assert [r["run_type"] for r in runs] == ["scheduled"] * EPOCHS, runs
         assert [r["state"] for r in runs] == ["success"] * EPOCHS, runs
         closed = {
-            json.loads(x)["epoch"]: json.loads(x)["closed_at"] for x in (sim / "closed.jsonl").read_text().split()
+            json.loads(x)["epoch"]: json.loads(x)["closed_at"] for x in (sim / "closed.jsonl").read_text().splitlines()
         }
         for e in range(1, EPOCHS + 1):
             stats = json.loads((sim / "warehouse" / "stats" / "target=local" / f"epoch={e}.json").read_text())
