@@ -245,8 +245,11 @@ def test_a_signal_mid_apply_rolls_back_says_so_and_leaves_nothing_running(hist, 
     stalled = Path(plan_dir(cfg.warehouse, target, 1)) / "fault.fired.stalled"
     cmd = [sys.executable, "-m", "epochsync.cli", "replicate", "--config", cfg.file, "--target", target,
            "--through", "1"]  # fmt: skip
+    # as from a terminal: a test run started in the background (CI, `make test &`) inherits SIGINT
+    # ignored, and Python then never turns it into KeyboardInterrupt
     proc = subprocess.Popen(cmd, env=env_for("after=2,epoch=1,mode=stall"), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     wait_for(stalled, proc)
     assert journal_exists(journal_dir(cfg.warehouse, target, 1))
     t0 = time.monotonic()
