@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from airflow_stack import replica, scheduler_stack_fixture, truth
 
@@ -25,12 +27,21 @@ def test_backfill_replays_missed_epochs_in_order(scheduler_stack):
     stack.unpause(DAG)
     epoch = load_config(stack.config).source("sim").epoch
     first, last = epoch.window(1)[0], epoch.window(3)[0]
-    out = stack.airflow.airflow(
-        "backfill", "create", "--dag-id", DAG,
-        "--from-date", first.isoformat(), "--to-date", last.isoformat(), "--max-active-runs", "1",
-        # required with depends_on_past: re-run failed epochs, skip the ones already done
-        "--reprocess-behavior", "failed",
-    )  # fmt: skip
+    for attempt in range(3):
+        try:
+            out = stack.airflow.airflow(
+                "backfill", "create", "--dag-id", DAG,
+                "--from-date", first.isoformat(), "--to-date", last.isoformat(), "--max-active-runs", "1",
+                # required with depends_on_past: re-run failed epochs, skip the ones already done
+                "--reprocess-behavior", "failed",
+            )  # fmt: skip
+            break
+        except RuntimeError as exc:
+            # SQLite: the busy scheduler can hold the write lock past the 60 s timeout; the
+            # failed command wrote nothing (its transaction rolled back), so it is run again
+            if "database is locked" not in str(exc) or attempt == 2:
+                raise
+            time.sleep(5)
     assert "error" not in out.stderr.lower(), out.stderr
     runs = stack.wait_runs_done(DAG, 3, timeout=1800)
 
