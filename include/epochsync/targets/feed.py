@@ -140,16 +140,12 @@ class S3FeedStore(FeedStore):
             raise
 
     def _ensure_bucket(self) -> None:
-        from epochsync.targets.s3 import error_code
 
         if self._bucket_checked:
             return
-        try:
-            self.io.call(f"HEAD bucket {self.bucket}", lambda c: c.head_bucket(Bucket=self.bucket))
-        except Exception as exc:
-            if error_code(exc) not in ("404", "NoSuchBucket", "NotFound"):
-                raise
-            self.io.call(f"create bucket {self.bucket}", lambda c: c.create_bucket(Bucket=self.bucket))
+        from epochsync.targets.s3 import create_bucket_if_missing
+
+        create_bucket_if_missing(self.io, self.bucket)
         self._bucket_checked = True
 
     def write(self, name: str, data: bytes) -> None:

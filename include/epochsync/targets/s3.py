@@ -456,12 +456,7 @@ class S3Target(Target):
     def ensure_bucket(self) -> None:
         """Create the bucket if needed and turn versioning on (epochsync relies on it)."""
         c = self.io.client
-        try:
-            self.io.call(f"HEAD bucket {self.bucket}", lambda c: c.head_bucket(Bucket=self.bucket))
-        except Exception as exc:
-            if error_code(exc) not in ("404", "NoSuchBucket", "NotFound"):
-                raise
-            self.io.call(f"create bucket {self.bucket}", lambda c: c.create_bucket(Bucket=self.bucket))
+        create_bucket_if_missing(self.io, self.bucket)
         status = c.get_bucket_versioning(Bucket=self.bucket).get("Status")
         if status != "Enabled":
             c.put_bucket_versioning(Bucket=self.bucket, VersioningConfiguration={"Status": "Enabled"})
@@ -883,3 +878,13 @@ class S3Target(Target):
                     f"DELETE {key} version {vid}",
                     lambda c, vid=vid: c.delete_object(Bucket=self.bucket, Key=key, VersionId=vid),
                 )
+
+
+def create_bucket_if_missing(io, bucket: str) -> None:
+    """HEAD ``bucket`` through ``io`` (an :class:`S3Access`) and create it when the store says it is absent."""
+    try:
+        io.call(f"HEAD bucket {bucket}", lambda c: c.head_bucket(Bucket=bucket))
+    except Exception as exc:
+        if error_code(exc) not in ("404", "NoSuchBucket", "NotFound"):
+            raise
+        io.call(f"create bucket {bucket}", lambda c: c.create_bucket(Bucket=bucket))
