@@ -264,6 +264,10 @@ def _stop_group(proc: subprocess.Popen | None, timeout: float = 20) -> None:
         proc.wait(timeout=10)
 
 
+#: idle time after which the server drops a Connect session (a DAG run's shared one)
+SESSION_IDLE_TIMEOUT = "10min"
+
+
 class SparkConnectServer:
     """A Spark Connect server (one long-lived Spark application) on ``127.0.0.1:<free port>``.
 
@@ -321,6 +325,9 @@ class SparkConnectServer:
             "spark.log.level": os.environ.get("EPOCHSYNC_SPARK_LOG_LEVEL", "WARN"),
             # an apply task must not be re-run behind the driver's back (see epochsync.apply)
             "spark.task.maxFailures": "1",
+            # the tasks of a DAG run share one session (epochsync.spark.run_session_remote);
+            # nobody releases it, so the server drops it once the run has been idle this long
+            "spark.connect.session.manager.defaultSessionTimeout": SESSION_IDLE_TIMEOUT,
         }
         if not self.master.startswith("local"):
             conf.update({"spark.executor.memory": os.environ.get("EPOCHSYNC_EXECUTOR_MEMORY", "2g"),

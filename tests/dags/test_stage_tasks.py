@@ -108,6 +108,29 @@ def test_the_connection_names_the_connect_server(monkeypatch):
     assert SparkConnectHook("spark_connect_default").get_connection_url() == "sc://127.0.0.1:15002/"
 
 
+def test_every_stage_task_of_a_run_opens_the_runs_session(dag, monkeypatch):
+    """One Connect session per DAG run: each task's ``spark.remote`` names the run's session id."""
+    from airflow.providers.apache.spark.operators.spark_pyspark import PySparkOperator
+
+    from epochsync.airflow.stages import spark_connect_conn_json
+    from epochsync.spark import run_session_remote
+
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT_DEFAULT", spark_connect_conn_json("sc://127.0.0.1:15002"))
+    seen = {}
+    monkeypatch.setattr(
+        PySparkOperator, "execute", lambda self, context: seen.setdefault(self.task_id, dict(self.config_kwargs))
+    )
+
+    class Run:
+        dag_id, run_id = dag.dag_id, "manual__2026-11-23T00:00:00+00:00"
+
+    for name in ("ingest", "merge", "translate", "apply"):
+        dag.get_task(name).execute({"dag_run": Run})
+    want = run_session_remote("sc://127.0.0.1:15002/", f"{Run.dag_id}/{Run.run_id}")
+    assert {name: kw["spark.remote"] for name, kw in seen.items()} == dict.fromkeys(seen, want)
+    assert len(seen) == 4
+
+
 def test_ingest_merge_translate_apply_get_the_run_epochs(dag, calls, with_config):
     spark = FakeSpark()
     assert run(dag, "ingest", epochs(3, 5), spark=spark) == {"records": 7}

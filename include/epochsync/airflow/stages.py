@@ -46,7 +46,7 @@ def run_stage_task(
     from epochsync.airflow.tasks import EPOCHS_TASK, _jsonable
     from epochsync.config import load_config
     from epochsync.errors import EpochsyncError
-    from epochsync.spark import prepare_session
+    from epochsync.spark import is_connect, prepare_session
 
     params = dict(params or {})
     epochs = ti.xcom_pull(task_ids=EPOCHS_TASK)
@@ -65,6 +65,10 @@ def run_stage_task(
             log.info("ingest: %s; nothing to do (param reingest=true forces it)", reason)
             return {"skipped": reason}
     if spark is not None:
+        # the session is the DAG run's (EpochStageOperator.execute): the provider's stop()
+        # after this task must close the client only, not release the session
+        if is_connect(spark):
+            spark.release_session_on_close = False
         prepare_session(spark)
         spark.addTag(stage_tag(stage, target, through))
     try:
@@ -145,6 +149,27 @@ class EpochStageOperator(PySparkOperator):
             **kwargs,
         )
         self.stage = stage
+
+    def execute(self, context):
+        """Open the DAG run's shared Connect session (:func:`epochsync.spark.run_session_remote`)."""
+        from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+        from airflow.providers.common.compat.sdk import BaseHook
+
+        from epochsync.spark import run_session_remote
+
+        if not self.conn_id or "spark.remote" in self.config_kwargs:  # a task that names its own
+            return super().execute(context)
+        conn = BaseHook.get_connection(self.conn_id)
+        if conn.conn_type != SparkConnectHook.conn_type:
+            return super().execute(context)
+        run = context["dag_run"]
+        url = SparkConnectHook(self.conn_id).get_connection_url()
+        own = self.config_kwargs
+        self.config_kwargs = {**own, "spark.remote": run_session_remote(url, f"{run.dag_id}/{run.run_id}")}
+        try:
+            return super().execute(context)
+        finally:  # the operator object may serve another run in this process (dag.test())
+            self.config_kwargs = own
 
 
 def spark_conn_id() -> str:

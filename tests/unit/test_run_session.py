@@ -1,0 +1,55 @@
+"""The tasks of one DAG run share one Spark Connect session (epochsync.spark.run_session_remote)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+
+ROOT_INCLUDE = str(__import__("pathlib").Path(__file__).resolve().parents[2] / "include")
+
+
+def test_the_run_session_is_a_stable_uuid_per_run():
+    from epochsync.spark import run_session_remote
+
+    a = run_session_remote("sc://127.0.0.1:15002/", "epochsync__sim__dag/manual__2026-11-23")
+    assert a == run_session_remote("sc://127.0.0.1:15002", "epochsync__sim__dag/manual__2026-11-23")
+    assert a != run_session_remote("sc://127.0.0.1:15002/", "epochsync__sim__dag/manual__2026-11-24")
+    base, sid = a.split(";session_id=")
+    assert base == "sc://127.0.0.1:15002/"
+    assert uuid.UUID(sid).version == 4
+    # the provider's URL may carry parameters already (user_id, token)
+    b = run_session_remote("sc://h:1/;user_id=ops", "r")
+    assert b.startswith("sc://h:1/;user_id=ops;session_id=")
+
+
+_TASK = """
+import sys
+from pyspark.sql import SparkSession
+from epochsync.spark import SHIPPED_CONF, prepare_session
+spark = SparkSession.builder.remote(sys.argv[1]).getOrCreate()
+before = spark.conf.get(SHIPPED_CONF, None)
+spark.release_session_on_close = False   # what run_stage_task does
+prepare_session(spark)
+# executors import the shipped package
+row = spark.range(1).mapInArrow(lambda it: ((__import__('epochsync'), b)[1] for b in it), "id long").collect()
+print(before or "-", spark.conf.get(SHIPPED_CONF))
+spark.stop()
+"""
+
+
+def test_two_task_processes_share_the_session_and_ship_the_package_once(spark_connect):
+    """The second task of a run finds the package in the session: no second upload."""
+    from epochsync.spark import run_session_remote
+
+    remote = run_session_remote(spark_connect, f"test-run-{uuid.uuid4()}")
+    outs = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", _TASK, remote], capture_output=True, text=True,
+                              env={**__import__("os").environ, "PYTHONPATH": ROOT_INCLUDE}, timeout=120)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        outs.append(done.stdout.split()[-2:])
+    first, second = outs
+    assert first[0] == "-" and first[1].startswith("epochsync-")
+    # stop() in the first process closed its client only: the session (and its package) lived on
+    assert second == [first[1], first[1]]
