@@ -356,10 +356,10 @@ def xattr_changes(recs: DataFrame) -> DataFrame:
     )  # fmt: skip
 
 
-def write_chunks(writes: DataFrame, layouts: DataFrame, extents_known: bool) -> tuple[DataFrame, DataFrame]:
+def write_chunks(writes: DataFrame, extents_known: bool) -> tuple[DataFrame, DataFrame]:
     """The writes with their fid's final layout → (per-write rows, file-offset chunk rows).
 
-    ``layouts`` gives each fid's final ``layout`` and ``set_ord`` (the order of its last size
+    Each write carries its fid's final ``layout`` and ``set_ord`` (the order of its last size
     set); a write after it has ``after_set``. Per-write rows carry ``kind``: ``whole`` (the
     whole file changed), ``nothing`` (the write only reports an object version),
     ``identity`` (extents are file offsets: no layout, one object) or ``striped``. Chunk
@@ -380,8 +380,7 @@ def write_chunks(writes: DataFrame, layouts: DataFrame, extents_known: bool) -> 
     else:
         kind = "'whole'"
     per_write = (
-        writes.join(layouts, "fid", "left")
-        .select(
+        writes.select(
             "fid", "ord", "object", "extents", *TIME_TYPES, "layout",
             F.expr("set_ord IS NULL OR ord > set_ord").alias("after_set"),
             F.col("layout.stripe_size").alias("ss"),
@@ -534,16 +533,15 @@ def merge_epoch(
         '): the snapshot and the changelog disagree (missing or reordered records?)'))"""
     links = f"CASE WHEN size({bad}) > 0 THEN {inconsistent} ELSE {links} END"
     # data: every write with its fid's final layout (the layout may come from this window)
-    layouts = (
-        layout_facts(recs)
-        .join(old, "fid", "full")
-        .select(
-            "fid",
-            F.expr("CASE WHEN l_layout IS NULL THEN p_layout ELSE l_layout.v END").alias("layout"),
-            "set_ord",
-        )
+    # Left joins onto the writes, which stay where prepare_records put them (partitioned by
+    # fid): only the snapshot's (fid, layout) is shuffled to meet them, never the writes.
+    with_layout = (
+        writes.join(layout_facts(recs), "fid", "left")
+        .join(old.select("fid", "p_layout"), "fid", "left")
+        .withColumn("layout", F.expr("CASE WHEN l_layout IS NULL THEN p_layout ELSE l_layout.v END"))
+        .drop("l_layout", "p_layout")
     )
-    per_write, chunks = write_chunks(writes, layouts, extents_known)
+    per_write, chunks = write_chunks(with_layout, extents_known)
     data = write_data(per_write, chunks).withColumn("has_write", F.lit(True))
     touched = meta.join(data, "fid", "full")
     st = (
