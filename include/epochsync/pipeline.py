@@ -515,14 +515,18 @@ def _ingest(cfg: Config, source: str, first: int, last: int, spark, consumer: st
 class _Session:
     """The Spark session of a replicate run, started the first time a stage needs it."""
 
-    def __init__(self, name: str, cfg: Config, spark=None):
-        self.name, self.cfg, self.existing = name, cfg, spark
+    def __init__(self, name: str, cfg: Config, spark=None, target: str = ""):
+        self.name, self.cfg, self.existing, self.target = name, cfg, spark, target
 
     def get(self):
         if self.existing is None:
             from epochsync.spark import spark_session
 
-            self.existing = spark_session(self.name, cfg=self.cfg)
+            # one server-side session per target, kept between runs (its package and
+            # Python workers stay warm for the next epoch; the server drops it when idle)
+            self.existing = spark_session(
+                self.name, cfg=self.cfg, session_key=f"replicate/{self.cfg.file}/{self.target}"
+            )
         return self.existing
 
 
@@ -545,7 +549,7 @@ def replicate(
     """
     cfg = _config(cfg)
     tcfg = _target_cfg(cfg, target)
-    session = _Session(f"epochsync-replicate-{tcfg.name}", cfg, spark)
+    session = _Session(f"epochsync-replicate-{tcfg.name}", cfg, spark, tcfg.name)
     committed = committed_epoch(cfg, tcfg)
     if epoch is not None:
         epochs = [epoch]

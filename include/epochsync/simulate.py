@@ -1186,7 +1186,9 @@ def _epoch_grid_of(args, live: bool) -> tuple[datetime, float]:
     30 s epochs from the next whole interval at least 10 s away."""
     from epochsync.config import parse_datetime, parse_duration
 
-    interval_s = parse_duration(args.interval) if getattr(args, "interval", None) else (30.0 if live else EPOCH_INTERVAL_S)
+    interval_s = (
+        parse_duration(args.interval) if getattr(args, "interval", None) else (30.0 if live else EPOCH_INTERVAL_S)
+    )
     if getattr(args, "start", None):
         start = parse_datetime(args.start)
     elif live:

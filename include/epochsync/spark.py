@@ -78,15 +78,28 @@ def spark_session(
     master: str | None = None,
     shuffle_partitions: int | None = None,
     extra_conf: dict[str, str] | None = None,
+    session_key: str | None = None,
 ):
     """A prepared session: Connect when a remote is configured (see :func:`resolve_remote`),
-    else classic in-process on ``master`` (default ``$EPOCHSYNC_SPARK_MASTER`` or ``local[2]``)."""
+    else classic in-process on ``master`` (default ``$EPOCHSYNC_SPARK_MASTER`` or ``local[2]``).
+
+    ``session_key`` (Connect only): open the server-side session named by it and the
+    package's content hash (:func:`run_session_remote`) instead of a new one, and keep it
+    when this client stops: runs with the same key (``epochsync replicate`` of one target,
+    again and again) find its package and Python workers warm, and a changed package gets a
+    session of its own.
+    """
     url = None if master else resolve_remote(remote, cfg)
     if url:
         from pyspark.sql import SparkSession
 
+        if session_key and "session_id=" not in url:
+            url = run_session_remote(url, f"{session_key}/{os.path.basename(package_zip())}")
+
         try:
-            session = SparkSession.builder.remote(url).getOrCreate()
+            builder = SparkSession.builder.remote(url)
+            # a keyed session is that session, whatever other session this process holds
+            session = builder.create() if session_key else builder.getOrCreate()
         except Exception as exc:  # grpc's errors are many; one line says what to check
             from epochsync.errors import EpochsyncError
 
@@ -94,6 +107,8 @@ def spark_session(
                 f"cannot reach the Spark Connect server {url}: {str(exc).splitlines()[0][:300]} "
                 f"(is it running? {REMOTE_ENV} or the config's spark.remote name it)"
             ) from None
+        if session_key:
+            session.release_session_on_close = False
     else:
         session = _classic_session(app_name, master, extra_conf)
     return prepare_session(session, shuffle_partitions=shuffle_partitions, extra_conf=extra_conf)

@@ -86,7 +86,12 @@ def test_short_demo_replicates_both_targets_and_rolls_back_the_injected_failure(
     assert [w["state"] for w in spark["cluster"]["workers"]] == ["ALIVE"]
     # ... and the merge's and apply's tasks ran on the worker's executor, not in the driver
     stages = spark["stages"]
-    for tag in ("epochsync-merge-local-e1", "epochsync-merge-s3-e3", "epochsync-apply-s3-e3", "epochsync-ingest-local-e2"):
+    for tag in (
+        "epochsync-merge-local-e1",
+        "epochsync-merge-s3-e3",
+        "epochsync-apply-s3-e3",
+        "epochsync-ingest-local-e2",
+    ):
         assert stages[tag]["tasks"] > 0, (tag, stages)
         assert stages[tag]["executors"] and "driver" not in stages[tag]["executors"], (tag, stages[tag])
 

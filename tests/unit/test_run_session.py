@@ -53,3 +53,25 @@ def test_two_task_processes_share_the_session_and_ship_the_package_once(spark_co
     assert first[0] == "-" and first[1].startswith("epochsync-")
     # stop() in the first process closed its client only: the session (and its package) lived on
     assert second == [first[1], first[1]]
+
+
+def test_replicate_runs_of_one_target_reopen_one_session(spark_connect):
+    """``spark_session(session_key=...)``: the session survives the client's stop() and is found again."""
+    from epochsync.spark import SHIPPED_CONF, spark_session
+
+    key = f"replicate/test/{uuid.uuid4()}"
+    first = spark_session("a", remote=spark_connect, session_key=key)
+    sid, shipped = first.session_id, first.conf.get(SHIPPED_CONF)
+    first.stop()
+    again = spark_session("b", remote=spark_connect, session_key=key)
+    try:
+        assert again.session_id == sid
+        assert again.conf.get(SHIPPED_CONF) == shipped
+        assert again.range(3).count() == 3
+    finally:
+        again.release_session_on_close = True  # released: the next client gets a fresh one
+        again.stop()
+    other = spark_session("c", remote=spark_connect, session_key=key + "-other")
+    other.release_session_on_close = True
+    other.stop()
+    assert other.session_id != sid

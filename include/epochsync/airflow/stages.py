@@ -155,7 +155,7 @@ class EpochStageOperator(PySparkOperator):
         from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
         from airflow.providers.common.compat.sdk import BaseHook
 
-        from epochsync.spark import run_session_remote
+        from epochsync.spark import package_zip, run_session_remote
 
         if not self.conn_id or "spark.remote" in self.config_kwargs:  # a task that names its own
             return super().execute(context)
@@ -165,7 +165,9 @@ class EpochStageOperator(PySparkOperator):
         run = context["dag_run"]
         url = SparkConnectHook(self.conn_id).get_connection_url()
         own = self.config_kwargs
-        self.config_kwargs = {**own, "spark.remote": run_session_remote(url, f"{run.dag_id}/{run.run_id}")}
+        # the package's hash in the key: tasks of one run running different code never share workers
+        key = f"{run.dag_id}/{run.run_id}/{os.path.basename(package_zip())}"
+        self.config_kwargs = {**own, "spark.remote": run_session_remote(url, key)}
         try:
             return super().execute(context)
         finally:  # the operator object may serve another run in this process (dag.test())
