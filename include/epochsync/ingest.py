@@ -945,11 +945,17 @@ def _finish_fast(table, sink: _Sink):
     scoped = pc.filter(idx, mask)
     if len(scoped):
         if job.continuity:
-            if (
-                len(scoped) > 1
-                and not pc.all(pc.equal(pc.subtract(scoped.slice(1), scoped.slice(0, len(scoped) - 1)), 1)).as_py()
-            ):
-                return None
+            if len(scoped) > 1:
+                step = pc.subtract(scoped.slice(1), scoped.slice(0, len(scoped) - 1))
+                if not pc.all(pc.equal(step, 1)).as_py():
+                    # the one repeat allowed: a MARK's EPOCH record (Lustre MARK epochs)
+                    styp = pc.filter(typ, mask)
+                    repeat = pc.and_(
+                        pc.equal(step, 0),
+                        pc.and_(pc.equal(styp.slice(1), "EPOCH"), pc.equal(styp.slice(0, len(styp) - 1), "MARK")),
+                    )
+                    if not pc.all(pc.or_(pc.equal(step, 1), repeat)).as_py():
+                        return None
             if prev is not None and scoped[0].as_py() != prev + 1:
                 return None
         if sink.report.span_first is None:
@@ -1030,6 +1036,51 @@ def _timed(batches: Iterable, rep: FileReport) -> Iterator:
 
 def _ingest_jsonl_file(sink: _Sink, read_schema) -> Iterator:
     """One JSON Lines file: fast path chunk by chunk, the importer from the first doubtful chunk on."""
+
+    def fast(chunk: bytes):
+        table = _fast_chunk(chunk, sink.f.server, read_schema)
+        return None if table is None else _finish_fast(table, sink)
+
+    def importer(stream, lines_before: int, bytes_before: int):
+        after = sink.last_index_any
+        return _reference_path(
+            stream, sink, line_base=lines_before, offset_base=bytes_before,
+            after={sink.f.server: after} if after is not None else None,
+        )  # fmt: skip
+
+    return _chunked(sink, fast, importer)
+
+
+def _ingest_lustre_file(sink: _Sink, context) -> Iterator:
+    """One Lustre text file: the vectorized parse chunk by chunk (``formats.lustre_fast``), the
+    importer from the first doubtful chunk on; ``context`` carries index order and MARK epochs."""
+    from epochsync.formats.lustre_fast import parse_lustre_chunk
+
+    job = sink.job
+    opts = _parse_options(job, sink.f.server, context=context)
+    grid = (job.start_ns, job.interval_ns)
+
+    def fast(chunk: bytes):
+        parsed = parse_lustre_chunk(chunk, opts, sink.schema, time_grid=grid)
+        if parsed is None:
+            return None
+        table, state = parsed
+        if table.num_rows == 0:  # blank lines only
+            return []
+        out = _finish_fast(table, sink)
+        if out is not None:
+            state.apply(opts)
+        return out
+
+    def importer(stream, lines_before: int, bytes_before: int):
+        return _reference_path(stream, sink, line_base=lines_before, offset_base=bytes_before, context=context)
+
+    return _chunked(sink, fast, importer)
+
+
+def _chunked(sink: _Sink, fast, importer) -> Iterator:
+    """A file in chunks of whole lines: ``fast(chunk)`` (batches, or None when in doubt) until
+    it doubts, then ``importer(stream, lines_before, bytes_before)`` for the rest of the file."""
     f, job = sink.f, sink.job
     with _open(f, job.s3) as raw:
         carry = b""
@@ -1048,16 +1099,11 @@ def _ingest_jsonl_file(sink: _Sink, read_schema) -> Iterator:
                 chunk, carry = chunk[:cut], chunk[cut:]
             else:
                 carry = b""
-            table = _fast_chunk(chunk, f.server, read_schema)
-            out = None if table is None else _finish_fast(table, sink)
+            out = fast(chunk)
             if out is None:
                 # the importer takes over from this chunk to the end of the file
-                after = sink.last_index_any
                 stream = io.BufferedReader(_Chain(chunk + carry, raw), buffer_size=1 << 20)
-                for b in _reference_path(
-                    stream, sink, line_base=lines_before, offset_base=bytes_before,
-                    after={f.server: after} if after is not None else None,
-                ):  # fmt: skip
+                for b in importer(stream, lines_before, bytes_before):
                     _count_epochs(sink.report.records, b)
                     yield b
                 return
@@ -1098,6 +1144,8 @@ def _task_runner(tasks: list[list[ChangelogFile]], job: IngestJob):
                     sink = _Sink(job, f, out_schema)
                     if job.fmt == "jsonl":
                         produced = _ingest_jsonl_file(sink, read_schema)
+                    elif job.fmt == "lustre":
+                        produced = _ingest_lustre_file(sink, context)
                     else:
                         produced = _ingest_server_file(sink, context)
                     started = time.perf_counter()
