@@ -53,8 +53,9 @@ def test_mix_and_consistency_of_a_generated_epoch():
     assert any(len({s for s, _ in v}) > 1 for v in spans.values())
     assert any({t for _, t in v} == {"RENME", "CTIME"} for v in spans.values())
     records = [_record(r) for r in table.to_pylist()]
-    prev = [snapshot_row_from_json(json.loads(line)) for part in dump[1:] for line in part.to_pylist()]
-    prev.append(snapshot_row_from_json(json.loads(dump[0])))
+    lines = dump()
+    prev = [snapshot_row_from_json(json.loads(line)) for part in lines[1:] for line in part.to_pylist()]
+    prev.append(snapshot_row_from_json(json.loads(lines[0])))
     replay(ROOT_FID, prev, records)  # raises InconsistentRecord if the history were not consistent
 
 

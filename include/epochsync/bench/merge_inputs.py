@@ -96,7 +96,8 @@ class _Cols:
 
     def build(self, np):
         total = sum(n for _, n, _ in self.parts)
-        out = {k: np.full(total, -1, np.int64) for k in self.INT}
+        # int32 ids and values (sizes stay below 2 GiB here); int64 for offsets
+        out = {k: np.full(total, -1, np.int64 if k in ("ext_off", "ext_len") else np.int32) for k in self.INT}
         types = []
         at = 0
         for rtype, n, cols in self.parts:
@@ -108,8 +109,10 @@ class _Cols:
 
 
 def generate_epoch(records: int, seed: int, files: int | None = None):
-    """The epoch-1 namespace (Arrow tables) and the epoch-2 records (an Arrow table in the
-    record schema), about ``records`` records. Returns ``(dump_lines, records_table, Generated)``."""
+    """The epoch-2 records (an Arrow table in the record schema, each server's records
+    together, in index order, its EPOCH record last), about ``records`` of them. Returns
+    ``(dump, records_table, Generated)``; ``dump()`` makes the epoch-1 namespace dump
+    (JSON Lines text: one string, then string arrays)."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
@@ -391,27 +394,35 @@ def generate_epoch(records: int, seed: int, files: int | None = None):
     type_of = np.empty(total, np.int8)
     for rtype, at, n in types:
         type_of[at : at + n] = type_names.index(rtype)
-    order_key = c["slot"] * _SLOT + c["sub"]
-    order = np.argsort(order_key, kind="stable")
+    # time order: each operation's slot, then its records; rows grouped by server (each
+    # server's records a contiguous run, in time order: its index)
+    g = np.argsort(c["slot"].astype(np.int64) * _SLOT + c["sub"], kind="stable")
+    rank = np.empty(total, np.int64)
+    rank[g] = np.arange(total)
+    del g
+    order = np.lexsort((rank, c["server"]))
+    window = (int(EPOCH_START.timestamp()) + EPOCH_INTERVAL_S) * _NS  # epoch 2 starts here
+    time_ns = window + 1000 + rank[order] * _TICK
+    del rank
     for key in c:
         c[key] = c[key][order]
     type_of = type_of[order]
-    window = (int(EPOCH_START.timestamp()) + EPOCH_INTERVAL_S) * _NS  # epoch 2 starts here
-    time_ns = window + 1000 + np.arange(total, dtype=np.int64) * _TICK
-    # EPOCH records: each server's last
-    srv = c["server"]
-    index = np.zeros(total, np.int64)
-    for s_i in range(len(SERVERS)):
-        m = srv == s_i
-        index[m] = np.arange(1, int(m.sum()) + 1)
+    del order
+    per_server = np.bincount(c["server"], minlength=len(SERVERS))
+    starts = np.concatenate(([0], np.cumsum(per_server)))
+    index = np.arange(total, dtype=np.int64) - starts[c["server"]] + 1
     meta = Generated(files=files, dirs=ndirs, records=total + len(SERVERS), writes=int(sum(W) + op_count["truncate"]),
                      ops={**op_count, "write": int(keep_ops)})  # fmt: skip
     table = _records_table(
         np, c, type_names, type_of, time_ns, index, total,
-        lay=(all_counts, all_first, all_stripe), row_fid=row_fid, ndirs=ndirs, files=files,
+        lay=(all_counts, all_first, all_stripe), row_fid=row_fid, ndirs=ndirs, files=files, per_server=per_server,
     )  # fmt: skip
-    dump = _dump(np, ndirs, n_top, dir_parent, dir_mdt, files, file_parent, counts, first_ost, stripe, size, mode,
-                 uid, gid, t1)  # fmt: skip
+    del c, type_of, time_ns, index
+
+    def dump():
+        return _dump(np, ndirs, n_top, dir_parent, dir_mdt, files, file_parent, counts, first_ost, stripe, size,
+                     mode, uid, gid, t1)  # fmt: skip
+
     return dump, table, meta
 
 
@@ -440,7 +451,7 @@ def name_strings(n: int, ndirs: int):
     return out
 
 
-def _records_table(np, c, type_names, type_of, time_ns, index, total, *, lay, row_fid, ndirs, files):
+def _records_table(np, c, type_names, type_of, time_ns, index, total, *, lay, row_fid, ndirs, files, per_server):
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -538,15 +549,16 @@ def _records_table(np, c, type_names, type_of, time_ns, index, total, *, lay, ro
     arrays = [cols[f.name] if f.name in cols else pa.nulls(n, f.type) for f in schema]
     arrays = [a if a.type == f.type else a.cast(f.type) for a, f in zip(arrays, schema)]
     table = pa.Table.from_arrays(arrays, schema=schema)
-    # each server's EPOCH record closes epoch 2
-    last = {s: int(index[np.asarray(c["server"]) == i].max(initial=0)) for i, s in enumerate(SERVERS)}
-    end = int(time_ns[-1]) if n else 0
-    epoch_rows = pa.Table.from_pylist(
-        [{"server": s, "index": last[s] + 1, "epoch": 2, "type": "EPOCH", "time_ns": end + 1 + i}
-         for i, s in enumerate(SERVERS)],
-        schema=schema,
-    )  # fmt: skip
-    return pa.concat_tables([table, epoch_rows]).combine_chunks()
+    # each server's EPOCH record closes epoch 2, after its last record
+    end = int(time_ns.max(initial=0))
+    pieces, at = [], 0
+    for i, s in enumerate(SERVERS):
+        k = int(per_server[i])
+        pieces.append(table.slice(at, k))
+        at += k
+        row = {"server": s, "index": k + 1, "epoch": 2, "type": "EPOCH", "time_ns": end + 1 + i}
+        pieces.append(pa.Table.from_pylist([row], schema=schema))
+    return pa.concat_tables(pieces)
 
 
 def _dump(
@@ -619,21 +631,25 @@ def write_inputs(work: Path, records: int, seed: int, files: int | None = None) 
     import pyarrow.parquet as pq
 
     dump, table, meta = generate_epoch(records, seed, files)
+    data_fields = [f.name for f in table.schema if f.name not in ("epoch", "server")]
+    at = 0
+    for s in SERVERS:  # each server's records (and its EPOCH record) are one run of rows
+        k = int(pc.sum(pc.equal(table.column("server"), s)).as_py() or 0)
+        d = work / "records" / f"server={s}"
+        d.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table.slice(at, k).select(data_fields), d / "part-0.parquet", row_group_size=1 << 20)
+        at += k
+    del table
     snap = work / "snapshot" / "epoch=1"
     snap.mkdir(parents=True, exist_ok=True)
     with open(snap / "part-0.jsonl", "wb") as fh:
-        fh.write(dump[0].encode() + b"\n")
-        for part in dump[1:]:
+        lines = dump()
+        fh.write(lines[0].encode() + b"\n")
+        for part in lines[1:]:
             for chunk in part.chunks if isinstance(part, pa.ChunkedArray) else [part]:
                 data = pc.binary_join_element_wise(chunk, "\n", "")
                 buf = data.buffers()[2]
                 offs = np.frombuffer(data.buffers()[1], np.int32)
                 fh.write(memoryview(buf)[offs[data.offset] : offs[data.offset + len(data)]])
-    data_fields = [f for f in table.schema if f.name not in ("epoch", "server")]
-    for s in SERVERS:
-        part = table.filter(pc.equal(table.column("server"), s))
-        d = work / "records" / f"server={s}"
-        d.mkdir(parents=True, exist_ok=True)
-        pq.write_table(part.select([f.name for f in data_fields]), d / "part-0.parquet", row_group_size=1 << 20)
     (work / "generated.json").write_text(json.dumps(meta.__dict__) + "\n")
     return meta
