@@ -859,6 +859,7 @@ def _fast_chunk(chunk: bytes, server: str, read_schema):
     ``formats.common.RecordChecker``). Anything else — blank lines, unknown keys, a
     number where a string belongs, an unsafe name — returns None.
     """
+    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -866,9 +867,14 @@ def _fast_chunk(chunk: bytes, server: str, read_schema):
     # Every line must start with "{" and end with "}": no blank lines (the importer skips
     # them), no object spread over lines; with one row per line below, each line is then
     # exactly one object. Counting bytes is far cheaper than a regular expression.
-    newlines = body.count(b"\n")
-    if body[:1] != b"{" or body[-1:] != b"}" or body.count(b"}\n{") != newlines:
+    if body[:1] != b"{" or body[-1:] != b"}":
         return None
+    at = np.flatnonzero(np.frombuffer(body, np.uint8) == 10)
+    newlines = len(at)
+    if newlines:
+        raw = np.frombuffer(body, np.uint8)
+        if not ((raw[at - 1] == 125).all() and (raw[at + 1] == 123).all()):  # "}\n{"
+            return None
     lines = newlines + 1
     table = _read_json(chunk, read_schema)
     if table is None:
