@@ -413,6 +413,8 @@ def generate_epoch(records: int, seed: int, files: int | None = None):
     index = np.arange(total, dtype=np.int64) - starts[c["server"]] + 1
     meta = Generated(files=files, dirs=ndirs, records=total + len(SERVERS), writes=int(sum(W) + op_count["truncate"]),
                      ops={**op_count, "write": int(keep_ops)})  # fmt: skip
+    # the write plan's arrays are in the columns now: free them before the Arrow columns are built
+    del wr, ws, w0, cnt, k_obj, S, fsize, append, st0, a, b, mtime, osts, spans, ck, ends, sel
     table = _records_table(
         np, c, type_names, type_of, time_ns, index, total,
         lay=(all_counts, all_first, all_stripe), row_fid=row_fid, ndirs=ndirs, files=files, per_server=per_server,

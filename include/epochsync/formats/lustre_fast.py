@@ -92,9 +92,12 @@ def parse_lustre_chunk(data: bytes, opts: ParseOptions, schema, *, time_grid: tu
     caller applies the returned state once it accepts the table). Time-window epochs need
     ``time_grid`` = (start_ns, interval_ns), the grid ``opts.epoch_of_time`` stands for.
     """
+    import pyarrow as pa
+
     try:
         return _parse(data, opts, schema, time_grid)
-    except _Doubt:
+    except (_Doubt, IndexError, ValueError, OverflowError, pa.ArrowException):
+        # a doubt, or input shaped in a way this parse did not foresee: the importer decides
         return None
 
 
