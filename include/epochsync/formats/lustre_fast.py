@@ -343,16 +343,14 @@ def _parse(data: bytes, opts: ParseOptions, schema, time_grid):  # noqa: C901 - 
     cand = key_is(TOK, b"s=[") & np.append(RL[1:] == 1, False) & np.append(key_is(TOK[1:], b"sp=["), False)
     cand[np.maximum(hi - 1, 0)[hi > lo]] = False  # the pair must lie in one line
     cand[-2:] = False
-    counts = np.concatenate(([0], np.cumsum(cand)))
-    k_last = np.maximum(hi - 1, r)
-    n_pairs = counts[k_last] - counts[r]
+    at = np.flatnonzero(cand)
+    n_pairs = np.searchsorted(at, np.maximum(hi - 1, r)) - np.searchsorted(at, r)  # pairs in runs r..hi-2
     if (n_pairs[~renme] > 0).any() or (n_pairs[renme] != 1).any():
         raise _Doubt  # s=/sp= on another type, or a RENME without (or with two): the importer says
     name = column(rest_s, ends, has_rest)
     null_str = pa.nulls(n, pa.string())
     sname = sfid = spfid = null_str
     if renme.any():
-        at = np.flatnonzero(cand)
         k = at[np.minimum(np.searchsorted(at, r), len(at) - 1)]
         name = pc.if_else(pa.array(renme), column(rest_s, RE[k] - 1, renme), name)
         sfid = _canonical(column(RE[k] + 2, R[k + 1], renme))
