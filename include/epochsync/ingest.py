@@ -28,7 +28,6 @@ Airflow sensor calls it before ingest. Nothing heavy is imported at module level
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import dataclasses
 import io
@@ -797,6 +796,61 @@ def _shift(e: ParseError, lines: int, offset: int) -> ParseError:
     )
 
 
+#: bytes at the start of a chunk whose keys make the JSON reader's schema (see _read_json)
+JSON_SAMPLE_BYTES = 64 * 1024
+
+
+def _read_json(chunk: bytes, read_schema):
+    """The chunk through pyarrow's JSON reader as a table in ``read_schema``, or None.
+
+    Arrow's reader costs about a third more per record when the explicit schema names all
+    28 fields while a record holds 5-12 of them. So the schema given is only the fields whose
+    key appears in the first :data:`JSON_SAMPLE_BYTES`; any other key is inferred, and kept
+    only if its inferred type is the schema's (or null, or an integer that fits). Anything
+    else reads the chunk again with the full schema, and unknown keys are an error there.
+    """
+    import pyarrow as pa
+    import pyarrow.json as pj
+
+    read_opts = pj.ReadOptions(use_threads=False, block_size=max(len(chunk), 1 << 20) + 1)
+    errors = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, UnicodeDecodeError)
+    sample = chunk[:JSON_SAMPLE_BYTES]
+    hint = pa.schema([f for f in read_schema if b'"' + f.name.encode() + b'"' in sample])
+    if len(hint) < len(read_schema):
+        try:
+            table = pj.read_json(
+                io.BytesIO(chunk),
+                read_options=read_opts,
+                parse_options=pj.ParseOptions(explicit_schema=hint, unexpected_field_behavior="infer"),
+            )
+            arrays = []
+            for f in read_schema:
+                i = table.schema.get_field_index(f.name)
+                if i < 0:
+                    arrays.append(pa.nulls(table.num_rows, f.type))
+                    continue
+                col = table.column(i)
+                if col.type != f.type:
+                    if not (
+                        pa.types.is_null(col.type) or (pa.types.is_integer(col.type) and pa.types.is_integer(f.type))
+                    ):
+                        raise pa.ArrowInvalid(f"field {f.name} inferred as {col.type}")
+                    col = col.cast(f.type)  # safe: an integer that does not fit raises
+                arrays.append(col)
+            if table.num_columns == sum(1 for f in read_schema if table.schema.get_field_index(f.name) >= 0):
+                return pa.Table.from_arrays(arrays, schema=read_schema)
+        except errors:
+            pass
+    try:
+        return pj.read_json(
+            io.BytesIO(chunk),
+            read_options=read_opts,
+            parse_options=pj.ParseOptions(explicit_schema=read_schema, unexpected_field_behavior="error"),
+        )
+    except errors:
+        return None
+
+
 def _fast_chunk(chunk: bytes, server: str, read_schema):
     """Canonical JSON Lines chunk → validated Arrow table, or None if any line needs the importer.
 
@@ -805,25 +859,25 @@ def _fast_chunk(chunk: bytes, server: str, read_schema):
     ``formats.common.RecordChecker``). Anything else — blank lines, unknown keys, a
     number where a string belongs, an unsafe name — returns None.
     """
+    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
-    import pyarrow.json as pj
 
     body = chunk[:-1] if chunk.endswith(b"\n") else chunk
     # Every line must start with "{" and end with "}": no blank lines (the importer skips
     # them), no object spread over lines; with one row per line below, each line is then
     # exactly one object. Counting bytes is far cheaper than a regular expression.
-    newlines = body.count(b"\n")
-    if body[:1] != b"{" or body[-1:] != b"}" or body.count(b"}\n{") != newlines:
+    if body[:1] != b"{" or body[-1:] != b"}":
         return None
+    at = np.flatnonzero(np.frombuffer(body, np.uint8) == 10)
+    newlines = len(at)
+    if newlines:
+        raw = np.frombuffer(body, np.uint8)
+        if not ((raw[at - 1] == 125).all() and (raw[at + 1] == 123).all()):  # "}\n{"
+            return None
     lines = newlines + 1
-    try:
-        table = pj.read_json(
-            io.BytesIO(chunk),
-            read_options=pj.ReadOptions(use_threads=False, block_size=max(len(chunk), 1 << 20) + 1),
-            parse_options=pj.ParseOptions(explicit_schema=read_schema, unexpected_field_behavior="error"),
-        )
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, UnicodeDecodeError):
+    table = _read_json(chunk, read_schema)
+    if table is None:
         return None
     if table.num_rows != lines:
         return None  # two objects on a line, or one object over several
@@ -945,11 +999,17 @@ def _finish_fast(table, sink: _Sink):
     scoped = pc.filter(idx, mask)
     if len(scoped):
         if job.continuity:
-            if (
-                len(scoped) > 1
-                and not pc.all(pc.equal(pc.subtract(scoped.slice(1), scoped.slice(0, len(scoped) - 1)), 1)).as_py()
-            ):
-                return None
+            if len(scoped) > 1:
+                step = pc.subtract(scoped.slice(1), scoped.slice(0, len(scoped) - 1))
+                if not pc.all(pc.equal(step, 1)).as_py():
+                    # the one repeat allowed: a MARK's EPOCH record (Lustre MARK epochs)
+                    styp = pc.filter(typ, mask)
+                    repeat = pc.and_(
+                        pc.equal(step, 0),
+                        pc.and_(pc.equal(styp.slice(1), "EPOCH"), pc.equal(styp.slice(0, len(styp) - 1), "MARK")),
+                    )
+                    if not pc.all(pc.or_(pc.equal(step, 1), repeat)).as_py():
+                        return None
             if prev is not None and scoped[0].as_py() != prev + 1:
                 return None
         if sink.report.span_first is None:
@@ -984,9 +1044,7 @@ def _finish_fast(table, sink: _Sink):
     cols = {n: out.column(n) for n in out.column_names}
     xv = cols["xattr_value"]
     if xv.null_count < len(xv):
-        cols["xattr_value"] = pa.array(
-            [None if v is None else base64.b64decode(v) for v in xv.to_pylist()], type=pa.binary()
-        )
+        cols["xattr_value"] = b64decode_column(xv)
     else:
         cols["xattr_value"] = pa.nulls(len(xv), type=pa.binary())
     lay = cols["layout"]
@@ -1005,6 +1063,59 @@ def _finish_fast(table, sink: _Sink):
         max_chunksize=65536
     )
     return batches
+
+
+_B64_LOOKUP = None
+
+
+def b64decode_column(col):
+    """Base64 strings (already checked against ``_BASE64``: padded, length a multiple of 4)
+    → binary, null stays null; numpy over the concatenated characters, no per-value Python."""
+    import numpy as np
+    import pyarrow as pa
+
+    global _B64_LOOKUP
+    if _B64_LOOKUP is None:
+        table = np.zeros(256, np.uint8)
+        alphabet = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+        table[np.frombuffer(alphabet, np.uint8)] = np.arange(64, dtype=np.uint8)
+        _B64_LOOKUP = table
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    arr = arr.cast(pa.large_string())
+    n = len(arr)
+    offsets = np.frombuffer(arr.buffers()[1], np.int64)[arr.offset : arr.offset + n + 1]
+    data = arr.buffers()[2]
+    chars = np.frombuffer(data, np.uint8)[offsets[0] : offsets[-1]] if data is not None else np.zeros(0, np.uint8)
+    lengths = np.diff(offsets)
+    if (lengths % 4).any():  # pragma: no cover - _fast_chunk checked the spelling
+        raise ValueError("base64 value whose length is not a multiple of 4")
+    v = _B64_LOOKUP[chars].reshape(-1, 4).astype(np.uint8)
+    out = np.empty((len(v), 3), np.uint8)
+    out[:, 0] = (v[:, 0] << 2) | (v[:, 1] >> 4)
+    out[:, 1] = ((v[:, 1] & 15) << 4) | (v[:, 2] >> 2)
+    out[:, 2] = ((v[:, 2] & 3) << 6) | v[:, 3]
+    out = out.reshape(-1)
+    # padding: each "=" at a value's end drops one decoded byte
+    ends = offsets[1:] - offsets[0]
+    pad = np.zeros(n, np.int64)
+    has = lengths > 0
+    pad[has] = (chars[ends[has] - 1] == 61).astype(np.int64) + (chars[ends[has] - 2] == 61)
+    out_len = lengths // 4 * 3 - pad
+    keep = np.ones(len(out), bool)
+    out_end = np.cumsum(lengths // 4 * 3)
+    keep[(out_end - 1)[pad >= 1]] = False
+    keep[(out_end - 2)[pad >= 2]] = False
+    decoded = out[keep]
+    new_offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(out_len, out=new_offsets[1:])
+    validity = arr.buffers()[0]
+    if validity is not None and arr.offset:
+        validity = pa.array(arr.is_valid()).buffers()[1]
+    result = pa.LargeBinaryArray.from_buffers(
+        pa.large_binary(), n, [validity, pa.py_buffer(new_offsets), pa.py_buffer(decoded.tobytes())],
+        null_count=arr.null_count,
+    )  # fmt: skip
+    return result.cast(pa.binary())
 
 
 def _count_epochs(records_counts: dict[int, int], batch) -> None:
@@ -1030,6 +1141,51 @@ def _timed(batches: Iterable, rep: FileReport) -> Iterator:
 
 def _ingest_jsonl_file(sink: _Sink, read_schema) -> Iterator:
     """One JSON Lines file: fast path chunk by chunk, the importer from the first doubtful chunk on."""
+
+    def fast(chunk: bytes):
+        table = _fast_chunk(chunk, sink.f.server, read_schema)
+        return None if table is None else _finish_fast(table, sink)
+
+    def importer(stream, lines_before: int, bytes_before: int):
+        after = sink.last_index_any
+        return _reference_path(
+            stream, sink, line_base=lines_before, offset_base=bytes_before,
+            after={sink.f.server: after} if after is not None else None,
+        )  # fmt: skip
+
+    return _chunked(sink, fast, importer)
+
+
+def _ingest_lustre_file(sink: _Sink, context) -> Iterator:
+    """One Lustre text file: the vectorized parse chunk by chunk (``formats.lustre_fast``), the
+    importer from the first doubtful chunk on; ``context`` carries index order and MARK epochs."""
+    from epochsync.formats.lustre_fast import parse_lustre_chunk
+
+    job = sink.job
+    opts = _parse_options(job, sink.f.server, context=context)
+    grid = (job.start_ns, job.interval_ns)
+
+    def fast(chunk: bytes):
+        parsed = parse_lustre_chunk(chunk, opts, sink.schema, time_grid=grid)
+        if parsed is None:
+            return None
+        table, state = parsed
+        if table.num_rows == 0:  # blank lines only
+            return []
+        out = _finish_fast(table, sink)
+        if out is not None:
+            state.apply(opts)
+        return out
+
+    def importer(stream, lines_before: int, bytes_before: int):
+        return _reference_path(stream, sink, line_base=lines_before, offset_base=bytes_before, context=context)
+
+    return _chunked(sink, fast, importer)
+
+
+def _chunked(sink: _Sink, fast, importer) -> Iterator:
+    """A file in chunks of whole lines: ``fast(chunk)`` (batches, or None when in doubt) until
+    it doubts, then ``importer(stream, lines_before, bytes_before)`` for the rest of the file."""
     f, job = sink.f, sink.job
     with _open(f, job.s3) as raw:
         carry = b""
@@ -1048,16 +1204,11 @@ def _ingest_jsonl_file(sink: _Sink, read_schema) -> Iterator:
                 chunk, carry = chunk[:cut], chunk[cut:]
             else:
                 carry = b""
-            table = _fast_chunk(chunk, f.server, read_schema)
-            out = None if table is None else _finish_fast(table, sink)
+            out = fast(chunk)
             if out is None:
                 # the importer takes over from this chunk to the end of the file
-                after = sink.last_index_any
                 stream = io.BufferedReader(_Chain(chunk + carry, raw), buffer_size=1 << 20)
-                for b in _reference_path(
-                    stream, sink, line_base=lines_before, offset_base=bytes_before,
-                    after={f.server: after} if after is not None else None,
-                ):  # fmt: skip
+                for b in importer(stream, lines_before, bytes_before):
                     _count_epochs(sink.report.records, b)
                     yield b
                 return
@@ -1098,6 +1249,8 @@ def _task_runner(tasks: list[list[ChangelogFile]], job: IngestJob):
                     sink = _Sink(job, f, out_schema)
                     if job.fmt == "jsonl":
                         produced = _ingest_jsonl_file(sink, read_schema)
+                    elif job.fmt == "lustre":
+                        produced = _ingest_lustre_file(sink, context)
                     else:
                         produced = _ingest_server_file(sink, context)
                     started = time.perf_counter()

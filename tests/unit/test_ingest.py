@@ -521,3 +521,35 @@ def test_the_same_records_give_the_same_parquet_bytes_however_they_are_batched(t
             [5, 2] if rows == 7 else [5]
         )
     assert sorted(p.name for p in (tmp_path / "a" / "epoch=1" / "server=M").iterdir()) == [name]  # no temp left
+
+
+def test_fast_path_reads_keys_that_first_appear_after_the_sample_like_the_importer():
+    """The JSON reader's schema comes from the keys of the chunk's first 64 KiB; keys that
+    appear later are inferred and must still give exactly the importer's records."""
+    import pyarrow as pa
+
+    from epochsync.ingest import JSON_SAMPLE_BYTES
+
+    head = []
+    i = 0
+    while sum(len(x) for x in head) <= JSON_SAMPLE_BYTES:
+        i += 1
+        head.append(
+            json.dumps({"server": "M", "index": i, "epoch": 1, "type": "CLOSE", "tfid": "[0x1:0x2:0x0]"}) + "\n"
+        )
+    later = [dict(d, index=i + k + 1) for k, d in enumerate(GOOD_LINES) if d.get("server", "M") == "M"]
+    later[-1]["type"] = "EPOCH"
+    text = "".join(head) + "".join(json.dumps(d) + "\n" for d in later)
+    records, errors = _importer(text)
+    assert errors == []
+    table = _fast_table(text)
+    assert table is not None
+    out, _ = _arrow_schemas()
+    job = IngestJob(source="s", fmt="jsonl", epochs_from="records", first=1, last=1, continuity=False, after_index=None)
+    sink = _Sink(job, ChangelogFile("M", 0, "f.jsonl"), out)
+    fast = pa.Table.from_batches(_finish_fast(table, sink), schema=out)
+    assert fast.to_pylist() == pa.Table.from_batches([_records_to_batch(records, out)]).to_pylist()
+    # a later key with a value of the wrong type is still left to the importer
+    bad = "".join(head) + json.dumps({"server": "M", "index": i + 1, "epoch": 1, "type": "CLOSE", "size": "5"}) + "\n"
+    assert _fast_table(bad) is None
+    assert len(_importer(bad)[1]) == 1

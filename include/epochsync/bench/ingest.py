@@ -316,3 +316,10 @@ def main(argv: list[str] | None = None) -> int:
     path = write_results("ingest", rows)
     print(f"wrote {path}")
     return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    os.environ.setdefault("EPOCHSYNC_SPARK_PROFILE", "default")  # as ``python -m epochsync.bench ingest``
+    sys.exit(main())
