@@ -41,6 +41,11 @@ SESSION_CONF = {
     # constraints through it was about half of a small epoch's merge (3.6 -> 2.0 s, the
     # optimizer alone); the filters it would add are on join keys that are never null.
     "spark.sql.constraintPropagation.enabled": "false",
+    # A Connect session caches analyzed plans, data source reads included: a read of a
+    # warehouse table resolved by an earlier run on the same session (a DAG run's tasks,
+    # replicate's per-target session) would keep that run's file listing after the table
+    # was rewritten, and fail with FILE_NOT_EXIST (seen after an interrupted replicate).
+    "spark.connect.session.planCache.enabled": "false",
 }
 
 #: SQL settings of the "small" profile: interpreted expressions and static plans.
