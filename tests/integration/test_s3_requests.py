@@ -1,0 +1,165 @@
+"""Requests per changed file on an s3 target, counted at a proxy in front of SeaweedFS.
+
+The write fence, the apply and verify of one epoch (what ``epochsync replicate`` sends for
+it, less the per-epoch constants: lease, manifest, fence instant) are counted by the same
+:class:`~epochsync.s3proxy.S3Proxy` bench-e2e puts in front of the store, for a directory
+rename of 300 files and for 4 KiB writes into 100 files. Before the fence was batched per
+directory, verify took its facts from the apply's responses and deletes went 1,000 to a
+DeleteObjects, a rename cost 7 requests per file and a small write 5.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import os
+import uuid
+
+import pytest
+
+from epochsync.apply import apply_plan
+from epochsync.config import TargetConfig
+from epochsync.connections import resolve_s3
+from epochsync.pipeline import _target_dict
+from epochsync.s3proxy import S3Proxy
+from epochsync.targets import open_target
+from epochsync.targets.s3 import S3Access
+from epochsync.translate import build_plan
+from epochsync.verify import verify_plan
+
+pytestmark = pytest.mark.integration
+
+ROOT = "ROOT"
+MTIME = 1_700_000_000_000_000_000
+
+
+def row(type_, *, size=0, mode=0o644, version=None, fid=None):
+    return {
+        "type": type_, "mode": mode, "uid": 0, "gid": 0, "size": size, "atime_ns": MTIME, "mtime_ns": MTIME,
+        "xattrs": [], "symlink": None, "layout": None,
+        "objects": [{"ost": "OST0000", "oid": fid, "version": version}] if version else [],
+    }  # fmt: skip
+
+
+def entry(fid, old=None, new=None, old_paths=(), new_paths=(), change=None):
+    return {"fid": fid, "old": old, "new": new, "old_paths": sorted(old_paths), "new_paths": sorted(new_paths),
+            "change": change}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def env(seaweed, tmp_path_factory):
+    with S3Proxy(seaweed.url) as proxy:
+        os.environ["AIRFLOW_CONN_REQS_S3"] = seaweed.airflow_conn_json().replace(seaweed.url, proxy.url)
+        client = seaweed.client()
+        src = "src-" + uuid.uuid4().hex[:8]
+        client.create_bucket(Bucket=src)
+        client.put_bucket_versioning(Bucket=src, VersioningConfiguration={"Status": "Enabled"})
+        store = {"key": "{ost}/{oid}", "unstriped_key": "data/{fid}", "bucket": src}
+        yield {"proxy": proxy, "client": client, "store": store, "tmp": tmp_path_factory.mktemp("reqs")}
+        os.environ.pop("AIRFLOW_CONN_REQS_S3", None)
+
+
+def new_target(striped: bool = False):
+    name = "r" + uuid.uuid4().hex[:6]
+    stripes = {"stripe_size": 4096, "stripe_count": 2} if striped else {}
+    cfg = TargetConfig(name=name, source="sim", kind="s3", conn_id="reqs_s3", bucket="replica-reqs",
+                       prefix=f"{name}/", **stripes)  # fmt: skip
+    t = open_target(cfg)
+    t.ensure_bucket()
+    return t
+
+
+def epoch(env, target, entries, n, *, sample=0.0):
+    """Fence, apply and verify of one epoch; returns (requests at the proxy, verify result)."""
+    plan = build_plan(entries, target=_target_dict(target.cfg), store=env["store"], epoch=n)
+    since = target.fence_time_ns()
+    src_io = S3Access(resolve_s3("reqs_s3"))
+    env["proxy"].reset_counters()
+    problems, state = target.fence_check(plan["fence"], since)
+    assert problems == []
+    jdir = str(env["tmp"] / f"undo-{target.name}-{n}")
+    figures = apply_plan(plan, target, src_io, env["store"]["bucket"], jdir, state)
+    kw = {"written": figures["written"]} if "written" in inspect.signature(verify_plan).parameters else {}
+    result = verify_plan(plan, target, src_io, env["store"]["bucket"], sample=sample, **kw)
+    counts = env["proxy"].snapshot()
+    total = sum(c["total_requests"] for c in counts.values())
+    by_method = {}
+    for c in counts.values():
+        for m, k in c["requests"].items():
+            by_method[m] = by_method.get(m, 0) + k
+    target.write_manifest({"epoch": n})
+    return total, by_method, result
+
+
+def put_source(env, fid: str, data: bytes) -> str:
+    return env["client"].put_object(Bucket=env["store"]["bucket"], Key=f"data/{fid}", Body=data)["VersionId"]
+
+
+def tree(target) -> dict:
+    return {e.path: (e.type, e.sha256 if e.type == "file" else None, e.mode) for e in target.walk()}
+
+
+def sha(b: bytes) -> str:
+    return hashlib.sha256(b).hexdigest()
+
+
+def test_directory_rename_of_300_files(env):
+    n = 300
+    target = new_target()
+    d = row("dir", mode=0o755)
+    files, contents = {}, {}
+    entries = [entry("D", new=d, new_paths=["big"])]
+    for i in range(n):
+        data = os.urandom(100 + i)
+        fid = f"F{i:04d}"
+        files[fid] = row("file", size=len(data), version=put_source(env, fid, data), fid=fid)
+        contents[fid] = data
+        entries.append(entry(fid, new=files[fid], new_paths=[f"big/f{i:04d}"], change={"data_changed": True,
+                                                                                       "whole_file": True}))
+    epoch(env, target, entries, 1)
+    renamed = [entry("D", old=d, new=d, old_paths=["big"], new_paths=["big-renamed"])]
+    renamed += [entry(fid, old=f, new=f, old_paths=[f"big/f{i:04d}"], new_paths=[f"big-renamed/f{i:04d}"])
+                for i, (fid, f) in enumerate(files.items())]  # fmt: skip
+    total, by_method, result = epoch(env, target, renamed, 2)
+    assert result["ok"], result["problems"]
+    print(f"directory rename of {n} files: {total} requests ({total / n:.3f} per file) {by_method}")
+    want = {"big-renamed": ("dir", None, 0o755)}
+    want.update({f"big-renamed/f{i:04d}": ("file", sha(contents[fid]), 0o644) for i, fid in enumerate(files)})
+    assert tree(target) == want
+    assert env["proxy"].snapshot().get(env["store"]["bucket"], {}).get("bytes_out", 0) == 0
+
+
+@pytest.mark.parametrize("per_dir", [10, 1])
+def test_small_writes_to_100_files(env, per_dir):
+    """4 KiB written into each of 100 files (64 KiB), ``per_dir`` changed files per directory."""
+    n = 100
+    target = new_target()
+    dirs = n // per_dir
+    entries, files, contents = [], {}, {}
+    for j in range(dirs):
+        entries.append(entry(f"D{j}", new=row("dir", mode=0o755), new_paths=[f"d{j:03d}"]))
+    for i in range(n):
+        fid = f"S{i:04d}"
+        data = os.urandom(64 * 1024)
+        files[fid] = row("file", size=len(data), version=put_source(env, fid, data), fid=fid)
+        contents[fid] = data
+        path = f"d{i % dirs:03d}/f{i:04d}"
+        entries.append(entry(fid, new=files[fid], new_paths=[path], change={"data_changed": True, "whole_file": True}))
+    epoch(env, target, entries, 1)
+    writes = []
+    for i, (fid, f) in enumerate(files.items()):
+        data = bytearray(contents[fid])
+        off = (i * 4096) % (len(data) - 4096)
+        data[off : off + 4096] = os.urandom(4096)
+        contents[fid] = bytes(data)
+        f2 = dict(f, objects=[{"ost": "OST0000", "oid": fid, "version": put_source(env, fid, contents[fid])}])
+        path = f"d{i % dirs:03d}/f{i:04d}"
+        writes.append(entry(fid, old=f, new=f2, old_paths=[path], new_paths=[path],
+                            change={"data_changed": True, "whole_file": False,
+                                    "ranges": [{"offset": off, "length": 4096}]}))  # fmt: skip
+    total, by_method, result = epoch(env, target, writes, 2)
+    assert result["ok"], result["problems"]
+    print(f"small writes to {n} files, {per_dir} per directory: {total} requests ({total / n:.3f} per file) {by_method}")
+    want = {f"d{j:03d}": ("dir", None, 0o755) for j in range(dirs)}
+    want.update({f"d{i % dirs:03d}/f{i:04d}": ("file", sha(contents[fid]), 0o644) for i, fid in enumerate(files)})
+    assert tree(target) == want
