@@ -46,18 +46,33 @@ def source_bytes(src: dict, size: int, source_io, bucket: str) -> bytes:
 VERIFY_THREADS = 8
 
 
-def verify_plan(plan: dict, target, source_io, bucket: str, *, sample: float = 1.0) -> dict:
+def verify_plan(plan: dict, target, source_io, bucket: str, *, sample: float = 1.0, facts: dict | None = None) -> dict:
     """Check the target against the plan's ``verify`` items; returns figures and problems.
 
-    Paths are checked in ``VERIFY_THREADS`` threads when there are many (one HEAD each on
-    s3); problems are reported in the plan's order.
+    Paths are checked in ``VERIFY_THREADS`` threads when there are many; problems are
+    reported in the plan's order. On s3 the entries come from ``target.stat_many``: one
+    version listing per directory, and for a key whose current version is the one the
+    apply wrote (``facts``, the apply's ``facts`` figure: version ids from its PUT
+    and copy responses) the metadata that write sent; any other key costs a HEAD. A key
+    rewritten by someone else after the apply has another version and is checked by its
+    HEAD, as before.
     """
     posix = target.kind == "posix"
     owners = not posix or getattr(target, "as_root", False)
+    present, gone = plan["verify"]["present"], plan["verify"]["absent"]
+    stats: dict = {}
+    if hasattr(target, "stat_many"):
+        wanted = [(i["path"], i["attrs"]["type"]) for i in present] + [(p, None) for p in gone]
+        stats = dict(zip(wanted, target.stat_many(wanted, facts)))
+
+    def stat(path: str, hint: str | None):
+        if (path, hint) in stats:
+            return stats[(path, hint)]
+        return target.stat(path, hint)
 
     def check(item) -> tuple[list[str], int, int, int]:
         path, want = item["path"], item["attrs"]
-        have = target.stat(path, want["type"] if target.kind == "s3" else None)
+        have = stat(path, want["type"] if target.kind == "s3" else None)
         if have is None:
             return [f"{path}: missing (expected a {want['type']})"], 0, 0, 0
         if have.type != want["type"]:
@@ -89,9 +104,8 @@ def verify_plan(plan: dict, target, source_io, bucket: str, *, sample: float = 1
         return problems, 1, 1, len(data)
 
     def absent(path: str) -> list[str]:
-        return [f"{path}: still present, but the source removed it"] if target.stat(path) is not None else []
+        return [f"{path}: still present, but the source removed it"] if stat(path, None) is not None else []
 
-    present, gone = plan["verify"]["present"], plan["verify"]["absent"]
     if len(present) + len(gone) >= 16:
         from concurrent.futures import ThreadPoolExecutor
 

@@ -79,7 +79,7 @@ def epoch(env, target, entries, n, *, sample=0.0):
     assert problems == []
     jdir = str(env["tmp"] / f"undo-{target.name}-{n}")
     figures = apply_plan(plan, target, src_io, env["store"]["bucket"], jdir, state)
-    kw = {"written": figures["written"]} if "written" in inspect.signature(verify_plan).parameters else {}
+    kw = {"facts": figures["facts"]} if "facts" in inspect.signature(verify_plan).parameters else {}
     result = verify_plan(plan, target, src_io, env["store"]["bucket"], sample=sample, **kw)
     counts = env["proxy"].snapshot()
     total = sum(c["total_requests"] for c in counts.values())
@@ -114,8 +114,9 @@ def test_directory_rename_of_300_files(env):
         fid = f"F{i:04d}"
         files[fid] = row("file", size=len(data), version=put_source(env, fid, data), fid=fid)
         contents[fid] = data
-        entries.append(entry(fid, new=files[fid], new_paths=[f"big/f{i:04d}"], change={"data_changed": True,
-                                                                                       "whole_file": True}))
+        entries.append(
+            entry(fid, new=files[fid], new_paths=[f"big/f{i:04d}"], change={"data_changed": True, "whole_file": True})
+        )
     epoch(env, target, entries, 1)
     renamed = [entry("D", old=d, new=d, old_paths=["big"], new_paths=["big-renamed"])]
     renamed += [entry(fid, old=f, new=f, old_paths=[f"big/f{i:04d}"], new_paths=[f"big-renamed/f{i:04d}"])
@@ -159,7 +160,9 @@ def test_small_writes_to_100_files(env, per_dir):
                                     "ranges": [{"offset": off, "length": 4096}]}))  # fmt: skip
     total, by_method, result = epoch(env, target, writes, 2)
     assert result["ok"], result["problems"]
-    print(f"small writes to {n} files, {per_dir} per directory: {total} requests ({total / n:.3f} per file) {by_method}")
+    print(
+        f"small writes to {n} files, {per_dir} per directory: {total} requests ({total / n:.3f} per file) {by_method}"
+    )
     want = {f"d{j:03d}": ("dir", None, 0o755) for j in range(dirs)}
     want.update({f"d{i % dirs:03d}/f{i:04d}": ("file", sha(contents[fid]), 0o644) for i, fid in enumerate(files)})
     assert tree(target) == want
