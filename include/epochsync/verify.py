@@ -61,9 +61,14 @@ def verify_plan(plan: dict, target, source_io, bucket: str, *, sample: float = 1
     owners = not posix or getattr(target, "as_root", False)
     present, gone = plan["verify"]["present"], plan["verify"]["absent"]
     stats: dict = {}
+    heads: dict = {}
+    exists: dict = {}
     if hasattr(target, "stat_many"):
-        wanted = [(i["path"], i["attrs"]["type"]) for i in present] + [(p, None) for p in gone]
-        stats = dict(zip(wanted, target.stat_many(wanted, facts)))
+        wanted = [(i["path"], i["attrs"]["type"]) for i in present]
+        got = target.stat_many(wanted, facts)
+        stats = {w: e for w, (e, _) in zip(wanted, got)}
+        heads = {p: h for (p, _), (_, h) in zip(wanted, got) if h}
+        exists = dict(zip(gone, target.exists_many(gone)))
 
     def stat(path: str, hint: str | None):
         if (path, hint) in stats:
@@ -98,13 +103,16 @@ def verify_plan(plan: dict, target, source_io, bucket: str, *, sample: float = 1
         if not sampled(path, sample):
             return problems, 1, 0, 0
         expected = hashlib.sha256(source_bytes(item["source"], size, source_io, bucket)).hexdigest()
-        data = target.read_file(path)
+        head = heads.get(path)
+        # the bytes of the version whose attributes were just checked (no second HEAD)
+        data = target.read_file(path, head=head) if head else target.read_file(path)
         if hashlib.sha256(data).hexdigest() != expected:
             problems.append(f"{path}: content differs from the source at epoch {plan['epoch']} (sha256)")
         return problems, 1, 1, len(data)
 
     def absent(path: str) -> list[str]:
-        return [f"{path}: still present, but the source removed it"] if stat(path, None) is not None else []
+        there = exists[path] if path in exists else target.stat(path) is not None
+        return [f"{path}: still present, but the source removed it"] if there else []
 
     if len(present) + len(gone) >= 16:
         from concurrent.futures import ThreadPoolExecutor

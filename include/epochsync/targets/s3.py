@@ -651,7 +651,8 @@ class S3Target(Target):
             from epochsync.schema import Layout
 
             return assemble_file(Layout(ss, sc), int(m["size"] or 0), objs)
-        return self.io.get_all(self.bucket, self._full(self.key_of(path, "file")))
+        # the version the HEAD (or the apply's fact) described, not whatever is current by now
+        return self.io.get_all(self.bucket, self._full(self.key_of(path, "file")), h.get("VersionId"))
 
     def stat(self, path: str, type_hint: str | None = None) -> Entry | None:
         """The entry at ``path`` (``""``: the root, None until its attributes were first written)."""
@@ -661,39 +662,34 @@ class S3Target(Target):
                 return self._entry(self.key_of(path, t), h, hashes=False)
         return None
 
-    def stat_many(self, wanted: list[tuple[str, str | None]], written: dict | None = None) -> list[Entry | None]:
-        """:meth:`stat` of many ``(path, type_hint)`` with fewer requests.
+    def stat_many(self, wanted: list[tuple[str, str]], facts: dict | None = None) -> list[tuple[Entry | None, dict]]:
+        """:meth:`stat` of many ``(path, type)`` with fewer requests: ``(entry or None, head)`` each,
+        ``head`` what the entry was read from (give it to :meth:`read_file`: the bytes of that version).
 
-        A key this epoch wrote (``written``: :meth:`take_written`'s facts) and every key a path
-        without a type hint may have is looked up in :meth:`versions_of` (a version listing
-        per directory). A key whose current version is the one written gets its entry from
-        the metadata that write sent (versions never change, so it is what a HEAD would
-        return); a current version that is another one, and a key with no fact, costs a HEAD
-        as :meth:`stat` does; a key with no current version is absent.
+        A key this epoch wrote (``facts``: :meth:`take_written`'s) is looked up in
+        :meth:`versions_of` (a version listing per directory): when its current version is
+        the one written, its entry comes from the metadata that write sent (a version never
+        changes, so it is what a HEAD would return); no current version: absent. A current
+        version that is another one (someone wrote the key since), and a key with no fact,
+        cost a HEAD, as :meth:`stat` does.
         """
-        written = written or {}
-        plans = []
-        for path, hint in wanted:
-            types = ["dir"] if path == "" else [hint] if hint else ["file", "dir"]
-            plans.append([(t, self.key_of(path, t)) for t in types])
-        listed = {k for (path, hint), keys in zip(wanted, plans) for _, k in keys if hint is None or k in written}
-        listing = self.versions_of(listed)
+        facts = facts or {}
+        keys = [self.key_of(path, "dir" if path == "" else t) for path, t in wanted]
+        listing = self.versions_of(k for k in keys if k in facts)
 
-        def one(keys) -> Entry | None:
-            for _, k in keys:
-                if k in listing:
-                    cur = listing[k]["current"]
-                    if cur is None:
-                        continue
-                    w = written.get(k)
-                    if w and w.get("version") == cur["version"]:
-                        return self._entry(k, {"Metadata": w["meta"], "ContentLength": cur["size"]}, hashes=False)
-                h = self.head(k)
-                if h is not None:
-                    return self._entry(k, h, hashes=False)
-            return None
+        def one(k: str) -> tuple[Entry | None, dict]:
+            if k in listing:
+                cur = listing[k]["current"]
+                if cur is None:
+                    return None, {}
+                w = facts[k]
+                if w.get("version") == cur["version"]:
+                    h = {"Metadata": w["meta"], "ContentLength": cur["size"], "VersionId": cur["version"]}
+                    return self._entry(k, h, hashes=False), h
+            h = self.head(k)
+            return (None, {}) if h is None else (self._entry(k, h, hashes=False), h)
 
-        return self._in_threads(one, plans, "s3-stat")
+        return self._in_threads(one, keys, "s3-stat")
 
     # ------------------------------------------------------------------ fence
     #: keys per version listing page (None: the store's default, 1,000 on S3); tests make it small
@@ -726,21 +722,21 @@ class S3Target(Target):
             kw = {**kw, "KeyMarker": marker, "VersionIdMarker": resp.get("NextVersionIdMarker")}
         return _finish_versions(found)
 
-    def _list_directory(self, directory: str, wanted: set[str]) -> tuple[dict[str, dict], set[str] | None]:
+    def _list_directory(self, directory: str, wanted: set[str]) -> dict[str, dict]:
         """Versions of the ``wanted`` keys (all directly in ``directory``) from one version listing of
-        the directory (delimiter ``/``), page by page.
+        the directory (delimiter ``/``), page by page; returns the keys it could answer for.
 
-        Returns the keys it could answer for and, when the listing ran to its end, the
-        sub-directory prefixes it saw (relative keys ending in ``/``; None otherwise). The
-        listing stops early, leaving the keys after its last page to one listing each, once it
-        has cost as many pages as there are wanted keys (a large directory with few changed
-        keys), or when the store sent a page marker that is not the key it stands for (a store
-        that does not URL-encode version listings, after a key with characters XML cannot carry).
+        The listing stops early, leaving the keys it has not passed to one listing each, once
+        it has cost as many pages as there are wanted keys (a large directory with few changed
+        keys), or at a page marker that is not the key it stands for (a store that does not
+        URL-encode version listings, after a key with characters XML cannot carry) or that is
+        a sub-directory (SeaweedFS orders a directory ``a`` before a file ``a b``). Its common
+        prefixes are not used: SeaweedFS drops some of them when it pages.
         """
         prefix = self.prefix + (directory + "/" if directory else "")
         full_of = {self._full(k): k for k in wanted}
         found = {k: _no_versions() for k in wanted}
-        subdirs: set[str] = set()
+        seen: set[str] = set()
         kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix, "Delimiter": "/", "EncodingType": "url"}
         if self.LIST_MAX_KEYS:
             kw["MaxKeys"] = self.LIST_MAX_KEYS
@@ -755,30 +751,32 @@ class S3Target(Target):
                     rel = full_of.get(v["Key"])
                     if rel is not None:
                         _add_version(found[rel], v, kind)
-            subdirs.update(cp["Prefix"][len(self.prefix) :] for cp in resp.get("CommonPrefixes") or [])
+                        seen.add(rel)
             if not resp.get("IsTruncated"):
-                return {k: _finish_versions(v) for k, v in found.items()}, subdirs
+                return {k: _finish_versions(v) for k, v in found.items()}
             marker = resp.get("NextKeyMarker")
-            reliable = marker is not None and (encoded or not _ambiguous_key(marker))
+            reliable = bool(marker) and not marker.endswith("/") and (encoded or not _ambiguous_key(marker))
             if reliable:  # the next page starts at this key: every key before it is complete
                 complete_below = marker
             if not reliable or pages >= len(wanted):
-                done = {} if complete_below is None else {
-                    rel: _finish_versions(found[rel]) for full, rel in full_of.items() if full < complete_below
+                # a key not seen yet may still come (the store's order is not checked): its own listing
+                return {} if complete_below is None else {
+                    rel: _finish_versions(found[rel]) for full, rel in full_of.items()
+                    if rel in seen and full < complete_below
                 }  # fmt: skip
-                return done, None
-            kw = {**kw, "KeyMarker": marker, "VersionIdMarker": resp.get("NextVersionIdMarker")}
+            kw = {**kw, "KeyMarker": marker}
+            kw.pop("VersionIdMarker", None)
+            if resp.get("NextVersionIdMarker"):
+                kw["VersionIdMarker"] = resp["NextVersionIdMarker"]
 
     def versions_of(self, rel_keys) -> dict[str, dict]:
         """:meth:`key_versions` of many keys, with one version listing per directory that holds two
         or more of them (paginated) instead of one listing per key.
 
-        A key alone in its directory gets a listing of its own, unless its directory's parent
-        was listed to the end and holds nothing under that directory at all (no version, no
-        delete marker: the key has no versions). Keys with characters a version listing may
-        not carry as they are (see :func:`listed_key_is`) are always listed one by one. Each
-        key's answer is the one a listing of that key alone gives: every version, the current
-        one, their sizes and times.
+        A key alone in its directory gets a listing of its own, and so do keys with
+        characters a version listing may not carry as they are (see :func:`listed_key_is`).
+        Each key's answer is the one a listing of that key alone gives: every version, the
+        current one, their sizes and times.
         """
         keys = sorted(set(rel_keys))
         groups: dict[str, list[str]] = defaultdict(list)
@@ -787,23 +785,70 @@ class S3Target(Target):
                 groups[_dirname(k)].append(k)
         listed = {d: ks for d, ks in groups.items() if len(ks) >= 2}
         out: dict[str, dict] = {}
-        complete: dict[str, set[str]] = {}
-        for d, (found, subdirs) in zip(listed, self._in_threads(lambda d: self._list_directory(d, set(listed[d])),
-                                                                list(listed), "s3-list")):  # fmt: skip
+        for found in self._in_threads(lambda d: self._list_directory(d, set(listed[d])), list(listed), "s3-list"):
             out.update(found)
-            if subdirs is not None:
-                complete[d] = subdirs
-        rest = []
-        for k in keys:
-            if k in out:
-                continue
-            d = _dirname(k)
-            if d and d not in listed and _dirname(d) in complete and d + "/" not in complete[_dirname(d)]:
-                out[k] = _finish_versions(_no_versions())
-                continue
-            rest.append(k)
+        rest = [k for k in keys if k not in out]
         out.update(zip(rest, self._in_threads(self.key_versions, rest, "s3-fence")))
         return out
+
+    def _current_in_directory(self, directory: str, wanted: set[str]) -> tuple[dict[str, bool], set[str] | None]:
+        """Which ``wanted`` keys (directly in ``directory``) have a current object, from one listing
+        of the directory's current objects (ListObjectsV2, delimiter ``/``), page by page.
+
+        Returns the keys it answers for and, when it ran to its end, the sub-directories
+        holding a current object (relative, ending in ``/``; else None). Past as many pages
+        as there are wanted keys, it stops and answers only for the keys it saw."""
+        prefix = self.prefix + (directory + "/" if directory else "")
+        full_of = {self._full(k): k for k in wanted}
+        seen: set[str] = set()
+        subdirs: set[str] = set()
+        kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix, "Delimiter": "/", "EncodingType": "url"}
+        if self.LIST_MAX_KEYS:
+            kw["MaxKeys"] = self.LIST_MAX_KEYS
+        pages = 0
+        while True:
+            resp = decode_listing(self.io.call(f"LIST {prefix}", lambda c, kw=kw: c.list_objects_v2(**kw)))
+            pages += 1
+            seen.update(full_of[o["Key"]] for o in resp.get("Contents") or [] if o["Key"] in full_of)
+            subdirs.update(cp["Prefix"][len(self.prefix) :] for cp in resp.get("CommonPrefixes") or [])
+            if not resp.get("IsTruncated"):
+                return {k: k in seen for k in wanted}, subdirs
+            if pages >= len(wanted):
+                return dict.fromkeys(seen, True), None
+            kw = {**kw, "ContinuationToken": resp["NextContinuationToken"]}
+
+    def exists_many(self, paths: list[str]) -> list[bool]:
+        """Whether anything (a file's or a directory's object) is at each path, with a listing of the
+        current objects per directory instead of two HEADs per path.
+
+        A directory object ``p/.epochsync-dir`` is absent without a request of its own when
+        the listing of ``p``'s parent ran to its end and found nothing under ``p/``; any key
+        a listing does not answer for costs a HEAD.
+        """
+        plans = [[self.key_of(p, "dir")] if p == "" else [self.key_of(p, "file"), self.key_of(p, "dir")]
+                 for p in paths]  # fmt: skip
+        groups: dict[str, list[str]] = defaultdict(list)
+        for k in sorted({k for ks in plans for k in ks}):
+            if not _ambiguous_key(k):
+                groups[_dirname(k)].append(k)
+        listed = [d for d, ks in groups.items() if len(ks) >= 2]
+        known: dict[str, bool] = {}
+        subdirs: dict[str, set[str]] = {}
+        for d, (found, subs) in zip(
+            listed, self._in_threads(lambda d: self._current_in_directory(d, set(groups[d])), listed, "s3-list")
+        ):
+            known.update(found)
+            if subs is not None:
+                subdirs[d] = subs
+        for k in {k for ks in plans for k in ks} - known.keys():
+            d = _dirname(k)
+            if d and _dirname(d) in subdirs and d + "/" not in subdirs[_dirname(d)]:
+                known[k] = False  # nothing at all under d/
+
+        def one(keys: list[str]) -> bool:
+            return any(known[k] if k in known else self.head(k) is not None for k in keys)
+
+        return self._in_threads(one, plans, "s3-exists")
 
     def _in_threads(self, fn, items: list, name: str) -> list:
         """``[fn(i) for i in items]``, ``WALK_THREADS`` at a time when there are several."""
