@@ -11,7 +11,6 @@ DeleteObjects, a rename cost 7 requests per file and a small write 5.
 from __future__ import annotations
 
 import hashlib
-import inspect
 import os
 import uuid
 
@@ -79,8 +78,7 @@ def epoch(env, target, entries, n, *, sample=0.0):
     assert problems == []
     jdir = str(env["tmp"] / f"undo-{target.name}-{n}")
     figures = apply_plan(plan, target, src_io, env["store"]["bucket"], jdir, state)
-    kw = {"facts": figures["facts"]} if "facts" in inspect.signature(verify_plan).parameters else {}
-    result = verify_plan(plan, target, src_io, env["store"]["bucket"], sample=sample, **kw)
+    result = verify_plan(plan, target, src_io, env["store"]["bucket"], sample=sample, facts=figures["facts"])
     counts = env["proxy"].snapshot()
     total = sum(c["total_requests"] for c in counts.values())
     by_method = {}
