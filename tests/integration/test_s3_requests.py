@@ -169,6 +169,12 @@ def test_small_writes_to_100_files(env, per_dir):
     assert tree(target) == want
 
 
+def norm(versions: dict) -> dict:
+    """Versions per key, in no order (pages may hold a key's versions and markers in any order)."""
+    return {k: (sorted(v["known"]), v["current"], sorted(v["history"], key=lambda h: h["version"]))
+            for k, v in versions.items()}  # fmt: skip
+
+
 def test_fence_and_verify_catch_foreign_changes_on_paged_listings(env, monkeypatch):
     """The listings page every 2 keys (a page of a directory, a listing given up for one per key):
     the fence still names foreign writes to the plan's keys, and verify (with the apply's facts
@@ -225,6 +231,12 @@ def test_fence_and_verify_catch_foreign_changes_on_paged_listings(env, monkeypat
     facts = figures["facts"]
     assert {"d/f0", "d/f5", "d/n0"} <= facts.keys()
     assert verify_plan(plan, target, src_io, env["store"]["bucket"], sample=1.0, facts=facts)["ok"]
+
+    # a directory listing answers as one listing per key does, whether it runs to its end (every
+    # key of d/), gives up after as many pages as keys (two keys) or meets keys listed alone
+    everything = [f"d/f{i}" for i in range(12)] + ["d/n0", "d/.epochsync-dir", "d/zz", "d/f\x01"]
+    for keys in (everything, ["d/f3", "d/f9"], ["d/f0", "d/f\x01"]):
+        assert norm(target.versions_of(keys)) == norm({k: target.key_versions(k) for k in keys})
 
     # behind the apply's back
     head = c.head_object(Bucket=b, Key=pre + "d/f0")
