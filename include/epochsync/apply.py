@@ -112,7 +112,7 @@ def run_data_op(op: dict, target, journal, source_io, source_bucket: str) -> dic
     key = op["key"]
     length = int(op["new_size"])
     written += _write_object(target, journal, state, pulled, op, key, length, meta, None)
-    made = target._written.get(key) if op.get("extra_keys") else None
+    made = target.last_written(key) if op.get("extra_keys") else None
     for extra in op.get("extra_keys") or []:
         # hard links of an s3 path: one object per path, copied server-side from the first (the
         # version just written, from the write's response; else a listing of the key)

@@ -917,6 +917,10 @@ class S3Target(Target):
         else:
             self._written.pop(rel_key, None)
 
+    def last_written(self, rel_key: str) -> dict | None:
+        """What this process's last write of ``rel_key`` made (``{version, meta, size}``), if not taken yet."""
+        return self._written.get(rel_key)
+
     def take_written(self) -> dict[str, dict]:
         """The versions this process wrote since the last call, key -> ``{version, meta, size}``,
         and forget them (threads may be writing: one atomic ``popitem`` at a time)."""
