@@ -112,9 +112,13 @@ def run_data_op(op: dict, target, journal, source_io, source_bucket: str) -> dic
     key = op["key"]
     length = int(op["new_size"])
     written += _write_object(target, journal, state, pulled, op, key, length, meta, None)
+    made = target.last_written(key) if op.get("extra_keys") else None
     for extra in op.get("extra_keys") or []:
-        # hard links of an s3 path: one object per path, copied server-side from the first
+        # hard links of an s3 path: one object per path, copied server-side from the first (the
+        # version just written, from the write's response; else a listing of the key)
         state.pop(key, None)
+        if made:
+            state[key] = {"known": [], "current": {"version": made["version"], "size": made["size"]}}
         target.copy(journal, state, extra, key, meta, length)
     return {"pulled": pulled.bytes, "written": written}
 
@@ -148,6 +152,7 @@ def _data_partition(index: int, ops, target, source_io, source_bucket: str, jdir
             result["ops"] += 1
     result["source"] = source_io.counters.as_dict()
     result["target"] = target.io.counters.as_dict() if hasattr(target, "io") else {}
+    result["facts"] = target.take_written() if hasattr(target, "take_written") else {}
     result["seconds"] = time.monotonic() - t0
     yield result
 
@@ -158,8 +163,13 @@ def apply_plan(plan: dict, target, source_io, source_bucket: str, jdir: str, sta
 
     t0 = time.monotonic()
     target.prepare(plan["epoch"])
+    take = getattr(target, "take_written", dict)
+    facts = take()  # nothing of an earlier apply in this process
+    many = getattr(target, "delete_many", None)
     with UndoJournal(jdir, "ns", PHASE_NAMESPACE, faults) as journal:
-        run_in_order(target, plan["namespace"], lambda op: target.run_namespace_op(op, journal, state))
+        run_in_order(target, plan["namespace"], lambda op: target.run_namespace_op(op, journal, state),
+                     (lambda keys: many(journal, state, keys)) if many else None)  # fmt: skip
+    facts = take()
     t1 = time.monotonic()
     ops = []
     for op in plan["data"]:
@@ -173,8 +183,15 @@ def apply_plan(plan: dict, target, source_io, source_bucket: str, jdir: str, sta
         else:
             results = _apply_in_threads(ops, target, source_io, source_bucket, jdir, faults, plan)
     t2 = time.monotonic()
+    for r in results:
+        facts.update(r.pop("facts", None) or {})
     with UndoJournal(jdir, "post", PHASE_POST, faults) as journal:
-        run_in_order(target, plan["post"], lambda op: target.run_post_op(op, journal, state))
+        run_in_order(target, plan["post"], lambda op: target.run_post_op(op, journal, state),
+                     (lambda keys: many(journal, state, keys)) if many else None)  # fmt: skip
+    for op in plan["post"]:
+        if op.get("op") == "delete":
+            facts.pop(op["key"], None)
+    facts.update(take())
     t3 = time.monotonic()
     src, tgt = Counters(), Counters()
     src.add(source_io.counters.as_dict())
@@ -195,6 +212,8 @@ def apply_plan(plan: dict, target, source_io, source_bucket: str, jdir: str, sta
         "target_requests": tgt.as_dict(),
         "durations": {"namespace": t1 - t0, "data": t2 - t1, "post": t3 - t2},
         "ops": {"namespace": len(plan["namespace"]), "data": len(ops), "post": len(plan["post"])},
+        # s3: key -> the version the apply wrote, its metadata and size (from the responses): verify's facts
+        "facts": facts,
     }
 
 
@@ -240,7 +259,11 @@ def independent_batches(ops: list[dict], keys_of) -> list[list[dict]]:
     return batches
 
 
-def run_in_order(target, ops: list[dict], run_one) -> None:
+#: a batch's deletes go to ``delete_many`` (S3 DeleteObjects) in groups of this many keys
+DELETE_BATCH = 1000
+
+
+def run_in_order(target, ops: list[dict], run_one, delete_many=None) -> None:
     """Run namespace or post operations with the effect of plan order.
 
     One after the other on targets whose operations depend on each other's paths
@@ -250,7 +273,8 @@ def run_in_order(target, ops: list[dict], run_one) -> None:
     keys' deletes, the copies of their pinned versions) instead of 2,000 round trips in
     a row. After a failure the running operations finish, no other one starts, and the
     first error is raised: every mutation already had its undo entry, so a rollback
-    reverses exactly what ran.
+    reverses exactly what ran. With ``delete_many(keys)``, the deletes of a batch go
+    ``DELETE_BATCH`` keys to a call (one DeleteObjects request on s3) instead of one each.
     """
     keys_of = getattr(target, "op_keys", None)
     if keys_of is None or len(ops) < 2:
@@ -264,7 +288,14 @@ def run_in_order(target, ops: list[dict], run_one) -> None:
             if len(batch) == 1:
                 run_one(batch[0])
                 continue
-            futures = [pool.submit(run_one, op) for op in batch]
+            deletes = [op["key"] for op in batch if op.get("op") == "delete"] if delete_many else []
+            if len(deletes) >= 2:
+                rest = [op for op in batch if op.get("op") != "delete"]
+                futures = [pool.submit(delete_many, deletes[i : i + DELETE_BATCH])
+                           for i in range(0, len(deletes), DELETE_BATCH)]  # fmt: skip
+                futures += [pool.submit(run_one, op) for op in rest]
+            else:
+                futures = [pool.submit(run_one, op) for op in batch]
             _, pending = wait(futures, return_when=FIRST_EXCEPTION)
             for f in pending:
                 f.cancel()

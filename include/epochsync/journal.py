@@ -83,6 +83,24 @@ class UndoJournal:
             self.faults.tick(f"{entry['op']} {entry.get('path') or entry.get('key') or ''}".strip())
         return entry
 
+    def append_many(self, entries: list[dict]) -> list[dict]:
+        """:meth:`append` of several entries with one fsync (one request mutates them all, e.g. an
+        S3 DeleteObjects); the fault injector then gets its chance after each one."""
+        if os.path.exists(os.path.join(self.directory, ABORT_MARKER)):
+            raise EpochsyncError(f"apply stopped: a rollback of {self.directory} is running")
+        out = []
+        with self._lock:
+            for entry in entries:
+                self.seq += 1
+                out.append({"phase": self.phase, "writer": self.writer, "seq": self.seq, **entry})
+            self._f.write("".join(json.dumps(e, sort_keys=True) + "\n" for e in out))
+            self._f.flush()
+            os.fsync(self._f.fileno())
+        if self.faults is not None and self.tick_enabled:
+            for entry in out:
+                self.faults.tick(f"{entry['op']} {entry.get('path') or entry.get('key') or ''}".strip())
+        return out
+
     def tick(self, what: str) -> None:
         """A mutation that needs no undo entry of its own (a multipart part)."""
         if self.faults is not None and self.tick_enabled:

@@ -233,6 +233,9 @@ def load_plan(cfg: Config, target: str, epoch: int) -> dict:
 
 # --------------------------------------------------------------------------- apply
 
+#: in the plan directory: the facts the apply's responses gave (s3: versions written), for verify
+APPLIED_FACTS = "applied.json"
+
 
 @holds_target_lease
 def run_apply(cfg, target, epoch: int, spark=None, inject=None, first_epoch: int | None = None) -> dict:
@@ -264,7 +267,12 @@ def run_apply(cfg, target, epoch: int, spark=None, inject=None, first_epoch: int
     os.makedirs(jdir, exist_ok=True)
     write_json_atomic(os.path.join(jdir, "meta.json"), {"epoch": epoch, "first_epoch": plan.get("first_epoch")})
     faults = fault_counter(cfg.warehouse, tcfg.name, epoch, resolve(inject))
+    facts_path = os.path.join(plan_dir(cfg.warehouse, tcfg.name, epoch), APPLIED_FACTS)
+    if os.path.exists(facts_path):  # an earlier attempt's: never verify against it
+        os.remove(facts_path)
     figures = apply_plan(plan, tgt, source_io, bucket, jdir, state, spark=spark, faults=faults)
+    # verify's facts (s3: the versions the apply wrote, from its responses), beside the plan
+    write_json_atomic(facts_path, {"epoch": epoch, "facts": figures.pop("facts", {})})
     figures["seconds"] = round(time.monotonic() - t0, 3)
     write_stage_stats(cfg.warehouse, tcfg.name, epoch, "apply", figures)
     return figures
@@ -284,7 +292,8 @@ def run_verify(cfg, target, epoch: int, spark=None, first_epoch: int | None = No
     plan = load_plan(cfg, tcfg.name, epoch)
     tgt = open_target_for(cfg, tcfg)
     source_io, bucket = source_access(cfg, tcfg)
-    result = verify_plan(plan, tgt, source_io, bucket, sample=tcfg.verify.sample)
+    applied = read_json(os.path.join(plan_dir(cfg.warehouse, tcfg.name, epoch), APPLIED_FACTS)) or {}
+    result = verify_plan(plan, tgt, source_io, bucket, sample=tcfg.verify.sample, facts=applied.get("facts"))
     result["seconds"] = round(time.monotonic() - t0, 3)
     result["source_requests"] = source_io.counters.as_dict()
     write_json_atomic(os.path.join(plan_dir(cfg.warehouse, tcfg.name, epoch), "verify.json"), result)

@@ -379,6 +379,36 @@ def listed_key_is(listed: str, key: str) -> bool:
     return listed == key or listed == _XML_FORBIDDEN.sub("\ufffd", key)
 
 
+def _ambiguous_key(key: str) -> bool:
+    """A key a store that ignores ``encoding-type`` may list as another string (see :func:`listed_key_is`)."""
+    return "\ufffd" in key or _XML_FORBIDDEN.search(key) is not None
+
+
+def _dirname(key: str) -> str:
+    return key.rsplit("/", 1)[0] if "/" in key else ""
+
+
+def _no_versions() -> dict:
+    return {"known": [], "current": None, "history": []}
+
+
+def _add_version(found: dict, v: dict, kind: str) -> None:
+    """One entry of a version listing (``Versions`` or ``DeleteMarkers``) into ``found``."""
+    t = int(v["LastModified"].astimezone(UTC).timestamp() * 1e9)
+    one = {"version": v["VersionId"], "marker": kind == "DeleteMarkers", "size": v.get("Size", 0), "time_ns": t}
+    found["known"].append(v["VersionId"])
+    found["history"].append(one)
+    if v.get("IsLatest"):
+        found["current"] = one
+
+
+def _finish_versions(found: dict) -> dict:
+    """``{"known": [ids], "current": the live version or None, "history": [...]}``."""
+    cur = found["current"]
+    return {"known": found["known"], "current": cur if cur and not cur["marker"] else None,
+            "history": found["history"]}  # fmt: skip
+
+
 def key_for(path: str, type_: str | None, control_dir: str = CONTROL_DIR) -> str:
     """Key (under the prefix) of a replica path: directories are their sidecar object
     (the root, path ``""``, is :data:`ROOT_MARKER`)."""
@@ -439,6 +469,8 @@ class S3Target(Target):
         self.prefix = cfg.prefix or ""
         self.io = S3Access(settings, max_attempts=cfg.max_attempts)
         self.striped = bool(cfg.stripe_size and cfg.stripe_count)
+        #: key -> what this process's writes made of it (:meth:`take_written`)
+        self._written: dict[str, dict] = {}
 
     def describe(self) -> str:
         return f"s3://{self.bucket}/{self.prefix}"
@@ -619,7 +651,8 @@ class S3Target(Target):
             from epochsync.schema import Layout
 
             return assemble_file(Layout(ss, sc), int(m["size"] or 0), objs)
-        return self.io.get_all(self.bucket, self._full(self.key_of(path, "file")))
+        # the version the HEAD (or the apply's fact) described, not whatever is current by now
+        return self.io.get_all(self.bucket, self._full(self.key_of(path, "file")), h.get("VersionId"))
 
     def stat(self, path: str, type_hint: str | None = None) -> Entry | None:
         """The entry at ``path`` (``""``: the root, None until its attributes were first written)."""
@@ -629,11 +662,43 @@ class S3Target(Target):
                 return self._entry(self.key_of(path, t), h, hashes=False)
         return None
 
+    def stat_many(self, wanted: list[tuple[str, str]], facts: dict | None = None) -> list[tuple[Entry | None, dict]]:
+        """:meth:`stat` of many ``(path, type)`` with fewer requests: ``(entry or None, head)`` each,
+        ``head`` what the entry was read from (give it to :meth:`read_file`: the bytes of that version).
+
+        A key this epoch wrote (``facts``: :meth:`take_written`'s) is looked up in
+        :meth:`versions_of` (a version listing per directory): when its current version is
+        the one written, its entry comes from the metadata that write sent (a version never
+        changes, so it is what a HEAD would return); no current version: absent. A current
+        version that is another one (someone wrote the key since), and a key with no fact,
+        cost a HEAD, as :meth:`stat` does.
+        """
+        facts = facts or {}
+        keys = [self.key_of(path, "dir" if path == "" else t) for path, t in wanted]
+        listing = self.versions_of(k for k in keys if k in facts)
+
+        def one(k: str) -> tuple[Entry | None, dict]:
+            if k in listing:
+                cur = listing[k]["current"]
+                if cur is None:
+                    return None, {}
+                w = facts[k]
+                if w.get("version") == cur["version"]:
+                    h = {"Metadata": w["meta"], "ContentLength": cur["size"], "VersionId": cur["version"]}
+                    return self._entry(k, h, hashes=False), h
+            h = self.head(k)
+            return (None, {}) if h is None else (self._entry(k, h, hashes=False), h)
+
+        return self._in_threads(one, keys, "s3-stat")
+
     # ------------------------------------------------------------------ fence
+    #: keys per version listing page (None: the store's default, 1,000 on S3); tests make it small
+    LIST_MAX_KEYS: int | None = None
+
     def key_versions(self, rel_key: str) -> dict:
         """Every version and delete marker of exactly this key: ids, the current one, times."""
         key = self._full(rel_key)
-        ids, current, times, history = [], None, [], []
+        found = _no_versions()
         kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": key, "EncodingType": "url"}
         while True:
             resp = self.io.call(f"LIST versions {key}", lambda c, kw=kw: c.list_object_versions(**kw))
@@ -649,39 +714,162 @@ class S3Target(Target):
                     if not mine(v["Key"]):
                         other = True
                         continue
-                    ids.append(v["VersionId"])
-                    times.append(int(v["LastModified"].astimezone(UTC).timestamp() * 1e9))
-                    history.append({"version": v["VersionId"], "marker": kind == "DeleteMarkers",
-                                    "size": v.get("Size", 0), "time_ns": times[-1]})  # fmt: skip
-                    if v.get("IsLatest"):
-                        current = {
-                            "version": v["VersionId"],
-                            "marker": kind == "DeleteMarkers",
-                            "size": v.get("Size", 0),
-                            "time_ns": times[-1],
-                        }
+                    _add_version(found, v, kind)
             if other or not resp.get("IsTruncated"):
                 break
             marker = resp.get("NextKeyMarker")
             marker = key if marker is not None and mine(marker) else marker  # as sent, not as listed
             kw = {**kw, "KeyMarker": marker, "VersionIdMarker": resp.get("NextVersionIdMarker")}
-        live = current if current and not current["marker"] else None
-        return {"known": ids, "current": live, "history": history}
+        return _finish_versions(found)
+
+    def _list_directory(self, directory: str, wanted: set[str]) -> dict[str, dict]:
+        """Versions of the ``wanted`` keys (all directly in ``directory``) from one version listing of
+        the directory (delimiter ``/``), page by page; returns the keys it could answer for.
+
+        The listing stops early, leaving the keys it has not passed to one listing each, once
+        it has cost as many pages as there are wanted keys (a large directory with few changed
+        keys), or at a page marker that is not the key it stands for (a store that does not
+        URL-encode version listings, after a key with characters XML cannot carry) or that is
+        a sub-directory (SeaweedFS orders a directory ``a`` before a file ``a b``). Its common
+        prefixes are not used: SeaweedFS drops some of them when it pages.
+        """
+        prefix = self.prefix + (directory + "/" if directory else "")
+        full_of = {self._full(k): k for k in wanted}
+        found = {k: _no_versions() for k in wanted}
+        seen: set[str] = set()
+        kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix, "Delimiter": "/", "EncodingType": "url"}
+        if self.LIST_MAX_KEYS:
+            kw["MaxKeys"] = self.LIST_MAX_KEYS
+        pages, complete_below = 0, None
+        while True:
+            resp = self.io.call(f"LIST versions {prefix}", lambda c, kw=kw: c.list_object_versions(**kw))
+            pages += 1
+            encoded = resp.get("EncodingType") == "url"
+            decode_listing(resp)
+            for kind in ("Versions", "DeleteMarkers"):
+                for v in resp.get(kind, []):
+                    rel = full_of.get(v["Key"])
+                    if rel is not None:
+                        _add_version(found[rel], v, kind)
+                        seen.add(rel)
+            if not resp.get("IsTruncated"):
+                return {k: _finish_versions(v) for k, v in found.items()}
+            marker = resp.get("NextKeyMarker")
+            reliable = bool(marker) and not marker.endswith("/") and (encoded or not _ambiguous_key(marker))
+            if reliable:  # the next page starts at this key: every key before it is complete
+                complete_below = marker
+            if not reliable or pages >= len(wanted):
+                # a key not seen yet may still come (the store's order is not checked): its own listing
+                return {} if complete_below is None else {
+                    rel: _finish_versions(found[rel]) for full, rel in full_of.items()
+                    if rel in seen and full < complete_below
+                }  # fmt: skip
+            kw = {**kw, "KeyMarker": marker}
+            kw.pop("VersionIdMarker", None)
+            if resp.get("NextVersionIdMarker"):
+                kw["VersionIdMarker"] = resp["NextVersionIdMarker"]
+
+    def versions_of(self, rel_keys) -> dict[str, dict]:
+        """:meth:`key_versions` of many keys, with one version listing per directory that holds two
+        or more of them (paginated) instead of one listing per key.
+
+        A key alone in its directory gets a listing of its own, and so do keys with
+        characters a version listing may not carry as they are (see :func:`listed_key_is`).
+        Each key's answer is the one a listing of that key alone gives: every version, the
+        current one, their sizes and times.
+        """
+        keys = sorted(set(rel_keys))
+        groups: dict[str, list[str]] = defaultdict(list)
+        for k in keys:
+            if not _ambiguous_key(k):
+                groups[_dirname(k)].append(k)
+        listed = {d: ks for d, ks in groups.items() if len(ks) >= 2}
+        out: dict[str, dict] = {}
+        for found in self._in_threads(lambda d: self._list_directory(d, set(listed[d])), list(listed), "s3-list"):
+            out.update(found)
+        rest = [k for k in keys if k not in out]
+        out.update(zip(rest, self._in_threads(self.key_versions, rest, "s3-fence")))
+        return out
+
+    def _current_in_directory(self, directory: str, wanted: set[str]) -> tuple[dict[str, bool], set[str] | None]:
+        """Which ``wanted`` keys (directly in ``directory``) have a current object, from one listing
+        of the directory's current objects (ListObjectsV2, delimiter ``/``), page by page.
+
+        Returns the keys it answers for and, when it ran to its end, the sub-directories
+        holding a current object (relative, ending in ``/``; else None). Past as many pages
+        as there are wanted keys, it stops and answers only for the keys it saw."""
+        prefix = self.prefix + (directory + "/" if directory else "")
+        full_of = {self._full(k): k for k in wanted}
+        seen: set[str] = set()
+        subdirs: set[str] = set()
+        kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix, "Delimiter": "/", "EncodingType": "url"}
+        if self.LIST_MAX_KEYS:
+            kw["MaxKeys"] = self.LIST_MAX_KEYS
+        pages = 0
+        while True:
+            resp = decode_listing(self.io.call(f"LIST {prefix}", lambda c, kw=kw: c.list_objects_v2(**kw)))
+            pages += 1
+            seen.update(full_of[o["Key"]] for o in resp.get("Contents") or [] if o["Key"] in full_of)
+            subdirs.update(cp["Prefix"][len(self.prefix) :] for cp in resp.get("CommonPrefixes") or [])
+            if not resp.get("IsTruncated"):
+                return {k: k in seen for k in wanted}, subdirs
+            if pages >= len(wanted):
+                return dict.fromkeys(seen, True), None
+            kw = {**kw, "ContinuationToken": resp["NextContinuationToken"]}
+
+    def exists_many(self, paths: list[str]) -> list[bool]:
+        """Whether anything (a file's or a directory's object) is at each path, with a listing of the
+        current objects per directory instead of two HEADs per path.
+
+        A directory object ``p/.epochsync-dir`` is absent without a request of its own when
+        the listing of ``p``'s parent ran to its end and found nothing under ``p/``; any key
+        a listing does not answer for costs a HEAD.
+        """
+        plans = [[self.key_of(p, "dir")] if p == "" else [self.key_of(p, "file"), self.key_of(p, "dir")]
+                 for p in paths]  # fmt: skip
+        groups: dict[str, list[str]] = defaultdict(list)
+        for k in sorted({k for ks in plans for k in ks}):
+            if not _ambiguous_key(k):
+                groups[_dirname(k)].append(k)
+        listed = [d for d, ks in groups.items() if len(ks) >= 2]
+        known: dict[str, bool] = {}
+        subdirs: dict[str, set[str]] = {}
+        for d, (found, subs) in zip(
+            listed, self._in_threads(lambda d: self._current_in_directory(d, set(groups[d])), listed, "s3-list")
+        ):
+            known.update(found)
+            if subs is not None:
+                subdirs[d] = subs
+        for k in {k for ks in plans for k in ks} - known.keys():
+            d = _dirname(k)
+            if d and _dirname(d) in subdirs and d + "/" not in subdirs[_dirname(d)]:
+                known[k] = False  # nothing at all under d/
+
+        def one(keys: list[str]) -> bool:
+            return any(known[k] if k in known else self.head(k) is not None for k in keys)
+
+        return self._in_threads(one, plans, "s3-exists")
+
+    def _in_threads(self, fn, items: list, name: str) -> list:
+        """``[fn(i) for i in items]``, ``WALK_THREADS`` at a time when there are several."""
+        if len(items) < 2:
+            return [fn(i) for i in items]
+        from concurrent.futures import ThreadPoolExecutor
+
+        _ = self.io.client  # made once, before the threads share it
+        with ThreadPoolExecutor(min(self.WALK_THREADS, len(items)), thread_name_prefix=name) as pool:
+            return list(pool.map(fn, items))
 
     def fence_check(self, expect: list[dict], since_ns: int | None) -> tuple[list[str], dict[str, Any]]:
-        """``expect`` items: ``{"key", "present", "size"}``; returns problems and key → versions."""
-        problems, state = [], {}
-        keys = [item["key"] for item in expect]
-        if len(keys) < 2 * self.WALK_THREADS:
-            versions = [self.key_versions(k) for k in keys]
-        else:  # one LIST per key: keep several in flight (on real S3 each is a round trip of tens of ms)
-            from concurrent.futures import ThreadPoolExecutor
+        """``expect`` items: ``{"key", "present", "size"}``; returns problems and key → versions.
 
-            _ = self.io.client  # made once, before the threads share it
-            with ThreadPoolExecutor(self.WALK_THREADS, thread_name_prefix="s3-fence") as pool:
-                versions = list(pool.map(self.key_versions, keys))
-        for item, v in zip(expect, versions):
+        The versions come from :meth:`versions_of` (a listing per directory of the plan's keys):
+        the same facts per key as a listing of each key, so the same checks."""
+        problems, state = [], {}
+        listing = self.versions_of(item["key"] for item in expect)
+        for item in expect:
             rel = item["key"]
+            v = dict(listing[rel])
             history = v.pop("history", [])
             state[rel] = v
             cur = v["current"]
@@ -720,6 +908,30 @@ class S3Target(Target):
                 "(attributes that do not fit belong in the fid's attribute sidecar)"
             )
 
+    def _wrote(self, rel_key: str, resp: dict, meta: dict, size: int) -> None:
+        """Remember the version a PUT, copy or multipart upload made (from its response) and the
+        metadata and size it was given: verify's facts, instead of a HEAD of the key."""
+        version = (resp or {}).get("VersionId")
+        if version:
+            self._written[rel_key] = {"version": version, "meta": meta, "size": size}
+        else:
+            self._written.pop(rel_key, None)
+
+    def last_written(self, rel_key: str) -> dict | None:
+        """What this process's last write of ``rel_key`` made (``{version, meta, size}``), if not taken yet."""
+        return self._written.get(rel_key)
+
+    def take_written(self) -> dict[str, dict]:
+        """The versions this process wrote since the last call, key -> ``{version, meta, size}``,
+        and forget them (threads may be writing: one atomic ``popitem`` at a time)."""
+        out = {}
+        while True:
+            try:
+                k, v = self._written.popitem()
+            except KeyError:
+                return out
+            out[k] = v
+
     def copy(self, journal, state: dict, rel_key: str, src_key: str, meta: dict, size: int) -> None:
         """Server-side copy of the E-1 version of ``src_key`` to ``rel_key`` with new metadata."""
         self.check_meta(rel_key, meta)
@@ -729,7 +941,7 @@ class S3Target(Target):
             raise StoreError(f"{self.describe()}: cannot copy {src_key}: it has no current version")
         self._journal_key(journal, "put", rel_key, state)
         source = {"Bucket": self.bucket, "Key": self._full(src_key), "VersionId": src["current"]["version"]}
-        self.io.call(
+        resp = self.io.call(
             f"COPY {src_key} -> {rel_key}",
             lambda c: c.copy_object(
                 Bucket=self.bucket, Key=self._full(rel_key), CopySource=source,
@@ -737,18 +949,61 @@ class S3Target(Target):
             ),
         )  # fmt: skip
         self.io.counters.count(copied=size)
+        self._wrote(rel_key, resp, meta, int(src["current"].get("size") or 0))
 
     def put(self, journal, state: dict, rel_key: str, body: bytes, meta: dict) -> None:
         self.check_meta(rel_key, meta)
         self._journal_key(journal, "put", rel_key, state)
-        self.io.call(
+        resp = self.io.call(
             f"PUT {rel_key}",
             lambda c: c.put_object(Bucket=self.bucket, Key=self._full(rel_key), Body=body, Metadata=meta),
         )
+        self._wrote(rel_key, resp, meta, len(body))
 
     def delete(self, journal, state: dict, rel_key: str) -> None:
         self._journal_key(journal, "delete", rel_key, state)
+        self._written.pop(rel_key, None)
         self.io.call(f"DELETE {rel_key}", lambda c: c.delete_object(Bucket=self.bucket, Key=self._full(rel_key)))
+
+    #: keys per DeleteObjects request (S3's limit)
+    DELETE_BATCH = 1000
+
+    def delete_many(self, journal, state: dict, rel_keys: list[str]) -> None:
+        """Delete keys with one DeleteObjects request per :data:`DELETE_BATCH` keys (a delete marker
+        each, as :meth:`delete` makes). Every key's undo entry is durable before the request;
+        keys the store answers with a retryable error are sent again, any other error fails.
+        A key with characters XML 1.0 cannot carry (the request is an XML document) is
+        deleted on its own."""
+        for k in [k for k in rel_keys if _XML_FORBIDDEN.search(k)]:
+            self.delete(journal, state, k)
+        rel_keys = [k for k in rel_keys if not _XML_FORBIDDEN.search(k)]
+        missing = [k for k in rel_keys if k not in state]
+        state.update(self.versions_of(missing))
+        for start in range(0, len(rel_keys), self.DELETE_BATCH):
+            chunk = rel_keys[start : start + self.DELETE_BATCH]
+            journal.append_many([{"op": "delete", "key": k, "known": state[k]["known"]} for k in chunk])
+            for k in chunk:
+                self._written.pop(k, None)
+            pending = [self._full(k) for k in chunk]
+            for attempt in range(1, self.io.max_attempts + 1):
+                objects = {"Objects": [{"Key": k} for k in pending], "Quiet": True}
+                resp = self.io.call(
+                    f"DELETE {len(pending)} keys ({chunk[0]}...)",
+                    lambda c, objects=objects: c.delete_objects(Bucket=self.bucket, Delete=objects),
+                )
+                errors = resp.get("Errors") or []
+                if not errors:
+                    break
+                retry = [e for e in errors if e.get("Code") in RETRYABLE_CODES]
+                if len(retry) < len(errors) or attempt == self.io.max_attempts:
+                    e = next((e for e in errors if e.get("Code") not in RETRYABLE_CODES), errors[0])
+                    raise StoreError(
+                        f"{self.describe()}: DeleteObjects: {e.get('Key')}: {e.get('Code')} {e.get('Message') or ''}"
+                        f" ({len(errors)} of {len(pending)} key(s) not deleted, after {attempt} attempt(s))"
+                    )
+                self.io.counters.count(retries=1)
+                pending = [e["Key"] for e in retry]
+                time.sleep(min(self.io.max_delay, self.io.base_delay * 2 ** (attempt - 1)))
 
     def multipart(self, journal, state: dict, rel_key: str, parts: list[dict], meta: dict, read_upload) -> None:
         """Build a new version from parts: ``{"copy": [a, b)}`` from the key's E-1 version or
@@ -795,12 +1050,14 @@ class S3Target(Target):
                     ),
                 )
                 done.append({"PartNumber": n, "ETag": r["ETag"]})
-        self.io.call(
+        resp = self.io.call(
             f"COMPLETE multipart {rel_key}",
             lambda c: c.complete_multipart_upload(
                 Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": done}
             ),
         )
+        size = max((p.get("copy") or p.get("upload"))[1] for p in parts) if parts else 0
+        self._wrote(rel_key, resp, meta, size)
 
     def op_keys(self, op: dict) -> tuple[set[str], set[str]]:
         """Keys a namespace or post operation reads and writes: one object each, so

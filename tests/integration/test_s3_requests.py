@@ -1,0 +1,260 @@
+"""Requests per changed file on an s3 target, counted at a proxy in front of SeaweedFS.
+
+The write fence, the apply and verify of one epoch (what ``epochsync replicate`` sends for
+it, less the per-epoch constants: lease, manifest, fence instant) are counted by the same
+:class:`~epochsync.s3proxy.S3Proxy` bench-e2e puts in front of the store, for a directory
+rename of 300 files and for 4 KiB writes into 100 files. Before the fence was batched per
+directory, verify took its facts from the apply's responses and deletes went 1,000 to a
+DeleteObjects, a rename cost 7 requests per file and a small write 5.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+
+import pytest
+
+from epochsync.apply import apply_plan
+from epochsync.config import TargetConfig
+from epochsync.connections import resolve_s3
+from epochsync.pipeline import _target_dict
+from epochsync.s3proxy import S3Proxy
+from epochsync.targets import open_target
+from epochsync.targets.s3 import S3Access
+from epochsync.translate import build_plan
+from epochsync.verify import verify_plan
+
+pytestmark = pytest.mark.integration
+
+ROOT = "ROOT"
+MTIME = 1_700_000_000_000_000_000
+
+
+def row(type_, *, size=0, mode=0o644, version=None, fid=None):
+    return {
+        "type": type_, "mode": mode, "uid": 0, "gid": 0, "size": size, "atime_ns": MTIME, "mtime_ns": MTIME,
+        "xattrs": [], "symlink": None, "layout": None,
+        "objects": [{"ost": "OST0000", "oid": fid, "version": version}] if version else [],
+    }  # fmt: skip
+
+
+def entry(fid, old=None, new=None, old_paths=(), new_paths=(), change=None):
+    return {"fid": fid, "old": old, "new": new, "old_paths": sorted(old_paths), "new_paths": sorted(new_paths),
+            "change": change}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def env(seaweed, tmp_path_factory):
+    with S3Proxy(seaweed.url) as proxy:
+        os.environ["AIRFLOW_CONN_REQS_S3"] = seaweed.airflow_conn_json().replace(seaweed.url, proxy.url)
+        client = seaweed.client()
+        src = "src-" + uuid.uuid4().hex[:8]
+        client.create_bucket(Bucket=src)
+        client.put_bucket_versioning(Bucket=src, VersioningConfiguration={"Status": "Enabled"})
+        store = {"key": "{ost}/{oid}", "unstriped_key": "data/{fid}", "bucket": src}
+        yield {"proxy": proxy, "client": client, "store": store, "tmp": tmp_path_factory.mktemp("reqs")}
+        os.environ.pop("AIRFLOW_CONN_REQS_S3", None)
+
+
+def new_target(striped: bool = False):
+    name = "r" + uuid.uuid4().hex[:6]
+    stripes = {"stripe_size": 4096, "stripe_count": 2} if striped else {}
+    cfg = TargetConfig(name=name, source="sim", kind="s3", conn_id="reqs_s3", bucket="replica-reqs",
+                       prefix=f"{name}/", **stripes)  # fmt: skip
+    t = open_target(cfg)
+    t.ensure_bucket()
+    return t
+
+
+def epoch(env, target, entries, n, *, sample=0.0):
+    """Fence, apply and verify of one epoch; returns (requests at the proxy, verify result)."""
+    plan = build_plan(entries, target=_target_dict(target.cfg), store=env["store"], epoch=n)
+    since = target.fence_time_ns()
+    src_io = S3Access(resolve_s3("reqs_s3"))
+    env["proxy"].reset_counters()
+    problems, state = target.fence_check(plan["fence"], since)
+    assert problems == []
+    jdir = str(env["tmp"] / f"undo-{target.name}-{n}")
+    figures = apply_plan(plan, target, src_io, env["store"]["bucket"], jdir, state)
+    result = verify_plan(plan, target, src_io, env["store"]["bucket"], sample=sample, facts=figures["facts"])
+    counts = env["proxy"].snapshot()
+    total = sum(c["total_requests"] for c in counts.values())
+    by_method = {}
+    for c in counts.values():
+        for m, k in c["requests"].items():
+            by_method[m] = by_method.get(m, 0) + k
+    target.write_manifest({"epoch": n})
+    return total, by_method, result
+
+
+def put_source(env, fid: str, data: bytes) -> str:
+    return env["client"].put_object(Bucket=env["store"]["bucket"], Key=f"data/{fid}", Body=data)["VersionId"]
+
+
+def tree(target) -> dict:
+    return {e.path: (e.type, e.sha256 if e.type == "file" else None, e.mode) for e in target.walk()}
+
+
+def sha(b: bytes) -> str:
+    return hashlib.sha256(b).hexdigest()
+
+
+def test_directory_rename_of_300_files(env):
+    n = 300
+    target = new_target()
+    d = row("dir", mode=0o755)
+    files, contents = {}, {}
+    entries = [entry("D", new=d, new_paths=["big"])]
+    for i in range(n):
+        data = os.urandom(100 + i)
+        fid = f"F{i:04d}"
+        files[fid] = row("file", size=len(data), version=put_source(env, fid, data), fid=fid)
+        contents[fid] = data
+        entries.append(
+            entry(fid, new=files[fid], new_paths=[f"big/f{i:04d}"], change={"data_changed": True, "whole_file": True})
+        )
+    epoch(env, target, entries, 1)
+    renamed = [entry("D", old=d, new=d, old_paths=["big"], new_paths=["big-renamed"])]
+    renamed += [entry(fid, old=f, new=f, old_paths=[f"big/f{i:04d}"], new_paths=[f"big-renamed/f{i:04d}"])
+                for i, (fid, f) in enumerate(files.items())]  # fmt: skip
+    total, by_method, result = epoch(env, target, renamed, 2)
+    assert result["ok"], result["problems"]
+    print(f"directory rename of {n} files: {total} requests ({total / n:.3f} per file) {by_method}")
+    # the copies, one DeleteObjects and a few listings; it was 7 per file (two fence listings, the
+    # copy, the delete, three HEADs in verify)
+    assert total <= 1.1 * n, by_method
+    want = {"big-renamed": ("dir", None, 0o755)}
+    want.update({f"big-renamed/f{i:04d}": ("file", sha(contents[fid]), 0o644) for i, fid in enumerate(files)})
+    assert tree(target) == want
+    assert env["proxy"].snapshot().get(env["store"]["bucket"], {}).get("bytes_out", 0) == 0
+
+
+@pytest.mark.parametrize("per_dir", [10, 1])
+def test_small_writes_to_100_files(env, per_dir):
+    """4 KiB written into each of 100 files (64 KiB), ``per_dir`` changed files per directory."""
+    n = 100
+    target = new_target()
+    dirs = n // per_dir
+    entries, files, contents = [], {}, {}
+    for j in range(dirs):
+        entries.append(entry(f"D{j}", new=row("dir", mode=0o755), new_paths=[f"d{j:03d}"]))
+    for i in range(n):
+        fid = f"S{i:04d}"
+        data = os.urandom(64 * 1024)
+        files[fid] = row("file", size=len(data), version=put_source(env, fid, data), fid=fid)
+        contents[fid] = data
+        path = f"d{i % dirs:03d}/f{i:04d}"
+        entries.append(entry(fid, new=files[fid], new_paths=[path], change={"data_changed": True, "whole_file": True}))
+    epoch(env, target, entries, 1)
+    writes = []
+    for i, (fid, f) in enumerate(files.items()):
+        data = bytearray(contents[fid])
+        off = (i * 4096) % (len(data) - 4096)
+        data[off : off + 4096] = os.urandom(4096)
+        contents[fid] = bytes(data)
+        f2 = dict(f, objects=[{"ost": "OST0000", "oid": fid, "version": put_source(env, fid, contents[fid])}])
+        path = f"d{i % dirs:03d}/f{i:04d}"
+        writes.append(entry(fid, old=f, new=f2, old_paths=[path], new_paths=[path],
+                            change={"data_changed": True, "whole_file": False,
+                                    "ranges": [{"offset": off, "length": 4096}]}))  # fmt: skip
+    total, by_method, result = epoch(env, target, writes, 2)
+    assert result["ok"], result["problems"]
+    print(
+        f"small writes to {n} files, {per_dir} per directory: {total} requests ({total / n:.3f} per file) {by_method}"
+    )
+    want = {f"d{j:03d}": ("dir", None, 0o755) for j in range(dirs)}
+    want.update({f"d{i % dirs:03d}/f{i:04d}": ("file", sha(contents[fid]), 0o644) for i, fid in enumerate(files)})
+    assert tree(target) == want
+
+
+def norm(versions: dict) -> dict:
+    """Versions per key, in no order (pages may hold a key's versions and markers in any order)."""
+    return {k: (sorted(v["known"]), v["current"], sorted(v["history"], key=lambda h: h["version"]))
+            for k, v in versions.items()}  # fmt: skip
+
+
+def test_fence_and_verify_catch_foreign_changes_on_paged_listings(env, monkeypatch):
+    """The listings page every 2 keys (a page of a directory, a listing given up for one per key):
+    the fence still names foreign writes to the plan's keys, and verify (with the apply's facts
+    and without them) names every path changed behind the apply's back: metadata rewritten in
+    place (same bytes, another version), another size, a deleted object, a removed path that
+    came back as a file or as a directory; and, reading contents, other bytes of the same size."""
+    from epochsync.targets.s3 import S3Target
+
+    monkeypatch.setattr(S3Target, "LIST_MAX_KEYS", 2)
+    target = new_target()
+    c = env["client"]
+    b, pre = target.bucket, target.prefix
+    d = row("dir", mode=0o755)
+    files, contents = {}, {}
+    entries = [entry("D", new=d, new_paths=["d"])]
+    for i in range(12):
+        fid, data = f"P{i:03d}", os.urandom(2000)
+        files[fid] = row("file", size=len(data), version=put_source(env, fid, data), fid=fid)
+        contents[fid] = data
+        entries.append(
+            entry(fid, new=files[fid], new_paths=[f"d/f{i}"], change={"data_changed": True, "whole_file": True})
+        )
+    epoch(env, target, entries, 1)
+    # epoch 2: new bytes in f0..f5, f6 and f7 deleted, n0 created
+    e2 = []
+    for i in range(6):
+        fid = f"P{i:03d}"
+        data = os.urandom(3000)
+        f2 = row("file", size=len(data), version=put_source(env, fid, data), fid=fid)
+        e2.append(entry(fid, old=files[fid], new=f2, old_paths=[f"d/f{i}"], new_paths=[f"d/f{i}"],
+                        change={"data_changed": True, "whole_file": True}))  # fmt: skip
+    for i in (6, 7):
+        e2.append(entry(f"P{i:03d}", old=files[f"P{i:03d}"], old_paths=[f"d/f{i}"]))
+    nv = put_source(env, "N0", b"new")
+    e2.append(entry("N0", new=row("file", size=3, version=nv, fid="N0"), new_paths=["d/n0"],
+                    change={"data_changed": True, "whole_file": True}))  # fmt: skip
+    plan = build_plan(e2, target=_target_dict(target.cfg), store=env["store"], epoch=2)
+    since = target.fence_time_ns()
+
+    # before the apply: a foreign write to a key the epoch rewrites, and one where it creates
+    foreign = c.put_object(Bucket=b, Key=pre + "d/f1", Body=b"foreign")["VersionId"]
+    squat = c.put_object(Bucket=b, Key=pre + "d/n0", Body=b"squatter")["VersionId"]
+    problems, _ = target.fence_check(plan["fence"], since)
+    assert any(p.startswith("d/f1: ") for p in problems), problems
+    assert any(p.startswith("d/n0: exists") for p in problems), problems
+    assert len(problems) == 2, problems
+    c.delete_object(Bucket=b, Key=pre + "d/f1", VersionId=foreign)
+    c.delete_object(Bucket=b, Key=pre + "d/n0", VersionId=squat)
+    problems, state = target.fence_check(plan["fence"], since)
+    assert problems == []
+
+    src_io = S3Access(resolve_s3("reqs_s3"))
+    figures = apply_plan(plan, target, src_io, env["store"]["bucket"], str(env["tmp"] / "undo-foreign"), state)
+    facts = figures["facts"]
+    assert {"d/f0", "d/f5", "d/n0"} <= facts.keys()
+    assert verify_plan(plan, target, src_io, env["store"]["bucket"], sample=1.0, facts=facts)["ok"]
+
+    # a directory listing answers as one listing per key does, whether it runs to its end (every
+    # key of d/), gives up after as many pages as keys (two keys) or meets keys listed alone
+    everything = [f"d/f{i}" for i in range(12)] + ["d/n0", "d/.epochsync-dir", "d/zz", "d/f\x01"]
+    for keys in (everything, ["d/f3", "d/f9"], ["d/f0", "d/f\x01"]):
+        assert norm(target.versions_of(keys)) == norm({k: target.key_versions(k) for k in keys})
+
+    # behind the apply's back
+    head = c.head_object(Bucket=b, Key=pre + "d/f0")
+    meta = dict(head["Metadata"], **{"es-mode": str(0o100600)})
+    c.copy_object(Bucket=b, Key=pre + "d/f0", CopySource={"Bucket": b, "Key": pre + "d/f0"},
+                  MetadataDirective="REPLACE", Metadata=meta)  # fmt: skip
+    c.put_object(Bucket=b, Key=pre + "d/f2", Body=b"shorter")  # no metadata: no mode, the size its length
+    c.delete_object(Bucket=b, Key=pre + "d/f3")
+    c.put_object(Bucket=b, Key=pre + "d/f6", Body=b"back")
+    c.put_object(Bucket=b, Key=pre + "d/f7/.epochsync-dir", Body=b"", Metadata={"es-type": "dir", "es-mode": "16877"})
+    same = os.urandom(3000)  # the same size, other bytes: only a content check sees it
+    c.put_object(Bucket=b, Key=pre + "d/f4", Body=same, Metadata=c.head_object(Bucket=b, Key=pre + "d/f4")["Metadata"])
+    for kw in ({"facts": facts}, {}):
+        result = verify_plan(plan, target, src_io, env["store"]["bucket"], sample=0.0, **kw)
+        assert not result["ok"]
+        bad = sorted({p.split(":")[0] for p in result["problems"]})
+        assert bad == ["d/f0", "d/f2", "d/f3", "d/f6", "d/f7"], result["problems"]
+        assert any("d/f0: mode 0o600" in p for p in result["problems"]), result["problems"]
+        result = verify_plan(plan, target, src_io, env["store"]["bucket"], sample=1.0, **kw)
+        assert sorted({p.split(":")[0] for p in result["problems"]}) == ["d/f0", "d/f2", "d/f3", "d/f4", "d/f6",
+                                                                         "d/f7"], result["problems"]  # fmt: skip
