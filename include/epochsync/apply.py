@@ -18,7 +18,7 @@ import re
 import time
 
 from epochsync.errors import EpochsyncError
-from epochsync.journal import PHASE_DATA, PHASE_NAMESPACE, PHASE_POST, UndoJournal
+from epochsync.journal import PHASE_DATA, PHASE_NAMESPACE, PHASE_POST, UndoJournal, start_run
 from epochsync.layout import object_range_to_file
 
 
@@ -140,11 +140,11 @@ def _write_object(target, journal, state, pulled, spec: dict, key: str, length: 
     return sum(p["upload"][1] - p["upload"][0] for p in parts if "upload" in p)
 
 
-def _data_partition(index: int, ops, target, source_io, source_bucket: str, jdir: str, faults):
+def _data_partition(index: int, ops, target, source_io, source_bucket: str, jdir: str, faults, run=None):
     """Executor side: one journal file and one pair of clients per partition."""
     t0 = time.monotonic()
     result = {"pulled": 0, "written": 0, "ops": 0}
-    with UndoJournal(jdir, f"data-{index:05d}", PHASE_DATA, faults) as journal:
+    with UndoJournal(jdir, f"data-{index:05d}", PHASE_DATA, faults, run=run) as journal:
         for op in ops:
             r = run_data_op(op, target, journal, source_io, source_bucket)
             result["pulled"] += r["pulled"]
@@ -171,6 +171,7 @@ def apply_plan(plan: dict, target, source_io, source_bucket: str, jdir: str, sta
                      (lambda keys: many(journal, state, keys)) if many else None)  # fmt: skip
     facts = take()
     t1 = time.monotonic()
+    run = start_run(jdir)  # the data tasks' owner token (a late straggler finds another)
     ops = []
     for op in plan["data"]:
         keys = [k for k in (op.get("key"), op.get("base"), *(op.get("extra_keys") or [])) if k]
@@ -179,9 +180,9 @@ def apply_plan(plan: dict, target, source_io, source_bucket: str, jdir: str, sta
     results = []
     if ops:
         if spark is not None:
-            results = _apply_on_executors(spark, ops, plan, target, source_io, source_bucket, jdir, faults)
+            results = _apply_on_executors(spark, ops, plan, target, source_io, source_bucket, jdir, faults, run)
         else:
-            results = _apply_in_threads(ops, target, source_io, source_bucket, jdir, faults, plan)
+            results = _apply_in_threads(ops, target, source_io, source_bucket, jdir, faults, plan, run)
     t2 = time.monotonic()
     for r in results:
         facts.update(r.pop("facts", None) or {})
@@ -309,7 +310,7 @@ def run_in_order(target, ops: list[dict], run_one, delete_many=None) -> None:
 LOCAL_APPLY_THREADS = 8
 
 
-def _apply_in_threads(ops: list[dict], target, source_io, source_bucket: str, jdir: str, faults, plan: dict):
+def _apply_in_threads(ops: list[dict], target, source_io, source_bucket: str, jdir: str, faults, plan: dict, run=None):
     """The executors' work in this process: ``LOCAL_APPLY_THREADS`` partitions, one thread each.
 
     Each thread has its own journal file, as an executor would; the threads share the
@@ -334,7 +335,9 @@ def _apply_in_threads(ops: list[dict], target, source_io, source_bucket: str, jd
 
     def run(i: int):
         try:
-            out = list(_data_partition(i, until_stopped(ops[i::n]), target, source_io, source_bucket, jdir, faults))
+            out = list(
+                _data_partition(i, until_stopped(ops[i::n]), target, source_io, source_bucket, jdir, faults, run)
+            )
         except BaseException:
             stop.set()
             raise
@@ -353,7 +356,7 @@ def _apply_in_threads(ops: list[dict], target, source_io, source_bucket: str, jd
     return [r for f in futures for r in f.result()]
 
 
-def _apply_on_executors(spark, ops: list[dict], plan: dict, target, source_io, source_bucket, jdir, faults):
+def _apply_on_executors(spark, ops: list[dict], plan: dict, target, source_io, source_bucket, jdir, faults, run=None):
     """The data operations as one Spark job: ``mapInArrow`` over partition numbers, one report row each.
 
     Each partition takes every n-th operation (the plan travels with the function) and
@@ -380,18 +383,25 @@ def _apply_on_executors(spark, ops: list[dict], plan: dict, target, source_io, s
             raise EpochsyncError("apply: Spark re-ran a failed data task; the epoch is rolled back instead")
         for b in batches:
             for index in b.column(0).to_pylist():
-                for r in _data_partition(index, iter(parts[index]), target, source_io, source_bucket, jdir, faults):
+                for r in _data_partition(
+                    index, iter(parts[index]), target, source_io, source_bucket, jdir, faults, run
+                ):
                     yield pa.RecordBatch.from_pydict({"report": [json.dumps(r)]})
 
     tag = f"apply-data-{plan['target']}-{plan['epoch']}-{os.getpid()}-{time.monotonic_ns()}"
     spark.addTag(tag)
     try:
         rows = spark.range(0, n, 1, numPartitions=n).mapInArrow(run, "report string").collect()
-    except Exception as exc:
+    except BaseException as exc:
+        # A signal too (KeyboardInterrupt, the shutdown's exit): the job runs on the server,
+        # not in this process, and a task that had not started yet would otherwise write
+        # after the rollback that follows has found no writer to wait for.
         try:
             spark.interruptTag(tag)
         except Exception:  # the job is already over; nothing left to interrupt
             pass
+        if not isinstance(exc, Exception):
+            raise
         raise EpochsyncError(f"apply of epoch {plan['epoch']} failed on an executor: {_root_cause(exc)}") from None
     finally:
         spark.removeTag(tag)

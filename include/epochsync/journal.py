@@ -35,6 +35,8 @@ from epochsync.paths import Warehouse, local_path
 PHASE_NAMESPACE, PHASE_DATA, PHASE_POST = 1, 2, 3
 #: written by a rollback before it replays the journal; writers stop at their next entry
 ABORT_MARKER = "ABORTED"
+#: the token of the apply that owns a journal directory (see :func:`start_run`)
+RUN_FILE = "RUN"
 
 
 def journal_dir(warehouse: str, target: str, epoch: int) -> str:
@@ -49,9 +51,21 @@ class UndoJournal:
     """Appends undo entries for one writer; every append is durable before it returns."""
 
     def __init__(
-        self, directory: str, writer: str, phase: int, faults: FaultCounter | None = None, *, tick: bool = True
+        self,
+        directory: str,
+        writer: str,
+        phase: int,
+        faults: FaultCounter | None = None,
+        *,
+        tick: bool = True,
+        run: str | None = None,
     ):
         self.directory = directory
+        # ``run``: the token of the apply this writer belongs to (:func:`start_run`); a
+        # writer whose apply is over (rolled back, or replaced by a newer run) refuses
+        # before it creates or writes anything
+        self.run = run
+        self._check_run()
         self.writer = writer
         self.phase = phase
         self.faults = faults
@@ -73,6 +87,7 @@ class UndoJournal:
         """
         if os.path.exists(os.path.join(self.directory, ABORT_MARKER)):
             raise EpochsyncError(f"apply stopped: a rollback of {self.directory} is running")
+        self._check_run()
         with self._lock:  # threads of one writer (s3 namespace operations) share the file
             self.seq += 1
             entry = {"phase": self.phase, "writer": self.writer, "seq": self.seq, **entry}
@@ -88,6 +103,7 @@ class UndoJournal:
         S3 DeleteObjects); the fault injector then gets its chance after each one."""
         if os.path.exists(os.path.join(self.directory, ABORT_MARKER)):
             raise EpochsyncError(f"apply stopped: a rollback of {self.directory} is running")
+        self._check_run()
         out = []
         with self._lock:
             for entry in entries:
@@ -100,6 +116,20 @@ class UndoJournal:
             for entry in out:
                 self.faults.tick(f"{entry['op']} {entry.get('path') or entry.get('key') or ''}".strip())
         return out
+
+    def _check_run(self) -> None:
+        if self.run is None:
+            return
+        try:
+            with open(os.path.join(self.directory, RUN_FILE), encoding="utf-8") as f:
+                current = f.read().strip()
+        except FileNotFoundError:
+            current = None
+        if current != self.run:
+            raise EpochsyncError(
+                f"apply stopped: the apply that started this writer of {self.directory} is over"
+                " (rolled back, or a newer run took the epoch)"
+            )
 
     def tick(self, what: str) -> None:
         """A mutation that needs no undo entry of its own (a multipart part)."""
@@ -234,6 +264,26 @@ def wait_for_writers(directory: str, timeout: float = 300.0) -> None:
 
 def journal_exists(directory: str) -> bool:
     return os.path.isdir(directory) and any(n.endswith(".jsonl") for n in os.listdir(directory))
+
+
+def start_run(directory: str) -> str:
+    """Give the journal directory a new owner token and return it (written atomically).
+
+    Executor tasks of an apply carry the token; one that starts late, after its driver is
+    gone and a rollback or a newer run has taken the epoch, finds another token (or none)
+    and refuses before it writes the target.
+    """
+    import uuid
+
+    os.makedirs(directory, exist_ok=True)
+    token = uuid.uuid4().hex
+    tmp = os.path.join(directory, f".{RUN_FILE}.{token}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(token)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, os.path.join(directory, RUN_FILE))
+    return token
 
 
 def remove_journal(directory: str) -> None:

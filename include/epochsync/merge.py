@@ -497,10 +497,15 @@ def merge_epoch(
 
     recs = prepare_records(records)
     if cache is not False:
+        # Five aggregations read the ranked records: shuffle and sort them once. The token
+        # makes this plan (and the per-fid state built on it) this call's own: Spark matches
+        # cached data by plan, across sessions, and a run killed before its unpersist()
+        # would otherwise serve its records to the next merge of the same files.
+        import uuid
+
         from pyspark import StorageLevel
 
-        # five aggregations read the ranked records: shuffle and sort them once
-        recs = recs.persist(StorageLevel.MEMORY_AND_DISK)
+        recs = recs.withColumn("_cached_by", F.lit(uuid.uuid4().hex)).persist(StorageLevel.MEMORY_AND_DISK)
         if isinstance(cache, list):
             cache.append(recs)
     writes = recs.filter((F.col("type") == "WRITE") & F.col("fid").isNotNull()).select(
