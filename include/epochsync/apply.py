@@ -171,7 +171,7 @@ def apply_plan(plan: dict, target, source_io, source_bucket: str, jdir: str, sta
                      (lambda keys: many(journal, state, keys)) if many else None)  # fmt: skip
     facts = take()
     t1 = time.monotonic()
-    run = start_run(jdir)  # the data tasks' owner token (a late straggler finds another)
+    token = start_run(jdir)  # the data tasks' owner token (a late straggler finds another)
     ops = []
     for op in plan["data"]:
         keys = [k for k in (op.get("key"), op.get("base"), *(op.get("extra_keys") or [])) if k]
@@ -180,9 +180,9 @@ def apply_plan(plan: dict, target, source_io, source_bucket: str, jdir: str, sta
     results = []
     if ops:
         if spark is not None:
-            results = _apply_on_executors(spark, ops, plan, target, source_io, source_bucket, jdir, faults, run)
+            results = _apply_on_executors(spark, ops, plan, target, source_io, source_bucket, jdir, faults, token)
         else:
-            results = _apply_in_threads(ops, target, source_io, source_bucket, jdir, faults, plan, run)
+            results = _apply_in_threads(ops, target, source_io, source_bucket, jdir, faults, plan, token)
     t2 = time.monotonic()
     for r in results:
         facts.update(r.pop("facts", None) or {})
@@ -310,7 +310,9 @@ def run_in_order(target, ops: list[dict], run_one, delete_many=None) -> None:
 LOCAL_APPLY_THREADS = 8
 
 
-def _apply_in_threads(ops: list[dict], target, source_io, source_bucket: str, jdir: str, faults, plan: dict, run=None):
+def _apply_in_threads(
+    ops: list[dict], target, source_io, source_bucket: str, jdir: str, faults, plan: dict, token=None
+):
     """The executors' work in this process: ``LOCAL_APPLY_THREADS`` partitions, one thread each.
 
     Each thread has its own journal file, as an executor would; the threads share the
@@ -336,7 +338,7 @@ def _apply_in_threads(ops: list[dict], target, source_io, source_bucket: str, jd
     def run(i: int):
         try:
             out = list(
-                _data_partition(i, until_stopped(ops[i::n]), target, source_io, source_bucket, jdir, faults, run)
+                _data_partition(i, until_stopped(ops[i::n]), target, source_io, source_bucket, jdir, faults, token)
             )
         except BaseException:
             stop.set()
@@ -356,7 +358,7 @@ def _apply_in_threads(ops: list[dict], target, source_io, source_bucket: str, jd
     return [r for f in futures for r in f.result()]
 
 
-def _apply_on_executors(spark, ops: list[dict], plan: dict, target, source_io, source_bucket, jdir, faults, run=None):
+def _apply_on_executors(spark, ops: list[dict], plan: dict, target, source_io, source_bucket, jdir, faults, token=None):
     """The data operations as one Spark job: ``mapInArrow`` over partition numbers, one report row each.
 
     Each partition takes every n-th operation (the plan travels with the function) and
@@ -384,7 +386,7 @@ def _apply_on_executors(spark, ops: list[dict], plan: dict, target, source_io, s
         for b in batches:
             for index in b.column(0).to_pylist():
                 for r in _data_partition(
-                    index, iter(parts[index]), target, source_io, source_bucket, jdir, faults, run
+                    index, iter(parts[index]), target, source_io, source_bucket, jdir, faults, token
                 ):
                     yield pa.RecordBatch.from_pydict({"report": [json.dumps(r)]})
 

@@ -98,22 +98,33 @@ def spark_session(
     if url:
         from pyspark.sql import SparkSession
 
-        if session_key and "session_id=" not in url:
-            url = run_session_remote(url, f"{session_key}/{os.path.basename(package_zip())}")
+        key = f"{session_key}/{os.path.basename(package_zip())}" if session_key else None
 
-        try:
-            builder = SparkSession.builder.remote(url)
-            # a keyed session is that session, whatever other session this process holds
-            session = builder.create() if session_key else builder.getOrCreate()
-        except Exception as exc:  # grpc's errors are many; one line says what to check
-            from epochsync.errors import EpochsyncError
+        def connect(target: str):
+            try:
+                builder = SparkSession.builder.remote(target)
+                # a keyed session is that session, whatever other session this process holds
+                return builder.create() if key else builder.getOrCreate()
+            except Exception as exc:  # grpc's errors are many; one line says what to check
+                from epochsync.errors import EpochsyncError
 
-            raise EpochsyncError(
-                f"cannot reach the Spark Connect server {url}: {str(exc).splitlines()[0][:300]} "
-                f"(is it running? {REMOTE_ENV} or the config's spark.remote name it)"
-            ) from None
-        if session_key:
+                raise EpochsyncError(
+                    f"cannot reach the Spark Connect server {url}: {str(exc).splitlines()[0][:300]} "
+                    f"(is it running? {REMOTE_ENV} or the config's spark.remote name it)"
+                ) from None
+
+        if not key or "session_id=" in url:
+            session = connect(url)
+        else:
+            session = connect(keyed_remote(url, key))
             session.release_session_on_close = False
+            try:
+                return prepare_session(session, shuffle_partitions=shuffle_partitions, extra_conf=extra_conf)
+            except Exception as exc:
+                if not is_session_closed(exc):
+                    raise
+                session = connect(keyed_remote(url, key, renew=True))
+                session.release_session_on_close = False
     else:
         session = _classic_session(app_name, master, extra_conf)
     return prepare_session(session, shuffle_partitions=shuffle_partitions, extra_conf=extra_conf)
@@ -271,6 +282,45 @@ def ship_package(spark) -> str:
             spark.conf.set(SHIPPED_CONF, name)
         _shipped[key] = path
         return path
+
+
+def is_session_closed(exc: BaseException) -> bool:
+    """The server closed the session this client named (idle timeout, or released)."""
+    return "SESSION_CLOSED" in str(exc) or "SESSION_NOT_FOUND" in str(exc)
+
+
+def _generation_file(key: str) -> Path:
+    from epochsync.paths import build_dir
+
+    return build_dir() / "spark-sessions" / hashlib.sha256(key.encode()).hexdigest()[:24]
+
+
+def keyed_remote(url: str, key: str, *, renew: bool = False) -> str:
+    """``url`` naming the kept session of ``key`` (:func:`run_session_remote` of the key and
+    its generation). A session the server has closed (idle past its timeout) cannot be
+    opened again under its id: ``renew=True`` moves the key to a new generation, which the
+    next runs on this machine then use too."""
+    path = _generation_file(key)
+    try:
+        gen = path.read_text().strip() or "0"
+    except FileNotFoundError:
+        gen = "0"
+    if renew:
+        import uuid
+
+        gen = uuid.uuid4().hex
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{gen}")
+        tmp.write_text(gen)
+        os.replace(tmp, path)
+    return run_session_remote(url, f"{key}/{gen}")
+
+
+def base_remote(spark) -> str:
+    """The ``sc://`` URL of ``spark``'s server, its parameters but the session id kept."""
+    u = spark.client._builder.url
+    params = [p for p in (u.params or "").split(";") if p and not p.startswith("session_id=")]
+    return f"sc://{u.netloc}/" + (";" + ";".join(params) if params else "")
 
 
 def run_session_remote(url: str, run_key: str) -> str:

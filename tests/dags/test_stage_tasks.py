@@ -114,7 +114,7 @@ def test_every_stage_task_of_a_run_opens_the_runs_session(dag, monkeypatch):
     from airflow.providers.apache.spark.operators.spark_pyspark import PySparkOperator
 
     from epochsync.airflow.stages import spark_connect_conn_json
-    from epochsync.spark import package_zip, run_session_remote
+    from epochsync.spark import keyed_remote, package_zip
 
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT_DEFAULT", spark_connect_conn_json("sc://127.0.0.1:15002"))
     seen = {}
@@ -127,7 +127,7 @@ def test_every_stage_task_of_a_run_opens_the_runs_session(dag, monkeypatch):
 
     for name in ("ingest", "merge", "translate", "apply"):
         dag.get_task(name).execute({"dag_run": Run})
-    want = run_session_remote("sc://127.0.0.1:15002/", f"{Run.dag_id}/{Run.run_id}/{os.path.basename(package_zip())}")
+    want = keyed_remote("sc://127.0.0.1:15002/", f"{Run.dag_id}/{Run.run_id}/{os.path.basename(package_zip())}")
     assert {name: kw["spark.remote"] for name, kw in seen.items()} == dict.fromkeys(seen, want)
     assert len(seen) == 4
 

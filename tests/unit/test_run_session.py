@@ -71,6 +71,12 @@ def test_replicate_runs_of_one_target_reopen_one_session(spark_connect):
     finally:
         again.release_session_on_close = True  # released: the next client gets a fresh one
         again.stop()
+    # the server closed that session (released here; an idle timeout does the same): the
+    # key moves to a new session instead of failing with SESSION_CLOSED
+    renewed = spark_session("b2", remote=spark_connect, session_key=key)
+    assert renewed.session_id != sid and renewed.range(2).count() == 2
+    renewed.release_session_on_close = True
+    renewed.stop()
     other = spark_session("c", remote=spark_connect, session_key=key + "-other")
     other.release_session_on_close = True
     other.stop()

@@ -40,15 +40,20 @@ def run_stage_task(
     spark=None,
     ti=None,
     params=None,
+    session_key: str | None = None,
     **_,
 ) -> Any:
     """One stage of the run's epochs (from the ``wait_epoch_closed`` XCom) on ``spark``; returns its figures."""
     from epochsync.airflow.tasks import EPOCHS_TASK, _jsonable
     from epochsync.config import load_config
     from epochsync.errors import EpochsyncError
-    from epochsync.spark import is_connect, prepare_session
+    from epochsync.spark import base_remote, is_connect, is_session_closed, keyed_remote, prepare_session
 
     params = dict(params or {})
+    if spark is not None and session_key and is_connect(spark):
+        # the session is the DAG run's (EpochStageOperator.execute): the provider's stop()
+        # after this task, whatever way it ends, must close the client only, not release it
+        spark.release_session_on_close = False
     epochs = ti.xcom_pull(task_ids=EPOCHS_TASK)
     first, through = int(epochs["first"]), int(epochs["through"])
     if skip_in_dry_run and epochs.get("dry_run"):
@@ -65,11 +70,19 @@ def run_stage_task(
             log.info("ingest: %s; nothing to do (param reingest=true forces it)", reason)
             return {"skipped": reason}
     if spark is not None:
-        # the session is the DAG run's (EpochStageOperator.execute): the provider's stop()
-        # after this task must close the client only, not release the session
-        if is_connect(spark):
+        try:
+            prepare_session(spark)
+        except Exception as exc:
+            if not (session_key and is_session_closed(exc)):
+                raise
+            # the run's session was closed (idle past the server's timeout: a retry much
+            # later, a run cleared the next day): the run moves to a new one
+            from pyspark.sql import SparkSession
+
+            log.info("the DAG run's Spark Connect session was closed; opening a new one for the run")
+            spark = SparkSession.builder.remote(keyed_remote(base_remote(spark), session_key, renew=True)).create()
             spark.release_session_on_close = False
-        prepare_session(spark)
+            prepare_session(spark)
         spark.addTag(stage_tag(stage, target, through))
     try:
         out = _call_stage(stage, cfg, target, source, first, through, spark, epochs, params)
@@ -155,7 +168,7 @@ class EpochStageOperator(PySparkOperator):
         from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
         from airflow.providers.common.compat.sdk import BaseHook
 
-        from epochsync.spark import package_zip, run_session_remote
+        from epochsync.spark import keyed_remote, package_zip
 
         if not self.conn_id or "spark.remote" in self.config_kwargs:  # a task that names its own
             return super().execute(context)
@@ -164,14 +177,15 @@ class EpochStageOperator(PySparkOperator):
             return super().execute(context)
         run = context["dag_run"]
         url = SparkConnectHook(self.conn_id).get_connection_url()
-        own = self.config_kwargs
+        own, own_args = self.config_kwargs, self.op_kwargs
         # the package's hash in the key: tasks of one run running different code never share workers
         key = f"{run.dag_id}/{run.run_id}/{os.path.basename(package_zip())}"
-        self.config_kwargs = {**own, "spark.remote": run_session_remote(url, key)}
+        self.config_kwargs = {**own, "spark.remote": keyed_remote(url, key)}
+        self.op_kwargs = {**own_args, "session_key": key}
         try:
             return super().execute(context)
         finally:  # the operator object may serve another run in this process (dag.test())
-            self.config_kwargs = own
+            self.config_kwargs, self.op_kwargs = own, own_args
 
 
 def spark_conn_id() -> str:
