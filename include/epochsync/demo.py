@@ -502,7 +502,11 @@ def reintegrate_demo(args, env: dict, workdir: Path, logs: Path, endpoint, state
         if epoch == last:
             # someone writes on the master, since the last reintegration, a file this epoch changes too
             master = open_target_for(cfg, tcfg)
-            victim = fence_victim(cache_dir, epoch)
+            try:
+                victim = fence_victim(cache_dir, epoch)
+            except RuntimeError as exc:  # another seed or size: say so, do not pretend the fence ran
+                failures.append(f"reintegrate: {exc} (try another --seed or more --cache-files)")
+                break
             key = master.prefix + master.key_of(victim, "file")
             s3 = endpoint.client()
             foreign = s3.put_object(Bucket=master.bucket, Key=key, Body=b"written on the master")["VersionId"]
