@@ -45,8 +45,8 @@ format: $(STAMP) ## ruff format the tree
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-demo: $(STAMP) ## the main job: simulate a source, replicate every epoch through Airflow, verify
-	$(BIN)/python -m epochsync.demo
+demo: $(STAMP) ## the main job: simulate a source, replicate every epoch through Airflow, verify (REINTEGRATE=1: then cache reintegration; REINTEGRATE=only)
+	$(BIN)/python -m epochsync.demo $(if $(REINTEGRATE),--reintegrate $(filter only,$(REINTEGRATE)))
 
 airflow: $(STAMP) ## SeaweedFS + Spark Connect + airflow standalone with the project's DAGs (UI on :8080; LIVE=1: a live source)
 	$(BIN)/python -m epochsync.devstack $(if $(LIVE),--live)

@@ -14,7 +14,18 @@ byte; one line per (epoch, target) gives records in, net operations, bytes chang
 pulled and copied server-side, duration and status. It ends with the report path and a
 verdict, exits non-zero if any verification failed, and stops everything it started.
 
+With ``--reintegrate`` (``make demo REINTEGRATE=1``) it then runs cache reintegration
+(docs/reintegration.md) on the same SeaweedFS and Spark Connect server: a simulated
+write-back cache (its own changelogs, files unstriped) is flushed epoch by epoch into a
+master striped 64 KiB x 4 through the DAG ``epochsync__cache__master``. At the last cache
+epoch someone writes on the master a file the epoch changes too: the run refuses it (the
+write fence) and leaves the master's version; once that version is dropped, an injected
+apply failure rolls the master back to the previous boundary, and the retry reintegrates
+the epoch. The master is compared with the cache's ground truth after every run.
+``--reintegrate only`` skips the replica part.
+
     python -m epochsync.demo [--epochs 6] [--files 2000] [--fail-epoch 4] [--workdir var/demo] [--cluster]
+                             [--reintegrate [only]] [--cache-epochs 3] [--cache-files 40]
 """
 
 from __future__ import annotations
@@ -34,6 +45,8 @@ from epochsync.shutdown import INTERRUPTED
 REPO = Path(__file__).resolve().parents[2]
 SOURCE = "sim"
 TARGETS = ("local", "s3")
+#: ``--reintegrate``: the write-back cache (``epochsync simulate --cache``) and its master
+CACHE, MASTER = "cache", "master"
 
 
 def log(msg: str) -> None:
@@ -124,13 +137,22 @@ def target_environment(env: dict[str, str], workdir: Path, target: str) -> dict[
     return tenv
 
 
-def run_dag_epoch(env: dict, target: str, epoch: int, logs: Path, *, inject: str | None = None) -> dict:
+def run_dag_epoch(
+    env: dict,
+    target: str,
+    epoch: int,
+    logs: Path,
+    *,
+    inject: str | None = None,
+    source: str = SOURCE,
+    suffix: str = "",
+) -> dict:
     """One DAG run for (target, epoch) in its own process; returns the dagtest result."""
-    dag_id = f"epochsync__{SOURCE}__{target}"
+    dag_id = f"epochsync__{source}__{target}"
     run_env = dict(env)
     if inject:
         run_env["EPOCHSYNC_INJECT_FAILURE"] = inject
-    log_path = logs / f"epoch{epoch:02d}-{target}{'-failing' if inject else ''}.log"
+    log_path = logs / f"epoch{epoch:02d}-{target}{'-failing' if inject else ''}{suffix}.log"
     t0 = time.monotonic()
     if INTERRUPTED.is_set():  # stopping: start nothing new
         return {"state": "interrupted", "tasks": {}, "seconds": 0.0, "returncode": None, "log": str(log_path)}
@@ -238,35 +260,25 @@ def spark_tasks_by_tag(event_dir: Path) -> dict[str, dict]:
     return out
 
 
-def stop_demo(weed, cfg, threads: list[threading.Thread], targets: tuple[str, ...] = TARGETS) -> str:
+def stop_demo(weed, cfg, threads: list[threading.Thread], targets: tuple[str, ...] = TARGETS,
+              also: list = ()) -> str:  # fmt: skip
     """Stop every process the demo started (``dag.test`` runs, the Spark Connect server, ``airflow db``),
     whatever session they run in, then roll back a target a killed run left mid-epoch while
-    SeaweedFS still runs; one phrase."""
+    SeaweedFS still runs (``cfg``'s ``targets``, and ``also``: more (config, targets) pairs,
+    the reintegration's master); one phrase."""
     from epochsync.shutdown import descendants, settle_targets, stop_processes
 
     keep = {weed.proc.pid} if weed.proc is not None else set()
     parts = [f"{stop_processes(descendants(), keep=keep)} processes stopped"]
     for t in threads:  # their runs are gone: each chain ends at its next check
         t.join(timeout=60)
-    if cfg is not None and weed.proc is not None:
-        parts += settle_targets(cfg, targets)
+    if weed.proc is not None:
+        for c, names in ([(cfg, targets)] if cfg is not None else []) + list(also):
+            parts += settle_targets(c, names)
     return "; ".join(parts + ["SeaweedFS stopped"])
 
 
-def main(argv: list[str] | None = None) -> int:
-    from epochsync.shutdown import Interrupted, signals_raise
-
-    # SIGTERM (a CI timeout, kill) and Ctrl-C: stop every process, leave both targets committed
-    try:
-        with signals_raise():
-            return _main(argv)
-    except KeyboardInterrupt as exc:  # outside the stack's lifetime (before SeaweedFS, or while ending)
-        sig = Interrupted.of(exc)
-        log(f"demo: stopped by {sig.name}; nothing was running")
-        return sig.exit_code
-
-
-def _main(argv: list[str] | None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m epochsync.demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--workdir", default=str(REPO / "var" / "demo"), help="scratch folder (emptied first)")
     p.add_argument("--epochs", type=int, default=6)
@@ -278,14 +290,294 @@ def _main(argv: list[str] | None) -> int:
     p.add_argument("--fail-after", type=int, default=25, help="mutations before the injected failure")
     p.add_argument("--cluster", action="store_true",
                    help="run the Connect server on a real Spark standalone master and worker (started here)")  # fmt: skip
+    p.add_argument("--reintegrate", nargs="?", const="after", choices=("after", "only"), default=None,
+                   help="then reintegrate a simulated write-back cache into a striped s3 master through the "
+                        "DAG epochsync__cache__master, with a write-fence refusal and an injected failure "
+                        "(make demo REINTEGRATE=1); 'only': skip the replica part (make demo REINTEGRATE=only)")  # fmt: skip
+    p.add_argument("--cache-epochs", type=int, default=3, help="epochs of the cache (at least 2; default 3)")
+    p.add_argument("--cache-files", type=int, default=40, help="files of the cache (default 40)")
+    p.add_argument("--cache-fail-after", type=int, default=3,
+                   help="mutations before the injected failure of the cache's last epoch (default 3)")  # fmt: skip
     args = p.parse_args(argv)
+    if args.reintegrate and args.cache_epochs < 2:
+        p.error("--cache-epochs must be at least 2: the write fence and the failure need an epoch to come back to")
+    if args.reintegrate != "only" and args.epochs < 1:
+        p.error("--epochs must be at least 1")
+    return args
 
+
+def main(argv: list[str] | None = None) -> int:
+    from epochsync.shutdown import Interrupted, signals_raise
+
+    args = parse_args(argv)
+    # SIGTERM (a CI timeout, kill) and Ctrl-C: stop every process, leave both targets committed
+    try:
+        with signals_raise():
+            return _main(args)
+    except KeyboardInterrupt as exc:  # outside the stack's lifetime (before SeaweedFS, or while ending)
+        sig = Interrupted.of(exc)
+        log(f"demo: stopped by {sig.name}; nothing was running")
+        return sig.exit_code
+
+
+def migrate_airflow_db(tenv: dict) -> None:
+    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=tenv, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+
+
+def replicate_demo(args, env: dict, workdir: Path, logs: Path, state: dict) -> None:
+    """The replica part: simulate a striped source, two chains of DAG runs (posix, s3), verify each epoch."""
     from epochsync.config import load_config
-    from epochsync.embedded import SeaweedFS, SparkConnectServer, SparkStandalone
     from epochsync.events import ROLLED_BACK, read_events
     from epochsync.ingest import INGEST_MARKER
     from epochsync.journal import read_json
     from epochsync.paths import Warehouse, local_path
+
+    failures, lines, runs, stop = state["failures"], state["lines"], state["runs"], state["stop"]
+    sim_dir = workdir / "sim"
+    log(f"demo: simulating a striped source: {args.files} files, {args.epochs} epochs, "
+        f"{args.mdts} MDTs, {args.osts} OSTs (seed {args.seed})")  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "epochsync.cli", "simulate", "--out", str(sim_dir), "--seed", str(args.seed),
+         "--epochs", str(args.epochs), "--files", str(args.files), "--mdts", str(args.mdts),
+         "--osts", str(args.osts), "--conn-id", "source_s3"],
+        env=env, check=True,
+    )  # fmt: skip
+    cfg = load_config(sim_dir / "epochsync.yaml")
+    state["cfg"] = cfg
+    wh = Warehouse(cfg.warehouse)
+    log(f"demo: replicating every epoch through the Airflow DAGs epochsync__{SOURCE}__{{{','.join(TARGETS)}}}: "
+        "each target has its own Airflow database; the s3 chain starts an epoch once the posix chain has ingested it")  # fmt: skip
+    done = {t: {e: threading.Event() for e in range(1, args.epochs + 1)} for t in TARGETS}
+
+    def one_epoch(target: str, epoch: int, tenv: dict) -> bool:
+        inject = None
+        if target == "s3" and epoch == args.fail_epoch:
+            inject = f"after={args.fail_after},epoch={epoch},target={target}"
+            log(f"epoch {epoch:>2} {target:<6} injecting an apply failure after {args.fail_after} mutations")
+            res = run_dag_epoch(tenv, target, epoch, logs, inject=inject)
+            tasks = res.get("tasks", {})
+            diffs = verify_target(cfg, target, sim_dir, epoch - 1)
+            # the rollback task ends failed on purpose (the run must show red): judge it by its effect
+            rolled = any(ev.get("event") == ROLLED_BACK and ev.get("epoch") == epoch
+                         for ev in read_events(cfg.warehouse, target))  # fmt: skip
+            ok = res["state"] == "failed" and tasks.get("apply") == "failed" and rolled and not diffs
+            status = (f"FAILED as injected; apply {tasks.get('apply')}, rollback "
+                      f"{'ran' if rolled else 'DID NOT RUN'}, target "
+                      f"{'equals' if not diffs else 'DIFFERS from'} epoch {epoch - 1}")  # fmt: skip
+            line = epoch_line(epoch, target, None, res["seconds"], status)
+            log(line)
+            lines.append((epoch, TARGETS.index(target), 0, line))
+            runs.append(_run_row(epoch, target, "injected-failure", res, ok, status, None))
+            if not ok:
+                failures.append(f"epoch {epoch} {target}: injected failure not handled: {res} {diffs[:5]}")
+                return False
+            log(f"epoch {epoch:>2} {target:<6} retrying")
+        res = run_dag_epoch(tenv, target, epoch, logs)
+        stats = read_json(local_path(wh.stats(target, epoch)))
+        ok = res["state"] == "success"
+        if not ok:
+            status = f"FAILED (tasks {res.get('tasks')}; log {res['log']})"
+            failures.append(f"epoch {epoch} {target}: run {res['state']}; log {res['log']}")
+        else:
+            diffs = verify_target(cfg, target, sim_dir, epoch)
+            if diffs:
+                ok = False
+                status = "VERIFY FAILED: " + "; ".join(diffs[:3])
+                failures.append(f"epoch {epoch} {target}: differs from ground truth: {diffs[:10]}")
+            else:
+                status = "ok, equals ground truth" + (" after retry" if inject else "")
+        line = epoch_line(epoch, target, stats, res["seconds"], status)
+        log(line)
+        lines.append((epoch, TARGETS.index(target), 1, line))
+        runs.append(_run_row(epoch, target, "retry" if inject else "run", res, ok, status, stats))
+        return ok
+
+    def chain(target: str, follows: str | None) -> None:
+        tenv = target_environment(env, workdir, target)
+        try:
+            migrate_airflow_db(tenv)
+            for epoch in range(1, args.epochs + 1):
+                if follows:
+                    # start once the chain ahead has ingested the epoch: this chain's ingest task
+                    # then finds the records current and has nothing to do (no two ingests
+                    # of one epoch at a time, and the two chains overlap instead of queueing)
+                    marker = Path(local_path(wh.records(SOURCE, epoch))) / INGEST_MARKER
+                    while not marker.exists() and not done[follows][epoch].wait(1.0):
+                        pass
+                if stop.is_set() or not one_epoch(target, epoch, tenv):
+                    break
+                done[target][epoch].set()
+        except Exception as exc:  # a crash of this thread must not leave the other waiting
+            failures.append(f"{target}: {type(exc).__name__}: {exc}")
+        finally:
+            if failures:
+                stop.set()
+            for ev in done[target].values():
+                ev.set()
+
+    threads = state["threads"]
+    threads += [threading.Thread(target=chain, args=(t, TARGETS[i - 1] if i else None)) for i, t in enumerate(TARGETS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    state["lines"] = [x[3] for x in sorted(lines)]
+
+
+def fence_victim(cache_dir: Path, epoch: int) -> str:
+    """A file that exists at ``epoch - 1`` and whose bytes ``epoch`` changes: where a master-side write collides."""
+    from epochsync.truth import load_truth, truth_path
+
+    before, after = load_truth(truth_path(cache_dir, epoch - 1)), load_truth(truth_path(cache_dir, epoch))
+    changed = [p for p, row in before.items() if row["type"] == "file" and p in after
+               and after[p]["type"] == "file" and after[p]["sha256"] != row["sha256"]]  # fmt: skip
+    if not changed:
+        raise RuntimeError(f"cache epoch {epoch} changes no file that epoch {epoch - 1} had: no write to fence")
+    return min(changed)
+
+
+def _from_log(text: str, needle: str) -> str:
+    """The first log line holding ``needle``, from there on (an error a DAG run's task raised)."""
+    for line in text.splitlines():
+        at = line.find(needle)
+        if at >= 0:
+            return line[at:].strip()
+    return f"(no {needle.strip()!r} in the log)"
+
+
+def reintegrate_demo(args, env: dict, workdir: Path, logs: Path, endpoint, state: dict) -> dict:
+    """Cache reintegration through the DAG ``epochsync__cache__master`` (docs/reintegration.md).
+
+    A simulated write-back cache is flushed epoch by epoch into a striped s3 master; at its
+    last epoch a master-side write is refused by the write fence and kept, then (the cache
+    wins: that version dropped) an injected apply failure rolls the master back to the
+    boundary and the retry reintegrates the epoch. Every run is checked against the cache's
+    ground truth. Returns the summary's ``reintegration`` section.
+    """
+    from epochsync.config import load_config
+    from epochsync.events import ROLLED_BACK, read_events
+    from epochsync.journal import read_json
+    from epochsync.paths import Warehouse, local_path
+    from epochsync.pipeline import open_target_for
+
+    failures = state["failures"]
+    cache_dir = workdir / CACHE
+    last = args.cache_epochs
+    section: dict = {"dag_id": f"epochsync__{CACHE}__{MASTER}", "runs": [], "lines": []}
+    state["reintegration"] = section
+    log(f"reintegrate: simulating a write-back cache: {args.cache_files} files unstriped, {last} epochs "
+        f"(seed {args.seed}), bucket {CACHE}")  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "epochsync.cli", "simulate", "--out", str(cache_dir), "--cache", "--seed",
+         str(args.seed), "--epochs", str(last), "--files", str(args.cache_files), "--conn-id", "source_s3",
+         "--bucket", CACHE],
+        env=env, check=True,
+    )  # fmt: skip
+    cfg = load_config(cache_dir / "epochsync.yaml")
+    state["also"].append((cfg, (MASTER,)))
+    tcfg = cfg.target(MASTER)
+    section.update(config=str(cfg.file), master=f"s3://{tcfg.bucket}/{tcfg.prefix}",
+                   stripe_size=tcfg.stripe_size, stripe_count=tcfg.stripe_count)  # fmt: skip
+    wh = Warehouse(cfg.warehouse)
+    tenv = target_environment(env, workdir, MASTER)
+    tenv["EPOCHSYNC_CONFIG"] = str(cfg.file)
+    log(f"reintegrate: flushing every cache epoch into the master s3://{tcfg.bucket}/ (striped "
+        f"{_human(tcfg.stripe_size)} x {tcfg.stripe_count}) through the Airflow DAG {section['dag_id']}")  # fmt: skip
+    migrate_airflow_db(tenv)
+
+    def record(epoch: int, kind: str, res: dict, ok: bool, status: str, stats: dict | None) -> None:
+        line = epoch_line(epoch, MASTER, stats, res["seconds"], status)
+        log(line)
+        section["lines"].append(line)
+        section["runs"].append(_run_row(epoch, MASTER, kind, res, ok, status, stats))
+
+    def rolled_back(epoch: int) -> bool:
+        return any(ev.get("event") == ROLLED_BACK and ev.get("epoch") == epoch
+                   for ev in read_events(cfg.warehouse, MASTER))  # fmt: skip
+
+    for epoch in range(1, last + 1):
+        if state["stop"].is_set():
+            break
+        if epoch == last:
+            # someone writes on the master, since the last reintegration, a file this epoch changes too
+            master = open_target_for(cfg, tcfg)
+            try:
+                victim = fence_victim(cache_dir, epoch)
+            except RuntimeError as exc:  # another seed or size: say so, do not pretend the fence ran
+                failures.append(f"reintegrate: {exc} (try another --seed or more --cache-files)")
+                break
+            key = master.prefix + master.key_of(victim, "file")
+            s3 = endpoint.client()
+            foreign = s3.put_object(Bucket=master.bucket, Key=key, Body=b"written on the master")["VersionId"]
+            log(f"epoch {epoch:>2} {MASTER} someone writes s3://{master.bucket}/{key} on the master "
+                f"(version {foreign}); epoch {epoch} of the cache changes it too")  # fmt: skip
+            res = run_dag_epoch(tenv, MASTER, epoch, logs, source=CACHE, suffix="-fenced")
+            text = Path(res["log"]).read_text(errors="replace")
+            kept = s3.get_object(Bucket=master.bucket, Key=key)["Body"].read() == b"written on the master"
+            at = (master.read_manifest() or {}).get("epoch")
+            named = "write fence" in text and victim in text and foreign in text and "Nothing was written" in text
+            ok = res["state"] == "failed" and res.get("tasks", {}).get("apply") == "failed" and named and kept
+            ok = ok and at == epoch - 1
+            status = (f"REFUSED by the write fence ({'names the key and both versions' if named else 'NOT NAMED'}); "
+                      f"the master's version {'kept' if kept else 'OVERWRITTEN'}, master at epoch {at}")  # fmt: skip
+            record(epoch, "write-fence", res, ok, status, None)
+            message = _from_log(text, "write fence: ")
+            log(f"    apply: {message}")
+            section["fence"] = {"key": key, "version": foreign, "refused": ok, "message": message}
+            if not ok:
+                failures.append(f"reintegrate epoch {epoch}: the write fence did not refuse {key}: {status}; "
+                                f"log {res['log']}")  # fmt: skip
+                break
+            # the operator decides; here the cache wins: the master's own version goes
+            s3.delete_object(Bucket=master.bucket, Key=key, VersionId=foreign)
+            log(f"epoch {epoch:>2} {MASTER} the cache wins: version {foreign} deleted; injecting an apply failure "
+                f"after {args.cache_fail_after} mutations")  # fmt: skip
+            inject = f"after={args.cache_fail_after},epoch={epoch},target={MASTER}"
+            res = run_dag_epoch(tenv, MASTER, epoch, logs, inject=inject, source=CACHE)
+            diffs = verify_target(cfg, MASTER, cache_dir, epoch - 1)
+            rolled = rolled_back(epoch)
+            ok = res["state"] == "failed" and res.get("tasks", {}).get("apply") == "failed" and rolled and not diffs
+            status = (f"FAILED as injected; rollback {'ran' if rolled else 'DID NOT RUN'}, master "
+                      f"{'equals' if not diffs else 'DIFFERS from'} epoch {epoch - 1}")  # fmt: skip
+            record(epoch, "injected-failure", res, ok, status, None)
+            log(f"    rollback: {_from_log(Path(res['log']).read_text(errors='replace'), 'rolled back: ')}")
+            if not ok:
+                failures.append(f"reintegrate epoch {epoch}: injected failure not handled: {diffs[:5]}; "
+                                f"log {res['log']}")  # fmt: skip
+                break
+        res = run_dag_epoch(tenv, MASTER, epoch, logs, source=CACHE)
+        ok = res["state"] == "success"
+        stats = read_json(local_path(wh.stats(MASTER, epoch))) if ok else None
+        if not ok:
+            status = f"FAILED (tasks {res.get('tasks')}; log {res['log']})"
+            failures.append(f"reintegrate epoch {epoch}: run {res['state']}; log {res['log']}")
+        else:
+            diffs = verify_target(cfg, MASTER, cache_dir, epoch)
+            ok = not diffs
+            status = ("ok, equals the cache" + (" after retry" if epoch == last else "") if ok
+                      else "VERIFY FAILED: " + "; ".join(diffs[:3]))  # fmt: skip
+            if diffs:
+                failures.append(f"reintegrate epoch {epoch}: master differs from the cache: {diffs[:10]}")
+        record(epoch, "retry" if epoch == last else "run", res, ok, status, stats)
+        if not ok:
+            break
+    section["stripes"] = master_stripes(open_target_for(cfg, tcfg))
+    return section
+
+
+def master_stripes(master) -> dict:
+    """How many stripe objects the master holds and the largest: the master's layout, not the cache's."""
+    n = biggest = 0
+    pages = master.io.client.get_paginator("list_objects_v2")
+    for page in pages.paginate(Bucket=master.bucket, Prefix=f"{master.prefix}{master.control_dir}/stripes/"):
+        for o in page.get("Contents", []):
+            n, biggest = n + 1, max(biggest, o["Size"])
+    return {"objects": n, "largest": biggest}
+
+
+def _main(args: argparse.Namespace) -> int:
+    from epochsync.embedded import SeaweedFS, SparkConnectServer, SparkStandalone
     from epochsync.status import build_report, report_path
 
     workdir = Path(args.workdir).resolve()
@@ -294,14 +586,12 @@ def _main(argv: list[str] | None) -> int:
     logs = workdir / "logs"
     logs.mkdir(parents=True)
     t_start = time.monotonic()
-    failures: list[str] = []
-    lines: list = []  # (epoch, target order, attempt, text), sorted at the end
-    runs: list[dict] = []  # one row per DAG run, written to demo-summary.json
+    # shared with the parts: failures, one line per DAG run, demo-summary.json's rows, what to settle on a signal
+    state: dict = {"failures": [], "lines": [], "runs": [], "threads": [], "also": [], "stop": threading.Event(),
+                   "cfg": None, "reintegration": None}  # fmt: skip
+    failures = state["failures"]
     report = None
     interrupted = None
-    cfg = None
-    threads: list[threading.Thread] = []
-    stop = threading.Event()
     weed = SeaweedFS(workdir / "seaweedfs")
     cluster = SparkStandalone(work_dir=workdir / "spark-cluster") if args.cluster else None
     spark_server = None
@@ -319,103 +609,23 @@ def _main(argv: list[str] | None) -> int:
         log(f"demo: Spark Connect server {spark_url} on {master}: every stage of every run is its client")
         env = demo_environment(workdir, endpoint, spark_url)
         os.environ.update({k: v for k, v in env.items() if k.startswith(("AIRFLOW_CONN_", "EPOCHSYNC_CONFIG"))})
-        sim_dir = workdir / "sim"
-        log(f"demo: simulating a striped source: {args.files} files, {args.epochs} epochs, "
-            f"{args.mdts} MDTs, {args.osts} OSTs (seed {args.seed})")  # fmt: skip
-        subprocess.run(
-            [sys.executable, "-m", "epochsync.cli", "simulate", "--out", str(sim_dir), "--seed", str(args.seed),
-             "--epochs", str(args.epochs), "--files", str(args.files), "--mdts", str(args.mdts),
-             "--osts", str(args.osts), "--conn-id", "source_s3"],
-            env=env, check=True,
-        )  # fmt: skip
-        cfg = load_config(sim_dir / "epochsync.yaml")
-        wh = Warehouse(cfg.warehouse)
-        log(f"demo: replicating every epoch through the Airflow DAGs epochsync__{SOURCE}__{{{','.join(TARGETS)}}}: "
-            "each target has its own Airflow database; the s3 chain starts an epoch once the posix chain has ingested it")  # fmt: skip
-        done = {t: {e: threading.Event() for e in range(1, args.epochs + 1)} for t in TARGETS}
-
-        def one_epoch(target: str, epoch: int, tenv: dict) -> bool:
-            inject = None
-            if target == "s3" and epoch == args.fail_epoch:
-                inject = f"after={args.fail_after},epoch={epoch},target={target}"
-                log(f"epoch {epoch:>2} {target:<6} injecting an apply failure after {args.fail_after} mutations")
-                res = run_dag_epoch(tenv, target, epoch, logs, inject=inject)
-                tasks = res.get("tasks", {})
-                diffs = verify_target(cfg, target, sim_dir, epoch - 1)
-                # the rollback task ends failed on purpose (the run must show red): judge it by its effect
-                rolled = any(ev.get("event") == ROLLED_BACK and ev.get("epoch") == epoch
-                             for ev in read_events(cfg.warehouse, target))  # fmt: skip
-                ok = res["state"] == "failed" and tasks.get("apply") == "failed" and rolled and not diffs
-                status = (f"FAILED as injected; apply {tasks.get('apply')}, rollback "
-                          f"{'ran' if rolled else 'DID NOT RUN'}, target "
-                          f"{'equals' if not diffs else 'DIFFERS from'} epoch {epoch - 1}")  # fmt: skip
-                line = epoch_line(epoch, target, None, res["seconds"], status)
-                log(line)
-                lines.append((epoch, TARGETS.index(target), 0, line))
-                runs.append(_run_row(epoch, target, "injected-failure", res, ok, status, None))
-                if not ok:
-                    failures.append(f"epoch {epoch} {target}: injected failure not handled: {res} {diffs[:5]}")
-                    return False
-                log(f"epoch {epoch:>2} {target:<6} retrying")
-            res = run_dag_epoch(tenv, target, epoch, logs)
-            stats = read_json(local_path(wh.stats(target, epoch)))
-            ok = res["state"] == "success"
-            if not ok:
-                status = f"FAILED (tasks {res.get('tasks')}; log {res['log']})"
-                failures.append(f"epoch {epoch} {target}: run {res['state']}; log {res['log']}")
-            else:
-                diffs = verify_target(cfg, target, sim_dir, epoch)
-                if diffs:
-                    ok = False
-                    status = "VERIFY FAILED: " + "; ".join(diffs[:3])
-                    failures.append(f"epoch {epoch} {target}: differs from ground truth: {diffs[:10]}")
-                else:
-                    status = "ok, equals ground truth" + (" after retry" if inject else "")
-            line = epoch_line(epoch, target, stats, res["seconds"], status)
-            log(line)
-            lines.append((epoch, TARGETS.index(target), 1, line))
-            runs.append(_run_row(epoch, target, "retry" if inject else "run", res, ok, status, stats))
-            return ok
-
-        def chain(target: str, follows: str | None) -> None:
-            tenv = target_environment(env, workdir, target)
-            try:
-                subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=tenv, check=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-                for epoch in range(1, args.epochs + 1):
-                    if follows:
-                        # start once the chain ahead has ingested the epoch: this chain's ingest task
-                        # then finds the records current and has nothing to do (no two ingests
-                        # of one epoch at a time, and the two chains overlap instead of queueing)
-                        marker = Path(local_path(wh.records(SOURCE, epoch))) / INGEST_MARKER
-                        while not marker.exists() and not done[follows][epoch].wait(1.0):
-                            pass
-                    if stop.is_set() or not one_epoch(target, epoch, tenv):
-                        break
-                    done[target][epoch].set()
-            except Exception as exc:  # a crash of this thread must not leave the other waiting
-                failures.append(f"{target}: {type(exc).__name__}: {exc}")
-            finally:
-                if failures:
-                    stop.set()
-                for ev in done[target].values():
-                    ev.set()
-
-        threads = [
-            threading.Thread(target=chain, args=(t, TARGETS[i - 1] if i else None)) for i, t in enumerate(TARGETS)
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        lines = [x[3] for x in sorted(lines)]
-        report = report_path(cfg)
-        os.makedirs(os.path.dirname(report), exist_ok=True)
-        with open(report, "w", encoding="utf-8") as f:
-            f.write(build_report(cfg, list(cfg.targets)))
-        summary = workdir / "demo-summary.txt"
-        summary.write_text("\n".join(lines) + "\n")
-        log("demo: per epoch and target:\n" + "\n".join(lines))
+        if args.reintegrate != "only":
+            replicate_demo(args, env, workdir, logs, state)
+            cfg = state["cfg"]
+            report = report_path(cfg)
+            os.makedirs(os.path.dirname(report), exist_ok=True)
+            with open(report, "w", encoding="utf-8") as f:
+                f.write(build_report(cfg, list(cfg.targets)))
+            log("demo: per epoch and target:\n" + "\n".join(state["lines"]))
+        if args.reintegrate and not failures:
+            section = reintegrate_demo(args, env, workdir, logs, endpoint, state)
+            log(f"reintegrate: per epoch of the cache ({section['dag_id']}):\n" + "\n".join(section["lines"]))
+            log(f"reintegrate: the master holds {section['stripes']['objects']} stripe objects of at most "
+                f"{_human(section['stripes']['largest'])}: its own layout, not the cache's")  # fmt: skip
+        text = list(state["lines"])
+        if state["reintegration"]:
+            text += [f"reintegration ({state['reintegration']['dag_id']}):", *state["reintegration"]["lines"]]
+        (workdir / "demo-summary.txt").write_text("\n".join(text) + "\n")
     except subprocess.CalledProcessError as exc:
         failures.append(f"{' '.join(map(str, exc.cmd[:4]))}... exited {exc.returncode}")
         report = None
@@ -423,10 +633,10 @@ def _main(argv: list[str] | None) -> int:
         from epochsync.shutdown import Interrupted, signals_deferred
 
         interrupted = Interrupted.of(exc)
-        stop.set()
+        state["stop"].set()
         log(f"demo: {interrupted.name}: stopping ...")
         with signals_deferred():
-            interrupted.outcome = stop_demo(weed, cfg, threads)
+            interrupted.outcome = stop_demo(weed, state["cfg"], state["threads"], also=state["also"])
         report = None
     finally:
         if cluster is not None:
@@ -446,22 +656,20 @@ def _main(argv: list[str] | None) -> int:
     if interrupted is not None:
         verdict = "interrupted"
         failures.append(f"stopped by {interrupted.name}: {interrupted.outcome}")
+    runs = state["runs"]
     runs.sort(key=lambda r: (r["epoch"], TARGETS.index(r["target"]) if r["target"] in TARGETS else 0))
-    (workdir / "demo-summary.json").write_text(
-        json.dumps(
-            {
-                "verdict": verdict,
-                "seconds": round(total, 1),
-                "failures": failures,
-                "report": report,
-                "args": vars(args),
-                "runs": runs,
-                "spark": spark_info,
-            },
-            indent=1,
-            default=str,
-        )  # fmt: skip
-    )
+    summary = {
+        "verdict": verdict,
+        "seconds": round(total, 1),
+        "failures": failures,
+        "report": report,
+        "args": vars(args),
+        "runs": runs,
+        "spark": spark_info,
+    }
+    if args.reintegrate:
+        summary["reintegration"] = state["reintegration"]
+    (workdir / "demo-summary.json").write_text(json.dumps(summary, indent=1, default=str))
     if report:
         log(f"demo: report {report}")
     if interrupted is not None:
@@ -470,8 +678,15 @@ def _main(argv: list[str] | None) -> int:
     if failures:
         log(f"demo: FAILED in {total:.0f}s: " + " | ".join(failures))
         return 1
-    log(f"demo: PASSED in {total:.0f}s: every epoch of both targets equals the source's ground truth; "
-        f"the injected failure was rolled back and retried")  # fmt: skip
+    done = []
+    if args.reintegrate != "only":
+        done.append("every epoch of both targets equals the source's ground truth; "
+                    "the injected failure was rolled back and retried")  # fmt: skip
+    if args.reintegrate:
+        done.append("every cache epoch was reintegrated into the striped master and equals the cache's ground "
+                    "truth; the write fence refused the master-side change and kept it; the injected failure "
+                    "rolled the master back to the boundary and the retry reintegrated the epoch")  # fmt: skip
+    log(f"demo: PASSED in {total:.0f}s: " + "; ".join(done))
     return 0
 
 

@@ -198,8 +198,8 @@ def test_package_zip_holds_the_package(tmp_path, monkeypatch):
     assert json.loads(json.dumps(names))  # plain names, stable order
 
 
-def test_a_feed_target_gets_ingest_merge_publish(tmp_path, calls):
-    """A ``kind: feed`` target's epoch DAG publishes in place of translate..commit, and has no hydrate DAG."""
+def feed_dag(tmp_path, **feed):
+    """The epoch DAG of a config whose one target is the feed ``audit`` (``feed``: more of its keys)."""
     import yaml
 
     from epochsync.airflow.dags import build_epoch_dag
@@ -218,11 +218,16 @@ def test_a_feed_target_gets_ingest_merge_publish(tmp_path, calls):
                     "epoch": {"interval": "1m", "start": "2026-01-01T00:00:00Z"},
                 }
             ],  # fmt: skip
-            "targets": [{"name": "audit", "source": "s", "kind": "feed", "path": str(tmp_path / "feed")}],
+            "targets": [{"name": "audit", "source": "s", "kind": "feed", "path": str(tmp_path / "feed"), **feed}],
         }
     ))  # fmt: skip
     cfg = load_config(tmp_path / "epochsync.yaml")
-    dag = build_epoch_dag(cfg, cfg.sources[0], cfg.targets[0])
+    return build_epoch_dag(cfg, cfg.sources[0], cfg.targets[0], doc_md="## replicate one source into one target")
+
+
+def test_a_feed_target_gets_ingest_merge_publish(tmp_path, calls):
+    """A ``kind: feed`` target's epoch DAG publishes in place of translate..commit, and has no hydrate DAG."""
+    dag = feed_dag(tmp_path)
     assert set(dag.task_ids) == {"wait_epoch_closed", "ingest", "merge", "publish"}
     assert dag.get_task("publish").upstream_task_ids == {"merge"}
     assert dag.get_task("publish").pool == "epochsync_target_audit" or dag.get_task("publish").pool.endswith("audit")
@@ -257,3 +262,31 @@ def test_make_airflow_shows_a_feed_dag_next_to_the_replicas(tmp_path, monkeypatc
     assert set(epoch_dags) == {"epochsync__sim__local", "epochsync__sim__s3", "epochsync__sim__audit"}
     assert "publish" in epoch_dags["epochsync__sim__audit"].task_ids
     assert set(dags_from_env("hydrate", "doc")) == {"epochsync_hydrate__local", "epochsync_hydrate__s3"}
+
+
+def test_the_feed_dag_says_what_it_does_and_its_dry_run_publishes_nothing(tmp_path, calls):
+    """Seen in the UI of make airflow: the feed DAG carried the replica's doc (translate, apply,
+    rollback), a whole_file param, and a dry_run param "stop after translate" that published anyway."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    import epochsync.feed
+
+    dag = feed_dag(tmp_path, fileset=["/d00005"], events=["create", "delete"])
+    assert dag.description == "publish s's net change into the feed audit, one epoch per run"
+    assert "feed" in dag.tags
+    assert "publish one source's net change into a feed" in dag.doc_md
+    assert "replicate one source into one target" not in dag.doc_md and "rollback" not in dag.doc_md
+    assert "| filters | fileset `/d00005`; events create, delete |" in dag.doc_md
+    assert set(dag.params.keys()) == {"epoch", "dry_run", "max_epochs_per_run", "inject_failure", "reingest"}
+    assert "publish" in dag.params.get_param("inject_failure").description
+    assert "nothing is published" in dag.params.get_param("dry_run").description
+    published = []
+    original, epochsync.feed.publish_epoch = epochsync.feed.publish_epoch, lambda *a, **k: published.append(a)
+    try:
+        task = dag.get_task("publish")
+        with pytest.raises(AirflowSkipException, match="nothing is published"):
+            run_stage = task.python_callable
+            run_stage(**task.op_kwargs, spark=FakeSpark(), ti=FakeTI(epochs(2, 2, dry_run=True)), params={})
+    finally:
+        epochsync.feed.publish_epoch = original
+    assert published == []

@@ -8,6 +8,13 @@ checks what it reports: the task states of the failed run (apply failed, verify 
 upstream_failed, rollback ran once and failed the run on purpose), that the master lists
 the one Spark application every run used, that the merge's and apply's Spark tasks ran on
 the worker's executor (the server's event log), and that it left no process behind.
+
+It runs with ``--reintegrate`` (``make demo REINTEGRATE=1``), small (a cache of 2 epochs,
+24 files), on the same servers: the cache's epochs reach the striped master through the
+DAG ``epochsync__cache__master``; at epoch 2 a master-side write is refused by the write
+fence and kept, an injected failure rolls the master back to epoch 1, and the retry
+equals the cache's ground truth (the demo compares; the test reads what it reports and
+checks the master's stripe objects).
 """
 
 from __future__ import annotations
@@ -41,11 +48,13 @@ def _processes_mentioning(text: str) -> list[str]:
 def test_short_demo_replicates_both_targets_and_rolls_back_the_injected_failure(tmp_path):
     work = tmp_path / "demo"
     cmd = [sys.executable, "-m", "epochsync.demo", "--workdir", str(work), "--epochs", "3", "--files", "60",
-           "--fail-epoch", "2", "--fail-after", "5", "--cluster"]  # fmt: skip
+           "--fail-epoch", "2", "--fail-after", "5", "--cluster",
+           "--reintegrate", "--cache-epochs", "2", "--cache-files", "24"]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=3000, cwd=ROOT)
     out = done.stdout
     assert done.returncode == 0, out[-6000:] + done.stderr[-3000:]
     assert re.search(r"^demo: PASSED in \d+s: every epoch of both targets equals", out, re.M), out[-3000:]
+    assert "every cache epoch was reintegrated into the striped master" in out
 
     summary = json.loads((work / "demo-summary.json").read_text())
     assert summary["verdict"] == "passed" and summary["failures"] == []
@@ -94,6 +103,32 @@ def test_short_demo_replicates_both_targets_and_rolls_back_the_injected_failure(
     ):
         assert stages[tag]["tasks"] > 0, (tag, stages)
         assert stages[tag]["executors"] and "driver" not in stages[tag]["executors"], (tag, stages[tag])
+
+    # cache reintegration through the DAG, on the same servers
+    reint = summary["reintegration"]
+    assert reint["dag_id"] == "epochsync__cache__master" and (reint["stripe_size"], reint["stripe_count"]) == (65536, 4)
+    kinds = [(r["epoch"], r["kind"], r["ok"], r["state"]) for r in reint["runs"]]
+    assert kinds == [(1, "run", True, "success"), (2, "write-fence", True, "failed"),
+                     (2, "injected-failure", True, "failed"), (2, "retry", True, "success")]  # fmt: skip
+    fenced, failing, retry = reint["runs"][1:]
+    assert fenced["tasks"]["apply"] == "failed" and fenced["tasks"]["commit"] == "upstream_failed"
+    fence = reint["fence"]
+    assert fence["message"].startswith(f"write fence: target master (s3://master/) was changed by someone else since "
+                                       f"epoch 1: {fence['key']}: ")  # fmt: skip
+    assert (
+        f"now: version {fence['version']}, 21 bytes" in fence["message"] and "Nothing was written" in fence["message"]
+    )
+    assert "master's version kept, master at epoch 1" in fenced["status"]
+    assert failing["tasks"]["apply"] == "failed" and failing["tasks"]["rollback"] == "failed"
+    assert "rolled back: the target is at epoch 1 again" in Path(failing["log"]).read_text()
+    assert failing["status"] == "FAILED as injected; rollback ran, master equals epoch 1"
+    assert retry["status"] == "ok, equals the cache after retry" and retry["stats"]["records_in"] > 0
+    assert reint["runs"][0]["status"] == "ok, equals the cache"
+    # the master's layout, not the cache's: stripe objects of at most 64 KiB
+    assert reint["stripes"]["objects"] > 0 and 0 < reint["stripes"]["largest"] <= 65536
+    assert re.search(r"^epoch +2 master .* REFUSED by the write fence \(names the key and both versions\)", out, re.M)
+    for tag in ("epochsync-merge-master-e1", "epochsync-apply-master-e2"):
+        assert stages[tag]["executors"] and "driver" not in stages[tag]["executors"], (tag, stages.get(tag))
 
     report = Path(summary["report"])
     assert report.is_file() and "<svg" in report.read_text()

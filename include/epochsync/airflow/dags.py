@@ -41,9 +41,92 @@ def purge_dag_id(source: str) -> str:
 
 
 def _target_where(t: TargetConfig) -> str:
-    if t.kind == "s3":
+    if t.kind == "s3" or (t.kind == "feed" and t.bucket):
         return f"`s3://{t.bucket}/{t.prefix}` (connection `{t.conn_id}`)"
     return f"`{t.path}`"
+
+
+#: The doc of a feed target's epoch DAG (``dags/epochsync_epoch.py``'s docstring describes a replica's).
+FEED_DOC_MD = """
+## epochsync: publish one source's net change into a feed, one epoch per run
+
+Each run publishes one **epoch** of the source (its time window is the run's data
+interval) as one ordered file under the feed's folder or S3 prefix, for the feed's
+consumers (`epochsync feed register|ack|status|hydrate`):
+
+1. `wait_epoch_closed`: every server of the source has written its `EPOCH` record;
+2. `ingest`: the epoch's changelog records → warehouse Parquet (Spark);
+3. `merge`: the net change per file (Spark); a **dry run** stops here (nothing is published);
+4. `publish`: the epoch's changes (`NEW`, `LINK`, `MODIFY`, `DELETE`, `RENAME`, filtered by
+   the feed's `fileset` and `events`) as `epochs/<E>.jsonl.gz` (or `.parquet`), then
+   `_feed.json`, the commit point, at E.
+
+A failed publish leaves `_feed.json` at the previous epoch: nothing to roll back, the
+rerun writes the same bytes. Runs never overlap and each epoch waits for the previous one
+(`max_active_runs=1`, `depends_on_past`).
+
+**Trigger** with params `epoch`, `dry_run`, `max_epochs_per_run` (a catch-up publishes one
+file named by its last epoch), `inject_failure` (`after=0`: the publish fails before its
+epoch file is written; `after=1`: after it, before `_feed.json`).
+**Backfill** missed epochs: `airflow backfill create --dag-id <this dag> --from-date
+<start of first epoch> --to-date <start of last epoch>`.
+"""
+
+
+def _epoch_params(feed: bool) -> dict[str, Param]:
+    """The epoch DAG's run params; a feed's say what they do to a publish (it has no translate or apply)."""
+    params = {
+        "epoch": Param(
+            None,
+            type=["null", "integer"],
+            minimum=1,
+            title="epoch",
+            description=f"Epoch to {'publish' if feed else 'replicate'}; empty = the epoch of the run's data interval.",
+        ),
+        "dry_run": Param(
+            False,
+            type="boolean",
+            description="Stop after merge: nothing is published (the merge log shows the net change)."
+            if feed
+            else "Plan only: stop after translate and print the plan summary in its log.",
+        ),
+        "whole_file": Param(
+            False,
+            type="boolean",
+            description="Pull every changed file whole instead of only its modified extents.",
+        ),
+        "inject_failure": Param(
+            # null, not "": the UI's form counts an empty non-nullable string as missing
+            None,
+            type=["null", "string"],
+            title="inject_failure (demo and tests)",
+            description="Fault spec for the publish stage: 'after=0' fails before the epoch file is written, "
+            "'after=1' after it, before _feed.json (fires once per feed and epoch; the rerun publishes the "
+            "same bytes). Empty: no fault."
+            if feed
+            else "Fault spec for the apply stage, e.g. 'after=3': fail after 3 mutations to see "
+            "the rollback (fires once per target and epoch). Empty: no fault.",
+        ),
+        "reingest": Param(
+            False,
+            type="boolean",
+            description="Ingest the epoch again even if its records are in the warehouse and its changelog "
+            "files are unchanged (by default a second target's run reuses them).",
+        ),
+        "max_epochs_per_run": Param(
+            1,
+            type="integer",
+            minimum=1,
+            description="Catch up: merge up to this many closed epochs after the published one and publish "
+            "them as one file named by the last."
+            if feed
+            else "Catch up: merge up to this many closed epochs after the committed one and "
+            "commit at the last boundary.",
+        ),
+    }
+    if feed:  # a feed pulls no bytes: it publishes what changed, not the data
+        del params["whole_file"]
+    return params
 
 
 def build_epoch_dag(
@@ -63,6 +146,13 @@ def build_epoch_dag(
     """
     cfg = config.file
     interval = source.epoch.interval_s
+    feed = target.kind == "feed"
+    if feed:
+        doc_md = FEED_DOC_MD
+    filters = ""
+    if feed:
+        fileset = ", ".join(f"`{f}`" for f in target.fileset) or "the whole namespace"
+        filters = f"| filters | fileset {fileset}; events {', '.join(target.events)} |\n| format | {target.format} |\n"
     doc = (
         f"{doc_md.strip()}\n\n"
         f"### This DAG\n\n"
@@ -70,13 +160,18 @@ def build_epoch_dag(
         f"| source | `{source.name}`: servers {', '.join(f'`{s}`' for s in source.servers)}; "
         f"changelogs `{source.changelogs.uri}` ({source.changelogs.format}) |\n"
         f"| target | `{target.name}` ({target.kind}) at {_target_where(target)} |\n"
+        f"{filters}"
         f"| epochs | every {EpochTimetable(source.epoch.start, interval).summary} |\n"
         f"| config | `{cfg}` |\n"
         f"| warehouse | `{config.warehouse}` |\n"
     )
     dag = DAG(
         dag_id=epoch_dag_id(source.name, target.name),
-        description=f"replicate {source.name} into {target.name}, one epoch per run",
+        description=(
+            f"publish {source.name}'s net change into the feed {target.name}, one epoch per run"
+            if feed
+            else f"replicate {source.name} into {target.name}, one epoch per run"
+        ),
         doc_md=doc,
         schedule=EpochTimetable(source.epoch.start, interval, schedule_from),
         # the epoch grid's start, never later: a manual run dated before the start date
@@ -84,52 +179,13 @@ def build_epoch_dag(
         start_date=source.epoch.start,
         catchup=catchup,
         max_active_runs=1,
-        tags=["epochsync", f"source:{source.name}", f"target:{target.name}"],
+        tags=["epochsync", f"source:{source.name}", f"target:{target.name}", *(["feed"] if feed else [])],
         default_args={
             "owner": "epochsync",
             "depends_on_past": True,
             "retries": 0,
         },
-        params={
-            "epoch": Param(
-                None,
-                type=["null", "integer"],
-                minimum=1,
-                title="epoch",
-                description="Epoch to replicate; empty = the epoch of the run's data interval.",
-            ),
-            "dry_run": Param(
-                False,
-                type="boolean",
-                description="Plan only: stop after translate and print the plan summary in its log.",
-            ),
-            "whole_file": Param(
-                False,
-                type="boolean",
-                description="Pull every changed file whole instead of only its modified extents.",
-            ),
-            "inject_failure": Param(
-                # null, not "": the UI's form counts an empty non-nullable string as missing
-                None,
-                type=["null", "string"],
-                title="inject_failure (demo and tests)",
-                description="Fault spec for the apply stage, e.g. 'after=3': fail after 3 mutations to see "
-                "the rollback (fires once per target and epoch). Empty: no fault.",
-            ),
-            "reingest": Param(
-                False,
-                type="boolean",
-                description="Ingest the epoch again even if its records are in the warehouse and its changelog "
-                "files are unchanged (by default a second target's run reuses them).",
-            ),
-            "max_epochs_per_run": Param(
-                1,
-                type="integer",
-                minimum=1,
-                description="Catch up: merge up to this many closed epochs after the committed one and "
-                "commit at the last boundary.",
-            ),
-        },
+        params=_epoch_params(feed),
     )
     with dag:
         wait = EpochClosedSensor(
@@ -171,7 +227,7 @@ def build_epoch_dag(
         if target.kind == "feed":
             # a feed publishes the net change: the file of the epoch, then _feed.json (its commit
             # point); a failed publish leaves _feed.json at the previous epoch, nothing to roll back
-            publish = stage("publish", pool=pool,
+            publish = stage("publish", pool=pool, skip_in_dry_run=True,
                             doc_md="Publishes the epoch's net change (filtered) as one file, then commits _feed.json.")  # fmt: skip
             wait >> ingest >> merge >> publish
             return dag

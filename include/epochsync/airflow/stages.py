@@ -59,7 +59,12 @@ def run_stage_task(
     if skip_in_dry_run and epochs.get("dry_run"):
         from airflow.sdk.exceptions import AirflowSkipException
 
-        raise AirflowSkipException(f"dry run: {stage} skipped (a dry run stops after translate)")
+        stops = (
+            "a feed's dry run stops after merge: nothing is published"
+            if stage == "publish"
+            else ("a dry run stops after translate")
+        )
+        raise AirflowSkipException(f"dry run: {stage} skipped ({stops})")
     cfg = load_config(config_path)
     if stage == "ingest" and not params.get("reingest"):
         from epochsync.ingest import ingest_is_current
