@@ -305,10 +305,16 @@ def _expected_files(contents: dict[str, bytes]) -> dict[str, str]:
 def _replica_check(client, bucket: str, expected: dict[str, str]) -> dict:
     """``replica_equals_source`` and the first differences of a baseline's replica."""
     got = _bucket_files(client, bucket)
-    diffs = [f"{k}: missing on the replica" for k in sorted(set(expected) - set(got))][:5]
-    diffs += [f"{k}: on the replica but not in the source" for k in sorted(set(got) - set(expected))][:5]
-    diffs += [f"{k}: content differs" for k in sorted(set(got) & set(expected)) if got[k] != expected[k]][:5]
-    return {"replica_equals_source": not diffs, "differences": diffs[:5]}
+    missing = sorted(set(expected) - set(got))
+    extra = sorted(set(got) - set(expected))
+    differ = [k for k in sorted(set(got) & set(expected)) if got[k] != expected[k]]
+    diffs = [f"{k}: missing on the replica" for k in missing[:5]]
+    diffs += [f"{k}: on the replica but not in the source" for k in extra[:5]]
+    diffs += [f"{k}: content differs" for k in differ[:5]]
+    out = {"replica_equals_source": not diffs, "differences": diffs[:5]}
+    if diffs:
+        out["difference_counts"] = {"missing": len(missing), "extra": len(extra), "content": len(differ)}
+    return out
 
 
 # ---------------------------------------------------------------------------- rclone
