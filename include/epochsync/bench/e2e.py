@@ -1,8 +1,11 @@
-"""``make bench-e2e``: epochsync vs ``aws s3 sync`` vs whole-file copy, same change set.
+"""``make bench-e2e``: epochsync vs ``aws s3 sync`` vs ``rclone sync`` vs whole-file copy.
+
+Namespaces of 10,000 to 100,000 files (log-normal sizes, median 8 KiB, a tail to 4 MiB);
+the 1% small-writes scenario runs at 10,000, 30,000 and 100,000 files (the scale rows).
 
 For each scenario a scripted source is simulated over two epochs (epoch 1 builds the
 tree, epoch 2 is the change under test) into a versioned S3 source store on an embedded
-SeaweedFS. Three replicas are brought to epoch 1 (not measured), then each tool brings
+SeaweedFS. The replicas are brought to epoch 1 (not measured), then each tool brings
 its replica to epoch 2 while an :class:`~epochsync.s3proxy.S3Proxy` (in its own process) in front of
 SeaweedFS counts every request and byte, server side of the client:
 
@@ -13,6 +16,9 @@ SeaweedFS counts every request and byte, server side of the client:
   instead;
 - ``aws-s3-sync``: ``aws s3 sync --delete`` from a bucket holding the source's files
   whole at epoch 2 (bucket to bucket: the CLI copies changed files server-side);
+- ``rclone-sync``: Debian's rclone (installed with apt-get when missing, as CI installs
+  chromium; the row says why when it cannot), ``sync --checksum --fast-list`` bucket to
+  bucket, configured by ``RCLONE_CONFIG_BENCH_*`` variables;
 - ``whole-file``: what lustre_rsync and geo-replication do: every changed or new file is
   read whole and written whole, renames become copies, deletes deletes.
 
