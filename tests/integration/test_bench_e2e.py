@@ -7,16 +7,24 @@ from the source and nothing at all for a directory rename.
 
 import pytest
 
-from epochsync.bench.e2e import QUICK, checks, run_scenario
+from epochsync.bench.e2e import QUICK, checks, rclone_binary, run_scenario
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_small_writes_and_directory_rename(seaweed, spark, tmp_path):
-    rows = run_scenario(QUICK["small-writes-1pct"], seaweed, spark, tmp_path)
-    rows += run_scenario(QUICK["dir-rename-1000"], seaweed, spark, tmp_path)
+    rclone, why = rclone_binary(install=False)  # the test never installs packages
+    rows = run_scenario(QUICK["small-writes-1pct"], seaweed, spark, tmp_path, rclone_bin=rclone, rclone_why=why)
+    rows += run_scenario(QUICK["dir-rename-1000"], seaweed, spark, tmp_path, rclone_bin=rclone, rclone_why=why)
     by = {(r["scenario"], r["tool"]): r for r in rows}
-    assert all(r["replica_equals_source"] for r in rows), [(r["scenario"], r["tool"]) for r in rows]
+    ran = [r for r in rows if not r.get("skipped")]
+    assert all(r["replica_equals_source"] for r in ran), [(r["scenario"], r["tool"], r.get("differences")) for r in ran]
+    assert {r["tool"] for r in ran} >= {"epochsync", "aws-s3-sync", "whole-file"}
+    if rclone:
+        rc = by[("small-writes-1pct", "rclone-sync")]
+        assert rc["bytes_read_source"] > 4 * by[("small-writes-1pct", "epochsync")]["bytes_read_source"]
+    else:
+        assert by[("small-writes-1pct", "rclone-sync")]["skipped"] == why
 
     small = by[("small-writes-1pct", "epochsync")]
     assert small["net_changed_bytes"] == 4 * 4096  # 1% of 400 files, one 4 KiB write each
