@@ -108,6 +108,21 @@ class _Cols:
         return out, types, total
 
 
+class _Dealer:
+    """Hands out consecutive, never repeated runs of ``items``."""
+
+    def __init__(self, items):
+        self.items, self.at = items, 0
+
+    def take(self, k: int):
+        got = self.items[self.at : self.at + k]
+        self.at += k
+        return got
+
+    def left(self) -> int:
+        return len(self.items) - self.at
+
+
 def generate_epoch(records: int, seed: int, files: int | None = None):
     """The epoch-2 records (an Arrow table in the record schema, each server's records
     together, in index order, its EPOCH record last), about ``records`` of them. Returns
@@ -156,14 +171,7 @@ def generate_epoch(records: int, seed: int, files: int | None = None):
     need = sum(op_count[k] for k in owners)
     if need > files:
         raise ValueError(f"{records} records need more than {files} files")
-    pool = rng.permutation(files)
-    take_at = 0
-
-    def own(k: int):
-        nonlocal take_at
-        got = pool[take_at : take_at + k]
-        take_at += k
-        return got
+    own = _Dealer(rng.permutation(files)).take
 
     # leaf directories (no sub-directory) may move anywhere under a top directory
     leaf = np.arange(n_top + 1, ndirs + 1)
@@ -182,14 +190,8 @@ def generate_epoch(records: int, seed: int, files: int | None = None):
     # every op gets a random time slot: operations interleave, an op's records keep their order
     n_write_ops_est = int((budget - n_ns * 1.6) / 1.9)
     n_ops_total = n_ns + max(1, n_write_ops_est)
-    slots = rng.permutation(n_ops_total)
-    slot_at = 0
-
-    def slot(k: int):
-        nonlocal slot_at
-        got = slots[slot_at : slot_at + k]
-        slot_at += k
-        return got
+    slots = _Dealer(rng.permutation(n_ops_total))
+    slot = slots.take
 
     cols = _Cols()
     cookie_seq = 0
@@ -342,7 +344,7 @@ def generate_epoch(records: int, seed: int, files: int | None = None):
     est = max(1, int(writes_left / 1.4))
     rows = rng.integers(0, files, est)
     wrows.append(rows)
-    wslots.append(slot(min(est, len(slots) - slot_at)))
+    wslots.append(slot(min(est, slots.left())))
     if len(wslots[-1]) < est:
         extra_slots = np.arange(n_ops_total, n_ops_total + est - len(wslots[-1]))
         wslots[-1] = np.concatenate([wslots[-1], extra_slots])
