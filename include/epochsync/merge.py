@@ -59,8 +59,10 @@ Only fids a record touches are recomputed; every other row of snapshot E-1 is co
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Iterable
+import uuid
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -468,7 +470,7 @@ def merge_epoch(
     root_fid: str | Iterable[str],
     extents_known: bool = True,
     *,
-    cache: bool | list = False,
+    cache: bool | list | Callable[[DataFrame], DataFrame] = False,
 ) -> tuple[DataFrame, DataFrame]:
     """Snapshot E-1 and the records of E (or of a window) → (snapshot E, net change set).
 
@@ -491,17 +493,19 @@ def merge_epoch(
     ``cache`` (True, or a list that receives the persisted DataFrames so the caller can
     ``unpersist()`` them) persists the ranked records (every aggregation reads them) and the
     per-fid state both outputs derive from, so writing the snapshot and then the change set
-    computes the merge once.
+    computes the merge once. A callable ``cache`` instead receives the per-fid state and
+    returns it materialized (:func:`run_merge` writes it to a scratch table and reads it
+    back): the outputs' plans then start from its rows, which is what a small epoch wants
+    (the wide plan is planned once, not once per output).
     """
     from pyspark.sql import functions as F
 
     recs = prepare_records(records)
-    if cache is not False:
+    if cache is not False and not callable(cache):
         # Five aggregations read the ranked records: shuffle and sort them once. The token
         # makes this plan (and the per-fid state built on it) this call's own: Spark matches
         # cached data by plan, across sessions, and a run killed before its unpersist()
         # would otherwise serve its records to the next merge of the same files.
-        import uuid
 
         from pyspark import StorageLevel
 
@@ -644,7 +648,11 @@ def merge_epoch(
         ),
     )
 
-    if cache is not False:
+    if callable(cache):
+        # the caller materializes the per-fid state (one job); both outputs then plan from
+        # its rows, not from the whole merge (on a small epoch, planning is most of its time)
+        st = cache(st)
+    elif cache is not False:
         from pyspark import StorageLevel
 
         st = st.persist(StorageLevel.MEMORY_AND_DISK)
@@ -777,9 +785,11 @@ def run_merge(
 
 def _run_merge_spark(cfg: Config, target_name: str, first_epoch: int, last_epoch: int, spark: SparkSession) -> dict:
 
+    from epochsync import warehouse_fs
     from epochsync.ingest import read_records
     from epochsync.paths import Warehouse
     from epochsync.snapshot import read_snapshot, write_table
+    from epochsync.spark import size_partitions
 
     if first_epoch < 1 or last_epoch < first_epoch:
         raise EpochError(f"bad epoch window {first_epoch}..{last_epoch}: need 1 <= first <= last")
@@ -787,19 +797,32 @@ def _run_merge_spark(cfg: Config, target_name: str, first_epoch: int, last_epoch
     target = cfg.target(target_name)
     source = cfg.source_of(target)
     wh = Warehouse(cfg.warehouse)
-    _size_shuffle(spark, wh, target.name, source.name, first_epoch, last_epoch)
+    rows = _input_rows(wh, target.name, source.name, first_epoch, last_epoch)
+    size_partitions(spark, rows)
     prev = read_snapshot(spark, wh, target.name, first_epoch - 1, source.root_fid)
+    # Caching pays for large inputs only: on a small epoch, persist() and unpersist() (each
+    # plans the whole merge on the server) cost more than the merge; a local checkpoint of
+    # the per-fid state plans it once (docs/INTERNALS.md, "Merge").
     persisted: list = []
+    scratch: list[str] = []
+
+    def materialize(df: DataFrame) -> DataFrame:
+        uri = f"{wh.changes(target.name, last_epoch).rstrip('/')}.state-{uuid.uuid4().hex[:12]}"
+        scratch.append(uri)
+        df.write.mode("overwrite").parquet(uri)
+        return spark.read.parquet(uri)
+
+    cache = persisted if rows >= cache_min_rows() else materialize
     records = read_records(spark, cfg.warehouse, source.name, first_epoch, last_epoch)
-    snapshot, changes = merge_epoch(
-        prev, records, source.root_fid, extents_known_for(source.changelogs.format), cache=persisted
-    )
     out = MergeOutputs(
         wh.snapshot(target.name, last_epoch),
         wh.changes(target.name, last_epoch),
         wh.cookie_groups(target.name, last_epoch),
     )
     try:
+        snapshot, changes = merge_epoch(
+            prev, records, source.root_fid, extents_known_for(source.changelogs.format), cache=cache
+        )
         # the snapshot last: its presence says the merge of this epoch is complete
         write_table(spark, changes, out.changes)
         write_table(spark, cookie_groups(records), out.cookie_groups)
@@ -809,6 +832,8 @@ def _run_merge_spark(cfg: Config, target_name: str, first_epoch: int, last_epoch
     finally:
         for df in persisted:
             df.unpersist()
+        for uri in scratch:
+            warehouse_fs.delete(uri)
 
     # the figures come from the files just written, read here with pyarrow: no Spark job
     # re-reads a table only to count it (each would cost a round trip and a job)
@@ -840,19 +865,27 @@ def _run_merge_spark(cfg: Config, target_name: str, first_epoch: int, last_epoch
     return stats
 
 
-def _size_shuffle(spark: SparkSession, wh, target: str, source: str, first: int, last: int) -> int:
-    """Shuffle partitions for the merge's input (records of the window + snapshot first-1), from Parquet footers."""
+#: merge inputs (records + snapshot rows) from which the shared plan is cached
+CACHE_MIN_ROWS = 200_000
+
+
+def cache_min_rows() -> int:
+    """Input rows from which the merge persists its shared plan (``EPOCHSYNC_MERGE_CACHE_MIN_ROWS``)."""
+    return int(os.environ.get("EPOCHSYNC_MERGE_CACHE_MIN_ROWS", CACHE_MIN_ROWS))
+
+
+def _input_rows(wh, target: str, source: str, first: int, last: int) -> int:
+    """Rows of the merge's input (records of the window + snapshot first-1), from Parquet footers."""
     import pyarrow.dataset as ds
 
     from epochsync import warehouse_fs
     from epochsync.paths import local_path
-    from epochsync.spark import size_partitions
 
     rows = 0
     for uri in [wh.records(source, e) for e in range(first, last + 1)] + [wh.snapshot(target, first - 1)]:
         if warehouse_fs.exists(uri):
             rows += ds.dataset(local_path(uri), format="parquet", partitioning="hive").count_rows()
-    return size_partitions(spark, rows)
+    return rows
 
 
 def _table_counts(out: MergeOutputs, records_uri: str, first: int, last: int) -> dict:

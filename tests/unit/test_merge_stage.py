@@ -37,6 +37,10 @@ targets:
     source: sim
     kind: posix
     path: {tmp_path}/replica
+  - name: cached
+    source: sim
+    kind: posix
+    path: {tmp_path}/replica-cached
   - name: keep1
     source: sim
     kind: posix
@@ -123,3 +127,18 @@ def test_merge_prunes_snapshots_past_retention(spark, stage):
     pruned = [run_merge(cfg, "keep1", e, e, spark)["snapshots_pruned"] for e in (1, 2, 3)]
     # merging epoch E means E-1 is the committed one: it and everything newer stay
     assert 1 in pruned[2] and snapshot_epochs(spark, wh, "keep1") == [2, 3]
+
+
+def test_small_and_large_input_paths_write_the_same_tables(spark, stage, monkeypatch):
+    """Small inputs materialize the per-fid state in a scratch table; large ones persist the plan."""
+    from epochsync.merge import run_merge
+
+    _, cfg_path, wh, _ = stage
+    cfg = load_config(cfg_path)
+    monkeypatch.setenv("EPOCHSYNC_MERGE_CACHE_MIN_ROWS", "0")  # every input counts as large here
+    run_merge(cfg, "cached", 1, 1, spark)
+    run_merge(cfg, "cached", 2, 3, spark)
+    for table in (wh.snapshot, wh.changes, wh.cookie_groups):
+        assertDataFrameEqual(spark.read.parquet(table("cached", 3)), spark.read.parquet(table("t", 3)))
+    leftovers = [p.name for p in Path(wh.changes("t", 3).removeprefix("file://")).parent.iterdir() if ".state-" in p.name]
+    assert leftovers == []  # the small path's scratch tables are gone
