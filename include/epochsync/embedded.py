@@ -363,7 +363,10 @@ class SparkConnectServer:
         return self.url
 
     def stop(self) -> None:
-        _stop_group(self.proc)
+        # a server that has served many sessions can spend 20 s and more shutting down its
+        # gRPC service; nothing it holds needs a graceful end (the warehouse is written by
+        # committed jobs only), so it gets a few seconds before the kill
+        _stop_group(self.proc, timeout=5)
         self.proc = None
         if self._own_dir:
             shutil.rmtree(self.work_dir, ignore_errors=True)

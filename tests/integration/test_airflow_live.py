@@ -29,7 +29,7 @@ EPOCHS = 4
 INTERVAL = 30
 #: seconds from now to the start of epoch 1 (about Airflow's start, the DAG's parse and its unpause;
 #: if Airflow is slower, the scheduler still creates the runs of epochs already closed, in order)
-LEAD = 60
+LEAD = 40
 DAG = "epochsync__sim__local"
 OUTPUT = ROOT / "tests" / "output"
 
