@@ -46,24 +46,24 @@ format: $(STAMP) ## ruff format the tree
 	$(BIN)/ruff check --fix .
 
 demo: $(STAMP) ## the main job: simulate a source, replicate every epoch through Airflow, verify (REINTEGRATE=1: then cache reintegration; REINTEGRATE=only)
-	$(BIN)/python -m epochsync.demo $(if $(REINTEGRATE),--reintegrate $(filter only,$(REINTEGRATE)))
+	$(BIN)/python -m epochsync_dev.demo $(if $(REINTEGRATE),--reintegrate $(filter only,$(REINTEGRATE)))
 
 airflow: $(STAMP) ## SeaweedFS + Spark Connect + airflow standalone with the project's DAGs (UI on :8080; LIVE=1: a live source)
-	$(BIN)/python -m epochsync.devstack $(if $(LIVE),--live)
+	$(BIN)/python -m epochsync_dev.devstack $(if $(LIVE),--live)
 
 bench: bench-ingest bench-merge bench-e2e bench-warm ## all benchmarks, results in bench/results/
 
 bench-ingest: $(STAMP) ## ingest 1M Lustre lines and 1M JSON Lines records
-	$(BIN)/python -m epochsync.bench ingest
+	$(BIN)/python -m epochsync_dev.bench ingest
 
 bench-merge: $(STAMP) ## merge simulated epochs of 1M and 10M records
-	$(BIN)/python -m epochsync.bench merge --event-log bench/scratch/merge/eventlog
+	$(BIN)/python -m epochsync_dev.bench merge --event-log bench/scratch/merge/eventlog
 
 bench-e2e: $(STAMP) ## epochsync vs aws s3 sync vs whole-file copy
-	$(BIN)/python -m epochsync.bench e2e
+	$(BIN)/python -m epochsync_dev.bench e2e
 
 bench-warm: $(STAMP) ## small epochs on one warm Spark Connect server: a DAG run, replicate, a 100-epoch catch-up
-	$(BIN)/python -m epochsync.bench warm
+	$(BIN)/python -m epochsync_dev.bench warm
 
 clean: ## remove build output and test scratch (keeps .venv)
 	rm -rf build .pytest_cache .ruff_cache dist spark-warehouse metastore_db derby.log

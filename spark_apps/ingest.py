@@ -3,7 +3,7 @@
     spark-submit spark_apps/ingest.py --config FILE --source NAME --epoch E [--through E2] [--target T]
 
 Prints one line per server, then a summary; on failure one line on stderr and exit 1.
-The work is :func:`epochsync.ingest.run_ingest`.
+The work is :func:`epochsync.stages.ingest.run_ingest`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from epochsync.ingest import ingest_main
+    from epochsync.stages.ingest import ingest_main
 
     return ingest_main(argv)
 

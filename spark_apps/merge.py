@@ -3,7 +3,7 @@
     spark-submit spark_apps/merge.py --config FILE --target NAME --epoch E [--through E2]
 
 Prints the stats as one JSON line; on failure one line on stderr and exit 1.
-The work is :func:`epochsync.merge.run_merge`.
+The work is :func:`epochsync.stages.merge.run_merge`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from epochsync.merge import merge_main
+    from epochsync.stages.merge import merge_main
 
     return merge_main(argv)
 

@@ -4,7 +4,7 @@
 
 Publishes the merged window's net change as one feed file and commits ``_feed.json``;
 prints the stats row as one JSON line; on failure one line on stderr and exit 1.
-The work is :func:`epochsync.feed.publish_epoch`.
+The work is :func:`epochsync.stages.publish.publish_epoch`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from epochsync.feed import publish_main
+    from epochsync.stages.publish import publish_main
 
     return publish_main(argv)
 

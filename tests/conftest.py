@@ -20,8 +20,8 @@ def spark_connect():
     ``EPOCHSYNC_SPARK_REMOTE`` points at it for the run, so stage functions, the CLI and
     the subprocesses the tests start are all clients of this one warm application.
     """
-    from epochsync.embedded import SparkConnectServer
     from epochsync.spark import REMOTE_ENV
+    from epochsync_dev.embedded import SparkConnectServer
 
     server = SparkConnectServer("local[2]", conf={"spark.sql.shuffle.partitions": "2"})
     url = server.start()
@@ -53,7 +53,7 @@ def spark(spark_connect):
 @pytest.fixture(scope="session")
 def seaweed():
     """A real S3 server (SeaweedFS ``weed mini``) on loopback; yields an S3Endpoint."""
-    from epochsync.embedded import SeaweedFS
+    from epochsync_dev.embedded import SeaweedFS
 
     server = SeaweedFS()
     endpoint = server.start()
@@ -63,7 +63,7 @@ def seaweed():
 
 @pytest.fixture(scope="session")
 def moto_server():
-    from epochsync.embedded import MotoS3
+    from epochsync_dev.embedded import MotoS3
 
     server = MotoS3()
     server.start()

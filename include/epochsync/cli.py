@@ -15,8 +15,8 @@ import importlib.util
 import os
 import sys
 
-from epochsync.errors import EpochsyncError
-from epochsync.shutdown import Interrupted, signals_raise
+from epochsync.core.errors import EpochsyncError
+from epochsync.core.shutdown import Interrupted, signals_raise
 
 #: set to 1 to see the traceback of a file system error instead of its one-line summary
 DEBUG_ENV = "EPOCHSYNC_DEBUG"
@@ -24,15 +24,15 @@ DEBUG_ENV = "EPOCHSYNC_DEBUG"
 #: verb -> (owning module, one-line help)
 VERBS: dict[str, tuple[str, str]] = {
     "parse": ("epochsync.formats.cli", "convert changelogs (lustre, gluster, jsonl) to canonical JSON Lines"),
-    "simulate": ("epochsync.simulate", "generate a seeded source workload: changelogs, data objects, ground truth"),
-    "replicate": ("epochsync.pipeline", "run ingest, merge, translate, apply, verify, commit for a target"),
-    "rollback": ("epochsync.pipeline", "roll a target back to its last committed epoch"),
-    "relocate": ("epochsync.pipeline", "move a target's control directory to its configured control_dir"),
-    "changes": ("epochsync.changes", "list what differs between two committed epochs of a target (NEW, MODIFY, ...)"),
-    "feed": ("epochsync.feed", "feed consumers: register (from a dump), ack an epoch, status, hydrate, unregister"),
-    "status": ("epochsync.status", "per target: committed epoch, lag, last run's figures"),
-    "report": ("epochsync.status", "write an HTML report of lag and bytes over epochs"),
-    "bench": ("epochsync.bench", "run a benchmark and write bench/results/*.json"),
+    "simulate": ("epochsync_dev.simulate", "generate a seeded source workload: changelogs, data objects, ground truth"),
+    "replicate": ("epochsync.stages.pipeline", "run ingest, merge, translate, apply, verify, commit for a target"),
+    "rollback": ("epochsync.stages.pipeline", "roll a target back to its last committed epoch"),
+    "relocate": ("epochsync.stages.pipeline", "move a target's control directory to its configured control_dir"),
+    "changes": ("epochsync.report.changes", "list what differs between two committed epochs of a target (NEW, MODIFY, ...)"),
+    "feed": ("epochsync.stages.publish", "feed consumers: register (from a dump), ack an epoch, status, hydrate, unregister"),
+    "status": ("epochsync.report.status", "per target: committed epoch, lag, last run's figures"),
+    "report": ("epochsync.report.status", "write an HTML report of lag and bytes over epochs"),
+    "bench": ("epochsync_dev.bench", "run a benchmark and write bench/results/*.json"),
 }
 
 

@@ -2,7 +2,7 @@
 
 Every stage is a client of **one long-lived Spark application**: a Spark Connect server
 (``sc://host:port``), started by ``make demo``, ``make airflow`` and the tests
-(:class:`epochsync.embedded.SparkConnectServer`), or run on a cluster. Where the remote
+(:class:`epochsync_dev.embedded.SparkConnectServer`), or run on a cluster. Where the remote
 comes from, first found wins:
 
 1. the ``remote`` argument (Airflow tasks: the ``spark_connect`` connection);
@@ -106,7 +106,7 @@ def spark_session(
                 # a keyed session is that session, whatever other session this process holds
                 return builder.create() if key else builder.getOrCreate()
             except Exception as exc:  # grpc's errors are many; one line says what to check
-                from epochsync.errors import EpochsyncError
+                from epochsync.core.errors import EpochsyncError
 
                 raise EpochsyncError(
                     f"cannot reach the Spark Connect server {url}: {str(exc).splitlines()[0][:300]} "
@@ -223,7 +223,12 @@ def package_sources() -> list[tuple[str, Path]]:
     root = Path(epochsync.__file__).resolve().parent
     out = []
     for path in sorted(root.rglob("*")):
-        if path.is_file() and "__pycache__" not in path.parts and path.suffix not in (".pyc", ".pyo"):
+        inside = path.relative_to(root).parts[:-1]  # no caches (__pycache__, .ruff_cache): they change the hash
+        if (
+            path.is_file()
+            and not any(d == "__pycache__" or d.startswith(".") for d in inside)
+            and path.suffix not in (".pyc", ".pyo")
+        ):
             out.append(("epochsync/" + path.relative_to(root).as_posix(), path))
     return out
 
@@ -234,7 +239,7 @@ def package_zip() -> str:
     Built from the sources on disk, so a clean checkout needs no build step; a changed
     source gives a new name (content hash), so a running job never sees a half-written zip.
     """
-    from epochsync.paths import build_dir
+    from epochsync.warehouse.paths import build_dir
 
     sources = package_sources()
     digest = hashlib.sha256()
@@ -290,7 +295,7 @@ def is_session_closed(exc: BaseException) -> bool:
 
 
 def _generation_file(key: str) -> Path:
-    from epochsync.paths import build_dir
+    from epochsync.warehouse.paths import build_dir
 
     return build_dir() / "spark-sessions" / hashlib.sha256(key.encode()).hexdigest()[:24]
 
@@ -331,7 +336,7 @@ def run_session_remote(url: str, run_key: str) -> str:
 
     The session id is a UUID derived from ``run_key``; the server drops the session when it
     has been idle for ``spark.connect.session.manager.defaultSessionTimeout`` (the embedded
-    server and compose's: :data:`epochsync.embedded.SESSION_IDLE_TIMEOUT`).
+    server and compose's: :data:`epochsync_dev.embedded.SESSION_IDLE_TIMEOUT`).
     """
     import uuid
 

@@ -211,8 +211,8 @@ def test_dag_ids(bag):
 
 def test_every_task_that_writes_a_target_takes_its_one_slot_pool(bag, dag_config):
     """Runs of the epoch DAG and the hydrate DAG of one target never write it at the same time."""
-    from epochsync.config import load_config
-    from epochsync.lease import airflow_pools, pool_name
+    from epochsync.core.config import load_config
+    from epochsync.journal.lease import airflow_pools, pool_name
 
     writers = {"merge", "translate", "apply", "verify", "commit", "rollback"}
     for target in ("dr", "scratch"):

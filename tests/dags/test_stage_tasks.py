@@ -48,10 +48,10 @@ def dag(with_config):
 @pytest.fixture()
 def calls(monkeypatch):
     """Replace the stage functions by recorders: ``calls`` lists (name, args, kwargs)."""
-    import epochsync.ingest
-    import epochsync.merge
-    import epochsync.pipeline
     import epochsync.spark
+    import epochsync.stages.ingest
+    import epochsync.stages.merge
+    import epochsync.stages.pipeline
 
     seen: list = []
 
@@ -63,13 +63,13 @@ def calls(monkeypatch):
         return fn
 
     monkeypatch.setattr(epochsync.spark, "prepare_session", recorder("prepare_session", None))
-    monkeypatch.setattr(epochsync.ingest, "run_ingest", recorder("run_ingest", {"records": 7}))
-    monkeypatch.setattr(epochsync.ingest, "ingest_is_current", recorder("ingest_is_current", None))
-    monkeypatch.setattr(epochsync.merge, "run_merge", recorder("run_merge", {"changes": 3}))
-    monkeypatch.setattr(epochsync.pipeline, "run_translate", recorder("run_translate", {"namespace_ops": 1}))
-    monkeypatch.setattr(epochsync.pipeline, "run_apply", recorder("run_apply", {"bytes_pulled": 5}))
-    monkeypatch.setattr(epochsync.pipeline, "run_verify", recorder("run_verify", {"ok": True}))
-    monkeypatch.setattr("epochsync.journal.write_stage_stats", recorder("write_stage_stats", None))
+    monkeypatch.setattr(epochsync.stages.ingest, "run_ingest", recorder("run_ingest", {"records": 7}))
+    monkeypatch.setattr(epochsync.stages.ingest, "ingest_is_current", recorder("ingest_is_current", None))
+    monkeypatch.setattr(epochsync.stages.merge, "run_merge", recorder("run_merge", {"changes": 3}))
+    monkeypatch.setattr(epochsync.stages.pipeline, "run_translate", recorder("run_translate", {"namespace_ops": 1}))
+    monkeypatch.setattr(epochsync.stages.pipeline, "run_apply", recorder("run_apply", {"bytes_pulled": 5}))
+    monkeypatch.setattr(epochsync.stages.pipeline, "run_verify", recorder("run_verify", {"ok": True}))
+    monkeypatch.setattr("epochsync.journal.undo.write_stage_stats", recorder("write_stage_stats", None))
     return seen
 
 
@@ -161,9 +161,9 @@ def test_dry_run_skips_apply_and_verify(dag, calls):
 
 
 def test_ingest_is_skipped_when_the_epoch_is_already_ingested(dag, calls, monkeypatch):
-    import epochsync.ingest
+    import epochsync.stages.ingest
 
-    monkeypatch.setattr(epochsync.ingest, "ingest_is_current", lambda *a: "already ingested from the same files")
+    monkeypatch.setattr(epochsync.stages.ingest, "ingest_is_current", lambda *a: "already ingested from the same files")
     spark = FakeSpark()
     assert run(dag, "ingest", epochs(4, 4), spark=spark) == {"skipped": "already ingested from the same files"}
     assert not [c for c in calls if c[0] == "run_ingest"] and spark.tags == []
@@ -175,13 +175,13 @@ def test_ingest_is_skipped_when_the_epoch_is_already_ingested(dag, calls, monkey
 def test_a_stage_error_is_one_line_naming_stage_target_and_epochs(dag, calls, monkeypatch):
     from airflow.sdk.exceptions import AirflowException
 
-    import epochsync.merge
-    from epochsync.errors import EpochError
+    import epochsync.stages.merge
+    from epochsync.core.errors import EpochError
 
     def boom(*a, **k):
         raise EpochError("no snapshot for epoch 2: run the merge of epoch 2 first")
 
-    monkeypatch.setattr(epochsync.merge, "run_merge", boom)
+    monkeypatch.setattr(epochsync.stages.merge, "run_merge", boom)
     with pytest.raises(AirflowException, match=r"^merge of target dr epochs 3\.\.3: no snapshot for epoch 2"):
         run(dag, "merge", epochs(3, 3), spark=FakeSpark())
 
@@ -193,7 +193,7 @@ def test_package_zip_holds_the_package(tmp_path, monkeypatch):
     path = package_zip()
     assert package_zip() == path  # built once per source tree
     names = zipfile.ZipFile(path).namelist()
-    assert "epochsync/__init__.py" in names and "epochsync/merge.py" in names
+    assert "epochsync/__init__.py" in names and "epochsync/stages/merge.py" in names
     assert not [n for n in names if "__pycache__" in n]
     assert json.loads(json.dumps(names))  # plain names, stable order
 
@@ -203,7 +203,7 @@ def feed_dag(tmp_path, **feed):
     import yaml
 
     from epochsync.airflow.dags import build_epoch_dag
-    from epochsync.config import load_config
+    from epochsync.core.config import load_config
 
     (tmp_path / "epochsync.yaml").write_text(yaml.safe_dump(
         {
@@ -231,13 +231,13 @@ def test_a_feed_target_gets_ingest_merge_publish(tmp_path, calls):
     assert set(dag.task_ids) == {"wait_epoch_closed", "ingest", "merge", "publish"}
     assert dag.get_task("publish").upstream_task_ids == {"merge"}
     assert dag.get_task("publish").pool == "epochsync_target_audit" or dag.get_task("publish").pool.endswith("audit")
-    import epochsync.feed
+    import epochsync.stages.publish
     from epochsync.airflow.stages import run_stage_task
 
     published = []
-    epochsync.feed.publish_epoch, original = (
+    epochsync.stages.publish.publish_epoch, original = (
         (lambda *a, **k: published.append((a, k)) or {"epoch": 3}),
-        epochsync.feed.publish_epoch,
+        epochsync.stages.publish.publish_epoch,
     )
     try:
         task = dag.get_task("publish")
@@ -245,14 +245,14 @@ def test_a_feed_target_gets_ingest_merge_publish(tmp_path, calls):
             **task.op_kwargs, spark=FakeSpark(), ti=FakeTI(epochs(3, 3)), params={"inject_failure": None}
         )
     finally:
-        epochsync.feed.publish_epoch = original
+        epochsync.stages.publish.publish_epoch = original
     assert out == {"epoch": 3} and published[0][0][1:4] == ("audit", 3, 3)
 
 
 def test_make_airflow_shows_a_feed_dag_next_to_the_replicas(tmp_path, monkeypatch):
     from epochsync.airflow.dags import dags_from_env
-    from epochsync.devstack import add_feed_target
-    from epochsync.simulate import write_config
+    from epochsync_dev.devstack import add_feed_target
+    from epochsync_dev.simulate import write_config
 
     config = write_config(tmp_path, bucket="b", conn_id="source_s3", servers=("MDT0000",), root_fid="[0x1:0x1:0x0]")
     add_feed_target(config)
@@ -269,7 +269,7 @@ def test_the_feed_dag_says_what_it_does_and_its_dry_run_publishes_nothing(tmp_pa
     rollback), a whole_file param, and a dry_run param "stop after translate" that published anyway."""
     from airflow.sdk.exceptions import AirflowSkipException
 
-    import epochsync.feed
+    import epochsync.stages.publish
 
     dag = feed_dag(tmp_path, fileset=["/d00005"], events=["create", "delete"])
     assert dag.description == "publish s's net change into the feed audit, one epoch per run"
@@ -281,12 +281,12 @@ def test_the_feed_dag_says_what_it_does_and_its_dry_run_publishes_nothing(tmp_pa
     assert "publish" in dag.params.get_param("inject_failure").description
     assert "nothing is published" in dag.params.get_param("dry_run").description
     published = []
-    original, epochsync.feed.publish_epoch = epochsync.feed.publish_epoch, lambda *a, **k: published.append(a)
+    original, epochsync.stages.publish.publish_epoch = epochsync.stages.publish.publish_epoch, lambda *a, **k: published.append(a)
     try:
         task = dag.get_task("publish")
         with pytest.raises(AirflowSkipException, match="nothing is published"):
             run_stage = task.python_callable
             run_stage(**task.op_kwargs, spark=FakeSpark(), ti=FakeTI(epochs(2, 2, dry_run=True)), params={})
     finally:
-        epochsync.feed.publish_epoch = original
+        epochsync.stages.publish.publish_epoch = original
     assert published == []

@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def airflow_env(base: Path, seaweed, *, config: Path | None = None, extra: dict | None = None) -> dict[str, str]:
     """Environment for Airflow processes: own home and SQLite DB, the project's dags and plugins."""
-    from epochsync.devstack import airflow_environment
     from epochsync.spark import REMOTE_ENV
+    from epochsync_dev.devstack import airflow_environment
 
     conns = {
         "source_s3": seaweed.airflow_conn_json(),
@@ -89,8 +89,8 @@ def replica(config: Path, target: str, env: dict[str, str]) -> tuple[int, dict[s
     """(manifest epoch, path -> (type, size, sha256, symlink, perms)) of a target, read like a user would."""
     code = (
         "import json, sys\n"
-        "from epochsync.config import load_config\n"
-        "from epochsync.journal import manifest_epoch\n"
+        "from epochsync.core.config import load_config\n"
+        "from epochsync.journal.undo import manifest_epoch\n"
         "from epochsync.targets import open_target\n"
         f"t = open_target(load_config({str(config)!r}).target({target!r}))\n"
         "rows = {e.path: [e.type, e.size if e.type == 'file' else 0, e.sha256 if e.type == 'file' else None,"
@@ -117,8 +117,8 @@ class SchedulerStack:
     """`airflow standalone` (what `make airflow` runs) on a free loopback port, with a simulated source."""
 
     def __init__(self, base: Path, seaweed, *, epochs: int = 3, files: int = 16, seed: int = 21):
-        from epochsync.devstack import AirflowStandalone, write_admin_password
-        from epochsync.embedded import free_port
+        from epochsync_dev.devstack import AirflowStandalone, write_admin_password
+        from epochsync_dev.embedded import free_port
 
         self.base = base
         env = airflow_env(base, seaweed)

@@ -21,7 +21,7 @@ scheduler_stack = pytest.fixture(scope="session")(scheduler_stack_fixture)
 
 
 def test_backfill_replays_missed_epochs_in_order(scheduler_stack):
-    from epochsync.config import load_config
+    from epochsync.core.config import load_config
 
     stack = scheduler_stack
     stack.unpause(DAG)

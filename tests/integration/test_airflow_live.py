@@ -35,8 +35,8 @@ OUTPUT = ROOT / "tests" / "output"
 
 
 def test_the_scheduler_replicates_each_live_epoch_as_it_closes(seaweed, spark_connect, tmp_path):
-    from epochsync.devstack import AirflowStandalone, write_admin_password
-    from epochsync.embedded import free_port
+    from epochsync_dev.devstack import AirflowStandalone, write_admin_password
+    from epochsync_dev.embedded import free_port
 
     port = free_port()
     env = airflow_env(tmp_path, seaweed, extra={"AIRFLOW__API__PORT": str(port)})

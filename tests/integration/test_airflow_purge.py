@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from epochsync.airflow.purge import PurgeBlocked, plan_purge, purge_source
-from epochsync.config import load_config
+from epochsync.core.config import load_config
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +43,7 @@ def _records_to_warehouse(cfg):
     import pyarrow.parquet as pq
 
     from epochsync.formats import ParseOptions, parse_file
-    from epochsync.paths import Warehouse, local_path
+    from epochsync.warehouse.paths import Warehouse, local_path
 
     src = cfg.sources[0]
     for server in src.servers:
@@ -61,7 +61,7 @@ def cursor(cfg, consumer: str, epoch: int, *, age_s: float = 0.0):
     """A consumer cursor as commit writes it: every server's last index of ``epoch``."""
     import pyarrow.dataset as ds
 
-    from epochsync.paths import Warehouse, local_path
+    from epochsync.warehouse.paths import Warehouse, local_path
 
     wh = Warehouse(cfg.warehouse)
     servers = {}
@@ -78,14 +78,14 @@ def cursor(cfg, consumer: str, epoch: int, *, age_s: float = 0.0):
 
 
 def changelogs(cfg) -> dict[str, list[str]]:
-    from epochsync.paths import local_path
+    from epochsync.warehouse.paths import local_path
 
     root = Path(local_path(cfg.sources[0].changelogs.uri))
     return {s: sorted(p.name for p in (root / s).iterdir()) for s in cfg.sources[0].servers}
 
 
 def record_epochs(cfg) -> list[int]:
-    from epochsync.paths import Warehouse, local_path
+    from epochsync.warehouse.paths import Warehouse, local_path
 
     d = Path(local_path(Warehouse(cfg.warehouse).records("sim")))
     return sorted(int(p.name.split("=")[1]) for p in d.iterdir())

@@ -7,7 +7,7 @@ from the source and nothing at all for a directory rename.
 
 import pytest
 
-from epochsync.bench.e2e import QUICK, checks, rclone_binary, run_scenario
+from epochsync_dev.bench.e2e import QUICK, checks, rclone_binary, run_scenario
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from epochsync.changes import apply_to_listing, changes_between, to_json_line, to_text
 from epochsync.cli import main
-from epochsync.config import load_config
-from epochsync.errors import EpochError
+from epochsync.core.config import load_config
+from epochsync.core.errors import EpochError
+from epochsync.report.changes import apply_to_listing, changes_between, to_json_line, to_text
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_replicate_e2e import simulate, truth  # noqa: E402

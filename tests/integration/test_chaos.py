@@ -40,11 +40,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from epochsync.config import load_config
-from epochsync.journal import journal_dir, journal_exists, read_journal
-from epochsync.pipeline import committed_epoch, replicate, rollback_target, unfinished_epochs
+from epochsync.core.config import load_config
+from epochsync.journal.undo import journal_dir, journal_exists, read_journal
+from epochsync.stages.pipeline import committed_epoch, replicate, rollback_target, unfinished_epochs
 from epochsync.targets import open_target
-from epochsync.truth import compare_with_truth, load_truth, truth_path
+from epochsync_dev.truth import compare_with_truth, load_truth, truth_path
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -161,7 +161,7 @@ def test_kill_9_in_apply_rollback_and_commit_then_rerun_equals_the_ground_truth(
             assert journal_exists(jdir) and committed_epoch(cfg, target) == e - 1
             # a rerun of the rollback (the dead writers' lease is taken over) restores epoch e-1 exactly
             caplog.clear()
-            with caplog.at_level(logging.WARNING, logger="epochsync.lease"):
+            with caplog.at_level(logging.WARNING, logger="epochsync.journal.lease"):
                 r = rollback_target(cfg, target, spark)
             assert "taking over the lease" in caplog.text  # the killed writer never released it: said so
             COUNTS["lease_takeovers_logged"] += 1
@@ -180,7 +180,7 @@ def test_kill_9_in_apply_rollback_and_commit_then_rerun_equals_the_ground_truth(
             COUNTS["kills_survived"] += 1
         # the rerun: a no-op after a manifest, else (roll back and) replicate the epoch again
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="epochsync.lease"):
+        with caplog.at_level(logging.WARNING, logger="epochsync.journal.lease"):
             replicate(cfg, target, e, spark=spark, progress=lambda line: None)
         assert "taking over the lease" in caplog.text or "commit_after" not in point
         COUNTS["lease_takeovers_logged"] += "taking over the lease" in caplog.text
@@ -239,7 +239,7 @@ def group_alive(pgid: int) -> list[int]:
 @pytest.mark.parametrize(("target", "sig"), [("sig-p", signal.SIGTERM), ("sig-s", signal.SIGINT)])
 def test_a_signal_mid_apply_rolls_back_says_so_and_leaves_nothing_running(hist, target, sig):
     """``epochsync replicate`` caught mid-apply by SIGTERM (a CI timeout) or SIGINT (Ctrl-C)."""
-    from epochsync.journal import plan_dir
+    from epochsync.journal.undo import plan_dir
 
     out, cfg = hist
     stalled = Path(plan_dir(cfg.warehouse, target, 1)) / "fault.fired.stalled"
@@ -273,9 +273,9 @@ def test_a_signal_mid_apply_rolls_back_says_so_and_leaves_nothing_running(hist, 
 
 DRIVER = """
 import subprocess, sys, time
-from epochsync.config import load_config
-from epochsync.demo import stop_demo
-from epochsync.shutdown import Interrupted, signals_raise
+from epochsync.core.config import load_config
+from epochsync_dev.demo import stop_demo
+from epochsync.core.shutdown import Interrupted, signals_raise
 
 class Store:  # the session's SeaweedFS stands in for the demo's own: not ours to stop
     class proc:
@@ -298,10 +298,10 @@ except KeyboardInterrupt as exc:
 
 
 def test_make_demo_s_shutdown_stops_children_in_their_own_sessions_and_leaves_the_target_committed(hist):
-    """The demo's SIGTERM path (``epochsync.demo.stop_demo``) on a driver whose child runs in its own session."""
+    """The demo's SIGTERM path (``epochsync_dev.demo.stop_demo``) on a driver whose child runs in its own session."""
     import psutil
 
-    from epochsync.journal import plan_dir
+    from epochsync.journal.undo import plan_dir
 
     out, cfg = hist
     target = "drv-s"

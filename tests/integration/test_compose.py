@@ -156,7 +156,7 @@ def test_init_creates_one_pool_per_target_with_the_package_s_names(resolved, tmp
     script = " ".join(resolved["services"]["airflow-init"]["command"])
     assert "airflow db migrate" in script
     # ($$ is compose's escape: the shell sees ${EPOCHSYNC_CONFIG}, the container's variable)
-    assert 'python -m epochsync.lease pools "$${EPOCHSYNC_CONFIG}" /tmp/epochsync-pools.json' in script
+    assert 'python -m epochsync.journal.lease pools "$${EPOCHSYNC_CONFIG}" /tmp/epochsync-pools.json' in script
     assert "airflow pools import /tmp/epochsync-pools.json" in script
     # what that command writes is an `airflow pools import` file: name -> slots, description
     cfg = tmp_path / "epochsync.yaml"
@@ -167,7 +167,7 @@ def test_init_creates_one_pool_per_target_with_the_package_s_names(resolved, tmp
         "    epoch: {start: '2026-01-01T00:00:00Z', interval: 1h}\n"
         "targets:\n  - {name: a, source: s, kind: posix, path: /tmp/a}\n"
     )
-    out = subprocess.run([sys.executable, "-m", "epochsync.lease", "pools", str(cfg), str(tmp_path / "p.json")],
+    out = subprocess.run([sys.executable, "-m", "epochsync.journal.lease", "pools", str(cfg), str(tmp_path / "p.json")],
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert out.returncode == 0, out.stderr
     pools = json.loads((tmp_path / "p.json").read_text())

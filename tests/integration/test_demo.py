@@ -47,7 +47,7 @@ def _processes_mentioning(text: str) -> list[str]:
 
 def test_short_demo_replicates_both_targets_and_rolls_back_the_injected_failure(tmp_path):
     work = tmp_path / "demo"
-    cmd = [sys.executable, "-m", "epochsync.demo", "--workdir", str(work), "--epochs", "2", "--files", "60",
+    cmd = [sys.executable, "-m", "epochsync_dev.demo", "--workdir", str(work), "--epochs", "2", "--files", "60",
            "--fail-epoch", "2", "--fail-after", "5", "--cluster",
            "--reintegrate", "--cache-epochs", "2", "--cache-files", "24"]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=3000, cwd=ROOT)

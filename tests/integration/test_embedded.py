@@ -8,7 +8,7 @@ pytestmark = pytest.mark.integration
 def test_the_embedded_store_takes_a_bucket_per_test_for_a_whole_run(tmp_path):
     """Each bucket is a SeaweedFS collection with volumes of its own; with the volume count
     left to free disk / 128 MB, a test run on a fuller disk ran out after some 30-70 buckets."""
-    from epochsync.embedded import SeaweedFS
+    from epochsync_dev.embedded import SeaweedFS
 
     with SeaweedFS(tmp_path / "weed") as ep:
         c = ep.client()

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from epochsync.errors import EpochsyncError
-from epochsync.journal import journal_dir, journal_exists, read_json
-from epochsync.pipeline import (
+from epochsync.core.errors import EpochsyncError
+from epochsync.journal.undo import journal_dir, journal_exists, read_json
+from epochsync.stages.pipeline import (
     check_preconditions,
     committed_epoch,
     plan_path,
@@ -84,7 +84,7 @@ def mutation_points(cfg, t) -> list[int]:
 def test_fail_after_k_mutations_then_rollback_then_rerun(hist, spark, t):
     out, cfg = hist
     if t == "s3":  # the namespace phase runs batches of independent keys concurrently: a fault lands mid-batch
-        from epochsync.apply import independent_batches
+        from epochsync.stages.apply import independent_batches
         from epochsync.targets.s3 import S3Target
 
         ns = read_json(plan_path(cfg, t, 2))["namespace"]
@@ -108,7 +108,7 @@ def test_process_killed_mid_apply(hist, spark, t):
     plan = read_json(plan_path(cfg, t, 2))
     k = max(1, len(plan["namespace"]) // 2 + len(plan["data"]) // 2)
     code = (
-        "import sys; from epochsync.pipeline import run_apply; "
+        "import sys; from epochsync.stages.pipeline import run_apply; "
         f"run_apply(sys.argv[1], {t!r}, 2, None, inject='after={k},mode=kill,repeat=1')"
     )
     proc = subprocess.run(
@@ -124,7 +124,7 @@ def test_process_killed_mid_apply(hist, spark, t):
 
 
 def test_s3_503s_and_resets_are_retried_or_fail_clearly(hist, spark, seaweed):
-    from epochsync.s3proxy import S3Proxy
+    from epochsync_dev.s3proxy import S3Proxy
 
     out, cfg = hist
     t = "s3"
@@ -153,7 +153,7 @@ def test_s3_503s_and_resets_are_retried_or_fail_clearly(hist, spark, seaweed):
 
 
 def test_a_commit_that_dies_after_its_manifest_is_finished_by_a_rerun(hist, spark, monkeypatch):
-    from epochsync.pipeline import run_commit
+    from epochsync.stages.pipeline import run_commit
     from epochsync.targets.posix import PosixTarget
 
     out, cfg = hist

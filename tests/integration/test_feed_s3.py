@@ -7,11 +7,11 @@ import json
 import pytest
 import yaml
 
-from epochsync.changes import apply_to_listing
 from epochsync.cli import main
-from epochsync.config import load_config
-from epochsync.feed import consumer_status, purge_feed, read_dump, read_epoch
-from epochsync.pipeline import replicate
+from epochsync.core.config import load_config
+from epochsync.report.changes import apply_to_listing
+from epochsync.stages.pipeline import replicate
+from epochsync.stages.publish import consumer_status, purge_feed, read_dump, read_epoch
 from epochsync.targets.feed import FEED_DOC, open_feed_store
 
 pytestmark = [pytest.mark.integration]

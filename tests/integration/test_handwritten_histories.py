@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from epochsync.config import load_config
-from epochsync.pipeline import replicate
+from epochsync.core.config import load_config
+from epochsync.stages.pipeline import replicate
 from epochsync.targets import open_target
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -187,8 +187,8 @@ def replicate_and_check(world, spark, history: History, expected: list[dict]) ->
     merge (same source, no fileset: the same snapshot and change set) and runs the rest."""
     import shutil
 
-    from epochsync.paths import Warehouse, local_path
-    from epochsync.pipeline import run_apply, run_commit, run_translate, run_verify
+    from epochsync.stages.pipeline import run_apply, run_commit, run_translate, run_verify
+    from epochsync.warehouse.paths import Warehouse, local_path
 
     history.write_changelogs(world["tmp"])
     cfg = make_config(world)

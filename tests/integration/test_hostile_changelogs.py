@@ -14,9 +14,9 @@ import os
 
 import pytest
 
-from epochsync.config import TargetConfig
-from epochsync.connections import S3Settings
-from epochsync.errors import ParseError
+from epochsync.core.config import TargetConfig
+from epochsync.core.errors import ParseError
+from epochsync.stores.connections import S3Settings
 from epochsync.targets.base import UnsafePathError
 from epochsync.targets.posix import PosixTarget
 from epochsync.targets.s3 import S3Access
@@ -33,13 +33,13 @@ def snap_row(fid, type_, links, *, symlink=None, mode=None):
 
 
 def snapshot(spark, rows):
-    from epochsync.model import snapshot_struct_type
+    from epochsync.core.model import snapshot_struct_type
 
     return spark.createDataFrame([snap_row(ROOT, "dir", []), *rows], snapshot_struct_type())
 
 
 def changes(spark, fids):
-    from epochsync.model import change_struct_type
+    from epochsync.core.model import change_struct_type
 
     rows = [(f, None, True, False, True, False, False, False, False, [], None, None) for f in fids]
     return spark.createDataFrame(rows, change_struct_type())
@@ -67,8 +67,8 @@ def world(tmp_path):
 
 
 def plan_and_apply(spark, world, old_rows, new_rows, changed):
-    from epochsync.apply import apply_plan
-    from epochsync.translate import build_plan, plan_entries
+    from epochsync.stages.apply import apply_plan
+    from epochsync.stages.translate import build_plan, plan_entries
 
     tmp_path, _, _, target = world
     entries = plan_entries(snapshot(spark, old_rows), snapshot(spark, new_rows), changes(spark, changed), root_fid=ROOT)
@@ -115,8 +115,8 @@ def test_a_directory_renamed_into_its_own_subtree_cannot_loop_or_escape(spark, w
 
 
 def test_a_file_under_a_symlink_pointing_outside_is_refused(spark, world):
-    from epochsync.apply import apply_plan
-    from epochsync.translate import build_plan
+    from epochsync.stages.apply import apply_plan
+    from epochsync.stages.translate import build_plan
 
     tmp_path, outside, replica, target = world
     link, f = "[0x1:0xc:0x0]", "[0x1:0xd:0x0]"

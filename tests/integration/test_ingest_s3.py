@@ -7,10 +7,10 @@ import json
 import pytest
 from pyspark.testing import assertDataFrameEqual
 
-from epochsync.config import config_from_dict
-from epochsync.errors import EpochError, StoreError
-from epochsync.ingest import missing_epoch_servers, read_records, run_ingest
-from epochsync.schema import Record, record_struct_type
+from epochsync.core.config import config_from_dict
+from epochsync.core.errors import EpochError, StoreError
+from epochsync.core.schema import Record, record_struct_type
+from epochsync.stages.ingest import missing_epoch_servers, read_records, run_ingest
 
 pytestmark = pytest.mark.integration
 

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from epochsync.cli import main
-from epochsync.config import load_config
+from epochsync.core.config import load_config
 from epochsync.targets import open_target
 
 sys.path.insert(0, str(Path(__file__).parent))

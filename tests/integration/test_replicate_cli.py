@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from epochsync.cli import main
-from epochsync.journal import journal_dir, journal_exists, read_json
-from epochsync.paths import Warehouse, local_path
+from epochsync.journal.undo import journal_dir, journal_exists, read_json
 from epochsync.targets import open_target
+from epochsync.warehouse.paths import Warehouse, local_path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_replicate_e2e import assert_equals_truth, simulate  # noqa: E402
@@ -76,7 +76,7 @@ def test_replicate_and_rollback_verbs(sim3, spark, capsys):
     assert "nothing to roll back" in capsys.readouterr().out
 
     # an apply that died without its rollback: the rollback verb restores epoch 2
-    from epochsync.pipeline import run_apply
+    from epochsync.stages.pipeline import run_apply
 
     with pytest.raises(Exception, match="injected failure"):
         run_apply(cfg, "local", 3, spark, inject="after=3,repeat=1")
@@ -91,7 +91,7 @@ def test_replicate_and_rollback_verbs(sim3, spark, capsys):
     assert_equals_truth(target, out, 3)
 
     # the history operators see in `epochsync status`: commits, the failure and both rollbacks
-    from epochsync.events import read_events
+    from epochsync.warehouse.events import read_events
 
     kinds = [(ev["event"], ev["epoch"]) for ev in read_events(cfg.warehouse, "local")]
     assert kinds == [("committed", 1), ("committed", 2), ("failed", 3), ("rolled_back", 3), ("rolled_back", 3),

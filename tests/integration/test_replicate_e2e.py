@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from epochsync.config import load_config
-from epochsync.paths import Warehouse, local_path
+from epochsync.core.config import load_config
 from epochsync.targets import open_target
+from epochsync.warehouse.paths import Warehouse, local_path
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -34,8 +34,8 @@ def ingest_epoch(spark, cfg, epoch: int) -> None:
 
     Uses the package's JSON Lines importer; the real ingest stage is tested by its own suite.
     """
+    from epochsync.core.schema import record_struct_type
     from epochsync.formats import parse_file
-    from epochsync.schema import record_struct_type
 
     src = cfg.sources[0]
     base = local_path(src.changelogs.uri)
@@ -56,7 +56,7 @@ def merge_once(spark, cfg, epoch: int) -> None:
     """
     import shutil
 
-    from epochsync.merge import run_merge
+    from epochsync.stages.merge import run_merge
 
     first, *others = cfg.targets
     assert run_merge(cfg, first.name, epoch, epoch, spark)["changes"] > 0
@@ -70,7 +70,7 @@ def merge_once(spark, cfg, epoch: int) -> None:
 
 
 def replicate_epoch(spark, cfg, target: str, epoch: int, **apply_kw) -> tuple[dict, dict]:
-    from epochsync.pipeline import run_apply, run_commit, run_translate, run_verify
+    from epochsync.stages.pipeline import run_apply, run_commit, run_translate, run_verify
 
     summary = run_translate(cfg, target, epoch, spark)
     run_apply(cfg, target, epoch, spark, **apply_kw)

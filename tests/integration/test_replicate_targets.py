@@ -14,15 +14,15 @@ import uuid
 
 import pytest
 
-from epochsync.apply import apply_plan
-from epochsync.config import TargetConfig
-from epochsync.connections import resolve_s3
-from epochsync.journal import read_journal
+from epochsync.core.config import TargetConfig
+from epochsync.journal.undo import read_journal
+from epochsync.stages.apply import apply_plan
+from epochsync.stages.translate import build_plan
+from epochsync.stages.verify import verify_plan
+from epochsync.stores.connections import resolve_s3
 from epochsync.targets import open_target
 from epochsync.targets.base import UnsafePathError
 from epochsync.targets.s3 import S3Access
-from epochsync.translate import build_plan
-from epochsync.verify import verify_plan
 
 pytestmark = pytest.mark.integration
 
@@ -225,7 +225,7 @@ def test_dropping_one_hard_link_then_committing_keeps_the_next_epochs_fence_clea
 
 @pytest.mark.parametrize("k", [0, 1, 2, 3, 5])
 def test_fault_after_k_mutations_rolls_back_exactly(env, target, k, tmp_path):
-    from epochsync.faults import FaultCounter, FaultSpec, InjectedFailure
+    from epochsync.journal.faults import FaultCounter, FaultSpec, InjectedFailure
 
     entries, st = epoch1(env)
     run(env, target, entries, 1)
@@ -277,7 +277,7 @@ def test_manifest_round_trip_and_walk_hides_control_area(env, target):
 
 @pytest.mark.parametrize("fail_at", [None, 3])
 def test_s3_partial_update_of_a_large_object_copies_unchanged_parts_server_side(env, fail_at, tmp_path):
-    from epochsync.faults import FaultCounter, FaultSpec, InjectedFailure
+    from epochsync.journal.faults import FaultCounter, FaultSpec, InjectedFailure
 
     name = "big" + uuid.uuid4().hex[:6]
     cfg = TargetConfig(name=name, source="sim", kind="s3", conn_id="contract_s3", bucket="replica-contract",
@@ -330,7 +330,7 @@ def test_types_swapped_under_children_apply_verify_and_roll_back(env, target, k,
     (under what is a symlink now), the write fence's of ``s/y`` (under what is a symlink at
     E-1) and a rollback replayed twice (undo of ``create s/y`` while ``s`` is a symlink again)
     used to raise instead of counting those paths as absent."""
-    from epochsync.faults import FaultCounter, FaultSpec, InjectedFailure
+    from epochsync.journal.faults import FaultCounter, FaultSpec, InjectedFailure
 
     src = env["source"]
     data = os.urandom(500)
@@ -379,7 +379,7 @@ def test_root_attributes_apply_verify_and_roll_back(env, target, fail, tmp_path)
     rollback (replayed twice) puts the root back as it was, whether the change was made or not."""
     import shutil
 
-    from epochsync.faults import FaultCounter, FaultSpec, InjectedFailure
+    from epochsync.journal.faults import FaultCounter, FaultSpec, InjectedFailure
 
     def root_state():
         r = target.stat("", "dir")
@@ -588,7 +588,7 @@ def test_attributes_over_the_metadata_limit_live_in_a_sidecar(env, target):
 
 
 def test_the_s3_target_refuses_metadata_over_2kb(env):
-    from epochsync.errors import StoreError
+    from epochsync.core.errors import StoreError
 
     name = "meta" + uuid.uuid4().hex[:6]
     cfg = TargetConfig(name=name, source="sim", kind="s3", conn_id="contract_s3", bucket="replica-contract",
@@ -596,7 +596,7 @@ def test_the_s3_target_refuses_metadata_over_2kb(env):
     target = open_target(cfg)
     target.ensure_bucket()
     jdir = str(env["tmp"] / f"undo-{name}")
-    from epochsync.journal import UndoJournal
+    from epochsync.journal.undo import UndoJournal
 
     with UndoJournal(jdir, "ns", 1) as journal, pytest.raises(StoreError, match="S3 allows 2048"):
         target.put(journal, {}, "k", b"x", {"es-xattrs": "v" * 2030})
@@ -609,8 +609,8 @@ def test_a_source_entry_named_like_the_control_directory_has_a_way_forward(env, 
     ``epochsync relocate`` (Target.move_control_dir), after which the epoch replicates."""
     import dataclasses
 
-    from epochsync.errors import EpochError
-    from epochsync.translate import ReservedNameError
+    from epochsync.core.errors import EpochError
+    from epochsync.stages.translate import ReservedNameError
 
     entries, st = epoch1(env)
     run(env, target, entries, 1)

@@ -2,7 +2,7 @@
 
 The write fence, the apply and verify of one epoch (what ``epochsync replicate`` sends for
 it, less the per-epoch constants: lease, manifest, fence instant) are counted by the same
-:class:`~epochsync.s3proxy.S3Proxy` bench-e2e puts in front of the store, for a directory
+:class:`~epochsync_dev.s3proxy.S3Proxy` bench-e2e puts in front of the store, for a directory
 rename of 300 files and for 4 KiB writes into 100 files. Before the fence was batched per
 directory, verify took its facts from the apply's responses and deletes went 1,000 to a
 DeleteObjects, a rename cost 7 requests per file and a small write 5.
@@ -16,15 +16,15 @@ import uuid
 
 import pytest
 
-from epochsync.apply import apply_plan
-from epochsync.config import TargetConfig
-from epochsync.connections import resolve_s3
-from epochsync.pipeline import _target_dict
-from epochsync.s3proxy import S3Proxy
+from epochsync.core.config import TargetConfig
+from epochsync.stages.apply import apply_plan
+from epochsync.stages.pipeline import _target_dict
+from epochsync.stages.translate import build_plan
+from epochsync.stages.verify import verify_plan
+from epochsync.stores.connections import resolve_s3
 from epochsync.targets import open_target
 from epochsync.targets.s3 import S3Access
-from epochsync.translate import build_plan
-from epochsync.verify import verify_plan
+from epochsync_dev.s3proxy import S3Proxy
 
 pytestmark = pytest.mark.integration
 

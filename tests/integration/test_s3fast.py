@@ -3,8 +3,8 @@
 import pytest
 from botocore.exceptions import ClientError
 
-from epochsync.connections import S3Settings
-from epochsync.errors import StoreError
+from epochsync.core.errors import StoreError
+from epochsync.stores.connections import S3Settings
 from epochsync.targets import s3fast
 from epochsync.targets.s3 import Counters, S3Access, error_code, is_retryable
 
@@ -125,7 +125,7 @@ def test_a_wrong_secret_is_refused_clearly(seaweed, bucket_name):
 
 
 def test_an_unreachable_endpoint_fails_after_the_retries_naming_it():
-    from epochsync.embedded import free_port
+    from epochsync_dev.embedded import free_port
 
     url = f"http://127.0.0.1:{free_port()}"
     access = S3Access(S3Settings("gone", url, "a", "b"), max_attempts=3, base_delay=0.01)
@@ -135,7 +135,7 @@ def test_an_unreachable_endpoint_fails_after_the_retries_naming_it():
 
 
 def test_a_dropped_connection_is_retried(seaweed, bucket_name):
-    from epochsync.s3proxy import S3Proxy
+    from epochsync_dev.s3proxy import S3Proxy
 
     seaweed.client().create_bucket(Bucket=bucket_name)
     with S3Proxy(seaweed.url) as proxy:

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from botocore.exceptions import ClientError, ConnectionClosedError
 
-from epochsync.embedded import S3Endpoint
-from epochsync.s3proxy import S3Proxy
+from epochsync_dev.embedded import S3Endpoint
+from epochsync_dev.s3proxy import S3Proxy
 
 pytestmark = pytest.mark.integration
 

@@ -8,10 +8,10 @@ import json
 import pytest
 
 from epochsync.cli import main
-from epochsync.model import FILE
-from epochsync.oracle import snapshot_row_from_json
-from epochsync.schema import Record
-from epochsync.simulate import read_file_at
+from epochsync.core.model import FILE
+from epochsync.core.schema import Record
+from epochsync_dev.oracle import snapshot_row_from_json
+from epochsync_dev.simulate import read_file_at
 
 pytestmark = pytest.mark.integration
 

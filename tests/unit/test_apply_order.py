@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from epochsync.apply import independent_batches, run_in_order
+from epochsync.stages.apply import independent_batches, run_in_order
 from epochsync.targets.s3 import S3Target
 
 

@@ -2,7 +2,7 @@
 
 A small generated epoch (20,000 records) goes through the benchmark's own path (the
 namespace dump into snapshot 1, the records Parquet into the warehouse, ``run_merge``) and
-snapshot 2 must equal :func:`epochsync.oracle.replay` of the same records on the dump.
+snapshot 2 must equal :func:`epochsync_dev.oracle.replay` of the same records on the dump.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import json
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from epochsync.bench import merge as bench_merge
-from epochsync.bench.merge_inputs import SERVERS, generate_epoch
-from epochsync.model import SNAPSHOT_FIELDS, snapshot_struct_type
-from epochsync.oracle import replay, snapshot_row_from_json
-from epochsync.schema import Extent, Layout, LayoutObject, ObjectRef, Record
-from epochsync.simulate import ROOT_FID
+from epochsync.core.model import SNAPSHOT_FIELDS, snapshot_struct_type
+from epochsync.core.schema import Extent, Layout, LayoutObject, ObjectRef, Record
+from epochsync_dev.bench import merge as bench_merge
+from epochsync_dev.bench.merge_inputs import SERVERS, generate_epoch
+from epochsync_dev.oracle import replay, snapshot_row_from_json
+from epochsync_dev.simulate import ROOT_FID
 
 
 def _record(row: dict) -> Record:
@@ -60,8 +60,8 @@ def test_mix_and_consistency_of_a_generated_epoch():
 
 
 def test_the_merge_of_a_generated_epoch_equals_the_oracle(spark, tmp_path):
-    from epochsync.merge import run_merge
-    from epochsync.paths import Warehouse
+    from epochsync.stages.merge import run_merge
+    from epochsync.warehouse.paths import Warehouse
 
     work = tmp_path / "merge_20k"
     bench_merge.generate(work, 20_000, seed=11)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from epochsync.bench.merge import stage_timings
+from epochsync_dev.bench.merge import stage_timings
 
 
 def _task(stage, run_ms, cpu_ns, rec=0, shuffle=0):

@@ -12,7 +12,9 @@ import os
 
 import pytest
 
-from epochsync.changes import (
+from epochsync.core.config import config_from_dict
+from epochsync.core.errors import EpochError
+from epochsync.report.changes import (
     apply_to_listing,
     check_inputs,
     committed_windows,
@@ -21,9 +23,7 @@ from epochsync.changes import (
     to_json_line,
     to_text,
 )
-from epochsync.config import config_from_dict
-from epochsync.errors import EpochError
-from epochsync.paths import Warehouse, local_path
+from epochsync.warehouse.paths import Warehouse, local_path
 
 
 def row(type_="file", size=10, mode=0o644, uid=0, gid=0, mtime=1, xattrs=()):

@@ -6,9 +6,9 @@ import signal
 
 import pytest
 
-from epochsync import pipeline
 from epochsync.cli import main
-from epochsync.shutdown import Interrupted
+from epochsync.core.shutdown import Interrupted
+from epochsync.stages import pipeline
 
 
 def rollback_raising(monkeypatch, exc: BaseException) -> None:
@@ -76,3 +76,12 @@ def test_a_spark_app_stopped_by_airflow_says_so_in_one_line(monkeypatch, capsys)
             signal.signal(s, h)
     err = capsys.readouterr().err.strip()
     assert err.startswith("apply: stopped by SIGTERM; the target keeps its last committed epoch") and "\n" not in err
+
+
+@pytest.mark.parametrize("verb", [None, *__import__("epochsync.cli", fromlist=["VERBS"]).VERBS])
+def test_every_verb_has_help(verb, capsys):
+    """``epochsync [VERB] --help`` prints usage and exits 0 for every verb (``bench`` once raised)."""
+    with pytest.raises(SystemExit) as done:
+        main([verb, "--help"] if verb else ["--help"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.startswith("usage: epochsync")

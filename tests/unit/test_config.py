@@ -2,8 +2,8 @@ import textwrap
 
 import pytest
 
-from epochsync.config import config_from_dict, load_config, parse_duration, parse_size
-from epochsync.errors import ConfigError
+from epochsync.core.config import config_from_dict, load_config, parse_duration, parse_size
+from epochsync.core.errors import ConfigError
 
 GOOD = """
 warehouse: file:///tmp/wh

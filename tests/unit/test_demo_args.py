@@ -1,10 +1,10 @@
-"""``python -m epochsync.demo``'s flags: ``make demo`` unchanged, ``REINTEGRATE=1`` and ``REINTEGRATE=only``."""
+"""``python -m epochsync_dev.demo``'s flags: ``make demo`` unchanged, ``REINTEGRATE=1`` and ``REINTEGRATE=only``."""
 
 from __future__ import annotations
 
 import pytest
 
-from epochsync.demo import parse_args
+from epochsync_dev.demo import parse_args
 
 
 def test_plain_make_demo_runs_the_replica_demo_only():

@@ -19,11 +19,12 @@ import pytest
 import yaml
 
 from epochsync.airflow.purge import PurgeBlocked, purge_source
-from epochsync.changes import KINDS, apply_to_listing
 from epochsync.cli import main
-from epochsync.config import load_config
-from epochsync.errors import EpochsyncError
-from epochsync.feed import (
+from epochsync.core.config import load_config
+from epochsync.core.errors import EpochsyncError
+from epochsync.report.changes import KINDS, apply_to_listing
+from epochsync.stages.pipeline import committed_epoch, replicate
+from epochsync.stages.publish import (
     FeedError,
     ack_consumer,
     consumer_status,
@@ -35,10 +36,9 @@ from epochsync.feed import (
     read_epoch,
     register_consumer,
 )
-from epochsync.paths import Warehouse, local_path
-from epochsync.pipeline import committed_epoch, replicate
+from epochsync.stages.translate import in_fileset
 from epochsync.targets.feed import FEED_DOC, open_feed_store
-from epochsync.translate import in_fileset
+from epochsync.warehouse.paths import Warehouse, local_path
 
 EPOCHS = 4
 FILESET = "/d00005"
@@ -272,8 +272,8 @@ def test_consumers_behind_retention_are_refused_and_hydrate(sim, spark, capsys):
 
 
 def test_feed_config_errors_name_the_key(tmp_path):
-    from epochsync.config import config_from_dict
-    from epochsync.errors import ConfigError
+    from epochsync.core.config import config_from_dict
+    from epochsync.core.errors import ConfigError
 
     def cfg(**target):
         return config_from_dict({

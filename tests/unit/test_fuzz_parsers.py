@@ -16,10 +16,10 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from epochsync.errors import ParseError
+from epochsync.core.errors import ParseError
+from epochsync.core.names import check_basename
+from epochsync.core.schema import NAMING_TYPES, UNNAMING_TYPES
 from epochsync.formats import ParseOptions, parse_stream
-from epochsync.names import check_basename
-from epochsync.schema import NAMING_TYPES, UNNAMING_TYPES
 
 SAMPLES = Path(__file__).parents[1] / "fixtures" / "samples"
 LUSTRE_LINES = [

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from epochsync.errors import ParseError
+from epochsync.core.errors import ParseError
 from epochsync.formats import ParseOptions, parse_file, parse_stream
 from epochsync.formats.common import ParseContext
 

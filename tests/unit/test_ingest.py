@@ -9,10 +9,11 @@ import json
 
 import pytest
 
-from epochsync.config import config_from_dict
-from epochsync.errors import EpochError, ParseError
+from epochsync.core.config import config_from_dict
+from epochsync.core.errors import EpochError, ParseError
+from epochsync.core.schema import Record
 from epochsync.formats import ParseOptions, parse_stream
-from epochsync.ingest import (
+from epochsync.stages.ingest import (
     ChangelogFile,
     IndexSpan,
     IngestJob,
@@ -30,7 +31,6 @@ from epochsync.ingest import (
     parse_cursor,
     read_cursor_indexes,
 )
-from epochsync.schema import Record
 
 # --------------------------------------------------------------------------- closure
 
@@ -315,7 +315,7 @@ def test_fast_path_leaves_every_line_the_importer_rejects_to_the_importer(bad):
 
 
 def _run_file(path, server="M", first=1, last=1, after=None):
-    from epochsync.ingest import _ingest_jsonl_file
+    from epochsync.stages.ingest import _ingest_jsonl_file
 
     out, read = _arrow_schemas()
     job = IngestJob(source="s", fmt="jsonl", epochs_from="records", first=first, last=last, continuity=True,
@@ -335,7 +335,7 @@ def test_gap_inside_a_file_names_server_and_range(tmp_path):
 
 
 def test_importer_takes_over_mid_file_with_absolute_line_numbers(tmp_path, monkeypatch):
-    import epochsync.ingest as ingest
+    import epochsync.stages.ingest as ingest
 
     monkeypatch.setattr(ingest, "CHUNK_BYTES", 200)  # several chunks: the bad line is in a later one
     lines = [_jsonl("M", i, 1 if i < 8 else 2) for i in range(1, 12)]
@@ -407,7 +407,7 @@ def test_a_record_after_its_epoch_was_closed_is_a_bad_record(tmp_path):
 
 
 def test_many_small_files_are_packed_into_a_few_balanced_tasks():
-    from epochsync.ingest import pack_files
+    from epochsync.stages.ingest import pack_files
 
     files = [ChangelogFile("M", i, f"f{i:03d}", size) for i, size in enumerate([100, 10, 60, 50, 40, 30, 5, 5])]
     tasks = pack_files(files, 3)
@@ -417,7 +417,7 @@ def test_many_small_files_are_packed_into_a_few_balanced_tasks():
 
 
 def test_files_before_the_run_and_below_the_cursor_are_not_read_again(tmp_path):
-    from epochsync.ingest import file_tail, settled_files
+    from epochsync.stages.ingest import file_tail, settled_files
 
     d = tmp_path / "M"
     d.mkdir()
@@ -464,7 +464,7 @@ class _Session:
 
 
 def test_task_slots_come_from_the_session_conf_not_its_spark_context():
-    from epochsync.ingest import DEFAULT_CORES, TASKS_PER_CORE, task_slots
+    from epochsync.stages.ingest import DEFAULT_CORES, TASKS_PER_CORE, task_slots
 
     assert task_slots(_Session(**{"spark_default_parallelism": "3", "spark_master": "local[8]"})) == 3 * TASKS_PER_CORE
     assert task_slots(_Session(spark_master="local[5]")) == 5 * TASKS_PER_CORE
@@ -475,7 +475,7 @@ def test_task_slots_come_from_the_session_conf_not_its_spark_context():
 
 
 def test_an_ingest_into_a_warehouse_that_is_not_a_file_system_is_refused_before_any_work(tmp_path):
-    from epochsync.ingest import run_ingest
+    from epochsync.stages.ingest import run_ingest
 
     cfg = config_from_dict(
         {
@@ -500,7 +500,7 @@ def test_the_same_records_give_the_same_parquet_bytes_however_they_are_batched(t
     """What lets a re-ingest leave the committed files in place: fixed row groups, one chunk each."""
     import pyarrow.parquet as pq
 
-    import epochsync.ingest as ingest
+    import epochsync.stages.ingest as ingest
 
     monkeypatch.setattr(ingest, "ROW_GROUP_ROWS", 5)
     out, _ = _arrow_schemas()
@@ -528,7 +528,7 @@ def test_fast_path_reads_keys_that_first_appear_after_the_sample_like_the_import
     appear later are inferred and must still give exactly the importer's records."""
     import pyarrow as pa
 
-    from epochsync.ingest import JSON_SAMPLE_BYTES
+    from epochsync.stages.ingest import JSON_SAMPLE_BYTES
 
     head = []
     i = 0

@@ -7,12 +7,12 @@ import shutil
 import pytest
 from pyspark.testing import assertDataFrameEqual
 
-from epochsync.config import config_from_dict
-from epochsync.errors import EpochError, StoreError
+from epochsync.core.config import config_from_dict
+from epochsync.core.errors import EpochError, StoreError
+from epochsync.core.schema import Record, record_struct_type
 from epochsync.formats import ParseOptions, parse_stream
 from epochsync.formats.common import ParseContext
-from epochsync.ingest import closure_of_dataframe, read_records, run_ingest
-from epochsync.schema import Record, record_struct_type
+from epochsync.stages.ingest import closure_of_dataframe, read_records, run_ingest
 
 FIXTURES_SAMPLES = "tests/fixtures/samples"
 
@@ -234,7 +234,7 @@ def test_two_ingests_of_one_epoch_at_once_never_disturb_a_reader(spark, tmp_path
 
 def test_a_second_ingest_of_an_unchanged_window_is_reported_current(spark, tmp_path):
     """What lets the Airflow ingest task of a second target skip its spark-submit."""
-    from epochsync.ingest import INGEST_MARKER, ingest_is_current
+    from epochsync.stages.ingest import INGEST_MARKER, ingest_is_current
 
     write_changelogs(tmp_path, {"MDT0000/a.jsonl": MDT, "OST0000/a.jsonl": OST})
     cfg = config(tmp_path)

@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from epochsync.errors import EpochsyncError
-from epochsync.faults import FaultCounter, FaultSpec, InjectedFailure
-from epochsync.journal import (
+from epochsync.core.errors import EpochsyncError
+from epochsync.journal.faults import FaultCounter, FaultSpec, InjectedFailure
+from epochsync.journal.undo import (
     PHASE_DATA,
     PHASE_NAMESPACE,
     PHASE_POST,
@@ -19,7 +19,7 @@ from epochsync.journal import (
     journal_exists,
     read_journal,
 )
-from epochsync.paths import Warehouse, local_path
+from epochsync.warehouse.paths import Warehouse, local_path
 
 
 def test_entries_come_back_in_mutation_order_and_a_torn_last_line_is_ignored(tmp_path):
@@ -73,7 +73,7 @@ def test_fault_spec_parsing_and_one_shot_firing(tmp_path):
 
 
 def test_a_rollback_in_progress_stops_late_writers(tmp_path):
-    from epochsync.journal import mark_aborted
+    from epochsync.journal.undo import mark_aborted
 
     d = str(tmp_path / "undo")
     with UndoJournal(d, "data-00003", PHASE_DATA) as j:
@@ -89,13 +89,13 @@ def test_a_rollback_run_again_after_a_crash_does_not_undo_twice(tmp_path, monkey
     whole journal again; undoing ``create s`` a second time removed the original ``s`` that
     undoing ``rename s -> scratch`` had just put back (an epoch that replaced ``s`` by another
     entry of the same name). A rerun skips what the killed one undid (``undone.txt``)."""
-    from epochsync.apply import apply_plan
-    from epochsync.config import config_from_dict
-    from epochsync.connections import S3Settings
-    from epochsync.pipeline import _target_dict, rollback_target
+    from epochsync.core.config import config_from_dict
+    from epochsync.stages.apply import apply_plan
+    from epochsync.stages.pipeline import _target_dict, rollback_target
+    from epochsync.stages.translate import build_plan
+    from epochsync.stores.connections import S3Settings
     from epochsync.targets.posix import PosixTarget
     from epochsync.targets.s3 import S3Access
-    from epochsync.translate import build_plan
 
     replica = tmp_path / "replica"
     cfg = config_from_dict({

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from epochsync.errors import ParseError
+from epochsync.core.errors import ParseError
+from epochsync.core.schema import Extent, Layout, LayoutObject, ObjectRef, Record, write_jsonl
 from epochsync.formats import ParseOptions, parse_file, parse_stream
-from epochsync.schema import Extent, Layout, LayoutObject, ObjectRef, Record, write_jsonl
 
 SAMPLES = Path(__file__).parents[1] / "fixtures" / "samples"
 
@@ -145,7 +145,7 @@ def test_the_simulators_changelogs_pass_the_importers_checks_file_after_file():
     from collections import defaultdict
 
     from epochsync.formats.common import ParseContext
-    from epochsync.simulate import fast_record_json, simulate_history
+    from epochsync_dev.simulate import fast_record_json, simulate_history
 
     history = simulate_history(seed=3, epochs=3, files=40, mdts=2, osts=2, data=False)
     ctx = ParseContext()

@@ -1,4 +1,4 @@
-"""RAID-0 math of epochsync.layout against a byte-by-byte reading of DESIGN section 4."""
+"""RAID-0 math of epochsync.core.layout against a byte-by-byte reading of DESIGN section 4."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from epochsync.layout import (
+from epochsync.core.layout import (
     assemble_file,
     clip_ranges,
     file_offset_to_object,
@@ -19,7 +19,7 @@ from epochsync.layout import (
     object_range_to_file,
     object_size,
 )
-from epochsync.schema import Layout, LayoutObject
+from epochsync.core.schema import Layout, LayoutObject
 
 
 def design_map(ss: int, sc: int, x: int) -> tuple[int, int]:

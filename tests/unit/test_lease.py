@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from epochsync.config import Config, TargetConfig
-from epochsync.lease import (
+from epochsync.core.config import Config, TargetConfig
+from epochsync.journal.lease import (
     LeaseLostError,
     TargetBusyError,
     airflow_pools,
@@ -45,8 +45,8 @@ def s3_target(bucket: str, prefix: str = "p/", name: str = "rep") -> tuple[Confi
 
 HOLDER = """
 import sys, time
-from epochsync.config import Config, TargetConfig
-from epochsync.lease import target_lease
+from epochsync.core.config import Config, TargetConfig
+from epochsync.journal.lease import target_lease
 kind, where, bucket = sys.argv[1], sys.argv[2], sys.argv[3]
 if kind == "posix":
     t = TargetConfig(name="rep", source="src", kind="posix", path=where)
@@ -101,13 +101,13 @@ def test_posix_lease_of_a_killed_writer_is_taken_over_with_a_log_line(tmp_path, 
     proc = start_holder("posix", t.path)
     kill(proc)
     assert holder(t) is None  # the kernel released the flock with the process
-    with caplog.at_level(logging.WARNING, logger="epochsync.lease"):
+    with caplog.at_level(logging.WARNING, logger="epochsync.journal.lease"):
         with target_lease(cfg, t):
             assert holder(t)["pid"] == os.getpid()
     assert f"taking over the lease of pid {proc.pid}" in caplog.text and "without releasing it" in caplog.text
     # a clean release leaves nothing to take over
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="epochsync.lease"):
+    with caplog.at_level(logging.WARNING, logger="epochsync.journal.lease"):
         with target_lease(cfg, t):
             pass
     assert "taking over" not in caplog.text and holder(t) is None
@@ -124,7 +124,7 @@ def test_the_lease_is_reentrant_in_one_process_and_released_at_the_outermost_exi
 
 def test_a_stage_function_takes_the_lease_before_it_writes(tmp_path):
     """A busy target: run_apply refuses before the precondition check, the plan read or the journal."""
-    from epochsync.pipeline import rollback_target, run_apply, run_commit
+    from epochsync.stages.pipeline import rollback_target, run_apply, run_commit
 
     cfg, t = posix_target(tmp_path)
     proc = start_holder("posix", t.path)
@@ -218,7 +218,7 @@ def test_s3_lease_from_another_host_holds_until_it_expires(store, bucket_name, c
         with target_lease(cfg, t):
             pass
     foreign_lease(store, bucket_name, expires_in=-1)
-    with caplog.at_level(logging.WARNING, logger="epochsync.lease"):
+    with caplog.at_level(logging.WARNING, logger="epochsync.journal.lease"):
         with target_lease(cfg, t):
             pass
     assert "taking over the lease of pid 77 on host elsewhere" in caplog.text and "expired" in caplog.text

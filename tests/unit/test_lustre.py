@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from epochsync.errors import ParseError
+from epochsync.core.errors import ParseError
+from epochsync.core.schema import LUSTRE_TYPES
 from epochsync.formats import ParseOptions, parse_file, parse_stream
 from epochsync.formats.common import (
     FLAG_OPEN_READ,
@@ -16,7 +17,6 @@ from epochsync.formats.common import (
     ParseContext,
     opened_for_write,
 )
-from epochsync.schema import LUSTRE_TYPES
 
 SAMPLES = Path(__file__).parents[1] / "fixtures" / "samples" / "lustre"
 

@@ -2,8 +2,8 @@
 
 For random histories (hypothesis, plus fixed seeds kept as regressions):
 
-- snapshot E from :func:`epochsync.merge.merge_epoch` equals
-  :func:`epochsync.oracle.replay` of the same records on snapshot E-1, for every epoch and
+- snapshot E from :func:`epochsync.stages.merge.merge_epoch` equals
+  :func:`epochsync_dev.oracle.replay` of the same records on snapshot E-1, for every epoch and
   for catch-up windows E1..E2, also when every server's clock is off (issue 16), and the
   namespace (which fid holds which name) always equals the truth's;
 - the merge refuses a name's adds and removes exactly when no order of them applies;
@@ -28,10 +28,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyspark.testing import assertDataFrameEqual
 
-from epochsync.model import SNAPSHOT_FIELDS, change_struct_type, snapshot_struct_type
-from epochsync.oracle import replay
-from epochsync.schema import Record, record_struct_type
-from epochsync.simulate import simulate_history
+from epochsync.core.model import SNAPSHOT_FIELDS, change_struct_type, snapshot_struct_type
+from epochsync.core.schema import Record, record_struct_type
+from epochsync_dev.oracle import replay
+from epochsync_dev.simulate import simulate_history
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ def check_batch(spark, items: list[Item], check_data: bool = True) -> None:
     """Snapshot E of the merge equals the oracle's; with ``check_data`` the change set covers
     every byte that changed in the simulator's files (clock skew moves the records, not the
     simulator's bytes: then only the namespace must equal the truth, see below)."""
-    from epochsync.merge import merge_epoch
+    from epochsync.stages.merge import merge_epoch
 
     prev = [_rename_row(it.prefix, row) for it in items for row in it.prev]
     recs = [_rename_record(it.prefix, r).to_row() for it in items for r in it.records]
@@ -258,7 +258,7 @@ def test_merge_refuses_exactly_the_names_no_order_applies(spark, histories):
     "no order applies" iff brute force finds none, for the name held at E-1 and not, when at
     most one server adds the name; when several do, it never refuses a name some order
     applies to (and refuses what the running counts rule out)."""
-    from epochsync.merge import link_changes, prepare_records
+    from epochsync.stages.merge import link_changes, prepare_records
 
     histories = [*ALWAYS, *histories]
     index: dict[str, int] = {}
@@ -309,7 +309,7 @@ def test_data_check_is_not_vacuous():
 
 
 def test_change_rows_have_the_model_columns(spark):
-    from epochsync.merge import merge_epoch
+    from epochsync.stages.merge import merge_epoch
 
     it = items_of(0, Params(seed=5, epochs=1, files=3, mdts=1, osts=1, ops=1), windows=False)[0]
     snap, changes = merge_epoch(

@@ -15,8 +15,8 @@ import stat
 import pytest
 from pyspark.testing import assertDataFrameEqual
 
-from epochsync.model import CHANGE_FIELDS, SNAPSHOT_FIELDS
-from epochsync.schema import Extent, Layout, LayoutObject, ObjectRef, Record
+from epochsync.core.model import CHANGE_FIELDS, SNAPSHOT_FIELDS
+from epochsync.core.schema import Extent, Layout, LayoutObject, ObjectRef, Record
 
 REG = stat.S_IFREG
 DIRM = stat.S_IFDIR
@@ -314,9 +314,9 @@ def build_blind_cases() -> dict[str, tuple[Case, list, list]]:
 
 
 def _run(spark, cases, extents_known):
-    from epochsync.merge import merge_epoch
-    from epochsync.model import snapshot_struct_type
-    from epochsync.schema import record_struct_type
+    from epochsync.core.model import snapshot_struct_type
+    from epochsync.core.schema import record_struct_type
+    from epochsync.stages.merge import merge_epoch
 
     prev = spark.createDataFrame([r for c, _, _ in cases.values() for r in c.prev], snapshot_struct_type())
     recs = spark.createDataFrame([r.to_row() for c, _, _ in cases.values() for r in c.records], record_struct_type())
@@ -337,7 +337,7 @@ def merged_blind(spark):
 
 
 def _check(spark, result, name):
-    from epochsync.model import change_struct_type, snapshot_struct_type
+    from epochsync.core.model import change_struct_type, snapshot_struct_type
 
     cases, snap, changes = result
     case, want_snap, want_changes = cases[name]
@@ -392,10 +392,10 @@ def test_columns_follow_the_model(merged):
     ids=["never-created", "removed-twice"],
 )
 def test_names_in_no_consistent_order_fail_naming_the_records(spark, records, named):
-    from epochsync.errors import EpochError
-    from epochsync.merge import _clean_error, merge_epoch
-    from epochsync.model import snapshot_struct_type
-    from epochsync.schema import record_struct_type
+    from epochsync.core.errors import EpochError
+    from epochsync.core.model import snapshot_struct_type
+    from epochsync.core.schema import record_struct_type
+    from epochsync.stages.merge import _clean_error, merge_epoch
 
     c = Case("bad")
     c.old("m1", "dir", [("R", "m1")], mode=DIRM | 0o755, uid=0, gid=0)
@@ -418,9 +418,9 @@ def test_names_in_no_consistent_order_fail_naming_the_records(spark, records, na
 
 
 def test_nameless_link_record_fails_naming_it(spark):
-    from epochsync.merge import _clean_error, merge_epoch
-    from epochsync.schema import record_struct_type
-    from epochsync.snapshot import empty_snapshot
+    from epochsync.core.schema import record_struct_type
+    from epochsync.stages.merge import _clean_error, merge_epoch
+    from epochsync.warehouse.snapshots import empty_snapshot
 
     c = Case("bad").rec("UNLNK", tfid="x", pfid="R", name=None)
     records = spark.createDataFrame([r.to_row() for r in c.records], record_struct_type())
@@ -434,9 +434,9 @@ def test_nameless_link_record_fails_naming_it(spark):
 
 
 def test_name_for_unknown_fid_fails_naming_it(spark):
-    from epochsync.merge import merge_epoch
-    from epochsync.schema import record_struct_type
-    from epochsync.snapshot import empty_snapshot
+    from epochsync.core.schema import record_struct_type
+    from epochsync.stages.merge import merge_epoch
+    from epochsync.warehouse.snapshots import empty_snapshot
 
     c = Case("bad").rec("HLINK", tfid="ghost", pfid="R", name="boo")
     records = spark.createDataFrame([r.to_row() for r in c.records], record_struct_type())

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from pyspark.testing import assertDataFrameEqual
 
-from epochsync.config import load_config
-from epochsync.errors import EpochError
-from epochsync.model import SNAPSHOT_FIELDS, snapshot_struct_type
-from epochsync.oracle import replay
-from epochsync.paths import Warehouse
-from epochsync.schema import Record, record_struct_type
-from epochsync.simulate import ROOT_FID, simulate_history
+from epochsync.core.config import load_config
+from epochsync.core.errors import EpochError
+from epochsync.core.model import SNAPSHOT_FIELDS, snapshot_struct_type
+from epochsync.core.schema import Record, record_struct_type
+from epochsync.warehouse.paths import Warehouse
+from epochsync_dev.oracle import replay
+from epochsync_dev.simulate import ROOT_FID, simulate_history
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -82,7 +82,7 @@ def test_app_then_window_match_the_oracle(spark, stage, capsys):
     assert stats["epoch"] == 1 and stats["changes"] > 0 and stats["created"] > 0
     assert stats["snapshot_fids"] == len(hist.at(1).snapshot)
 
-    from epochsync.merge import run_merge
+    from epochsync.stages.merge import run_merge
 
     # catch-up: epochs 2..3 in one run, onto snapshot 1
     stats = run_merge(load_config(cfg_path), "t", 2, 3, spark)
@@ -108,7 +108,7 @@ def test_app_then_window_match_the_oracle(spark, stage, capsys):
 
 def test_missing_inputs_name_what_to_run(spark, stage, capsys):
     _, cfg_path, wh, _ = stage
-    from epochsync.merge import merge_main, run_merge
+    from epochsync.stages.merge import merge_main, run_merge
 
     with pytest.raises(EpochError, match=r"no snapshot of target 't' at epoch 6 .*merge epoch 6 first"):
         run_merge(load_config(cfg_path), "t", 7, 7, spark)
@@ -119,8 +119,8 @@ def test_missing_inputs_name_what_to_run(spark, stage, capsys):
 
 
 def test_merge_prunes_snapshots_past_retention(spark, stage):
-    from epochsync.merge import run_merge
-    from epochsync.snapshot import snapshot_epochs
+    from epochsync.stages.merge import run_merge
+    from epochsync.warehouse.snapshots import snapshot_epochs
 
     _, cfg_path, wh, _ = stage
     cfg = load_config(cfg_path)
@@ -131,7 +131,7 @@ def test_merge_prunes_snapshots_past_retention(spark, stage):
 
 def test_small_and_large_input_paths_write_the_same_tables(spark, stage, monkeypatch):
     """Small inputs materialize the per-fid state in a scratch table; large ones persist the plan."""
-    from epochsync.merge import run_merge
+    from epochsync.stages.merge import run_merge
 
     _, cfg_path, wh, _ = stage
     cfg = load_config(cfg_path)

@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from epochsync.model import SNAPSHOT_FIELDS
-from epochsync.oracle import (
+from epochsync.core.model import SNAPSHOT_FIELDS
+from epochsync.core.schema import Extent, Layout, LayoutObject, ObjectRef, Record
+from epochsync_dev.oracle import (
     FsModel,
     InconsistentRecord,
     replay,
@@ -19,7 +20,6 @@ from epochsync.oracle import (
     snapshot_row_to_json,
     sort_records,
 )
-from epochsync.schema import Extent, Layout, LayoutObject, ObjectRef, Record
 
 ROOT = "[0x200000007:0x1:0x0]"
 REG = stat.S_IFREG | 0o644
@@ -97,7 +97,7 @@ def test_create_records_make_exact_snapshot_rows():
 
 
 def test_rows_are_accepted_by_spark_with_the_snapshot_schema(spark):
-    from epochsync.model import snapshot_struct_type
+    from epochsync.core.model import snapshot_struct_type
 
     log = Log()
     lay = Layout(4096, 1, (LayoutObject("OST0000", "0x1"),))
@@ -396,7 +396,7 @@ def test_cross_mdt_create_then_rename_whatever_the_clocks(create_ns, rename_ns):
 
 
 def test_causal_time_keeps_index_order_and_joins_an_operations_servers():
-    from epochsync.oracle import causal_times
+    from epochsync_dev.oracle import causal_times
 
     recs = [
         Record("MDT0000", 1, 1, "SATTR", time_ns=100, tfid="X"),
@@ -476,7 +476,7 @@ def test_any_clock_skew_gives_the_true_namespace(seed, mdts, osts, ops, skew_us,
     """Per-server clock offsets up to ``skew_us`` and clocks of ``tick_us`` resolution (ties):
     the replay never refuses the history and ends in the true namespace (which fid holds which
     name); values may differ only where no operation links the servers (issue 16)."""
-    from epochsync.simulate import simulate_history
+    from epochsync_dev.simulate import simulate_history
 
     hist = simulate_history(seed, 2, 8, mdts=mdts, osts=osts, ops_per_epoch=ops, data=False)
     rng = random.Random(seed)

@@ -3,7 +3,7 @@ client asks for and how it reads the answers a store may send."""
 
 from __future__ import annotations
 
-from epochsync.connections import S3Settings
+from epochsync.stores.connections import S3Settings
 from epochsync.targets.s3 import Counters, decode_listing, listed_key_is
 from epochsync.targets.s3fast import FastClient
 

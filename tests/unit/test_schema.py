@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from epochsync.errors import RecordError
-from epochsync.schema import FIELD_NAMES, Extent, Layout, LayoutObject, ObjectRef, Record, write_jsonl
+from epochsync.core.errors import RecordError
+from epochsync.core.schema import FIELD_NAMES, Extent, Layout, LayoutObject, ObjectRef, Record, write_jsonl
 
 
 def full_record() -> Record:
@@ -51,7 +51,7 @@ def test_missing_required_field():
 
 
 def test_struct_type_matches_python_view(spark):
-    from epochsync.schema import record_struct_type
+    from epochsync.core.schema import record_struct_type
 
     st = record_struct_type()
     assert tuple(st.fieldNames()) == FIELD_NAMES

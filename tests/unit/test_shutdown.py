@@ -8,7 +8,7 @@ import time
 
 import psutil
 
-from epochsync.shutdown import descendants, stop_processes
+from epochsync.core.shutdown import descendants, stop_processes
 
 TREE = """
 import signal, subprocess, sys, time

@@ -13,13 +13,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from epochsync.cli import main
-from epochsync.config import load_config
-from epochsync.errors import EpochsyncError
+from epochsync.core.config import load_config
+from epochsync.core.errors import EpochsyncError
+from epochsync.core.model import DIR, FILE
+from epochsync.core.schema import Record, record_to_json
 from epochsync.formats.common import ParseOptions, RecordChecker
-from epochsync.model import DIR, FILE
-from epochsync.oracle import replay, snapshot_row_from_json
-from epochsync.schema import Record, record_to_json
-from epochsync.simulate import (
+from epochsync_dev.oracle import replay, snapshot_row_from_json
+from epochsync_dev.simulate import (
     EPOCH_INTERVAL_S,
     EPOCH_START,
     ROOT_FID,
@@ -281,7 +281,7 @@ def test_cli_rerun_replaces_its_output(tmp_path):
 
 
 def test_cli_unreachable_store_is_one_clear_error(tmp_path, capsys, monkeypatch):
-    from epochsync.embedded import free_port
+    from epochsync_dev.embedded import free_port
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
@@ -300,8 +300,8 @@ def test_cli_missing_connection_is_one_clear_error(tmp_path, capsys, monkeypatch
 
 
 def test_snapshot_dump_reads_in_spark_with_the_snapshot_schema(spark, tmp_path):
-    from epochsync.model import snapshot_struct_type
-    from epochsync.oracle import FsModel
+    from epochsync.core.model import snapshot_struct_type
+    from epochsync_dev.oracle import FsModel
 
     out = tmp_path / "sim"
     assert main(["simulate", "--out", str(out), "--no-data", "--seed", "2", "--epochs", "2", "--files", "30"]) == 0

@@ -8,12 +8,10 @@ from pathlib import Path
 import pytest
 from pyspark.testing import assertDataFrameEqual
 
-from epochsync.errors import EpochError
-from epochsync.model import SNAPSHOT_FIELDS, snapshot_struct_type
-from epochsync.oracle import FsModel, snapshot_row_to_json
-from epochsync.paths import Warehouse
-from epochsync.simulate import simulate_history
-from epochsync.snapshot import (
+from epochsync.core.errors import EpochError
+from epochsync.core.model import SNAPSHOT_FIELDS, snapshot_struct_type
+from epochsync.warehouse.paths import Warehouse
+from epochsync.warehouse.snapshots import (
     SnapshotError,
     empty_snapshot,
     load_namespace_dump,
@@ -23,6 +21,8 @@ from epochsync.snapshot import (
     snapshot_epochs,
     write_snapshot,
 )
+from epochsync_dev.oracle import FsModel, snapshot_row_to_json
+from epochsync_dev.simulate import simulate_history
 
 R = "[0x200000007:0x1:0x0]"
 

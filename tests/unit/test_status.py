@@ -6,11 +6,11 @@ import textwrap
 import pytest
 
 from epochsync.cli import main
-from epochsync.config import load_config
-from epochsync.events import FAILED, ROLLED_BACK, record_event
-from epochsync.journal import write_json_atomic
-from epochsync.paths import Warehouse, local_path
-from epochsync.status import pending_operations, target_status
+from epochsync.core.config import load_config
+from epochsync.journal.undo import write_json_atomic
+from epochsync.report.status import pending_operations, target_status
+from epochsync.warehouse.events import FAILED, ROLLED_BACK, record_event
+from epochsync.warehouse.paths import Warehouse, local_path
 
 
 @pytest.fixture()
@@ -95,7 +95,7 @@ def test_status_reports_figures_failures_and_pending(cfg, capsys):
 def test_healthy_after_a_later_commit(cfg):
     record_event(cfg.warehouse, "local", FAILED, 1, message="x")
     commit(cfg, 1)
-    from epochsync.events import COMMITTED
+    from epochsync.warehouse.events import COMMITTED
 
     record_event(cfg.warehouse, "local", COMMITTED, 1)
     assert target_status(cfg, cfg.target("local"))["status"] in ("Active", "Lagging")

@@ -34,7 +34,7 @@ def nxt(table, last, *, earliest=START, latest=None, catchup=True):
 
 
 def test_window_matches_the_config_definition():
-    from epochsync.config import EpochConfig
+    from epochsync.core.config import EpochConfig
 
     cfg = EpochConfig(interval_s=420, start=START)
     table = EpochTimetable(START, 420)

@@ -14,12 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from epochsync.config import MIN_PART_SIZE, TargetConfig
-from epochsync.connections import S3Settings
-from epochsync.journal import read_journal
+from epochsync.core.config import MIN_PART_SIZE, TargetConfig
+from epochsync.journal.undo import read_journal
+from epochsync.stages.translate import build_plan, coalesce, part_plan, source_pulls
+from epochsync.stores.connections import S3Settings
 from epochsync.targets.posix import PosixTarget
 from epochsync.targets.s3 import S3Access
-from epochsync.translate import build_plan, coalesce, part_plan, source_pulls
 
 MiB = 1024 * 1024
 STORE = {"key": "{ost}/{oid}", "unstriped_key": "data/{fid}", "bucket": "src"}
@@ -77,7 +77,7 @@ def read_tree(root) -> dict[str, str]:
 
 
 def apply_ns(tmp_path, before: dict, entries: list, epoch=2):
-    from epochsync.apply import apply_plan
+    from epochsync.stages.apply import apply_plan
 
     root = tmp_path / "replica"
     root.mkdir()
@@ -229,7 +229,7 @@ def test_names_that_could_escape_are_refused_before_anything_is_planned():
 
 
 def test_spark_app_entry_point_fails_with_one_line(capsys, tmp_path):
-    from epochsync.pipeline import stage_main
+    from epochsync.stages.pipeline import stage_main
 
     assert stage_main("translate", ["--config", str(tmp_path / "none.yaml"), "--target", "t", "--epoch", "1"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
@@ -238,7 +238,7 @@ def test_spark_app_entry_point_fails_with_one_line(capsys, tmp_path):
 
 def test_unwritten_objects_of_a_versioned_source_are_zeros_not_a_later_epochs_bytes():
     """Found by make demo: epoch 1 of a catch-up read an object first written in epoch 3."""
-    from epochsync.translate import source_objects, source_pulls
+    from epochsync.stages.translate import source_objects, source_pulls
 
     row = {
         "layout": {"stripe_size": 16384, "stripe_count": 4,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from epochsync.translate import build_plan, plan_entries
+from epochsync.stages.translate import build_plan, plan_entries
 
 ROOT = "[0x200000007:0x1:0x0]"
 STORE = {"key": "{ost}/{oid}", "unstriped_key": "data/{fid}", "bucket": "src"}
@@ -14,13 +14,13 @@ def row(fid, type_, links, size=0):
 
 
 def snap(spark, rows):
-    from epochsync.model import snapshot_struct_type
+    from epochsync.core.model import snapshot_struct_type
 
     return spark.createDataFrame([row(ROOT, "dir", []), *rows], snapshot_struct_type())
 
 
 def no_changes(spark):
-    from epochsync.model import change_struct_type
+    from epochsync.core.model import change_struct_type
 
     return spark.createDataFrame([], change_struct_type())
 
@@ -79,7 +79,7 @@ def test_the_roots_attributes_are_an_entry_of_path_nothing(spark):
     """Regression (issue 16, bug 2): the root has no link, so its SATTR/XATTR changes built no
     entry. With the root in the fileset it is the entry of path ""; a fileset of subtrees
     (whose parents are scaffolding) leaves it out."""
-    from epochsync.model import change_struct_type
+    from epochsync.core.model import change_struct_type
 
     f = row("F", "file", [(ROOT, "f")], 3)
     old_snap = snap(spark, [f])

@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from epochsync.config import TargetConfig
+from epochsync.core.config import TargetConfig
 from epochsync.targets.posix import PosixTarget
-from epochsync.truth import compare_with_truth, load_truth
+from epochsync_dev.truth import compare_with_truth, load_truth
 
 
 def row(path, type_, data=None, mode=0o100644, **kw):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from epochsync import warehouse_fs
+from epochsync.warehouse import fs as warehouse_fs
 
 
 def test_move_replacing_swaps_a_directory_in_and_removes_the_old_one(tmp_path):

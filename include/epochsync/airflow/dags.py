@@ -17,8 +17,8 @@ from airflow.task.trigger_rule import TriggerRule
 from epochsync.airflow.stages import EpochStageOperator, run_stage_task, spark_conn_id
 from epochsync.airflow.tasks import EpochClosedSensor, commit_task, config_path_from_env, rollback_task
 from epochsync.airflow.timetable import NEVER, EpochTimetable
-from epochsync.config import Config, SourceConfig, TargetConfig, load_config
-from epochsync.lease import pool_name
+from epochsync.core.config import Config, SourceConfig, TargetConfig, load_config
+from epochsync.journal.lease import pool_name
 
 log = logging.getLogger(__name__)
 
@@ -359,7 +359,7 @@ def dags_from_env(kind: str, doc_md: str) -> dict[str, DAG]:
     catchup = os.environ.get("EPOCHSYNC_CATCHUP", "true").lower() not in ("0", "false", "no")
     schedule_from: datetime | str | None = os.environ.get("EPOCHSYNC_SCHEDULE_FROM") or None
     if schedule_from and schedule_from != NEVER:
-        from epochsync.config import parse_datetime
+        from epochsync.core.config import parse_datetime
 
         try:
             schedule_from = parse_datetime(schedule_from)

@@ -67,8 +67,8 @@ def ensure_pools(config_path: str | None = None) -> list[str]:
 
     from airflow.models.pool import Pool
 
-    from epochsync.config import load_config
-    from epochsync.lease import airflow_pools
+    from epochsync.core.config import load_config
+    from epochsync.journal.lease import airflow_pools
 
     path = config_path or os.environ.get("EPOCHSYNC_CONFIG")
     if not path:

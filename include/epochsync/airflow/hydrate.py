@@ -19,10 +19,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from epochsync.config import Config, SourceConfig, load_config
-from epochsync.errors import EpochError
-from epochsync.lease import holds_target_lease
-from epochsync.paths import Warehouse, epoch_partitions
+from epochsync.core.config import Config, SourceConfig, load_config
+from epochsync.core.errors import EpochError
+from epochsync.journal.lease import holds_target_lease
+from epochsync.warehouse.paths import Warehouse, epoch_partitions
 
 
 def default_dump_uri(source: SourceConfig) -> str:
@@ -42,7 +42,7 @@ def snapshot_diff(old, new):
     """The change set (``model.CHANGE_FIELDS``) from snapshot ``old`` to ``new``, data changes whole-file."""
     from pyspark.sql import functions as F
 
-    from epochsync.model import CHANGE_FIELDS, FILE
+    from epochsync.core.model import CHANGE_FIELDS, FILE
 
     o, n = old.alias("o"), new.alias("n")
     j = o.join(n, F.col("o.fid") == F.col("n.fid"), "full_outer")
@@ -90,11 +90,11 @@ def hydrate_target(
     log=print,
 ) -> dict[str, Any]:
     """Seed ``target`` from the dump at ``epoch`` (default: the latest dump); returns the commit's stats row."""
-    from epochsync import pipeline
-    from epochsync.ingest import missing_epoch_servers
-    from epochsync.merge import _conform
-    from epochsync.model import change_struct_type
-    from epochsync.snapshot import load_namespace_dump, read_snapshot, write_snapshot, write_table
+    from epochsync.core.model import change_struct_type
+    from epochsync.stages import pipeline
+    from epochsync.stages.ingest import missing_epoch_servers
+    from epochsync.warehouse.snapshots import load_namespace_dump, read_snapshot, write_snapshot
+    from epochsync.warehouse.tables import conform, write_table
 
     t0 = time.monotonic()
     tcfg = config.target(target)
@@ -132,7 +132,7 @@ def hydrate_target(
     write_snapshot(spark, wh, target, epoch, new)
     new = read_snapshot(spark, wh, target, epoch, src.root_fid)
     old = read_snapshot(spark, wh, target, base, src.root_fid)
-    changes = _conform(snapshot_diff(old, new), change_struct_type())
+    changes = conform(snapshot_diff(old, new), change_struct_type())
     write_table(spark, changes, wh.changes(target, epoch))
     summary = pipeline.run_translate(config, tcfg, epoch, spark, whole_file=True, first_epoch=first)
     log(f"target {target}: plan {summary}")

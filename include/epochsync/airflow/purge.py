@@ -12,7 +12,7 @@ purgeable:
   consumer needs is kept whole.
 
 A feed target (``kind: feed``) is a consumer like a replica (its cursor moves when it
-publishes an epoch); its own epoch files are purged by :func:`epochsync.feed.purge_feed`
+publishes an epoch); its own epoch files are purged by :func:`epochsync.stages.publish.purge_feed`
 for the consumers registered to the feed, whose idle ones are reported the same way.
 
 A consumer whose cursor has not moved for ``retention.idle_limit`` holds the minimum
@@ -29,9 +29,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from epochsync.config import Config, SourceConfig, load_config
-from epochsync.errors import EpochsyncError
-from epochsync.paths import Warehouse, epoch_partitions, local_path
+from epochsync.core.config import Config, SourceConfig, load_config
+from epochsync.core.errors import EpochsyncError
+from epochsync.warehouse.paths import Warehouse, epoch_partitions, local_path
 
 
 class PurgeBlocked(EpochsyncError):
@@ -114,7 +114,7 @@ class ChangelogStore:
 
     def _s3_client(self):
         if self._s3 is None:
-            from epochsync.connections import resolve_s3
+            from epochsync.stores.connections import resolve_s3
 
             conn = self.source.changelogs.conn_id or self.source.store.conn_id
             self._s3 = resolve_s3(conn).client()
@@ -235,7 +235,7 @@ def purge_source(config: Config, source_name: str, *, dry_run: bool = False, log
         "dry_run": dry_run,
     }
     # feed targets: their epoch files, held by the feed's own registered consumers
-    from epochsync.feed import purge_feed
+    from epochsync.stages.publish import purge_feed
 
     feeds = [purge_feed(config, t, dry_run=dry_run, log=log) for t in config.targets
              if t.source == source_name and t.kind == "feed"]  # fmt: skip

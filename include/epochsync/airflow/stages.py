@@ -45,8 +45,8 @@ def run_stage_task(
 ) -> Any:
     """One stage of the run's epochs (from the ``wait_epoch_closed`` XCom) on ``spark``; returns its figures."""
     from epochsync.airflow.tasks import EPOCHS_TASK, _jsonable
-    from epochsync.config import load_config
-    from epochsync.errors import EpochsyncError
+    from epochsync.core.config import load_config
+    from epochsync.core.errors import EpochsyncError
     from epochsync.spark import base_remote, is_connect, is_session_closed, keyed_remote, prepare_session
 
     params = dict(params or {})
@@ -67,7 +67,7 @@ def run_stage_task(
         raise AirflowSkipException(f"dry run: {stage} skipped ({stops})")
     cfg = load_config(config_path)
     if stage == "ingest" and not params.get("reingest"):
-        from epochsync.ingest import ingest_is_current
+        from epochsync.stages.ingest import ingest_is_current
 
         reason = ingest_is_current(cfg, source, first, through, target)
         if reason:
@@ -109,11 +109,11 @@ def run_stage_task(
 def _call_stage(stage: str, cfg, target: str, source: str, first: int, through: int, spark, epochs: dict, params):
     import time
 
-    from epochsync import pipeline
-    from epochsync.journal import write_stage_stats
+    from epochsync.journal.undo import write_stage_stats
+    from epochsync.stages import pipeline
 
     if stage == "ingest":
-        from epochsync.ingest import run_ingest
+        from epochsync.stages.ingest import run_ingest
 
         t0 = time.monotonic()
         out = run_ingest(cfg, source, first, through, spark, consumer=target, progress=log.info)
@@ -122,7 +122,7 @@ def _call_stage(stage: str, cfg, target: str, source: str, first: int, through: 
         )
         return out
     if stage == "merge":
-        from epochsync.merge import run_merge
+        from epochsync.stages.merge import run_merge
 
         out = run_merge(cfg, target, first, through, spark)
         write_stage_stats(cfg.warehouse, target, through, "merge", _flat(out))
@@ -134,7 +134,7 @@ def _call_stage(stage: str, cfg, target: str, source: str, first: int, through: 
         return pipeline.run_apply(cfg, target, through, spark, inject=params.get("inject_failure") or None,
                                   first_epoch=first)  # fmt: skip
     if stage == "publish":  # feed targets: in place of translate, apply, verify and commit
-        from epochsync.feed import publish_epoch
+        from epochsync.stages.publish import publish_epoch
 
         return publish_epoch(cfg, target, first, through, spark, inject=params.get("inject_failure") or None)
     if stage == "verify":  # no Spark: it reads the target and the source store

@@ -14,8 +14,8 @@ from typing import Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
 from epochsync.airflow.timetable import epoch_of_interval
-from epochsync.config import Config, load_config
-from epochsync.errors import EpochError
+from epochsync.core.config import Config, load_config
+from epochsync.core.errors import EpochError
 
 #: the XCom the sensor publishes and every later task templates from
 EPOCHS_TASK = "wait_epoch_closed"
@@ -69,14 +69,14 @@ def resolve_run_epochs(
 
 def missing_epoch_servers(config: Config, source: str, epoch: int) -> list[str]:
     """Servers of ``source`` that have not yet written an ``EPOCH`` record for ``epoch`` or later."""
-    from epochsync.ingest import missing_epoch_servers as missing
+    from epochsync.stages.ingest import missing_epoch_servers as missing
 
     return sorted(missing(config, source, epoch))
 
 
 def committed_epoch(config: Config, target: str) -> int:
     """The epoch in the target's manifest (0 for an empty target)."""
-    from epochsync.pipeline import committed_epoch as committed
+    from epochsync.stages.pipeline import committed_epoch as committed
 
     return int(committed(config, target))
 
@@ -151,7 +151,7 @@ class EpochClosedSensor(BaseSensorOperator):
 
 def commit_task(config_path: str, target: str, ti=None, **_):
     """The ``commit`` task: manifest at the run's last epoch, consumer cursors advanced, stats row."""
-    from epochsync.pipeline import commit_epoch
+    from epochsync.stages.pipeline import commit_epoch
 
     epochs = ti.xcom_pull(task_ids=EPOCHS_TASK)
     if epochs.get("dry_run"):
@@ -173,8 +173,8 @@ def rollback_task(config_path: str, target: str, ti=None, spark=None, **_):
     """
     from airflow.sdk.exceptions import AirflowFailException
 
-    from epochsync.pipeline import rollback_target
     from epochsync.spark import prepare_session
+    from epochsync.stages.pipeline import rollback_target
 
     epochs = ti.xcom_pull(task_ids=EPOCHS_TASK) or {}
     config = load_config(config_path)

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import IO
 
+from epochsync.core.schema import Record
 from epochsync.formats.common import ParseOptions, RecordChecker
-from epochsync.schema import Record
 
 FORMATS = ("lustre", "gluster", "jsonl")
 

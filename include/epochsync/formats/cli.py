@@ -10,10 +10,10 @@ import json
 import os
 import sys
 
-from epochsync.errors import ParseError
+from epochsync.core.errors import ParseError
+from epochsync.core.schema import write_jsonl
 from epochsync.formats import FORMATS, ParseOptions, parse_stream
 from epochsync.formats.common import ParseContext
-from epochsync.schema import write_jsonl
 
 #: exit status when every record parsed but some bad lines went to the quarantine file
 EXIT_QUARANTINED = 3

@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO
 
-from epochsync.errors import ParseError, RecordError
-from epochsync.names import check_basename
-from epochsync.schema import NAMING_TYPES, RECORD_TYPES, UNNAMING_TYPES, Record
+from epochsync.core.errors import ParseError, RecordError
+from epochsync.core.names import check_basename
+from epochsync.core.schema import NAMING_TYPES, RECORD_TYPES, UNNAMING_TYPES, Record
 
 #: ``m=`` open-mode letters, as flag bits above Lustre's 12 flag bits.
 FLAG_OPEN_READ = 0x10000

@@ -56,9 +56,9 @@ import uuid
 from collections.abc import Iterator
 from typing import IO
 
-from epochsync.errors import ParseError, RecordError
+from epochsync.core.errors import ParseError, RecordError
+from epochsync.core.schema import Record
 from epochsync.formats.common import ParseOptions, RecordChecker, epoch_for, report
-from epochsync.schema import Record
 
 DEFAULT_SERVER = "brick0"
 #: ordinals per rollover second: index = rollover_time * ORDINALS + ordinal

@@ -1,6 +1,6 @@
 """Canonical JSON Lines, the native format (the only one that carries extents).
 
-One JSON object per line with the fields of :class:`epochsync.schema.Record` (null
+One JSON object per line with the fields of :class:`epochsync.core.schema.Record` (null
 fields may be left out, ``xattr_value`` is base64). Blank lines are skipped.
 ``ParseOptions.epoch`` overrides every record's epoch; ``ParseOptions.server`` fills in a
 missing ``server`` only. Records go through the same checks as every importer's (known
@@ -13,9 +13,9 @@ import json
 from collections.abc import Iterator
 from typing import IO
 
-from epochsync.errors import ParseError, RecordError
+from epochsync.core.errors import ParseError, RecordError
+from epochsync.core.schema import Record
 from epochsync.formats.common import ParseOptions, RecordChecker, iter_lines, report
-from epochsync.schema import Record
 
 
 def parse_jsonl(stream: IO[bytes], file: str, opts: ParseOptions) -> Iterator[Record]:

@@ -49,7 +49,9 @@ from calendar import timegm
 from collections.abc import Iterator
 from typing import IO
 
-from epochsync.errors import ParseError, RecordError
+from epochsync.core.errors import ParseError, RecordError
+from epochsync.core.names import check_basename
+from epochsync.core.schema import INT64_MAX, LUSTRE_TYPES, Record
 from epochsync.formats.common import (
     FLAG_OPEN_EXEC,
     FLAG_OPEN_READ,
@@ -61,8 +63,6 @@ from epochsync.formats.common import (
     iter_lines,
     report,
 )
-from epochsync.names import check_basename
-from epochsync.schema import INT64_MAX, LUSTRE_TYPES, Record
 
 DEFAULT_SERVER = "MDT0000"
 

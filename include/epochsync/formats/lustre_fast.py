@@ -26,7 +26,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from epochsync.errors import RecordError
+from epochsync.core.errors import RecordError
+from epochsync.core.names import NAME_MAX_BYTES
+from epochsync.core.schema import INT64_MAX, NAMING_TYPES, UNNAMING_TYPES
 from epochsync.formats.common import (
     FLAG_OPEN_EXEC,
     FLAG_OPEN_READ,
@@ -44,8 +46,6 @@ from epochsync.formats.lustre import (
     _day_start,
     _record_type,
 )
-from epochsync.names import NAME_MAX_BYTES
-from epochsync.schema import INT64_MAX, NAMING_TYPES, UNNAMING_TYPES
 
 #: FIDs the importer keeps as they are: the DFID spelling (non-zero sequence) or ``[0:0x..:0x..]``
 _CANON_FID = r"^\[(?:0x[1-9a-f][0-9a-f]{0,15}|0):0x(?:0|[1-9a-f][0-9a-f]{0,7}):0x(?:0|[1-9a-f][0-9a-f]{0,7})\]$"

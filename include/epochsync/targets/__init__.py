@@ -2,7 +2,7 @@
 
 ``posix`` (a directory tree) and ``s3`` (one object per path under a prefix, or a
 striped layout of its own). :func:`open_target` builds the right one from a
-:class:`epochsync.config.TargetConfig`.
+:class:`epochsync.core.config.TargetConfig`.
 """
 
 from __future__ import annotations

@@ -24,13 +24,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from epochsync.errors import EpochsyncError, RecordError
-from epochsync.names import check_relative_path
+from epochsync.core.errors import EpochsyncError, RecordError
+from epochsync.core.names import check_relative_path
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from epochsync.config import TargetConfig
+    from epochsync.core.config import TargetConfig
 
 #: The replica's own area (manifest, scratch) by default (``targets[].control_dir``); never
 #: a replicated path.
@@ -49,7 +49,7 @@ class TargetLimitError(EpochsyncError):
 def safe_relpath(path: str, what: str = "path", control_dir: str = CONTROL_DIR) -> str:
     """Return ``path`` if it is a safe replica-relative path, else raise UnsafePathError.
 
-    Every component must be a safe basename (epochsync.names) and the first one may
+    Every component must be a safe basename (epochsync.core.names) and the first one may
     not be the control directory, so no plan can touch the manifest or the journal.
     """
     try:
@@ -161,7 +161,7 @@ class Target:
 
 def moved_control_dir_error(target: Target, move_hint: str) -> EpochsyncError:
     """A target whose ``control_dir`` was changed while its manifest is still at the default place."""
-    from epochsync.errors import EpochError
+    from epochsync.core.errors import EpochError
 
     return EpochError(
         f"target {target.name}: control_dir is {target.control_dir!r} but the manifest is still under "

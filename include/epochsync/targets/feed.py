@@ -1,6 +1,6 @@
 """Where a feed target's files live: a directory, or a prefix in an S3 bucket.
 
-:class:`FeedStore` is the small interface :mod:`epochsync.feed` needs: read, write
+:class:`FeedStore` is the small interface :mod:`epochsync.stages.publish` needs: read, write
 atomically, list one folder, delete. A write is all or nothing for a reader: on a
 directory the bytes go to a hidden temporary file that is fsynced and renamed over the
 name (then the directory is fsynced); on S3 one PUT is atomic. :class:`FeedTarget`
@@ -15,7 +15,7 @@ import json
 import os
 import uuid
 
-from epochsync.errors import EpochsyncError, StoreError
+from epochsync.core.errors import EpochsyncError, StoreError
 from epochsync.targets.base import Target
 
 #: the feed's commit point, like a replica's manifest
@@ -182,7 +182,7 @@ def open_feed_store(cfg) -> FeedStore:
         return PosixFeedStore(cfg.path)
     if not cfg.bucket or not cfg.conn_id:
         raise EpochsyncError(f"target {cfg.name}: a feed needs a path, or conn_id and bucket")
-    from epochsync.connections import resolve_s3
+    from epochsync.stores.connections import resolve_s3
 
     return S3FeedStore(resolve_s3(cfg.conn_id), cfg.bucket, cfg.prefix, max_attempts=cfg.max_attempts)
 

@@ -21,7 +21,7 @@ import shutil
 import stat as st
 from typing import Any
 
-from epochsync.errors import EpochsyncError, StoreError
+from epochsync.core.errors import EpochsyncError, StoreError
 from epochsync.targets.base import (
     CONTROL_DIR,
     Entry,
@@ -140,7 +140,7 @@ class PosixTarget(Target):
 
     def write_manifest(self, doc: dict) -> None:
         os.makedirs(self.control, exist_ok=True)
-        from epochsync.journal import write_json_atomic
+        from epochsync.journal.undo import write_json_atomic
 
         write_json_atomic(os.path.join(self.control, "manifest.json"), doc)
         _fsync_dir(self.control)

@@ -30,7 +30,7 @@ from collections import defaultdict
 from datetime import UTC, datetime
 from typing import Any
 
-from epochsync.errors import EpochsyncError, StoreError
+from epochsync.core.errors import EpochsyncError, StoreError
 from epochsync.targets.base import (
     CONTROL_DIR,
     Entry,
@@ -462,7 +462,7 @@ class S3Target(Target):
         if not cfg.bucket or not cfg.conn_id:
             raise EpochsyncError(f"target {cfg.name}: an s3 target needs conn_id and bucket")
         if settings is None:
-            from epochsync.connections import resolve_s3
+            from epochsync.stores.connections import resolve_s3
 
             settings = resolve_s3(cfg.conn_id)
         self.bucket = cfg.bucket
@@ -636,7 +636,7 @@ class S3Target(Target):
             raise StoreError(f"{self.describe()}: no object for {path}")
         m = decode_meta(h.get("Metadata", {}))
         if m["stripe"]:
-            from epochsync.layout import assemble_file
+            from epochsync.core.layout import assemble_file
 
             ss, sc = (int(x) for x in m["stripe"].split(":"))
             objs = []
@@ -648,7 +648,7 @@ class S3Target(Target):
                     if error_code(exc) not in ("NoSuchKey", "404"):
                         raise
                     objs.append(None)
-            from epochsync.schema import Layout
+            from epochsync.core.schema import Layout
 
             return assemble_file(Layout(ss, sc), int(m["size"] or 0), objs)
         # the version the HEAD (or the apply's fact) described, not whatever is current by now
@@ -1061,7 +1061,7 @@ class S3Target(Target):
 
     def op_keys(self, op: dict) -> tuple[set[str], set[str]]:
         """Keys a namespace or post operation reads and writes: one object each, so
-        :func:`epochsync.apply.run_in_order` may run independent ones concurrently."""
+        :func:`epochsync.stages.apply.run_in_order` may run independent ones concurrently."""
         return ({op["src"]} if op["op"] == "copy" else set()), {op["key"]}
 
     def run_namespace_op(self, op: dict, journal, state: dict) -> None:

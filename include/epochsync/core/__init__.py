@@ -1,0 +1,1 @@
+"""Foundations every stage shares: the record schema, the tables between stages, config, errors, names, layout math."""

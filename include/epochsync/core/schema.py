@@ -1,0 +1,345 @@
+"""The canonical changelog record (DESIGN section 3), defined once.
+
+Every importer produces :class:`Record` values; every Spark stage reads the same
+fields through :func:`record_struct_type`. JSON Lines is the on-disk form for
+humans (``xattr_value`` is base64 there, null fields may be left out), Parquet the
+form in the warehouse.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import IO, Any
+
+from epochsync.core.errors import RecordError
+
+#: Lustre changelog type numbers (formats.md). The canonical record keeps names.
+LUSTRE_TYPES: dict[int, str] = {
+    0: "MARK",
+    1: "CREAT",
+    2: "MKDIR",
+    3: "HLINK",
+    4: "SLINK",
+    5: "MKNOD",
+    6: "UNLNK",
+    7: "RMDIR",
+    8: "RENME",
+    9: "RNMTO",
+    10: "OPEN",
+    11: "CLOSE",
+    12: "LYOUT",
+    13: "TRUNC",
+    14: "SATTR",
+    15: "XATTR",
+    16: "HSM",
+    17: "MTIME",
+    18: "CTIME",
+    19: "ATIME",
+    20: "MIGRT",
+    21: "FLRW",
+    22: "RESYNC",
+    23: "GXATR",
+    24: "NOPEN",
+}
+
+#: Types replication acts on.
+REPLICATED_TYPES = frozenset(
+    "CREAT MKDIR HLINK SLINK MKNOD UNLNK RMDIR RENME OPEN CLOSE LYOUT TRUNC SATTR XATTR "
+    "MTIME CTIME ATIME WRITE EPOCH MARK".split()
+)
+#: Every type a canonical record may carry (the rest are kept and ignored).
+RECORD_TYPES = REPLICATED_TYPES | frozenset(LUSTRE_TYPES.values())
+
+#: Types whose ``name`` is a new directory entry (a basename that must be safe).
+NAMING_TYPES = frozenset({"CREAT", "MKDIR", "HLINK", "SLINK", "MKNOD", "RENME"})
+#: Types whose ``name`` removes an entry.
+UNNAMING_TYPES = frozenset({"UNLNK", "RMDIR"})
+
+#: Lustre flag bits (formats.md).
+FLAG_UNLINK_LAST = 0x1
+FLAG_RENAME_OVERWROTE_LAST = 0x1
+
+
+@dataclass(slots=True, frozen=True)
+class LayoutObject:
+    ost: str
+    oid: str
+
+
+@dataclass(slots=True, frozen=True)
+class Layout:
+    """RAID-0 layout: byte ``x`` is in stripe ``x // stripe_size``, object ``stripe % count``."""
+
+    stripe_size: int
+    stripe_count: int
+    objects: tuple[LayoutObject, ...] = ()
+
+
+@dataclass(slots=True, frozen=True)
+class ObjectRef:
+    """The stripe object an OST ``WRITE`` touched, with the store version after it."""
+
+    ost: str
+    oid: str
+    version: str | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class Extent:
+    offset: int
+    length: int
+
+
+@dataclass(slots=True)
+class Record:
+    """Typed Python view of one canonical record. Field order is the schema's."""
+
+    server: str
+    index: int
+    epoch: int
+    type: str
+    time_ns: int | None = None
+    flags: int | None = None
+    tfid: str | None = None
+    pfid: str | None = None
+    name: str | None = None
+    sfid: str | None = None
+    spfid: str | None = None
+    sname: str | None = None
+    mode: int | None = None
+    uid: int | None = None
+    gid: int | None = None
+    size: int | None = None
+    atime_ns: int | None = None
+    mtime_ns: int | None = None
+    ctime_ns: int | None = None
+    xattr_name: str | None = None
+    xattr_value: bytes | None = None
+    symlink: str | None = None
+    layout: Layout | None = None
+    object: ObjectRef | None = None
+    extents: tuple[Extent, ...] | None = None
+    cookie: str | None = None
+    jobid: str | None = None
+    nid: str | None = None
+
+    def to_dict(self, *, drop_nulls: bool = True) -> dict[str, Any]:
+        """JSON-ready dict: bytes as base64, nested values as dicts and lists."""
+        out: dict[str, Any] = {}
+        for f in FIELD_NAMES:
+            v = getattr(self, f)
+            if v is None:
+                if not drop_nulls:
+                    out[f] = None
+                continue
+            if f == "xattr_value":
+                v = base64.b64encode(v).decode("ascii")
+            elif f == "layout":
+                v = {
+                    "stripe_size": v.stripe_size,
+                    "stripe_count": v.stripe_count,
+                    "objects": [{"ost": o.ost, "oid": o.oid} for o in v.objects],
+                }
+            elif f == "object":
+                v = {"ost": v.ost, "oid": v.oid, "version": v.version}
+            elif f == "extents":
+                v = [{"offset": e.offset, "length": e.length} for e in v]
+            out[f] = v
+        return out
+
+    def to_row(self) -> tuple:
+        """Tuple in schema order for ``spark.createDataFrame(rows, record_struct_type())``."""
+        d = self
+        lay = None
+        if d.layout is not None:
+            lay = (
+                d.layout.stripe_size,
+                d.layout.stripe_count,
+                [(o.ost, o.oid) for o in d.layout.objects],
+            )
+        obj = None if d.object is None else (d.object.ost, d.object.oid, d.object.version)
+        ext = None if d.extents is None else [(e.offset, e.length) for e in d.extents]
+        return (
+            d.server, d.index, d.epoch, d.type, d.time_ns, d.flags, d.tfid, d.pfid, d.name,
+            d.sfid, d.spfid, d.sname, d.mode, d.uid, d.gid, d.size, d.atime_ns, d.mtime_ns,
+            d.ctime_ns, d.xattr_name, d.xattr_value, d.symlink, lay, obj, ext, d.cookie,
+            d.jobid, d.nid,
+        )  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Record:
+        """Build a record from a JSON object, checking keys and types.
+
+        Raises :class:`RecordError` (no location; the caller adds file and line).
+        """
+        if not isinstance(data, dict):
+            raise RecordError(f"expected a JSON object, got {type(data).__name__}")
+        unknown = set(data) - _FIELD_SET
+        if unknown:
+            raise RecordError(f"unknown field(s) {', '.join(sorted(unknown))}")
+        kwargs: dict[str, Any] = {}
+        for name, value in data.items():
+            if value is None:
+                continue
+            kwargs[name] = _decode_field(name, value)
+        for required in ("server", "index", "epoch", "type"):
+            if required not in kwargs:
+                raise RecordError(f"missing required field {required!r}")
+        return cls(**kwargs)
+
+    def replace(self, **changes: Any) -> Record:
+        return dataclasses.replace(self, **changes)
+
+
+FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Record))
+_FIELD_SET = frozenset(FIELD_NAMES)
+
+_INT_FIELDS = {
+    "index", "epoch", "time_ns", "flags", "mode", "uid", "gid", "size",
+    "atime_ns", "mtime_ns", "ctime_ns",
+}  # fmt: skip
+_STR_FIELDS = {
+    "server", "type", "tfid", "pfid", "name", "sfid", "spfid", "sname",
+    "xattr_name", "symlink", "cookie", "jobid", "nid",
+}  # fmt: skip
+
+INT64_MAX = 2**63 - 1
+INT32_MAX = 2**31 - 1
+
+
+def _int(name: str, value: Any, lo: int = -INT64_MAX - 1, hi: int = INT64_MAX) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RecordError(f"field {name!r} must be an integer, got {value!r}")
+    if not lo <= value <= hi:
+        raise RecordError(f"field {name!r} out of range: {value}")
+    return value
+
+
+def _str(name: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise RecordError(f"field {name!r} must be a string, got {value!r}")
+    return value
+
+
+def _decode_field(name: str, value: Any) -> Any:
+    if name in _INT_FIELDS:
+        if name in ("flags", "mode", "uid", "gid"):
+            return _int(name, value, -(INT32_MAX + 1) if name == "flags" else 0, 2**32 - 1)
+        return _int(name, value)
+    if name in _STR_FIELDS:
+        return _str(name, value)
+    if name == "xattr_value":
+        try:
+            return base64.b64decode(_str(name, value), validate=True)
+        except (ValueError, TypeError) as exc:
+            raise RecordError(f"field 'xattr_value' is not valid base64: {exc}") from None
+    if name == "layout":
+        if not isinstance(value, dict):
+            raise RecordError("field 'layout' must be an object")
+        objs = value.get("objects") or []
+        if not isinstance(objs, list):
+            raise RecordError("field 'layout.objects' must be a list")
+        return Layout(
+            stripe_size=_int("layout.stripe_size", value.get("stripe_size"), 1),
+            stripe_count=_int("layout.stripe_count", value.get("stripe_count"), 0, 65535),
+            objects=tuple(
+                LayoutObject(_str("layout.objects.ost", o.get("ost")), _str("layout.objects.oid", o.get("oid")))
+                if isinstance(o, dict)
+                else _raise(RecordError("field 'layout.objects' entries must be objects"))
+                for o in objs
+            ),
+        )
+    if name == "object":
+        if not isinstance(value, dict):
+            raise RecordError("field 'object' must be an object")
+        version = value.get("version")
+        return ObjectRef(
+            _str("object.ost", value.get("ost")),
+            _str("object.oid", value.get("oid")),
+            None if version is None else _str("object.version", version),
+        )
+    if name == "extents":
+        if not isinstance(value, list):
+            raise RecordError("field 'extents' must be a list")
+        out = []
+        for e in value:
+            if not isinstance(e, dict):
+                raise RecordError("field 'extents' entries must be objects")
+            out.append(Extent(_int("extents.offset", e.get("offset"), 0), _int("extents.length", e.get("length"), 0)))
+        return tuple(out)
+    raise RecordError(f"unknown field {name!r}")  # pragma: no cover - guarded by caller
+
+
+def _raise(exc: Exception) -> Any:
+    raise exc
+
+
+# --------------------------------------------------------------------------- JSON Lines
+
+
+def record_to_json(record: Record) -> str:
+    return json.dumps(record.to_dict(), separators=(",", ":"), ensure_ascii=False)
+
+
+def write_jsonl(records: Iterable[Record], stream: IO[str]) -> int:
+    """Write records one per line; returns how many."""
+    n = 0
+    for r in records:
+        stream.write(record_to_json(r))
+        stream.write("\n")
+        n += 1
+    return n
+
+
+def iter_jsonl_objects(stream: IO[str]) -> Iterator[tuple[int, str]]:
+    """Yield (line number, text) of the non-blank lines of a JSON Lines stream."""
+    for lineno, line in enumerate(stream, 1):
+        if line.strip():
+            yield lineno, line
+
+
+# --------------------------------------------------------------------------- Spark
+
+
+def record_struct_type():
+    """The Spark ``StructType`` of a canonical record (pyspark imported lazily)."""
+    from pyspark.sql.types import (
+        ArrayType,
+        BinaryType,
+        IntegerType,
+        LongType,
+        StringType,
+        StructField,
+        StructType,
+    )
+
+    layout = StructType(
+        [
+            StructField("stripe_size", LongType()),
+            StructField("stripe_count", IntegerType()),
+            StructField(
+                "objects",
+                ArrayType(StructType([StructField("ost", StringType()), StructField("oid", StringType())])),
+            ),
+        ]
+    )
+    obj = StructType(
+        [StructField("ost", StringType()), StructField("oid", StringType()), StructField("version", StringType())]
+    )
+    extent = StructType([StructField("offset", LongType()), StructField("length", LongType())])
+    types = {
+        "server": StringType(), "index": LongType(), "epoch": LongType(), "type": StringType(),
+        "time_ns": LongType(), "flags": IntegerType(), "tfid": StringType(), "pfid": StringType(),
+        "name": StringType(), "sfid": StringType(), "spfid": StringType(), "sname": StringType(),
+        "mode": LongType(), "uid": LongType(), "gid": LongType(), "size": LongType(),
+        "atime_ns": LongType(), "mtime_ns": LongType(), "ctime_ns": LongType(),
+        "xattr_name": StringType(), "xattr_value": BinaryType(), "symlink": StringType(),
+        "layout": layout, "object": obj, "extents": ArrayType(extent), "cookie": StringType(),
+        "jobid": StringType(), "nid": StringType(),
+    }  # fmt: skip
+    not_null = {"server", "index", "epoch", "type"}
+    return StructType([StructField(n, types[n], n not in not_null) for n in FIELD_NAMES])

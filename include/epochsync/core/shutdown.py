@@ -1,0 +1,195 @@
+"""Stopping on SIGTERM and SIGINT: children stopped, targets left at a committed epoch, one line.
+
+The entry points (the ``epochsync`` verbs, ``make demo``, ``make airflow``) run inside
+:func:`signals_raise`: SIGTERM and SIGINT raise :class:`Interrupted` (a
+``KeyboardInterrupt``) in the main thread, so ``finally`` blocks and context managers run
+(leases released, servers stopped) instead of the process vanishing mid-write.
+
+- ``epochsync replicate`` rolls back the epoch it was applying (:func:`rollback_on_interrupt`)
+  and exits 130 (SIGINT) or 143 (SIGTERM) with one line saying where the target is.
+- ``make demo`` and ``make airflow`` stop every process they started, including those in
+  sessions of their own (``weed mini``, ``airflow standalone`` and its task processes,
+  ``dag.test`` runs, the Spark Connect server: :func:`stop_processes` on the whole tree),
+  then roll back any target left mid-epoch (:func:`settle_targets`) and say so in one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Callable, Iterable, Iterator
+
+    from epochsync.core.config import Config, TargetConfig
+
+#: set by the first SIGTERM/SIGINT; threads that wait (a stalled fault) look at it
+INTERRUPTED = threading.Event()
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGINT arrived; ``outcome`` says where the work was left."""
+
+    def __init__(self, signum: int = signal.SIGINT, outcome: str = ""):
+        super().__init__(signum)
+        self.signum = int(signum)
+        self.outcome = outcome
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+    @classmethod
+    def of(cls, exc: BaseException) -> Interrupted:
+        return exc if isinstance(exc, Interrupted) else cls(signal.SIGINT)
+
+
+@contextlib.contextmanager
+def signals_raise() -> Iterator[None]:
+    """SIGTERM and SIGINT raise :class:`Interrupted` in the main thread for the block's duration."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        INTERRUPTED.set()
+        raise Interrupted(signum)
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def raise_on_signals() -> None:
+    """:func:`signals_raise` for the rest of the process (a Spark app's ``main``): Airflow stops a
+    task with SIGTERM, and its lease is then released by the ``finally`` blocks instead of
+    being left to expire."""
+    if threading.current_thread() is threading.main_thread():
+
+        def handler(signum, frame):
+            INTERRUPTED.set()
+            raise Interrupted(signum)
+
+        for s in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(s, handler)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[list[int]]:
+    """Record SIGTERM/SIGINT instead of raising (a clean-up that must not be cut short)."""
+    got: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield got
+        return
+    old = {s: signal.signal(s, lambda signum, frame: got.append(signum)) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield got
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def descendants(pid: int | None = None) -> list:
+    """Every live process below ``pid`` (default: this one), whatever session it moved to."""
+    import psutil
+
+    try:
+        return psutil.Process(pid or os.getpid()).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def stop_processes(procs: Iterable, *, grace: float = 10.0, keep: Iterable[int] = ()) -> int:
+    """SIGTERM ``procs`` (and the process groups they lead), SIGKILL what is left after ``grace`` s.
+
+    ``keep``: pids to leave alone (a store still needed for the rollback). Returns how many
+    processes were signalled.
+    """
+    import psutil
+
+    keep = set(keep)
+    victims = [p for p in procs if p.pid not in keep and p.pid != os.getpid()]
+    groups = set()
+    for p in victims:
+        with contextlib.suppress(psutil.Error, OSError):
+            if os.getpgid(p.pid) == p.pid:  # a session or group leader: its group goes too
+                groups.add(p.pid)
+    for g in groups:
+        with contextlib.suppress(OSError):
+            os.killpg(g, signal.SIGTERM)
+    for p in victims:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _, alive = psutil.wait_procs(victims, timeout=grace)
+    for g in groups:
+        with contextlib.suppress(OSError):
+            os.killpg(g, signal.SIGKILL)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(alive, timeout=5)
+    return len(victims)
+
+
+def settle_targets(cfg: Config, targets: Iterable[str]) -> list[str]:
+    """Roll back every target left mid-epoch (undo journal replayed, no Spark check); one phrase each."""
+    from epochsync.core.errors import EpochsyncError
+    from epochsync.stages.pipeline import rollback_target
+
+    out = []
+    for name in targets:
+        try:
+            r = rollback_target(cfg, name, check=False)
+        except (EpochsyncError, OSError) as exc:
+            out.append(f"target {name}: rollback failed ({exc}); run 'epochsync rollback --config {cfg.file} "
+                       f"--target {name}'")  # fmt: skip
+            continue
+        if r["rolled_back"]:
+            out.append(f"target {name} rolled back to epoch {r['committed']}")
+        else:
+            out.append(f"target {name} at committed epoch {r['committed']}")
+    return out
+
+
+@contextlib.contextmanager
+def rollback_on_interrupt(cfg: Config, tcfg: TargetConfig, spark_of: Callable[[], Any], progress=None):
+    """On SIGTERM/SIGINT in the block: roll back the unfinished epoch, then re-raise with the outcome.
+
+    The check against the snapshot runs only if Spark is already up (``spark_of()``): a
+    signal usually comes with a deadline. A second signal during the rollback stops it;
+    the next run resumes it (undo is idempotent).
+    """
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        sig = Interrupted.of(exc)
+        from epochsync.stages.pipeline import rollback_target
+
+        t0 = time.monotonic()
+        try:
+            spark = spark_of()
+            r = rollback_target(cfg, tcfg, spark, check=spark is not None, progress=progress)
+            if r["rolled_back"]:
+                epochs = ", ".join(map(str, r["rolled_back"]))
+                sig.outcome = (f"epoch {epochs} rolled back in {time.monotonic() - t0:.1f}s; target {tcfg.name} is "
+                               f"at epoch {r['committed']}")  # fmt: skip
+            else:
+                sig.outcome = f"target {tcfg.name} is at committed epoch {r['committed']}"
+        except KeyboardInterrupt:
+            sig.outcome = (f"the rollback of target {tcfg.name} was interrupted too; run 'epochsync rollback "
+                           f"--config {cfg.file} --target {tcfg.name}'")  # fmt: skip
+        except Exception as rexc:
+            sig.outcome = (f"the rollback of target {tcfg.name} failed ({rexc}); run 'epochsync rollback "
+                           f"--config {cfg.file} --target {tcfg.name}'")  # fmt: skip
+        raise sig from None

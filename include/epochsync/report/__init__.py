@@ -1,0 +1,1 @@
+"""Where each replica is and how it got there: ``status``, ``report`` and ``changes``."""

@@ -1,0 +1,341 @@
+"""``epochsync status`` and ``epochsync report``: where each replica is, and how it got there.
+
+The vocabulary follows GlusterFS geo-replication status, which operators know: last
+synced, pending entry/data/meta operations, failures, checkpoint. Everything is read
+from the target's manifest, the warehouse (stats rows, cursors, events, ingested
+records) and the source's changelogs; nothing is written and no Spark is started.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import sys
+import time
+from datetime import UTC, datetime
+
+from epochsync.core.config import Config, TargetConfig, load_config, parse_datetime
+from epochsync.core.errors import EpochsyncError
+from epochsync.warehouse.events import COMMITTED, FAILED, ROLLED_BACK, read_events
+from epochsync.warehouse.paths import Warehouse, local_path
+
+#: Record types counted as pending entry, data and metadata operations (Gluster's E, D, M).
+ENTRY_TYPES = ("CREAT", "MKDIR", "HLINK", "SLINK", "MKNOD", "UNLNK", "RMDIR", "RENME")
+DATA_TYPES = ("WRITE", "TRUNC", "LYOUT", "CLOSE", "MTIME")
+META_TYPES = ("SATTR", "XATTR", "CTIME", "ATIME")
+
+
+def _iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def read_stats_rows(cfg: Config, target: str) -> list[dict]:
+    """Every committed epoch's stats row of ``target``, by epoch."""
+    d = local_path(Warehouse(cfg.warehouse).stats_dir(target))
+    rows = []
+    if os.path.isdir(d):
+        for name in os.listdir(d):
+            if name.startswith("epoch=") and name.endswith(".json"):
+                with open(os.path.join(d, name), encoding="utf-8") as f:
+                    rows.append(json.load(f))
+    return sorted(rows, key=lambda r: r.get("epoch", 0))
+
+
+def latest_closed_epoch(cfg: Config, source: str) -> int | None:
+    """The highest epoch every server of ``source`` has closed, or None if unknown."""
+    try:
+        from epochsync.stages.ingest import latest_closed_epoch as closed
+    except ImportError:
+        return None
+    return closed(cfg, source)
+
+
+def pending_operations(cfg: Config, source: str, after_epoch: int, through_epoch: int | None) -> dict | None:
+    """Ingested records above the committed epoch, as entry/data/meta counts (None if none ingested)."""
+    base = local_path(Warehouse(cfg.warehouse).records(source))
+    if not os.path.isdir(base):
+        return None
+    import pyarrow.dataset as ds
+
+    dataset = ds.dataset(base, format="parquet", partitioning="hive")
+    if "epoch" not in dataset.schema.names:
+        return {"entry": 0, "data": 0, "meta": 0}
+    cond = ds.field("epoch") > after_epoch
+    if through_epoch is not None:
+        cond = cond & (ds.field("epoch") <= through_epoch)
+    counts = {"entry": 0, "data": 0, "meta": 0}
+    table = dataset.to_table(columns=["type"], filter=cond)
+    for t, n in zip(*_value_counts(table.column("type"))):
+        if t in ENTRY_TYPES:
+            counts["entry"] += n
+        elif t in DATA_TYPES:
+            counts["data"] += n
+        elif t in META_TYPES:
+            counts["meta"] += n
+    return counts
+
+
+def _value_counts(column):
+    vc = column.value_counts()
+    return vc.field("values").to_pylist(), vc.field("counts").to_pylist()
+
+
+def target_status(cfg: Config, tcfg: TargetConfig, *, checkpoint: datetime | None = None) -> dict:
+    """One target's status as a plain dict (the JSON form of ``epochsync status``)."""
+    from epochsync.journal.undo import read_json
+    from epochsync.stages.pipeline import committed_epoch, unfinished_epochs
+
+    src = cfg.source_of(tcfg)
+    wh = Warehouse(cfg.warehouse)
+    out: dict = {"target": tcfg.name, "kind": tcfg.kind, "source": src.name}
+    try:
+        committed = committed_epoch(cfg, tcfg)
+        out["committed_epoch"] = committed
+    except EpochsyncError as exc:
+        out.update(status="Unreachable", error=str(exc))
+        return out
+    except Exception as exc:  # an S3 endpoint that does not answer raises botocore's own types
+        out.update(status="Unreachable", error=f"{type(exc).__name__}: {exc}")
+        return out
+    closed = latest_closed_epoch(cfg, src.name)
+    out["latest_closed_epoch"] = closed
+    out["lag_epochs"] = None if closed is None else max(0, closed - committed)
+    synced_until = src.epoch.window(committed)[1] if committed > 0 else None
+    out["last_synced"] = synced_until.isoformat().replace("+00:00", "Z") if synced_until else None
+    if closed is not None and closed > committed:
+        out["lag_seconds"] = (src.epoch.window(closed)[1] - src.epoch.window(max(committed, 0))[1]).total_seconds()
+    else:
+        out["lag_seconds"] = 0.0
+    stats = read_json(local_path(wh.stats(tcfg.name, committed))) if committed else None
+    out["last_run"] = stats
+    events = read_events(cfg.warehouse, tcfg.name)
+    out["failures"] = sum(1 for e in events if e.get("event") == FAILED)
+    out["rollbacks"] = sum(1 for e in events if e.get("event") == ROLLED_BACK)
+    last_bad = next((e for e in reversed(events) if e.get("event") in (FAILED, ROLLED_BACK)), None)
+    out["last_failure"] = last_bad
+    pending = unfinished_epochs(cfg, tcfg, committed)
+    out["unfinished_epochs"] = pending
+    out["pending"] = pending_operations(cfg, src.name, committed, closed)
+    cursor = read_json(local_path(wh.cursor(src.name, tcfg.name)), None)
+    out["cursors"] = (cursor or {}).get("servers", {})
+    if checkpoint is not None:
+        out["checkpoint"] = checkpoint.isoformat().replace("+00:00", "Z")
+        out["checkpoint_completed"] = bool(synced_until and synced_until >= checkpoint)
+    if pending:
+        out["status"] = "Faulty"
+    elif last_bad and (not events or events[-1] is last_bad):
+        out["status"] = "Faulty"
+    elif out["lag_epochs"] in (None, 0, 1):
+        out["status"] = "Active"
+    else:
+        out["status"] = "Lagging"
+    return out
+
+
+def _fmt_bytes(n) -> str:
+    if n is None:
+        return "-"
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _fmt_secs(s) -> str:
+    if s is None:
+        return "-"
+    s = float(s)
+    if s < 120:
+        return f"{s:.0f}s"
+    if s < 7200:
+        return f"{s / 60:.0f}m"
+    return f"{s / 3600:.1f}h"
+
+
+def format_table(rows: list[dict]) -> str:
+    """The human table: one line per target, then details of each."""
+    head = ("TARGET", "KIND", "STATUS", "COMMITTED", "CLOSED", "LAG", "LAG TIME", "LAST SYNCED",
+            "ENTRY", "DATA", "META", "FAILURES", "ROLLBACKS")  # fmt: skip
+    lines = [head]
+    for r in rows:
+        p = r.get("pending") or {}
+        lines.append((
+            r["target"], r["kind"], r.get("status", "?"), str(r.get("committed_epoch", "-")),
+            str(r.get("latest_closed_epoch") if r.get("latest_closed_epoch") is not None else "?"),
+            str(r.get("lag_epochs") if r.get("lag_epochs") is not None else "?"), _fmt_secs(r.get("lag_seconds")),
+            r.get("last_synced") or "never", str(p.get("entry", "-")), str(p.get("data", "-")),
+            str(p.get("meta", "-")), str(r.get("failures", "-")), str(r.get("rollbacks", "-")),
+        ))  # fmt: skip
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    out = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
+    for r in rows:
+        out.append("")
+        out.append(f"{r['target']}:")
+        if r.get("error"):
+            out.append(f"  error: {r['error']}")
+            continue
+        lr = r.get("last_run")
+        if lr:
+            ops = ", ".join(f"{k} {v}" for k, v in (lr.get("net_operations") or {}).items() if v)
+            dur = sum(v for v in (lr.get("durations") or {}).values() if isinstance(v, (int, float)))
+            out.append(
+                f"  last run: epoch {lr.get('epoch')}: {lr.get('records_in', 0)} records in; {ops or 'no net change'}; "
+                f"changed {_fmt_bytes(lr.get('bytes_changed'))}, pulled {_fmt_bytes(lr.get('bytes_pulled'))}, "
+                f"written {_fmt_bytes(lr.get('bytes_written'))}, copied server-side {_fmt_bytes(lr.get('bytes_copied'))}; "
+                f"{dur:.1f}s in stages"
+            )
+        if r.get("unfinished_epochs"):
+            out.append(f"  unfinished epochs with an undo journal: {r['unfinished_epochs']} "
+                       f"(run: epochsync rollback --config FILE --target {r['target']})")  # fmt: skip
+        if r.get("last_failure"):
+            f = r["last_failure"]
+            out.append(f"  last failure: {f.get('event')} at {_iso(f.get('at'))}, epoch {f.get('epoch')}: "
+                       f"{f.get('message', '')}".rstrip(": "))  # fmt: skip
+        if r.get("cursors"):
+            out.append("  cursors: " + ", ".join(f"{k}={v}" for k, v in sorted(r["cursors"].items())))
+        if "checkpoint" in r:
+            out.append(f"  checkpoint {r['checkpoint']}: {'completed' if r['checkpoint_completed'] else 'not yet'}")
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------- CLI: status
+
+
+def configure_status(parser) -> None:
+    parser.add_argument("--config", help="the YAML config (default: $EPOCHSYNC_CONFIG)")
+    parser.add_argument("--target", action="append", help="only this target (repeatable)")
+    parser.add_argument("--format", choices=("table", "json"), default="table")
+    parser.add_argument("--checkpoint", help="ISO time: say whether every change up to it is replicated")
+
+
+def run_status(args) -> int:
+    cfg = load_config(args.config)
+    targets = [cfg.target(t) for t in args.target] if args.target else list(cfg.targets)
+    if not targets:
+        raise EpochsyncError(f"{cfg.file}: no targets configured")
+    cp = parse_datetime(args.checkpoint) if args.checkpoint else None
+    rows = [target_status(cfg, t, checkpoint=cp) for t in targets]
+    if args.format == "json":
+        json.dump(rows, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+    else:
+        print(format_table(rows))
+    return 1 if any(r.get("status") in ("Faulty", "Unreachable") for r in rows) else 0
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _svg_bars(title: str, epochs: list[int], series: dict[str, list[float]], unit: str) -> str:
+    """A grouped bar chart as inline SVG (no plotting library needed)."""
+    colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd"]
+    w, h, pad = 760, 260, 50
+    n = max(1, len(epochs))
+    vmax = max([v for vs in series.values() for v in vs if v is not None] + [1])
+    group = (w - 2 * pad) / n
+    bar = max(1.0, group / (len(series) + 1))
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h + 40}" role="img">',
+             f'<text x="{pad}" y="16" font-size="14" font-weight="bold">{html.escape(title)}</text>',
+             f'<line x1="{pad}" y1="{h}" x2="{w - pad}" y2="{h}" stroke="#333"/>',
+             f'<text x="4" y="{pad}" font-size="11">{html.escape(_fmt_unit(vmax, unit))}</text>']  # fmt: skip
+    for i, e in enumerate(epochs):
+        x0 = pad + i * group
+        for j, (name, vs) in enumerate(series.items()):
+            v = vs[i] or 0
+            bh = (h - pad) * (v / vmax)
+            parts.append(
+                f'<rect x="{x0 + j * bar:.1f}" y="{h - bh:.1f}" width="{bar * 0.9:.1f}" height="{bh:.1f}" '
+                f'fill="{colors[j % len(colors)]}"><title>epoch {e} {html.escape(name)}: '
+                f"{html.escape(_fmt_unit(v, unit))}</title></rect>"
+            )
+        parts.append(f'<text x="{x0 + group / 2:.1f}" y="{h + 14}" font-size="10" text-anchor="middle">{e}</text>')
+    for j, name in enumerate(series):
+        parts.append(f'<rect x="{pad + j * 150}" y="{h + 24}" width="10" height="10" fill="{colors[j % len(colors)]}"/>'
+                     f'<text x="{pad + j * 150 + 14}" y="{h + 33}" font-size="11">{html.escape(name)}</text>')  # fmt: skip
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _fmt_unit(v: float, unit: str) -> str:
+    return _fmt_bytes(v) if unit == "bytes" else f"{v:.1f} {unit}"
+
+
+def build_report(cfg: Config, targets: list[TargetConfig]) -> str:
+    """The HTML page: status table, then per target lag and bytes over epochs."""
+    statuses = [target_status(cfg, t) for t in targets]
+    body = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>epochsync report</title>",
+        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#eee}"
+        "pre{background:#f6f6f6;padding:1em}</style></head><body>",
+        f"<h1>epochsync report</h1><p>config <code>{html.escape(cfg.file)}</code>, written {_iso(time.time())}</p>",
+        f"<pre>{html.escape(format_table(statuses))}</pre>",
+    ]
+    for t in targets:
+        src = cfg.source_of(t)
+        rows = read_stats_rows(cfg, t.name)
+        body.append(f"<h2>target {html.escape(t.name)} ({t.kind})</h2>")
+        if not rows:
+            body.append("<p>No committed epoch yet.</p>")
+            continue
+        epochs = [r["epoch"] for r in rows]
+        delay = []
+        for r in rows:
+            end = src.epoch.window(r["epoch"])[1].timestamp()
+            delay.append(max(0.0, (r.get("committed_at") or end) - end))
+        body.append(_svg_bars("replication delay: commit time after the epoch closed", epochs,
+                              {"delay": delay}, "s"))  # fmt: skip
+        body.append(_svg_bars("bytes per epoch", epochs, {
+            "changed": [r.get("bytes_changed") for r in rows],
+            "pulled from source": [r.get("bytes_pulled") for r in rows],
+            "written to target": [r.get("bytes_written") for r in rows],
+            "copied server-side": [r.get("bytes_copied") for r in rows],
+        }, "bytes"))  # fmt: skip
+        body.append("<table><tr><th>epoch</th><th>records in</th><th>net ops</th><th>changed</th><th>pulled</th>"
+                    "<th>written</th><th>copied</th><th>source requests</th><th>seconds</th></tr>")  # fmt: skip
+        for r in rows:
+            ops = sum((r.get("net_operations") or {}).values())
+            secs = sum(v for v in (r.get("durations") or {}).values() if isinstance(v, (int, float)))
+            req = (r.get("requests") or {}).get("source", 0)
+            body.append(
+                f"<tr><td>{r['epoch']}</td><td>{r.get('records_in', 0)}</td><td>{ops}</td>"
+                f"<td>{_fmt_bytes(r.get('bytes_changed'))}</td><td>{_fmt_bytes(r.get('bytes_pulled'))}</td>"
+                f"<td>{_fmt_bytes(r.get('bytes_written'))}</td><td>{_fmt_bytes(r.get('bytes_copied'))}</td>"
+                f"<td>{req}</td><td>{secs:.1f}</td></tr>"
+            )
+        body.append("</table>")
+        events = [e for e in read_events(cfg.warehouse, t.name) if e.get("event") != COMMITTED]
+        if events:
+            body.append("<h3>failures and rollbacks</h3><ul>")
+            for e in events:
+                body.append(f"<li>{_iso(e.get('at'))} epoch {e.get('epoch')}: {html.escape(e.get('event', ''))} "
+                            f"{html.escape(str(e.get('message', '')))}</li>")  # fmt: skip
+            body.append("</ul>")
+    body.append("</body></html>")
+    return "\n".join(body)
+
+
+def report_path(cfg: Config) -> str:
+    return os.path.join(local_path(cfg.warehouse), "report", "index.html")
+
+
+def configure_report(parser) -> None:
+    parser.add_argument("--config", help="the YAML config (default: $EPOCHSYNC_CONFIG)")
+    parser.add_argument("--target", action="append", help="only this target (repeatable)")
+    parser.add_argument("--out", help="HTML file to write (default: <warehouse>/report/index.html)")
+
+
+def run_report(args) -> int:
+    cfg = load_config(args.config)
+    targets = [cfg.target(t) for t in args.target] if args.target else list(cfg.targets)
+    out = args.out or report_path(cfg)
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w", encoding="utf-8") as f:
+        f.write(build_report(cfg, targets))
+    print(out)
+    return 0

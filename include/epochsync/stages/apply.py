@@ -1,0 +1,436 @@
+"""Apply a plan to a target: namespace on the driver, data on executors, then post ops.
+
+Order (DESIGN section 5 "Namespace application"): the plan's namespace operations run
+on the driver one by one in plan order; data operations run in parallel on Spark
+executors (one S3 client per partition for the source and one for the target); post
+operations (hard links, attributes, s3 deletes) run on the driver last. Every mutation
+is preceded by its undo entry, made durable (see :mod:`epochsync.journal.undo`).
+
+Pulls read the source store with ranged GETs of the pinned object versions; the S3
+access retries throttling, 5xx and dropped connections with exponential backoff and
+fails with a clear error after ``max_attempts``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+from epochsync.core.errors import EpochsyncError
+from epochsync.core.layout import object_range_to_file
+from epochsync.journal.undo import PHASE_DATA, PHASE_NAMESPACE, PHASE_POST, UndoJournal, start_run
+
+
+class Pulled:
+    """File bytes pulled from the source for one data operation (zeros where none)."""
+
+    def __init__(self):
+        self.chunks: list[tuple[int, bytes]] = []
+        self.bytes = 0
+
+    @classmethod
+    def fetch(cls, op: dict, source_io, bucket: str) -> Pulled:
+        out = cls()
+        layout = op.get("src_layout")
+        for pull in op["pulls"]:
+            for oo, on in pull["ranges"]:
+                data = source_io.get_range(bucket, pull["key"], pull.get("version"), oo, on)
+                out.bytes += len(data)
+                if layout:
+                    pos = 0
+                    for fo, n in object_range_to_file(layout[0], layout[1], pull["index"], oo, on):
+                        out.chunks.append((fo, data[pos : pos + n]))
+                        pos += n
+                else:
+                    out.chunks.append((oo, data))
+        out.chunks.sort(key=lambda c: c[0])
+        return out
+
+    def read(self, offset: int, length: int) -> bytes:
+        buf = bytearray(length)
+        end = offset + length
+        for fo, data in self.chunks:
+            if fo >= end:
+                break
+            ce = fo + len(data)
+            if ce <= offset:
+                continue
+            a, b = max(fo, offset), min(ce, end)
+            buf[a - offset : b - offset] = data[a - fo : b - fo]
+        return bytes(buf)
+
+
+def _compose(target, op: dict, state: dict, pulled: Pulled, a: int, b: int, to_file=None) -> bytes:
+    """Bytes ``[a, b)`` of the new object: base version, overlaid with pulled changes."""
+    base_len = int(op.get("base_size") or 0) if op.get("base") else 0
+    buf = bytearray(b - a)
+    if op.get("base") and a < base_len:
+        cur = (state.get(op["base"]) or {}).get("current")
+        data = target.io.get_range(
+            target.bucket, target._full(op["base"]), cur and cur["version"], a, min(b, base_len) - a
+        )
+        buf[: len(data)] = data
+    ranges = op.get("obj_ranges") if to_file else op["ranges"]
+    for o, n in ranges:
+        s, e = max(o, a), min(o + n, b)
+        if s >= e:
+            continue
+        if to_file is None:
+            buf[s - a : e - a] = pulled.read(s, e - s)
+        else:
+            pos = s
+            for fo, fn in to_file(s, e - s):
+                buf[pos - a : pos - a + fn] = pulled.read(fo, fn)
+                pos += fn
+    return bytes(buf)
+
+
+def run_data_op(op: dict, target, journal, source_io, source_bucket: str) -> dict:
+    """One data operation on an executor (or the driver in tests)."""
+    pulled = Pulled.fetch(op, source_io, source_bucket)
+    state = op.get("state") or {}
+    written = 0
+    if target.kind == "posix":
+        chunks = [(o, pulled.read(o, n)) for o, n in op["ranges"]]
+        target.run_data_op(op, journal, chunks)
+        written = sum(len(c) for _, c in chunks)
+        return {"pulled": pulled.bytes, "written": written}
+    from epochsync.targets.s3 import encode_meta
+
+    if op.get("stripes"):
+        # a striped target: the pulled file bytes feed each target stripe object
+        ss, sc = int(target.cfg.stripe_size), int(target.cfg.stripe_count)
+        for sp in op["stripes"]:
+
+            def to_file(o, n, ss=ss, sc=sc, idx=sp["stripe_index"]):
+                return object_range_to_file(ss, sc, idx, o, n)
+
+            written += _write_object(target, journal, state, pulled, sp, sp["key"], int(sp["new_len"]), {}, to_file)
+        return {"pulled": pulled.bytes, "written": written}
+    meta = encode_meta(op["attrs"])
+    key = op["key"]
+    length = int(op["new_size"])
+    written += _write_object(target, journal, state, pulled, op, key, length, meta, None)
+    made = target.last_written(key) if op.get("extra_keys") else None
+    for extra in op.get("extra_keys") or []:
+        # hard links of an s3 path: one object per path, copied server-side from the first (the
+        # version just written, from the write's response; else a listing of the key)
+        state.pop(key, None)
+        if made:
+            state[key] = {"known": [], "current": {"version": made["version"], "size": made["size"]}}
+        target.copy(journal, state, extra, key, meta, length)
+    return {"pulled": pulled.bytes, "written": written}
+
+
+def _write_object(target, journal, state, pulled, spec: dict, key: str, length: int, meta: dict, to_file) -> int:
+    """Write one target object as ``spec["write"]`` says (put, patch, multipart, delete)."""
+    mode = spec["write"]["mode"]
+    if mode == "delete":
+        target.delete(journal, state, key)
+        return 0
+    if mode in ("put", "patch"):
+        body = _compose(target, spec, state, pulled, 0, length, to_file)
+        target.put(journal, state, key, body, meta)
+        return len(body)
+    parts = [dict(p, base=spec.get("base")) if "copy" in p else p for p in spec["write"]["parts"]]
+    target.multipart(
+        journal, state, key, parts, meta, lambda a, b: _compose(target, spec, state, pulled, a, b, to_file)
+    )
+    return sum(p["upload"][1] - p["upload"][0] for p in parts if "upload" in p)
+
+
+def _data_partition(index: int, ops, target, source_io, source_bucket: str, jdir: str, faults, run=None):
+    """Executor side: one journal file and one pair of clients per partition."""
+    t0 = time.monotonic()
+    result = {"pulled": 0, "written": 0, "ops": 0}
+    with UndoJournal(jdir, f"data-{index:05d}", PHASE_DATA, faults, run=run) as journal:
+        for op in ops:
+            r = run_data_op(op, target, journal, source_io, source_bucket)
+            result["pulled"] += r["pulled"]
+            result["written"] += r["written"]
+            result["ops"] += 1
+    result["source"] = source_io.counters.as_dict()
+    result["target"] = target.io.counters.as_dict() if hasattr(target, "io") else {}
+    result["facts"] = target.take_written() if hasattr(target, "take_written") else {}
+    result["seconds"] = time.monotonic() - t0
+    yield result
+
+
+def apply_plan(plan: dict, target, source_io, source_bucket: str, jdir: str, state: dict, *, spark=None, faults=None):
+    """Run a plan's three phases. Returns figures for the stats row."""
+    from epochsync.targets.s3 import Counters
+
+    t0 = time.monotonic()
+    target.prepare(plan["epoch"])
+    take = getattr(target, "take_written", dict)
+    facts = take()  # nothing of an earlier apply in this process
+    many = getattr(target, "delete_many", None)
+    with UndoJournal(jdir, "ns", PHASE_NAMESPACE, faults) as journal:
+        run_in_order(target, plan["namespace"], lambda op: target.run_namespace_op(op, journal, state),
+                     (lambda keys: many(journal, state, keys)) if many else None)  # fmt: skip
+    facts = take()
+    t1 = time.monotonic()
+    token = start_run(jdir)  # the data tasks' owner token (a late straggler finds another)
+    ops = []
+    for op in plan["data"]:
+        keys = [k for k in (op.get("key"), op.get("base"), *(op.get("extra_keys") or [])) if k]
+        keys += [k for sp in op.get("stripes") or [] for k in (sp["key"], sp.get("base")) if k]
+        ops.append(dict(op, state={k: state[k] for k in keys if k in state}))
+    results = []
+    if ops:
+        if spark is not None:
+            results = _apply_on_executors(spark, ops, plan, target, source_io, source_bucket, jdir, faults, token)
+        else:
+            results = _apply_in_threads(ops, target, source_io, source_bucket, jdir, faults, plan, token)
+    t2 = time.monotonic()
+    for r in results:
+        facts.update(r.pop("facts", None) or {})
+    with UndoJournal(jdir, "post", PHASE_POST, faults) as journal:
+        run_in_order(target, plan["post"], lambda op: target.run_post_op(op, journal, state),
+                     (lambda keys: many(journal, state, keys)) if many else None)  # fmt: skip
+    for op in plan["post"]:
+        if op.get("op") == "delete":
+            facts.pop(op["key"], None)
+    facts.update(take())
+    t3 = time.monotonic()
+    src, tgt = Counters(), Counters()
+    src.add(source_io.counters.as_dict())
+    if hasattr(target, "io"):
+        tgt.add(target.io.counters.as_dict())
+    pulled = written = 0
+    for r in results:
+        src.add(r["source"])
+        tgt.add(r["target"])
+        pulled += r["pulled"]
+        written += r["written"]
+    return {
+        "bytes_pulled": src.bytes_received,
+        "bytes_pulled_ops": pulled,
+        "bytes_written": tgt.bytes_sent if target.kind == "s3" else written,
+        "bytes_copied": tgt.bytes_copied,
+        "source_requests": src.as_dict(),
+        "target_requests": tgt.as_dict(),
+        "durations": {"namespace": t1 - t0, "data": t2 - t1, "post": t3 - t2},
+        "ops": {"namespace": len(plan["namespace"]), "data": len(ops), "post": len(plan["post"])},
+        # s3: key -> the version the apply wrote, its metadata and size (from the responses): verify's facts
+        "facts": facts,
+    }
+
+
+#: namespace and post operations in flight on a target whose operations are one key each (s3)
+ORDERED_OPS_THREADS = 8
+
+
+def independent_batches(ops: list[dict], keys_of) -> list[list[dict]]:
+    """Cut ``ops`` (in plan order) into runs that may execute in any order.
+
+    ``keys_of(op)`` gives the keys an operation reads and writes. An operation starts a
+    new batch when it writes a key the batch reads or writes, reads a key the batch
+    writes, or when one of its keys is a directory prefix of a key the batch writes or
+    the other way round (a filer-backed store cannot hold ``a`` and ``a/x`` at once, which
+    is why the plan deletes before it writes). Inside a batch no operation can see
+    another's effect, so running a batch concurrently ends where the plan's order does.
+    """
+    batches: list[list[dict]] = []
+    batch: list[dict] = []
+    reads: set[str] = set()
+    writes: set[str] = set()
+    parents: set[str] = set()  # directory prefixes of the batch's written keys
+
+    def dirs(key: str) -> list[str]:
+        parts = key.split("/")
+        return ["/".join(parts[:i]) for i in range(1, len(parts))]
+
+    for op in ops:
+        r, w = keys_of(op)
+        conflict = any(
+            k in writes or k in reads or k in parents or any(d in writes for d in dirs(k)) for k in w
+        ) or any(k in writes for k in r)
+        if conflict and batch:
+            batches.append(batch)
+            batch, reads, writes, parents = [], set(), set(), set()
+        batch.append(op)
+        reads.update(r)
+        writes.update(w)
+        for k in w:
+            parents.update(dirs(k))
+    if batch:
+        batches.append(batch)
+    return batches
+
+
+#: a batch's deletes go to ``delete_many`` (S3 DeleteObjects) in groups of this many keys
+DELETE_BATCH = 1000
+
+
+def run_in_order(target, ops: list[dict], run_one, delete_many=None) -> None:
+    """Run namespace or post operations with the effect of plan order.
+
+    One after the other on targets whose operations depend on each other's paths
+    (posix renames); on a target that says its operations are one key each
+    (``target.op_keys``), :func:`independent_batches` run in ``ORDERED_OPS_THREADS``
+    threads, batch after batch. A directory rename on s3 is then two batches (the old
+    keys' deletes, the copies of their pinned versions) instead of 2,000 round trips in
+    a row. After a failure the running operations finish, no other one starts, and the
+    first error is raised: every mutation already had its undo entry, so a rollback
+    reverses exactly what ran. With ``delete_many(keys)``, the deletes of a batch go
+    ``DELETE_BATCH`` keys to a call (one DeleteObjects request on s3) instead of one each.
+    """
+    keys_of = getattr(target, "op_keys", None)
+    if keys_of is None or len(ops) < 2:
+        for op in ops:
+            run_one(op)
+        return
+    from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+
+    with ThreadPoolExecutor(ORDERED_OPS_THREADS, thread_name_prefix="epochsync-ordered") as pool:
+        for batch in independent_batches(ops, keys_of):
+            if len(batch) == 1:
+                run_one(batch[0])
+                continue
+            deletes = [op["key"] for op in batch if op.get("op") == "delete"] if delete_many else []
+            if len(deletes) >= 2:
+                rest = [op for op in batch if op.get("op") != "delete"]
+                futures = [pool.submit(delete_many, deletes[i : i + DELETE_BATCH])
+                           for i in range(0, len(deletes), DELETE_BATCH)]  # fmt: skip
+                futures += [pool.submit(run_one, op) for op in rest]
+            else:
+                futures = [pool.submit(run_one, op) for op in batch]
+            _, pending = wait(futures, return_when=FIRST_EXCEPTION)
+            for f in pending:
+                f.cancel()
+            wait(futures)
+            for f in futures:
+                if not f.cancelled() and f.exception() is not None:
+                    raise f.exception()
+
+
+#: data operations in flight when a plan is applied without a Spark session (the target contract tests)
+LOCAL_APPLY_THREADS = 8
+
+
+def _apply_in_threads(
+    ops: list[dict], target, source_io, source_bucket: str, jdir: str, faults, plan: dict, token=None
+):
+    """The executors' work in this process: ``LOCAL_APPLY_THREADS`` partitions, one thread each.
+
+    Each thread has its own journal file, as an executor would; the threads share the
+    caller's S3 clients (thread-safe, and a client costs about 10 ms to build) and so its
+    counters, which the caller reports. After the first failure the other threads finish
+    the operation they are in and stop, so a rollback never races a writer.
+    """
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    n = max(1, min(LOCAL_APPLY_THREADS, len(ops)))
+    stop = threading.Event()
+    for io in (source_io, getattr(target, "io", None)):
+        if io is not None:
+            _ = io.client  # made once, before the threads share it
+
+    def until_stopped(part):
+        for op in part:
+            if stop.is_set():
+                return
+            yield op
+
+    def run(i: int):
+        try:
+            out = list(
+                _data_partition(i, until_stopped(ops[i::n]), target, source_io, source_bucket, jdir, faults, token)
+            )
+        except BaseException:
+            stop.set()
+            raise
+        for r in out:  # the shared counters are the caller's: counted once, there
+            r["source"], r["target"] = {}, {}
+        return out
+
+    with ThreadPoolExecutor(n, thread_name_prefix="epochsync-apply") as pool:
+        futures = [pool.submit(run, i) for i in range(n)]
+    errors = [f.exception() for f in futures if f.exception() is not None]
+    if errors:
+        exc = errors[0]
+        if isinstance(exc, EpochsyncError):
+            raise exc
+        raise EpochsyncError(f"apply of epoch {plan['epoch']} failed: {type(exc).__name__}: {exc}") from exc
+    return [r for f in futures for r in f.result()]
+
+
+def _apply_on_executors(spark, ops: list[dict], plan: dict, target, source_io, source_bucket, jdir, faults, token=None):
+    """The data operations as one Spark job: ``mapInArrow`` over partition numbers, one report row each.
+
+    Each partition takes every n-th operation (the plan travels with the function) and
+    writes its own journal file. A task that Spark re-runs after a failure refuses at once
+    (``spark.task.maxFailures`` may be above 1 on a cluster): a half-done partition must be
+    rolled back, never re-applied behind the journal. After a failure the job's other
+    tasks are interrupted through the session tag; a straggler still running stops at its
+    next journal entry once the rollback has written the ``ABORTED`` marker, and the
+    rollback waits for every writer's journal lock (:func:`epochsync.journal.undo.wait_for_writers`).
+    """
+    import json
+
+    # one task per slot, more only for plans large enough to balance (a task on a fresh
+    # session pays a Python worker's start)
+    n = max(1, min(len(ops), _executor_slots(spark) * (2 if len(ops) > 2000 else 1)))
+    parts = [ops[i::n] for i in range(n)]
+
+    def run(batches):
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        if ctx is not None and ctx.attemptNumber() > 0:
+            raise EpochsyncError("apply: Spark re-ran a failed data task; the epoch is rolled back instead")
+        for b in batches:
+            for index in b.column(0).to_pylist():
+                for r in _data_partition(
+                    index, iter(parts[index]), target, source_io, source_bucket, jdir, faults, token
+                ):
+                    yield pa.RecordBatch.from_pydict({"report": [json.dumps(r)]})
+
+    tag = f"apply-data-{plan['target']}-{plan['epoch']}-{os.getpid()}-{time.monotonic_ns()}"
+    spark.addTag(tag)
+    try:
+        rows = spark.range(0, n, 1, numPartitions=n).mapInArrow(run, "report string").collect()
+    except BaseException as exc:
+        # A signal too (KeyboardInterrupt, the shutdown's exit): the job runs on the server,
+        # not in this process, and a task that had not started yet would otherwise write
+        # after the rollback that follows has found no writer to wait for.
+        try:
+            spark.interruptTag(tag)
+        except Exception:  # the job is already over; nothing left to interrupt
+            pass
+        if not isinstance(exc, Exception):
+            raise
+        raise EpochsyncError(f"apply of epoch {plan['epoch']} failed on an executor: {_root_cause(exc)}") from None
+    finally:
+        spark.removeTag(tag)
+    return [json.loads(r["report"]) for r in rows]
+
+
+def _executor_slots(spark) -> int:
+    """Task slots of the application: ``spark.default.parallelism`` when set, else the master's cores."""
+    from epochsync.spark import session_master
+
+    try:
+        value = spark.conf.get("spark.default.parallelism", None)
+        if value:
+            return max(1, int(value))
+    except Exception:  # a Connect server may refuse to show a static setting
+        pass
+    m = re.fullmatch(r"local\[(\d+)\]", session_master(spark))
+    return int(m.group(1)) if m else 2
+
+
+def _root_cause(exc: BaseException) -> str:
+    """The last Python exception line inside a Spark task failure."""
+    text = str(exc)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if ("Error:" in ln or "Failure:" in ln or "Exception:" in ln) and not ln.startswith("at "):
+            if "py4j" in ln or "org.apache.spark" in ln:
+                continue
+            return ln
+    return lines[0] if lines else type(exc).__name__

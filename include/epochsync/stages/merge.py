@@ -1,0 +1,958 @@
+"""The merge stage: snapshot E-1 + records of E (or a window E1..E2) → snapshot E + net change set.
+
+:func:`merge_epoch` is a pure ``DataFrame -> DataFrame`` transform (no I/O); :func:`run_merge`
+reads the warehouse, calls it and writes the results. The rules are DESIGN section 5
+"Net-change rules"; the sequential replayer :func:`epochsync_dev.oracle.replay` is the reference
+and the property tests compare the two on random simulated histories.
+
+How it is computed (Spark SQL functions, window functions and aggregates only; no Python
+UDF, no ``applyInPandas``):
+
+- The replay order (``docs/INTERNALS.md``, "Merge: the replay order"; MDT and OST clocks are
+  independent): :func:`causal_time` gives every record about a fid ``ctime``, its server's
+  clock for that fid so far (a running maximum in index order, so the index orders within
+  a server) raised by the operations on the fid spanning servers (records sharing a
+  ``cookie``) it took part in: an operation's time is its records' highest ``time_ns``, and
+  the records its servers log about the fid after it rank after it. Records of a fid are
+  ordered by ``ord = (creator ? 0 : 1, ctime, server, index)``: its creator first, then by
+  causal rank. "Last value wins" is
+  ``max(named_struct('o', ord, 'v', value))`` with a ``FILTER`` on the records that set the
+  value (struct comparison orders by ``ord`` first).
+- Links: every namespace record becomes add (+1) / remove (-1) events per ``(fid, pfid,
+  name)`` (a ``RENME`` removes the old name of ``sfid``, removes the new name from the
+  overwritten ``tfid``, then adds the new name to ``sfid``; a rename onto another name of the
+  same fid does nothing). No order is needed: in every order in which each record applies,
+  a name's count goes 0, 1, 0, ... alternately, so a fid holds a name at E iff its E-1 state
+  plus the events' sum is 1 (a create on one MDT and the rename that moves it on another
+  end the same whatever their clocks). :func:`link_changes` also checks that such an order
+  exists (exactly when one server logs the name's adds, as Lustre and Gluster do; by the
+  running counts otherwise) and the merge fails naming the records when none does. The
+  final links are the links of E-1 minus the names whose sum is -1 plus those whose sum is
+  +1. A fid exists at E iff it has a link or is the root. A rename back to the original
+  name sums to 0: links unchanged, no change row.
+- Attributes and xattrs: last value wins (creates set mode/uid/gid/layout even when null;
+  ``SATTR`` sets what it carries, a mode without file-type bits keeps the node's;
+  ``MTIME``/``CTIME``/``ATIME`` without a value use ``time_ns``; creates, ``SATTR``,
+  ``TRUNC``, the time records and ``WRITE`` set the times they carry). An xattr whose last
+  event is a remove is removed, which is no change if it was absent at E-1.
+- Data (files existing at E only: writes to a fid that does not exist at E are dropped):
+  ``WRITE`` extents in object offsets are mapped to file offsets through the file's final
+  layout (RAID-0, DESIGN section 4; no layout = one object, the identity) by exploding each
+  extent into its stripe chunks with ``sequence``; the intervals are united with a window
+  (sort by start, running max of the ends before), clipped to the final size, and the
+  truncate rule adds ``[min size, final size)`` when the size went below its E-1 value.
+  Sizes: a ``WRITE`` extends the size to its highest byte, ``TRUNC``/``SATTR`` with a size
+  set it, so the final size is the last set size raised by the writes after it, and the
+  lowest size reached is ``min(old size, set sizes)``.
+- Whole file (``ranges`` empty): with ``extents_known=False`` (Lustre text and Gluster
+  sources, whose records carry no byte ranges and no attribute or xattr values) any
+  ``CLOSE`` after an open for write, ``MTIME``, ``TRUNC``, ``LYOUT`` or ``WRITE``; with
+  extents known, a ``WRITE`` with neither extents nor object, a ``WRITE`` to an object that
+  is not in the file's layout, or a ``LYOUT``. An OST ``WRITE`` with an object and no
+  extents only reports the object's new version (the oracle's rule): no bytes.
+- ``extents_known=False`` also means values are unknown: ``SATTR``/time records mark
+  ``attrs_changed`` and ``XATTR`` records mark ``xattrs_changed`` (translate reads the
+  values from the source); the snapshot keeps the xattrs it had.
+
+Only fids a record touches are recomputed; every other row of snapshot E-1 is copied.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from epochsync.core.errors import EpochError, EpochsyncError
+from epochsync.core.model import CHANGE_FIELDS, DIR, FILE, OTHER, SNAPSHOT_FIELDS, SYMLINK
+from epochsync.formats.common import FLAG_OPEN_EXEC, FLAG_OPEN_READ, FLAG_OPEN_WRITE
+from epochsync.journal.lease import holds_target_lease
+from epochsync.warehouse.tables import conform
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import DataFrame, SparkSession
+
+    from epochsync.core.config import Config
+
+#: record types that create ``tfid`` (MKNOD: the type comes from the mode's type bits)
+CREATORS = ("CREAT", "MKDIR", "SLINK", "MKNOD")
+#: types that add a name to ``tfid`` / remove one
+LINK_ADDERS = (*CREATORS, "HLINK")
+LINK_REMOVERS = ("UNLNK", "RMDIR")
+TIME_TYPES = {"atime_ns": "ATIME", "mtime_ns": "MTIME", "ctime_ns": "CTIME"}
+#: non-WRITE types that set the times they carry
+TIME_SETTERS = (*CREATORS, "SATTR", "TRUNC", "MTIME", "CTIME", "ATIME")
+#: attributes compared for ``attrs_changed``
+ATTR_COLUMNS = ("mode", "uid", "gid", "atime_ns", "mtime_ns", "ctime_ns")
+#: types that set the size
+SIZE_SETTERS = ("TRUNC", "SATTR")
+#: every type the merge reads; the rest (EPOCH, MARK, OPEN, HSM, ...) do not change the replica
+MERGED_TYPES = (*CREATORS, "HLINK", "UNLNK", "RMDIR", "RENME", "CLOSE", "LYOUT", "TRUNC", "SATTR",
+                "XATTR", "MTIME", "CTIME", "ATIME", "WRITE")  # fmt: skip
+S_IFMT = 0o170000
+
+_LINK = "struct<pfid:string,name:string>"
+_XATTR = "struct<name:string,value:binary>"
+_OBJECT = "struct<ost:string,oid:string,version:string>"
+_EXTENT = "struct<offset:bigint,length:bigint>"
+
+
+def _in(values) -> str:
+    return "(" + ", ".join(f"'{v}'" for v in values) + ")"
+
+
+def _empty(element_type: str) -> str:
+    return f"CAST(array() AS array<{element_type}>)"
+
+
+def _last(value: str, cond: str, alias: str):
+    """The ``(o, v)`` struct of the last record (by ``ord``) matching ``cond``; null if none."""
+    from pyspark.sql import functions as F
+
+    return F.expr(f"max(named_struct('o', ord, 'v', {value})) FILTER (WHERE {cond})").alias(alias)
+
+
+#: SQL for "this CLOSE follows an open for write" (formats.common.opened_for_write)
+_CLOSE_FOR_WRITE = (
+    f"(type = 'CLOSE' AND flags IS NOT NULL AND CASE WHEN flags & {FLAG_OPEN_READ | FLAG_OPEN_WRITE | FLAG_OPEN_EXEC} != 0"
+    f" THEN flags & {FLAG_OPEN_WRITE} != 0 ELSE flags & 3 IN (1, 2) END)"
+)
+_NODE_TYPE = (
+    f"CASE type WHEN 'CREAT' THEN '{FILE}' WHEN 'MKDIR' THEN '{DIR}' WHEN 'SLINK' THEN '{SYMLINK}' ELSE "
+    f"CASE coalesce(mode, 0) & {S_IFMT} WHEN {0o100000} THEN '{FILE}' WHEN {0o040000} THEN '{DIR}'"
+    f" WHEN {0o120000} THEN '{SYMLINK}' ELSE '{OTHER}' END END"
+)
+
+
+def causal_time(recs: DataFrame) -> DataFrame:
+    """``recs`` (records with their ``fid``) plus ``ctime``, the causal time of each record
+    (the oracle's :func:`epochsync_dev.oracle.causal_times`; ``docs/INTERNALS.md``, "Merge: the
+    replay order").
+
+    Per fid: ``ctime`` of a record about fid X logged by server S is the highest of: the
+    ``time_ns`` (null = 0) of every record about X that S logged up to it in index order; for
+    every operation on X spanning servers (a ``cookie`` on records about X of two or more
+    servers) with a record on S at or before it, the operation's time (the highest
+    ``time_ns`` of its records), plus 1 ns for the records after it. Two windows, both within
+    a fid: ``recs`` partitioned by ``fid`` needs no shuffle for them, nor for the per-fid
+    aggregations after them.
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    op = Window.partitionBy("fid", "cookie")
+    spans = F.col("cookie").isNotNull() & (F.min("server").over(op) != F.max("server").over(op))
+    w = Window.partitionBy("fid", "server").orderBy("index")
+    upto = w.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    before = w.rowsBetween(Window.unboundedPreceding, -1)
+    return (
+        recs.withColumn("_t", F.coalesce(F.col("time_ns"), F.lit(0)))
+        .withColumn("_op", F.when(spans, F.max("_t").over(op)))
+        .withColumn(
+            "ctime",
+            F.greatest(F.max(F.greatest("_t", "_op")).over(upto), F.max(F.col("_op") + 1).over(before)),
+        )
+        .drop("_t", "_op")
+    )
+
+
+def prepare_records(records: DataFrame) -> DataFrame:
+    """Add ``fid`` and ``ctime`` (over every record), keep the record types the merge reads,
+    add ``ord``; partitioned by ``fid``.
+
+    ``fid`` is the fid a record is about: ``sfid`` for a rename, ``tfid`` otherwise.
+    ``ord = (creator ? 0 : 1, ctime, server, index)``: the replay rank, a fid's creator first
+    (a fid's values start from its creator's whatever the clocks say).
+    """
+    from pyspark.sql import functions as F
+
+    about = records.drop(*_UNREAD).withColumn(
+        "fid", F.when(F.col("type") == "RENME", F.col("sfid")).otherwise(F.col("tfid"))
+    )
+    ranked = causal_time(about.repartition("fid")).filter(F.col("type").isin(*MERGED_TYPES))
+    creator_first = F.when(F.col("type").isin(*CREATORS), 0).otherwise(1).alias("c")
+    return ranked.withColumn("ord", F.struct(creator_first, "ctime", "server", "index")).drop("cookie", "ctime")
+
+
+#: record columns no step of the merge reads (dropped before the records are shuffled)
+_UNREAD = ("epoch", "jobid", "nid")
+
+
+def attribute_changes(recs: DataFrame) -> DataFrame:
+    """Per fid (non-``WRITE`` records): last-value structs of the attributes and the facts
+    the size and whole-file rules need."""
+    from pyspark.sql import functions as F
+
+    creators = f"type IN {_in(CREATORS)}"
+    size_set = f"type IN {_in(SIZE_SETTERS)} AND size IS NOT NULL"
+    times = [
+        _last(
+            f"CASE WHEN type = '{rtype}' THEN coalesce({col}, time_ns) ELSE {col} END",
+            f"(type IN {_in(TIME_SETTERS)} AND {col} IS NOT NULL) OR type = '{rtype}'",
+            "l_" + col,
+        )
+        for col, rtype in TIME_TYPES.items()
+    ]
+    return (
+        recs.filter((F.col("type") != "WRITE") & F.col("fid").isNotNull())
+        .groupBy("fid")
+        .agg(
+            F.expr(f"max(named_struct('o', ord, 'v', {_NODE_TYPE})) FILTER (WHERE {creators})").alias("l_type"),
+            _last("mode", f"{creators} OR (type = 'SATTR' AND mode IS NOT NULL)", "l_mode"),
+            _last("mode", f"(type = 'SATTR' OR {creators}) AND mode & {S_IFMT} != 0", "l_type_bits"),
+            _last("uid", f"{creators} OR (type = 'SATTR' AND uid IS NOT NULL)", "l_uid"),
+            _last("gid", f"{creators} OR (type = 'SATTR' AND gid IS NOT NULL)", "l_gid"),
+            *times,
+            _last(f"CASE WHEN {_NODE_TYPE} = '{SYMLINK}' THEN symlink END", creators, "l_symlink"),
+            _last("layout", f"{creators} OR type = 'LYOUT'", "l_layout"),
+            _last("size", size_set, "l_size"),
+            F.expr(f"min(size) FILTER (WHERE {size_set})").alias("min_set_size"),
+            F.expr("bool_or(type = 'LYOUT')").alias("relayout"),
+            F.expr(f"bool_or(type IN ('MTIME', 'TRUNC', 'LYOUT') OR {_CLOSE_FOR_WRITE})").alias("blind_data"),
+            F.expr("bool_or(type IN ('SATTR', 'MTIME', 'CTIME', 'ATIME'))").alias("attr_touch"),
+            F.expr("bool_or(type = 'XATTR')").alias("xattr_touch"),
+        )
+    )
+
+
+def layout_facts(recs: DataFrame) -> DataFrame:
+    """Per fid: the last layout set in the window (``l_layout``) and the order of the last
+    size set (``set_ord``): what mapping and sizing the writes need, from few records."""
+    from pyspark.sql import functions as F
+
+    types = (*CREATORS, "LYOUT", *SIZE_SETTERS)
+    return (
+        recs.filter(F.col("type").isin(*types) & F.col("fid").isNotNull())
+        .groupBy("fid")
+        .agg(
+            _last("layout", f"type IN {_in((*CREATORS, 'LYOUT'))}", "l_layout"),
+            F.expr(f"max(ord) FILTER (WHERE type IN {_in(SIZE_SETTERS)} AND size IS NOT NULL)").alias("set_ord"),
+        )
+    )
+
+
+def link_changes(recs: DataFrame) -> DataFrame:
+    """Per fid: the names it gains (``added``) and loses (``removed``) in the window, and the
+    names whose adds and removes apply in no order (``bad_absent`` if the fid did not hold
+    the name at E-1, ``bad_present`` if it did; ``bad_records`` maps each to its events).
+
+    Order-free: a fid holds ``(pfid, name)`` at E iff its E-1 state plus the adds minus the
+    removes of that name is 1. In any order in which every record applies, the count goes
+    0, 1, 0, ... alternately, so any such order ends there; the clocks of the servers do not
+    matter. Whether such an order exists (each server's events in index order, then the
+    events of one record in the order it applies them):
+
+    - always checked: the final count is 0 or 1, and no server's running count leaves 0..1
+      by more than the other servers' adds or removes could make up;
+    - exact when at most one server logs adds of the name (Lustre and Gluster log the
+      entries of a directory on the server holding it; only a rename's removal of its old
+      name is logged elsewhere, with the new name): that server's events must not remove
+      twice in a row, nor first when the name was absent; each two adds in a row need one
+      removal from another server between them (and one before the first add when the name
+      was held), and one more may come after a last add.
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    def ev(fid: str, pfid: str, name: str, add: bool, sub: int) -> str:
+        return f"named_struct('fid', {fid}, 'pfid', {pfid}, 'name', {name}, 'add', {str(add).lower()}, 'sub', {sub})"
+
+    # A name-less event would silently lose an unlink: fail naming the record instead.
+    bad = (
+        "raise_error(concat('record ', server, ':', index, ' (', type, ') has no fid, parent fid or name;"
+        " fix the importer or quarantine the record'))"
+    )
+    # RENME onto another name of the same fid (sfid = tfid) changes nothing (POSIX).
+    ren = "type = 'RENME' AND NOT (tfid IS NOT NULL AND tfid = sfid)"
+    events = f"""array(
+        CASE WHEN type IN {_in(LINK_ADDERS)} THEN {ev("tfid", "pfid", "name", True, 0)} END,
+        CASE WHEN type IN {_in(LINK_REMOVERS)} THEN {ev("tfid", "pfid", "name", False, 0)} END,
+        CASE WHEN {ren} THEN {ev("sfid", "spfid", "sname", False, 0)} END,
+        CASE WHEN {ren} AND tfid IS NOT NULL THEN {ev("tfid", "pfid", "name", False, 0)} END,
+        CASE WHEN {ren} THEN {ev("sfid", "pfid", "name", True, 1)} END
+    )"""
+    exploded = (
+        recs.filter(F.col("type").isin(*LINK_ADDERS, *LINK_REMOVERS, "RENME"))
+        .select("server", "index", "type", F.explode(F.expr(events)).alias("ev"))
+        .filter(F.col("ev").isNotNull())  # explode + filter: no lambda per record
+        .select(
+            F.col("ev.fid").alias("fid"),
+            F.expr(f"CASE WHEN ev.fid IS NULL OR ev.pfid IS NULL OR ev.name IS NULL THEN {bad} ELSE ev.pfid END")
+            .alias("pfid"),
+            F.col("ev.name").alias("name"),
+            F.when(F.col("ev.add"), 1).otherwise(-1).alias("d"),
+            "server", "index", F.col("ev.sub").alias("sub"), "type",
+        )
+    )  # fmt: skip
+    link = ["fid", "pfid", "name"]
+    w = Window.partitionBy(*link, "server").orderBy("index", "sub")
+    per_server = (
+        exploded.select(
+            "*",
+            F.lag("d").over(w).alias("prev_d"),
+            F.sum("d").over(w.rowsBetween(Window.unboundedPreceding, Window.currentRow)).alias("run"),
+        )
+        .groupBy(*link, "server")
+        .agg(
+            F.expr("count_if(d = 1)").alias("n_add"),
+            F.expr("count_if(d = -1)").alias("n_rem"),
+            F.expr("min_by(d, struct(index, sub))").alias("first_d"),
+            F.expr("max_by(d, struct(index, sub))").alias("last_d"),
+            F.expr("count_if(d = 1 AND prev_d = 1)").alias("adds_in_a_row"),
+            F.expr("count_if(d = -1 AND prev_d = -1)").alias("removes_in_a_row"),
+            F.min("run").alias("low"),
+            F.max("run").alias("high"),
+            F.expr("collect_list(named_struct('server', server, 'index', index, 'type', type))").alias("evs"),
+        )
+    )
+    adder = "FILTER (WHERE n_add > 0)"
+    per_link = per_server.groupBy(*link).agg(
+        F.expr("sum(n_add) - sum(n_rem)").alias("d"),
+        # the lowest and highest count a server can reach with the others' events at their extremes
+        F.expr("sum(n_add) + min(low - n_add)").alias("lo"),
+        F.expr("max(high + n_rem) - sum(n_rem)").alias("hi"),
+        F.expr("count_if(n_add > 0)").alias("adders"),
+        F.expr(f"max(first_d) {adder}").alias("h_first"),
+        F.expr(f"max(last_d) {adder}").alias("h_last"),
+        F.expr(f"max(adds_in_a_row) {adder}").alias("h_adds_in_a_row"),
+        F.expr(f"max(removes_in_a_row) {adder}").alias("h_removes_in_a_row"),
+        F.expr("coalesce(sum(n_rem) FILTER (WHERE n_add = 0), 0)").alias("foreign_removes"),
+        F.flatten(F.collect_list("evs")).alias("evs"),
+    )
+
+    def consistent(b: int) -> str:
+        needed = f"h_adds_in_a_row + {'CASE WHEN h_first = 1 THEN 1 ELSE 0 END' if b else '0'}"
+        return f"""({b} + d BETWEEN 0 AND 1 AND {b} + lo >= 0 AND {b} + hi <= 1 AND CASE
+            WHEN adders = 0 THEN foreign_removes <= {b}
+            WHEN adders = 1 THEN h_removes_in_a_row = 0 AND {"true" if b else "h_first = 1"}
+                AND (foreign_removes = {needed} OR (foreign_removes = {needed} + 1 AND h_last = 1))
+            ELSE true END)"""
+
+    pair = "named_struct('pfid', pfid, 'name', name)"
+    return per_link.groupBy("fid").agg(
+        F.expr(f"collect_list({pair}) FILTER (WHERE d = 1)").alias("added"),
+        F.expr(f"collect_list({pair}) FILTER (WHERE d = -1)").alias("removed"),
+        F.expr(f"collect_list({pair}) FILTER (WHERE NOT {consistent(0)})").alias("bad_absent"),
+        F.expr(f"collect_list({pair}) FILTER (WHERE NOT {consistent(1)})").alias("bad_present"),
+        F.expr(
+            f"map_from_entries(collect_list(struct({pair}, evs)) FILTER (WHERE NOT {consistent(0)} OR NOT {consistent(1)}))"
+        ).alias("bad_records"),
+    )
+
+
+def xattr_changes(recs: DataFrame) -> DataFrame:
+    """Per fid: the xattr names touched and the (name, value) pairs whose last event is a set."""
+    from pyspark.sql import functions as F
+
+    last = (
+        recs.filter((F.col("type") == "XATTR") & F.col("xattr_name").isNotNull() & F.col("fid").isNotNull())
+        .groupBy("fid", "xattr_name")
+        .agg(F.expr("max_by(named_struct('value', xattr_value), ord)").alias("last"))
+    )
+    return last.groupBy("fid").agg(
+        F.collect_list("xattr_name").alias("x_touched"),
+        F.expr("collect_list(named_struct('name', xattr_name, 'value', last.value)) FILTER (WHERE last.value IS NOT NULL)")
+        .alias("x_set"),
+    )  # fmt: skip
+
+
+def write_chunks(writes: DataFrame, extents_known: bool) -> tuple[DataFrame, DataFrame]:
+    """The writes with their fid's final layout → (per-write rows, file-offset chunk rows).
+
+    Each write carries its fid's final ``layout`` and ``set_ord`` (the order of its last size
+    set); a write after it has ``after_set``. Per-write rows carry ``kind``: ``whole`` (the
+    whole file changed), ``nothing`` (the write only reports an object version),
+    ``identity`` (extents are file offsets: no layout, one object) or ``striped``. Chunk
+    rows ``(fid, after_set, s, e)`` are the extents of ``identity`` and ``striped`` writes
+    in file offsets, one per extent and stripe row, exploded with generators and plain
+    arithmetic: no lambda runs per record (Spark interprets higher-order functions row by
+    row; they were most of the merge's time).
+    """
+    from pyspark.sql import functions as F
+
+    if extents_known:
+        kind = """CASE
+            WHEN extents IS NULL AND object IS NULL THEN 'whole'
+            WHEN extents IS NULL THEN 'nothing'
+            WHEN object IS NULL OR layout IS NULL OR cnt = 1 THEN 'identity'
+            WHEN coalesce(k, -1) < 0 OR ss <= 0 OR cnt < 1 THEN 'whole'
+            ELSE 'striped' END"""
+    else:
+        kind = "'whole'"
+    per_write = (
+        writes.select(
+            "fid", "ord", "object", "extents", *TIME_TYPES, "layout",
+            F.expr("set_ord IS NULL OR ord > set_ord").alias("after_set"),
+            F.col("layout.stripe_size").alias("ss"),
+            F.col("layout.stripe_count").cast("bigint").alias("cnt"),
+            # RAID-0: object k of the layout holds file stripes j*count + k (DESIGN section 4)
+            F.expr("array_position(layout.objects, named_struct('ost', object.ost, 'oid', object.oid)) - 1").alias("k"),
+        )
+        .withColumn("kind", F.expr(kind))
+    )  # fmt: skip
+    extents = (
+        per_write.filter(F.col("kind").isin("identity", "striped"))
+        .select("fid", "after_set", "kind", "ss", "cnt", "k", F.explode("extents").alias("x"))
+        .filter("x.length > 0")
+        .select(
+            "fid", "after_set", "kind", "ss", "cnt", "k",
+            F.col("x.offset").alias("off"), F.expr("x.offset + x.length").alias("end"),
+        )
+    )  # fmt: skip
+    # an object extent crossing stripe rows is cut into one file interval per row j
+    rows = extents.select(
+        "fid", "after_set", "kind", "ss", "cnt", "k", "off", "end",
+        F.explode(F.expr("CASE WHEN kind = 'striped' THEN sequence(off div ss, (end - 1) div ss) ELSE array(0L) END"))
+        .alias("j"),
+    )  # fmt: skip
+    chunks = rows.select(
+        "fid",
+        "after_set",
+        F.expr("CASE WHEN kind = 'striped' THEN (j * cnt + k) * ss + greatest(off, j * ss) - j * ss ELSE off END")
+        .alias("s"),
+        F.expr("CASE WHEN kind = 'striped' THEN (j * cnt + k) * ss + least(end, (j + 1) * ss) - j * ss ELSE end END")
+        .alias("e"),
+    )  # fmt: skip
+    return per_write, chunks
+
+
+def write_data(per_write: DataFrame, chunks: DataFrame) -> DataFrame:
+    """Per written fid: sorted disjoint non-adjacent ``ranges_raw`` [(s, e)], ``wmax`` (the
+    highest end written after the last size set), ``write_whole``, the writes' last times
+    (``w_atime_ns``...) and the latest reported version of each stripe object (``new_objects``).
+
+    Interval union in one window pass over the chunks sorted by (s, e): a chunk starts a
+    merged interval when it begins after every end before it (adjacent intervals join),
+    and ends one when the next chunk starts after every end up to it; the k-th start and
+    the k-th end of a fid are its k-th merged interval.
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    w = Window.partitionBy("fid").orderBy("s", "e")
+    marked = chunks.select(
+        "fid", "s", "e", "after_set",
+        F.max("e").over(w.rowsBetween(Window.unboundedPreceding, -1)).alias("prev_end"),
+        F.max("e").over(w.rowsBetween(Window.unboundedPreceding, Window.currentRow)).alias("run_end"),
+        F.lead("s").over(w).alias("next_s"),
+    )  # fmt: skip
+    ranges = marked.groupBy("fid").agg(
+        F.expr("array_sort(collect_list(s) FILTER (WHERE prev_end IS NULL OR s > prev_end))").alias("starts"),
+        F.expr("array_sort(collect_list(run_end) FILTER (WHERE next_s IS NULL OR next_s > run_end))").alias("ends"),
+        F.expr("max(e) FILTER (WHERE after_set)").alias("wmax"),
+    )
+    ranges = ranges.select(
+        "fid",
+        "wmax",
+        F.expr("arrays_zip(starts, ends)").cast("array<struct<s:bigint,e:bigint>>").alias("ranges_raw"),
+    )
+    obj = "named_struct('ost', object.ost, 'oid', object.oid, 'o', ord, 'version', object.version)"
+    facts = per_write.groupBy("fid").agg(
+        F.expr("bool_or(kind = 'whole')").alias("write_whole"),
+        *(_last(c, f"{c} IS NOT NULL", "w_" + c) for c in TIME_TYPES),
+        F.expr(f"array_sort(collect_list({obj}) FILTER (WHERE object IS NOT NULL))").alias("objs"),
+    )
+    # sorted by (ost, oid, ord): the last element of each object is its latest version
+    latest = (
+        "transform(filter(objs, (x, i) -> coalesce(NOT (try_element_at(objs, i + 2).ost = x.ost"
+        " AND try_element_at(objs, i + 2).oid = x.oid), true)),"
+        f" x -> CAST(named_struct('ost', x.ost, 'oid', x.oid, 'version', x.version) AS {_OBJECT}))"
+    )
+    per_fid = facts.join(ranges, "fid", "left")
+    return per_fid.withColumn("new_objects", F.expr(f"CASE WHEN size(objs) > 0 THEN {latest} END")).drop("objs")
+
+
+def merge_epoch(
+    prev_snapshot: DataFrame,
+    records: DataFrame,
+    root_fid: str | Iterable[str],
+    extents_known: bool = True,
+    *,
+    cache: bool | list | Callable[[DataFrame], DataFrame] = False,
+) -> tuple[DataFrame, DataFrame]:
+    """Snapshot E-1 and the records of E (or of a window) → (snapshot E, net change set).
+
+    Pure transform: ``prev_snapshot`` has the snapshot columns (:data:`epochsync.core.model.SNAPSHOT_FIELDS`),
+    ``records`` the canonical record columns. Returns DataFrames with the columns and types
+    of ``snapshot_struct_type()`` and ``change_struct_type()``, in order (see
+    :mod:`epochsync.core.model` for their meaning). ``extents_known`` is False for sources whose
+    changelogs carry no byte ranges and no attribute values (Lustre text, Gluster).
+
+    A record that gives a name to a fid that neither exists at E-1 nor is created in the
+    window fails the job with a message naming the fid (the snapshot and the changelog
+    disagree), and so does a name whose adds and removes apply in no order (a name removed
+    that the fid never held, added twice with no removal between...), naming its records
+    (``server index N (TYPE)``); :func:`run_merge` turns either into one-line ``EpochError``. Records about such fids that give no name (a late ``CLOSE`` or ``WRITE`` of a
+    file deleted before) change nothing, as in the oracle.
+
+    ``root_fid`` may be several fids: independent namespaces merged in one job (the tests
+    batch many small histories this way); each root exists without links.
+
+    ``cache`` (True, or a list that receives the persisted DataFrames so the caller can
+    ``unpersist()`` them) persists the ranked records (every aggregation reads them) and the
+    per-fid state both outputs derive from, so writing the snapshot and then the change set
+    computes the merge once. A callable ``cache`` instead receives the per-fid state and
+    returns it materialized (:func:`run_merge` writes it to a scratch table and reads it
+    back): the outputs' plans then start from its rows, which is what a small epoch wants
+    (the wide plan is planned once, not once per output).
+    """
+    from pyspark.sql import functions as F
+
+    recs = prepare_records(records)
+    if cache is not False and not callable(cache):
+        # Five aggregations read the ranked records: shuffle and sort them once. The token
+        # makes this plan (and the per-fid state built on it) this call's own: Spark matches
+        # cached data by plan, across sessions, and a run killed before its unpersist()
+        # would otherwise serve its records to the next merge of the same files.
+
+        from pyspark import StorageLevel
+
+        recs = recs.withColumn("_cached_by", F.lit(uuid.uuid4().hex)).persist(StorageLevel.MEMORY_AND_DISK)
+        if isinstance(cache, list):
+            cache.append(recs)
+    writes = recs.filter((F.col("type") == "WRITE") & F.col("fid").isNotNull()).select(
+        "fid", "ord", "object", "extents", *TIME_TYPES
+    )
+    meta = attribute_changes(recs).join(link_changes(recs), "fid", "full").join(xattr_changes(recs), "fid", "full")
+    prev = prev_snapshot.select(*SNAPSHOT_FIELDS)
+    old = prev.select("fid", *(F.col(c).alias("p_" + c) for c in SNAPSHOT_FIELDS if c != "fid"))
+    roots = [root_fid] if isinstance(root_fid, str) else list(root_fid)
+    unknown = (
+        "raise_error(concat('fid ', fid, ' gains a name in this window but is neither in snapshot E-1 nor created"
+        " by a CREAT/MKDIR/MKNOD/SLINK record: the snapshot and the changelog disagree (hydrate the target)'))"
+    )
+    links = (
+        f"array_sort(array_union(array_except(coalesce(p_links, {_empty(_LINK)}), coalesce(removed, {_empty(_LINK)})),"
+        f" coalesce(added, {_empty(_LINK)})))"
+    )
+    # names whose adds and removes apply in no order, given whether the fid held them at E-1
+    held = f"coalesce(p_links, {_empty(_LINK)})"
+    bad = (
+        f"concat(array_except(coalesce(bad_absent, {_empty(_LINK)}), {held}),"
+        f" array_intersect(coalesce(bad_present, {_empty(_LINK)}), {held}))"
+    )
+    first_bad = f"element_at({bad}, 1)"
+    inconsistent = f"""raise_error(concat('fid ', fid, ': name ', {first_bad}.name, ' in ', {first_bad}.pfid,
+        ' is added and removed in no order that applies (', CASE WHEN array_contains({held}, {first_bad})
+        THEN 'held' ELSE 'not held' END, ' at E-1; records ', concat_ws(', ', transform(
+        slice(array_sort(element_at(bad_records, {first_bad})), 1, 8),
+        e -> concat(e.server, ' index ', e.index, ' (', e.type, ')'))),
+        '): the snapshot and the changelog disagree (missing or reordered records?)'))"""
+    links = f"CASE WHEN size({bad}) > 0 THEN {inconsistent} ELSE {links} END"
+    # data: every write with its fid's final layout (the layout may come from this window)
+    # Left joins onto the writes, which stay where prepare_records put them (partitioned by
+    # fid): only the snapshot's (fid, layout) is shuffled to meet them, never the writes.
+    with_layout = (
+        writes.join(layout_facts(recs), "fid", "left")
+        .join(old.select("fid", "p_layout"), "fid", "left")
+        .withColumn("layout", F.expr("CASE WHEN l_layout IS NULL THEN p_layout ELSE l_layout.v END"))
+        .drop("l_layout", "p_layout")
+    )
+    per_write, chunks = write_chunks(with_layout, extents_known)
+    data = write_data(per_write, chunks).withColumn("has_write", F.lit(True))
+    touched = meta.join(data, "fid", "full")
+    st = (
+        touched.join(old, "fid", "left")
+        .withColumn("existed_before", F.col("p_type").isNotNull())
+        .withColumn("links", F.when(F.col("fid").isin(*roots), F.expr(_empty(_LINK))).otherwise(F.expr(links)))
+        .withColumn("exists_after", F.col("fid").isin(*roots) | (F.size("links") > 0))
+        .withColumn(
+            "type", F.expr(f"CASE WHEN p_type IS NOT NULL THEN p_type WHEN exists_after AND l_type IS NULL THEN {unknown} ELSE l_type.v END")
+        )
+    )  # fmt: skip
+
+    def last_or_prev(col: str):
+        return F.when(F.col("l_" + col).isNull(), F.col("p_" + col)).otherwise(F.col("l_" + col + ".v"))
+
+    # a mode without file-type bits keeps the node's (the last mode that had them)
+    mode = F.expr(
+        f"CASE WHEN l_mode IS NULL THEN p_mode WHEN l_mode.v IS NULL OR l_mode.v & {S_IFMT} != 0 THEN l_mode.v"
+        f" ELSE l_mode.v | (coalesce(l_type_bits.v, p_mode, 0) & {S_IFMT}) END"
+    )
+    xattrs = (
+        f"array_sort(concat(filter(coalesce(p_xattrs, {_empty(_XATTR)}),"
+        f" x -> NOT array_contains(coalesce(x_touched, CAST(array() AS array<string>)), x.name)),"
+        f" coalesce(x_set, {_empty(_XATTR)})))"
+    )
+    if not extents_known:  # values are not in the changelog: the snapshot keeps what it had
+        xattrs = f"coalesce(p_xattrs, {_empty(_XATTR)})"
+    st = st.select(
+        "*",
+        mode.alias("n_mode"),
+        *(last_or_prev(c).alias("n_" + c) for c in ("uid", "gid", "symlink", "layout")),
+        F.expr(xattrs).alias("n_xattrs"),
+        F.coalesce("p_size", F.lit(0)).alias("old0"),
+        F.col("l_size.o").alias("set_ord"),
+        F.col("l_size.v").alias("set_size"),
+    )
+
+    for col in TIME_TYPES:  # the last of the non-write and the write records that set it
+        st = st.withColumn(
+            "n_" + col,
+            F.expr(f"CASE WHEN coalesce(l_{col}, w_{col}) IS NULL THEN p_{col} ELSE greatest(l_{col}, w_{col}).v END"),
+        )
+
+    is_file = F.col("exists_after") & (F.col("type") == FILE)
+    st = st.withColumn(
+        "n_size",
+        F.expr(
+            f"""CASE WHEN type = '{FILE}' THEN
+                  CASE WHEN set_size IS NOT NULL THEN greatest(set_size, wmax)
+                       WHEN wmax IS NOT NULL THEN greatest(old0, wmax)
+                       WHEN existed_before THEN p_size ELSE 0 END
+                ELSE CASE WHEN set_size IS NOT NULL THEN set_size WHEN existed_before THEN p_size ELSE 0 END END"""
+        ),
+    )
+    whole = F.coalesce("write_whole", F.lit(False)) | F.coalesce("relayout", F.lit(False))
+    if not extents_known:
+        whole = whole | F.coalesce("blind_data", F.lit(False))
+    st = st.withColumn("whole_file", is_file & whole)
+    # The replica holds stale bytes from the lowest size reached up to the old size.
+    st = st.withColumn(
+        "trunc_from",
+        F.expr("CASE WHEN existed_before AND least(old0, min_set_size) < old0 THEN least(old0, min_set_size) END"),
+    )
+    clipped = (
+        "filter(transform(coalesce(ranges_raw, CAST(array() AS array<struct<s:bigint,e:bigint>>)),"
+        " r -> named_struct('s', r.s, 'e', least(r.e, n_size))), r -> r.e > r.s)"
+    )
+    # Every clipped range ending at or after trunc_from touches [trunc_from, n_size): one range.
+    with_trunc = """CASE WHEN trunc_from IS NOT NULL AND trunc_from < n_size THEN concat(
+            filter(rc, r -> r.e < trunc_from),
+            array(named_struct(
+                's', least(trunc_from, coalesce(array_min(transform(filter(rc, r -> r.e >= trunc_from), r -> r.s)), trunc_from)),
+                'e', n_size)))
+        ELSE rc END"""  # fmt: skip
+    st = st.withColumn("rc", F.expr(clipped)).withColumn(
+        "ranges",
+        F.when(is_file & ~F.col("whole_file"), F.expr(f"transform({with_trunc}, r -> named_struct('offset', r.s, 'length', r.e - r.s))"))
+        .otherwise(F.expr(_empty(_EXTENT))),
+    )  # fmt: skip
+    # objects: the latest version per written object; a LYOUT forgets objects not in the new layout
+    merged_objects = (
+        f"array_sort(concat(filter(coalesce(p_objects, {_empty(_OBJECT)}),"
+        f" o -> NOT exists(coalesce(new_objects, {_empty(_OBJECT)}), n -> n.ost = o.ost AND n.oid = o.oid)),"
+        f" coalesce(new_objects, {_empty(_OBJECT)})))"
+    )
+    in_layout = (
+        f"filter({merged_objects}, o -> n_layout IS NOT NULL"
+        " AND exists(n_layout.objects, l -> l.ost = o.ost AND l.oid = o.oid))"
+    )
+    st = st.withColumn(
+        "n_objects",
+        F.expr(
+            f"CASE WHEN coalesce(relayout, false) THEN {in_layout} WHEN new_objects IS NULL"
+            f" THEN coalesce(p_objects, {_empty(_OBJECT)}) ELSE {merged_objects} END"
+        ),
+    )
+
+    if callable(cache):
+        # the caller materializes the per-fid state (one job); both outputs then plan from
+        # its rows, not from the whole merge (on a small epoch, planning is most of its time)
+        st = cache(st)
+    elif cache is not False:
+        from pyspark import StorageLevel
+
+        st = st.persist(StorageLevel.MEMORY_AND_DISK)
+        if isinstance(cache, list):
+            cache.append(st)
+    new_rows = st.filter("exists_after").select(
+        *(F.col(c if c in ("fid", "type", "links") else "n_" + c).alias(c) for c in SNAPSHOT_FIELDS)
+    )
+    untouched = prev.join(st.select("fid"), "fid", "left_anti")
+    snapshot = conform(untouched.unionByName(new_rows), _snapshot_type())
+
+    attrs_differ = " OR ".join(f"NOT (n_{c} <=> p_{c})" for c in ATTR_COLUMNS)
+    xattrs_differ = "(NOT existed_before AND size(n_xattrs) > 0) OR (existed_before AND NOT (n_xattrs <=> p_xattrs))"
+    if not extents_known:
+        attrs_differ += " OR coalesce(attr_touch, false)"
+        xattrs_differ = "coalesce(xattr_touch, false)"
+    changes = (
+        st.filter("existed_before OR exists_after")
+        .select(
+            "fid",
+            "type",
+            F.expr("NOT existed_before AND exists_after").alias("created"),
+            F.expr("existed_before AND NOT exists_after").alias("deleted"),
+            F.expr("existed_before <> exists_after OR NOT (links <=> p_links)").alias("links_changed"),
+            F.expr(f"exists_after AND (NOT existed_before OR {attrs_differ})").alias("attrs_changed"),
+            F.expr(f"exists_after AND ({xattrs_differ})").alias("xattrs_changed"),
+            F.expr(f"exists_after AND type = '{FILE}' AND (whole_file OR size(ranges) > 0 OR NOT (n_size <=> old0))").alias("data_changed"),
+            "whole_file",
+            "ranges",
+            F.col("p_size").alias("old_size"),
+            F.when(F.col("exists_after"), F.col("n_size")).alias("new_size"),
+        )
+        .filter("created OR deleted OR links_changed OR attrs_changed OR xattrs_changed OR data_changed")
+    )  # fmt: skip
+    return snapshot, conform(changes, _change_type())
+
+
+def cookie_groups(records: DataFrame) -> DataFrame:
+    """Distributed operations: records that share a ``cookie`` across two or more servers.
+
+    One row per such cookie: ``cookie, servers, fids, types, records, first_epoch,
+    last_epoch, first_time_ns, last_time_ns``. A group whose ``first_epoch`` and
+    ``last_epoch`` differ was torn across an epoch boundary (one server closed the epoch
+    before the other logged its part).
+    """
+    from pyspark.sql import functions as F
+
+    return (
+        records.filter(F.col("cookie").isNotNull())
+        .groupBy("cookie")
+        .agg(
+            F.array_sort(F.collect_set("server")).alias("servers"),
+            # collect_set skips nulls: no lambda per record
+            F.array_sort(F.array_union(F.collect_set("tfid"), F.collect_set("sfid"))).alias("fids"),
+            F.array_sort(F.collect_set("type")).alias("types"),
+            F.count(F.lit(1)).alias("records"),
+            F.min("epoch").alias("first_epoch"),
+            F.max("epoch").alias("last_epoch"),
+            F.min("time_ns").alias("first_time_ns"),
+            F.max("time_ns").alias("last_time_ns"),
+        )
+        .filter(F.size("servers") > 1)
+    )  # fmt: skip
+
+
+def _snapshot_type():
+    from epochsync.core.model import snapshot_struct_type
+
+    return snapshot_struct_type()
+
+
+def _change_type():
+    from epochsync.core.model import change_struct_type
+
+    return change_struct_type()
+
+
+# --------------------------------------------------------------------------- the stage
+
+
+@dataclass(frozen=True)
+class MergeOutputs:
+    snapshot: str
+    changes: str
+    cookie_groups: str
+
+
+def extents_known_for(fmt: str) -> bool:
+    """Only canonical JSON Lines carries byte ranges; Lustre text and Gluster do not."""
+    return fmt == "jsonl"
+
+
+@holds_target_lease
+def run_merge(
+    cfg: Config, target_name: str, first_epoch: int, last_epoch: int, spark: SparkSession | None = None
+) -> dict:
+    """Merge epochs ``first_epoch..last_epoch`` of ``target_name``'s source onto snapshot ``first_epoch - 1``.
+
+    Writes snapshot ``last_epoch``, the change set of ``last_epoch`` and the cookie groups
+    (each overwritten as a whole, so a retry is idempotent) and returns stats:
+    ``records`` (records in the window), ``merged_records`` (those the merge reads),
+    ``changes`` and per-kind counts, ``range_bytes``, ``snapshot_fids``,
+    ``net_to_raw_ratio`` (change rows / merged records), ``cookie_groups``, ``seconds``.
+    Spark is the only engine (``spark`` default: :func:`epochsync.spark.spark_session`).
+    """
+    if spark is None:
+        from epochsync.spark import spark_session
+
+        spark = spark_session(f"epochsync-merge-{target_name}", cfg=cfg)
+    return _run_merge_spark(cfg, target_name, first_epoch, last_epoch, spark)
+
+
+def _run_merge_spark(cfg: Config, target_name: str, first_epoch: int, last_epoch: int, spark: SparkSession) -> dict:
+
+    from epochsync.spark import size_partitions
+    from epochsync.stages.ingest import read_records
+    from epochsync.warehouse import fs as warehouse_fs
+    from epochsync.warehouse.paths import Warehouse
+    from epochsync.warehouse.snapshots import read_snapshot
+    from epochsync.warehouse.tables import write_table
+
+    if first_epoch < 1 or last_epoch < first_epoch:
+        raise EpochError(f"bad epoch window {first_epoch}..{last_epoch}: need 1 <= first <= last")
+    t0 = time.monotonic()
+    target = cfg.target(target_name)
+    source = cfg.source_of(target)
+    wh = Warehouse(cfg.warehouse)
+    rows = _input_rows(wh, target.name, source.name, first_epoch, last_epoch)
+    size_partitions(spark, rows)
+    prev = read_snapshot(spark, wh, target.name, first_epoch - 1, source.root_fid)
+    # Caching pays for large inputs only: on a small epoch, persist() and unpersist() (each
+    # plans the whole merge on the server) cost more than the merge; a local checkpoint of
+    # the per-fid state plans it once (docs/INTERNALS.md, "Merge").
+    persisted: list = []
+    scratch: list[str] = []
+
+    def materialize(df: DataFrame) -> DataFrame:
+        uri = f"{wh.changes(target.name, last_epoch).rstrip('/')}.state-{uuid.uuid4().hex[:12]}"
+        scratch.append(uri)
+        df.write.mode("overwrite").parquet(uri)
+        return spark.read.parquet(uri)
+
+    cache = persisted if rows >= cache_min_rows() else materialize
+    records = read_records(spark, cfg.warehouse, source.name, first_epoch, last_epoch)
+    out = MergeOutputs(
+        wh.snapshot(target.name, last_epoch),
+        wh.changes(target.name, last_epoch),
+        wh.cookie_groups(target.name, last_epoch),
+    )
+    try:
+        snapshot, changes = merge_epoch(
+            prev, records, source.root_fid, extents_known_for(source.changelogs.format), cache=cache
+        )
+        # the snapshot last: its presence says the merge of this epoch is complete
+        write_table(spark, changes, out.changes)
+        write_table(spark, cookie_groups(records), out.cookie_groups)
+        write_table(spark, snapshot, out.snapshot)
+    except Exception as exc:  # Py4J/Spark errors: surface raise_error messages as one line
+        raise _clean_error(exc, target.name, first_epoch, last_epoch) from None
+    finally:
+        for df in persisted:
+            df.unpersist()
+        for uri in scratch:
+            warehouse_fs.delete(uri)
+
+    # the figures come from the files just written, read here with pyarrow: no Spark job
+    # re-reads a table only to count it (each would cost a round trip and a job)
+    counts = _table_counts(out, wh.records(source.name), first_epoch, last_epoch)
+    rec_counts = counts.pop("_records")
+    snapshot_fids, groups = counts.pop("_snapshot_fids"), counts.pop("_cookie_groups")
+    stats = {
+        "target": target.name,
+        "source": source.name,
+        "first_epoch": first_epoch,
+        "epoch": last_epoch,
+        "records": rec_counts["records"],
+        "merged_records": rec_counts["merged"],
+        **counts,
+        "snapshot_fids": snapshot_fids,
+        "cookie_groups": groups,
+        "net_to_raw_ratio": counts["changes"] / rec_counts["merged"] if rec_counts["merged"] else 0.0,
+        "snapshot": out.snapshot,
+        "changes_uri": out.changes,
+        "seconds": round(time.monotonic() - t0, 3),
+    }
+    # snapshot retention: the committed epoch's snapshot (first - 1, what a rollback checks
+    # against) and everything newer are always kept
+    from epochsync.warehouse.snapshots import prune_snapshots
+
+    stats["snapshots_pruned"] = prune_snapshots(
+        spark, wh, target.name, target.snapshot_retention, committed_epoch=first_epoch - 1
+    )
+    return stats
+
+
+#: merge inputs (records + snapshot rows) from which the shared plan is cached
+CACHE_MIN_ROWS = 200_000
+
+
+def cache_min_rows() -> int:
+    """Input rows from which the merge persists its shared plan (``EPOCHSYNC_MERGE_CACHE_MIN_ROWS``)."""
+    return int(os.environ.get("EPOCHSYNC_MERGE_CACHE_MIN_ROWS", CACHE_MIN_ROWS))
+
+
+def _input_rows(wh, target: str, source: str, first: int, last: int) -> int:
+    """Rows of the merge's input (records of the window + snapshot first-1), from Parquet footers."""
+    import pyarrow.dataset as ds
+
+    from epochsync.warehouse import fs as warehouse_fs
+    from epochsync.warehouse.paths import local_path
+
+    rows = 0
+    for uri in [wh.records(source, e) for e in range(first, last + 1)] + [wh.snapshot(target, first - 1)]:
+        if warehouse_fs.exists(uri):
+            rows += ds.dataset(local_path(uri), format="parquet", partitioning="hive").count_rows()
+    return rows
+
+
+def _table_counts(out: MergeOutputs, records_uri: str, first: int, last: int) -> dict:
+    """The merge's figures from its outputs and its input records, read with pyarrow in this process."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    from epochsync.warehouse.paths import local_path
+
+    def dataset(uri: str, **kw):
+        return ds.dataset(local_path(uri), format="parquet", partitioning="hive", **kw)
+
+    flags = [c for c in CHANGE_FIELDS if c in _FLAG_COLUMNS]
+    changes = dataset(out.changes).to_table(columns=[*flags, "ranges"])
+    counts: dict = {"changes": changes.num_rows}
+    for c in flags:
+        counts[c] = int(pc.sum(pc.cast(pc.fill_null(changes[c], False), "int64")).as_py() or 0)
+    lengths = pc.struct_field(pc.list_flatten(changes["ranges"]), "length")
+    counts["range_bytes"] = int(pc.sum(lengths).as_py() or 0)
+    counts["_snapshot_fids"] = dataset(out.snapshot).count_rows()
+    counts["_cookie_groups"] = dataset(out.cookie_groups).count_rows()
+    merged_types = pa.array(list(MERGED_TYPES), pa.string())
+    records = merged = 0
+    for e in range(first, last + 1):
+        types = dataset(f"{records_uri}/epoch={e}").to_table(columns=["type"])["type"].cast(pa.string())
+        records += len(types)
+        merged += int(pc.sum(pc.cast(pc.is_in(types, value_set=merged_types), "int64")).as_py() or 0)
+    counts["_records"] = {"records": records, "merged": merged}
+    return counts
+
+
+_FLAG_COLUMNS = ("created", "deleted", "links_changed", "attrs_changed", "xattrs_changed", "data_changed", "whole_file")
+
+
+#: what the merge's raise_error sentences say (each starts at "fid " or "record ")
+_MERGE_ERRORS = ("gains a name in this window", "has no fid, parent fid or name", "in no order that applies")
+
+
+def _clean_error(exc: Exception, target: str, first: int, last: int) -> EpochsyncError:
+    text = str(exc)
+    for marker in _MERGE_ERRORS:
+        if marker in text:
+            line = next((ln for ln in text.splitlines() if marker in ln), text)
+            # raise_error messages arrive wrapped in Spark's error text; keep the sentence.
+            start = line.find("record ") if marker.startswith("has no") else line.find("fid ")
+            sentence = line[start:].split(" SQLSTATE:")[0].strip().rstrip("'")
+            return EpochError(f"merge of target {target!r} epochs {first}..{last}: {sentence}")
+    if isinstance(exc, EpochsyncError):
+        return exc
+    return EpochError(
+        f"merge of target {target!r} epochs {first}..{last} failed: {text.splitlines()[0] if text else exc!r}"
+    )
+
+
+def merge_main(argv: list[str] | None = None) -> int:
+    """``spark_apps/merge.py``: ``--config FILE --target NAME --epoch E [--through E2]``.
+
+    Merges epoch E (or the window E..E2) onto snapshot E-1 and prints the stats as one
+    JSON line; on failure prints one line on stderr and returns 1.
+    """
+    import argparse
+    import json
+    import sys
+
+    p = argparse.ArgumentParser(
+        prog="merge", description="Merge a target's epoch (or window) into snapshot and change set."
+    )
+    p.add_argument("--config", required=True, metavar="FILE", help="epochsync YAML config")
+    p.add_argument("--target", required=True, metavar="NAME", help="target whose snapshot to advance")
+    p.add_argument("--epoch", required=True, type=int, metavar="E", help="first epoch of the window")
+    p.add_argument("--through", type=int, metavar="E2", help="last epoch (default: --epoch)")
+    # accepted so every stage takes the same arguments; the merge only writes the warehouse
+    p.add_argument("--dry-run", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--whole-file", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    try:
+        from epochsync.core.config import load_config
+
+        cfg = load_config(args.config)
+        stats = run_merge(cfg, args.target, args.epoch, args.through or args.epoch)
+    except EpochsyncError as exc:
+        print(f"merge: error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(stats, sort_keys=True))
+    return 0

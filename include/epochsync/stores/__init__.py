@@ -1,0 +1,1 @@
+"""Object stores: connections to S3 endpoints."""

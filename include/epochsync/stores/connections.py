@@ -1,0 +1,108 @@
+"""Resolve an Airflow connection id to S3 client settings, with or without Airflow.
+
+Keys never live in code or config: the config names a ``conn_id`` and the
+credentials come from ``AIRFLOW_CONN_<ID>`` (JSON or URI form, the same variable
+Airflow itself reads) or, inside Airflow, from its connection store.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from urllib.parse import parse_qsl, unquote, urlparse
+
+from epochsync.core.errors import StoreError
+
+
+@dataclass(frozen=True)
+class S3Settings:
+    """Plain, picklable client settings (shipped to Spark executors)."""
+
+    conn_id: str
+    endpoint_url: str | None = None
+    access_key: str | None = None
+    secret_key: str | None = None
+    region: str = "us-east-1"
+
+    def client(self, *, max_attempts: int = 3, connect_timeout: float = 5.0, read_timeout: float = 60.0):
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            region_name=self.region,
+            config=Config(
+                s3={"addressing_style": "path"},
+                retries={"max_attempts": max_attempts, "mode": "standard"},
+                connect_timeout=connect_timeout,
+                read_timeout=read_timeout,
+            ),
+        )
+
+    def describe(self) -> str:
+        return f"{self.conn_id} ({self.endpoint_url or 'AWS default endpoint'})"
+
+
+def _from_json(conn_id: str, text: str) -> S3Settings:
+    d = json.loads(text)
+    extra = d.get("extra") or {}
+    if isinstance(extra, str):
+        extra = json.loads(extra) if extra.strip() else {}
+    host = d.get("host")
+    endpoint = extra.get("endpoint_url") or (host if host and "://" in str(host) else None)
+    return S3Settings(
+        conn_id=conn_id,
+        endpoint_url=endpoint,
+        access_key=d.get("login") or extra.get("aws_access_key_id"),
+        secret_key=d.get("password") or extra.get("aws_secret_access_key"),
+        region=extra.get("region_name") or "us-east-1",
+    )
+
+
+def _from_uri(conn_id: str, text: str) -> S3Settings:
+    u = urlparse(text)
+    extra = dict(parse_qsl(u.query))
+    return S3Settings(
+        conn_id=conn_id,
+        endpoint_url=extra.get("endpoint_url"),
+        access_key=unquote(u.username) if u.username else None,
+        secret_key=unquote(u.password) if u.password else None,
+        region=extra.get("region_name") or "us-east-1",
+    )
+
+
+def resolve_s3(conn_id: str) -> S3Settings:
+    """Settings for ``conn_id``: env var first, then Airflow's store if importable."""
+    var = "AIRFLOW_CONN_" + conn_id.upper()
+    text = os.environ.get(var)
+    if text:
+        try:
+            return _from_json(conn_id, text) if text.lstrip().startswith("{") else _from_uri(conn_id, text)
+        except (ValueError, AttributeError) as exc:
+            raise StoreError(f"connection {conn_id!r}: cannot parse ${var}: {exc}") from None
+    try:
+        from airflow.sdk import BaseHook  # noqa: F401 - only inside Airflow
+    except ImportError:
+        BaseHook = None  # noqa: N806
+    if BaseHook is not None:
+        try:
+            conn = BaseHook.get_connection(conn_id)
+        except Exception as exc:  # Airflow raises its own not-found types
+            raise StoreError(
+                f"connection {conn_id!r} is not defined: set ${var} or add it in Airflow ({exc})"
+            ) from None
+        extra = conn.extra_dejson or {}
+        return S3Settings(
+            conn_id=conn_id,
+            endpoint_url=extra.get("endpoint_url") or None,
+            access_key=conn.login or None,
+            secret_key=conn.password or None,
+            region=extra.get("region_name") or "us-east-1",
+        )
+    raise StoreError(
+        f"connection {conn_id!r} is not defined: set ${var} (JSON: conn_type, login, password, extra.endpoint_url)"
+    )

@@ -1,0 +1,244 @@
+"""Namespace snapshots: one Parquet table per target and committed epoch (schema in :mod:`epochsync.core.model`).
+
+- :func:`empty_snapshot` is epoch 0: the root alone.
+- :func:`read_snapshot` / :func:`write_table` read and write ``Warehouse.snapshot(target, E)``;
+  writes go to a temporary sibling and are renamed into place, so a reader never sees a
+  half-written snapshot and a retried stage overwrites its own output.
+- :func:`load_namespace_dump` reads a source namespace dump (JSON Lines of snapshot
+  columns, ``snapshot/epoch=E/`` written by the source or by ``epochsync simulate``), used
+  by hydrate, and checks it.
+- :func:`resolve_paths` maps fid → path(s) with Spark joins (pointer jumping over the
+  directory tree: O(log depth) joins), failing clearly on a cycle or an orphan.
+- :func:`prune_snapshots` keeps the last N snapshots of a target
+  (``TargetConfig.snapshot_retention``).
+"""
+
+from __future__ import annotations
+
+import re
+import stat
+from typing import TYPE_CHECKING
+
+from epochsync.core.errors import EpochError, SnapshotError
+from epochsync.core.model import DIR, NODE_TYPES, SNAPSHOT_FIELDS
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import DataFrame, SparkSession
+
+    from epochsync.warehouse.paths import Warehouse
+
+#: mode of the root of an empty target (same as the oracle's default root)
+ROOT_MODE = stat.S_IFDIR | 0o755
+#: deepest directory tree resolve_paths accepts before calling it a cycle
+MAX_DEPTH = 4096
+
+
+def empty_snapshot(spark: SparkSession, root_fid: str) -> DataFrame:
+    """The snapshot of epoch 0: the root directory alone (mode 0o40755, uid/gid 0, size 0, no links)."""
+    from epochsync.core.model import snapshot_struct_type
+
+    row = {f: None for f in SNAPSHOT_FIELDS}
+    row.update(fid=root_fid, type=DIR, links=[], mode=ROOT_MODE, uid=0, gid=0, size=0, xattrs=[], objects=[])
+    return spark.createDataFrame([tuple(row[f] for f in SNAPSHOT_FIELDS)], snapshot_struct_type())
+
+
+# --------------------------------------------------------------------------- file system helpers
+
+
+def path_exists(spark: SparkSession | None, uri: str) -> bool:
+    """True if ``uri`` (a file or a directory) exists (checked by the caller, not by Spark)."""
+    from epochsync.warehouse import fs as warehouse_fs
+
+    return warehouse_fs.exists(uri)
+
+
+def _delete(spark: SparkSession | None, uri: str) -> None:
+    from epochsync.warehouse import fs as warehouse_fs
+
+    warehouse_fs.delete(uri)
+
+
+# --------------------------------------------------------------------------- snapshots
+
+
+def read_snapshot(spark: SparkSession, wh: Warehouse, target: str, epoch: int, root_fid: str) -> DataFrame:
+    """Snapshot ``epoch`` of ``target``; epoch 0 is :func:`empty_snapshot` unless one was written.
+
+    A missing snapshot above 0 is an error that says what to run.
+    """
+    from epochsync.core.model import snapshot_struct_type
+
+    uri = wh.snapshot(target, epoch)
+    if path_exists(spark, uri):
+        return spark.read.schema(snapshot_struct_type()).parquet(uri)
+    if epoch == 0:
+        return empty_snapshot(spark, root_fid)
+    raise EpochError(
+        f"no snapshot of target {target!r} at epoch {epoch} ({uri}): merge epoch {epoch} first "
+        f"(epochsync replicate --target {target} --epoch {epoch}) or hydrate the target"
+    )
+
+
+def write_snapshot(spark: SparkSession, wh: Warehouse, target: str, epoch: int, df: DataFrame) -> str:
+    """Write ``df`` (snapshot columns) as snapshot ``epoch`` of ``target``; returns its URI."""
+    from epochsync.core.model import snapshot_struct_type
+    from epochsync.warehouse.tables import conform, write_table
+
+    uri = wh.snapshot(target, epoch)
+    write_table(spark, conform(df, snapshot_struct_type()), uri)
+    return uri
+
+
+def snapshot_epochs(spark: SparkSession, wh: Warehouse, target: str) -> list[int]:
+    """Epochs that have a snapshot of ``target``, ascending."""
+    from epochsync.warehouse import fs as warehouse_fs
+
+    out = []
+    for name in warehouse_fs.list_dirs(wh.snapshots(target)):
+        m = re.fullmatch(r"epoch=(\d+)", name)
+        if m:
+            out.append(int(m.group(1)))
+    return sorted(out)
+
+
+def prune_snapshots(
+    spark: SparkSession, wh: Warehouse, target: str, keep: int, committed_epoch: int | None = None
+) -> list[int]:
+    """Delete old snapshots of ``target``, keeping the ``keep`` newest; returns the epochs deleted.
+
+    With ``committed_epoch``, the ``keep`` newest at or below it are kept plus every newer
+    one (a merged but uncommitted epoch, and the snapshot a rollback checks against, stay).
+    """
+    if keep < 1:
+        raise ValueError(f"snapshot retention must keep at least 1 snapshot, got {keep}")
+    epochs = snapshot_epochs(spark, wh, target)
+    candidates = epochs if committed_epoch is None else [e for e in epochs if e <= committed_epoch]
+    doomed = candidates[:-keep] if len(candidates) > keep else []
+    for e in doomed:
+        _delete(spark, wh.snapshot(target, e))
+    return doomed
+
+
+# --------------------------------------------------------------------------- namespace dumps
+
+
+def load_namespace_dump(spark: SparkSession, uri: str, root_fid: str) -> DataFrame:
+    """A source namespace dump (JSON Lines, one snapshot row per line, xattr values base64).
+
+    Checks what the merge relies on and fails with :class:`SnapshotError` naming the file
+    and the offending line or fid: malformed JSON, a missing fid/type/links, an unknown
+    type, a fid twice, no root row, a root with links. Returns a DataFrame of snapshot
+    columns (lazily re-read; cache it if you use it more than once).
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    from epochsync.core.model import snapshot_struct_type
+
+    if not path_exists(spark, uri):
+        raise SnapshotError(f"namespace dump {uri} does not exist")
+    schema = snapshot_struct_type()
+    loose = StructType([*(StructField(f.name, f.dataType, True) for f in schema.fields),
+                        StructField("_corrupt_record", StringType(), True)])  # fmt: skip
+    df = (
+        spark.read.schema(loose)
+        .option("mode", "PERMISSIVE")
+        .option("columnNameOfCorruptRecord", "_corrupt_record")
+        .json(uri)
+        .withColumn("_file", F.input_file_name())
+    ).cache()
+    bad = df.filter(
+        F.col("_corrupt_record").isNotNull()
+        | F.col("fid").isNull()
+        | F.col("type").isNull()
+        | ~F.col("type").isin(*NODE_TYPES)
+        | F.col("links").isNull()
+        | F.expr("exists(links, l -> l.pfid IS NULL OR l.name IS NULL)")
+    ).first()
+    if bad is not None:
+        df.unpersist()
+        what = (
+            f"not a JSON snapshot row: {bad['_corrupt_record'][:200]!r}"
+            if bad["_corrupt_record"] is not None
+            else f"fid {bad['fid']!r}: needs fid, type (one of {', '.join(NODE_TYPES)}) and links of (pfid, name)"
+        )
+        raise SnapshotError(f"{bad['_file']}: {what}")
+    dup = df.groupBy("fid").count().filter("count > 1").first()
+    if dup is not None:
+        df.unpersist()
+        raise SnapshotError(f"{uri}: fid {dup['fid']!r} appears {dup['count']} times")
+    root = df.filter(F.col("fid") == root_fid).select("links").first()
+    if root is None or root["links"]:
+        df.unpersist()
+        raise SnapshotError(
+            f"{uri}: the root {root_fid!r} is " + ("missing" if root is None else "linked under a parent")
+        )
+    from epochsync.warehouse.tables import conform
+
+    return conform(df.drop("_corrupt_record", "_file"), schema)
+
+
+# --------------------------------------------------------------------------- paths
+
+
+def resolve_paths(snapshot: DataFrame, root_fid: str, *, max_depth: int = MAX_DEPTH) -> DataFrame:
+    """``(fid, path)`` for every name of every fid (hard links give several rows).
+
+    Paths are relative to the root, without a leading ``/`` (the root's path is ``""``).
+    Directories are resolved by pointer jumping: each row knows its path down from an
+    ancestor ``anc``; joining a row with its ancestor's row doubles the distance covered,
+    so a tree of depth D needs about log2(D) joins (one Spark action per round to see
+    whether any row is left). A link to a missing parent, or to a parent that is not a
+    directory, is an orphan; a directory chain that does not reach the root within
+    ``max_depth`` is a cycle: both raise :class:`SnapshotError` naming fids.
+    """
+    from pyspark.sql import functions as F
+
+    spark = snapshot.sparkSession
+    links = snapshot.select("fid", "type", F.explode("links").alias("l")).select(
+        "fid", "type", F.col("l.pfid").alias("pfid"), F.col("l.name").alias("name")
+    )
+    dirs = snapshot.filter(F.col("type") == DIR).select("fid")
+    orphan = (
+        links.join(dirs.withColumnRenamed("fid", "pfid"), "pfid", "left_anti").select("fid", "pfid", "name").first()
+    )
+    if orphan is not None:
+        raise SnapshotError(
+            f"orphan: {orphan['fid']} is linked as {orphan['name']!r} under {orphan['pfid']}, "
+            "which is not a directory of this snapshot"
+        )
+    # (fid, anc, path): path is the way from anc down to fid
+    state = links.filter(F.col("type") == DIR).select("fid", F.col("pfid").alias("anc"), F.col("name").alias("path"))
+    done = spark.createDataFrame([], "fid string, path string")
+    rounds = 0
+    limit = max(1, max_depth).bit_length() + 1
+    while True:
+        state = state.localCheckpoint()
+        done_before = done
+        done = done.unionByName(state.filter(F.col("anc") == root_fid).select("fid", "path"))
+        pending = state.filter(F.col("anc") != root_fid)
+        if pending.isEmpty():
+            break
+        rounds += 1
+        if rounds > limit:
+            sample = [r["fid"] for r in pending.select("fid").distinct().limit(5).collect()]
+            raise SnapshotError(
+                f"directory cycle or tree deeper than {max_depth}: cannot reach the root from {', '.join(sample)}"
+            )
+        # every directory is either still in `state` or was resolved in an earlier round
+        up = state.select(F.col("fid").alias("anc"), F.col("anc").alias("anc2"), F.col("path").alias("prefix"))
+        resolved = done_before.select(
+            F.col("fid").alias("anc"), F.lit(root_fid).alias("anc2"), F.col("path").alias("prefix")
+        )
+        state = pending.join(up.unionByName(resolved), "anc").select(
+            "fid", F.col("anc2").alias("anc"), F.concat_ws("/", "prefix", "path").alias("path")
+        )
+    dir_paths = done.unionByName(spark.createDataFrame([(root_fid, "")], "fid string, path string"))
+    return links.join(dir_paths.select(F.col("fid").alias("pfid"), F.col("path").alias("ppath")), "pfid").select(
+        "fid", F.expr("CASE WHEN ppath = '' THEN name ELSE concat(ppath, '/', name) END").alias("path")
+    )
+
+
+def paths_at(spark: SparkSession, wh: Warehouse, target: str, epoch: int, root_fid: str) -> DataFrame:
+    """:func:`resolve_paths` of snapshot ``epoch`` of ``target``."""
+    return resolve_paths(read_snapshot(spark, wh, target, epoch, root_fid), root_fid)

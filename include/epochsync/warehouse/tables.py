@@ -1,0 +1,51 @@
+"""Warehouse tables: written whole and atomically, with the columns and types of their schema."""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING
+
+from epochsync.core.errors import SnapshotError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+
+def write_table(spark: SparkSession, df: DataFrame, uri: str) -> None:
+    """Write ``df`` as Parquet at ``uri``, replacing what was there, all or nothing.
+
+    Spark writes into ``<uri>.tmp-<random>``; only a complete write is renamed onto ``uri``
+    (on file:// in one atomic exchange where Linux can, so a reader sees the old table or
+    the new one). A failed write leaves the old table untouched. The rename runs in this
+    process (``pyarrow.fs`` or ``os``, no JVM): under Spark Connect the warehouse must be
+    at the same path for this process and for Spark.
+    """
+    from epochsync.warehouse import fs as warehouse_fs
+
+    tmp = f"{uri.rstrip('/')}.tmp-{uuid.uuid4().hex[:12]}"
+    try:
+        df.write.mode("overwrite").parquet(tmp)
+        try:
+            warehouse_fs.move_replacing(tmp, uri)
+        except OSError as exc:
+            raise SnapshotError(f"could not move {tmp} to {uri}: {exc}") from None
+    finally:
+        warehouse_fs.delete(tmp)
+
+
+def conform(df: DataFrame, schema) -> DataFrame:
+    """Columns of ``schema``, in its order, cast to its types (nullability aside: Spark
+    cannot cast to a non-null field; the values honour it by construction)."""
+    from pyspark.sql import functions as F
+
+    return df.select(*(F.col(f.name).cast(nullable_type(f.dataType)).alias(f.name) for f in schema.fields))
+
+
+def nullable_type(dt):
+    from pyspark.sql.types import ArrayType, StructField, StructType
+
+    if isinstance(dt, StructType):
+        return StructType([StructField(f.name, nullable_type(f.dataType), True) for f in dt.fields])
+    if isinstance(dt, ArrayType):
+        return ArrayType(nullable_type(dt.elementType), True)
+    return dt

@@ -1,0 +1,765 @@
+"""``make bench-e2e``: epochsync vs ``aws s3 sync`` vs ``rclone sync`` vs whole-file copy.
+
+Namespaces of 10,000 to 100,000 files (log-normal sizes, median 8 KiB, a tail to 4 MiB);
+the 1% small-writes scenario runs at 10,000, 30,000 and 100,000 files (the scale rows).
+
+For each scenario a scripted source is simulated over two epochs (epoch 1 builds the
+tree, epoch 2 is the change under test) into a versioned S3 source store on an embedded
+SeaweedFS. The replicas are brought to epoch 1 (not measured), then each tool brings
+its replica to epoch 2 while an :class:`~epochsync_dev.s3proxy.S3Proxy` (in its own process) in front of
+SeaweedFS counts every request and byte, server side of the client:
+
+- ``epochsync``: ``pipeline.replicate`` of epoch 2 into an s3 target (ingest, merge,
+  translate, apply, verify, commit), every stage on a warm Spark Connect server started
+  once for the benchmark (``local[2]``), as a deployment runs it; verify sampling 0 so
+  the source is read only for the pull — correctness is checked after the measurement
+  instead;
+- ``aws-s3-sync``: ``aws s3 sync --delete`` from a bucket holding the source's files
+  whole at epoch 2 (bucket to bucket: the CLI copies changed files server-side);
+- ``rclone-sync``: Debian's rclone (installed with apt-get when missing, as CI installs
+  chromium; the row says why when it cannot), ``sync --checksum --fast-list`` bucket to
+  bucket, configured by ``RCLONE_CONFIG_BENCH_*`` variables;
+- ``whole-file``: what lustre_rsync and geo-replication do: every changed or new file is
+  read whole and written whole, renames become copies, deletes deletes.
+
+Every replica is then compared with the ground truth of epoch 2. Rows go to
+``bench/results/e2e.json``: ``{scenario, tool, seconds, bytes_read_source,
+bytes_written, requests, net_changed_bytes}`` (plus detail fields), with a chart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from epochsync_dev.bench import results_dir, write_results
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    files: int
+    max_file_size: int
+    description: str
+    #: appends of 64 KiB (appends), files created and deleted (churn) and kept (churn)
+    appends: int = 0
+    churn: int = 0
+    kept: int = 0
+    seed: int = 7
+    #: file sizes of the initial tree: "uniform" between a floor and ``max_file_size``, or
+    #: "lognormal" (median 8 KiB, sigma 0.6, clipped to 1 KiB-1 MiB, plus 1 file in 2,000
+    #: of 1-4 MiB: the many-small-files namespace of a real parallel file system)
+    sizes: str = "uniform"
+    #: files in the renamed directory (dir-rename); the rest of the namespace is elsewhere
+    renamed: int = 0
+
+
+LOGNORMAL_MEDIAN = 8 * 1024
+LOGNORMAL_SIGMA = 0.6
+TAIL_ONE_IN = 2_000  # files of 1-4 MiB
+SCALE = "small-writes-1pct"  # the scenario repeated at several namespace sizes (the scale rows)
+SCALE_SIZES = (10_000, 30_000)  # plus SCENARIOS[SCALE].files
+
+SCENARIOS = {
+    "small-writes-1pct-10k": Scenario("small-writes-1pct-10k", 10_000, 4 * MiB,
+                                      "1% of 10,000 files (log-normal, median 8 KiB) get a 4 KiB write in place",
+                                      sizes="lognormal"),
+    "dir-rename-10000": Scenario("dir-rename-10000", 10_000, 4 * MiB,
+                                 "a directory holding 10,000 files (log-normal sizes) is renamed",
+                                 sizes="lognormal", renamed=10_000),
+    "create-delete-churn": Scenario("create-delete-churn", 10_000, 4 * MiB,
+                                    "2,000 files created and deleted within the epoch, 100 kept, in 10,000 files",
+                                    churn=2_000, kept=100, sizes="lognormal"),
+    "appends-large": Scenario("appends-large", 24, 32 * MiB,
+                              "24 large files (up to 32 MiB) get 200 appends of 64 KiB", appends=200),
+    "small-writes-1pct-30k": Scenario("small-writes-1pct-30k", 30_000, 4 * MiB,
+                                      "1% of 30,000 files (log-normal, median 8 KiB) get a 4 KiB write in place",
+                                      sizes="lognormal"),
+    "small-writes-1pct": Scenario("small-writes-1pct", 100_000, 4 * MiB,
+                                  "1% of 100,000 files (log-normal, median 8 KiB, up to 4 MiB) get a 4 KiB write in place",
+                                  sizes="lognormal"),
+}  # fmt: skip
+QUICK = {  # the same shapes, small: the test suite's correctness run
+    "small-writes-1pct": Scenario(
+        "small-writes-1pct", 400, 128 * 1024, "1% of 400 files (16-128 KiB) get a 4 KiB write"
+    ),
+    "appends-large": Scenario(
+        "appends-large", 3, 6 * MiB, "3 files (up to 6 MiB) get 12 appends of 64 KiB", appends=12
+    ),
+    "dir-rename-1000": Scenario("dir-rename-1000", 60, 8 * 1024, "a directory holding 60 files is renamed", renamed=60),
+    "create-delete-churn": Scenario(
+        "create-delete-churn", 100, 8 * 1024, "40 files created and deleted, 5 kept", churn=40, kept=5
+    ),
+}
+
+
+def scenario_workload(scenario: Scenario, sink):
+    """A :class:`~epochsync_dev.simulate.Workload` whose epoch 2 is the scenario's change."""
+    import math
+
+    from epochsync_dev.simulate import SimConfig, Workload
+
+    class ScenarioWorkload(Workload):
+        def _size(self, lo: int) -> int:
+            if scenario.sizes == "lognormal":
+                if self.rng.randrange(TAIL_ONE_IN) == 0:
+                    return self.rng.randrange(MiB, self.cfg.max_file_size + 1)
+                size = int(self.rng.lognormvariate(math.log(LOGNORMAL_MEDIAN), LOGNORMAL_SIGMA))
+                return max(1024, min(MiB, size))
+            return self.rng.randrange(lo, self.cfg.max_file_size)
+
+        def _initial_tree(self) -> None:
+            if scenario.name.startswith("dir-rename"):
+                self.op_mkdir()
+                self.renamed_dir = self.dirs.choice(self.rng)
+                while self.renamed_dir == self.cfg.root_fid:
+                    self.renamed_dir = self.dirs.choice(self.rng)
+                for _ in range(scenario.renamed or self.cfg.files):
+                    fid = self._create_file(parent=self.renamed_dir)
+                    self.write(fid, 0, self._size(1))
+                return
+            for _ in range(max(1, self.cfg.files // 50)):
+                self.op_mkdir()
+            for _ in range(self.cfg.files):
+                fid = self._create_file()
+                half = self.cfg.max_file_size // 2
+                lo = half if scenario.name.startswith("appends") else min(16 * 1024, half)
+                self.write(fid, 0, self._size(lo))
+
+        def scripted_epoch(self, epoch: int) -> None:
+            from epochsync_dev.simulate import _NS, EPOCH_INTERVAL_S, EPOCH_START
+
+            self.epoch = epoch
+            self.clock = max(self.clock, (int(EPOCH_START.timestamp()) + (epoch - 1) * EPOCH_INTERVAL_S) * _NS)
+            self.epoch_records = self.epoch_writes = 0
+            files = sorted(self.files.items)
+            if scenario.name.startswith("small-writes"):
+                for fid in self.rng.sample(files, max(1, len(files) // 100)):
+                    size = self.model.nodes[fid].size or 0
+                    length = min(4096, size)
+                    if length:
+                        self.write(fid, self.rng.randrange(0, size - length + 1), length)
+            elif scenario.name.startswith("appends"):
+                for _ in range(scenario.appends):
+                    fid = self.rng.choice(files)
+                    self.write(fid, self.model.nodes[fid].size or 0, 64 * 1024)
+            elif scenario.name.startswith("dir-rename"):
+                link = next(iter(self.model.nodes[self.renamed_dir].links))
+                self._rename(self.renamed_dir, link, (link[0], link[1] + "-renamed"))
+            elif scenario.name.startswith("create-delete"):
+                for _ in range(scenario.churn):
+                    self.op_create_delete()
+                for _ in range(scenario.kept):
+                    self.op_create()
+            for server in sorted(self.next_index):
+                self.emit(server, "EPOCH")
+
+    cfg = SimConfig(seed=scenario.seed, epochs=2, files=scenario.files, mdts=1, osts=4, ops_per_epoch=0,
+                    unstriped_ratio=0.0, max_file_size=scenario.max_file_size)  # fmt: skip
+    return ScenarioWorkload(cfg, sink)
+
+
+def _store_first_versions(store, uploads, local: Path, rclone_bin: str | None, endpoint) -> dict[str, str]:
+    """``store.put_versions(uploads)`` for the initial tree, through rclone when it can.
+
+    The initial tree writes each object once, so its objects go up as files (rclone: Go,
+    32 transfers, several times faster than boto3 threads on 100,000 objects) and one
+    versions listing gives each key's version id. With a key written twice, or no rclone,
+    the store's own ordered PUTs do it.
+    """
+    keys = [u.key for u in uploads]
+    if rclone_bin is None or endpoint is None or len(set(keys)) != len(keys):
+        return store.put_versions(uploads)
+    for u in uploads:
+        f = local / u.key
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(u.data)
+    env = rclone_env(endpoint.url, endpoint.access_key, endpoint.secret_key, "SEED")
+    rclone(rclone_bin, env, "copy", str(local), f"SEED:{store.bucket}", *SEED_FLAGS)
+    import shutil
+
+    shutil.rmtree(local, ignore_errors=True)
+    latest = {}
+    for page in store.client.get_paginator("list_object_versions").paginate(Bucket=store.bucket):
+        for v in page.get("Versions", []):
+            if v.get("IsLatest"):
+                latest[v["Key"]] = v["VersionId"]
+    missing = [k for k in keys if not latest.get(k) or latest[k] == "null"]
+    if missing:
+        raise RuntimeError(f"bench e2e: {len(missing)} source objects have no version after the upload ({missing[0]})")
+    return {u.token: latest[u.key] for u in uploads}
+
+
+def generate_source(scenario: Scenario, out: Path, store, rclone_bin: str | None = None, endpoint=None) -> dict:
+    """Simulate the scenario into ``out`` (changelogs, truth) and the source ``store``.
+
+    Returns {epoch: {path: bytes}} file contents at epochs 1 and 2 (for the whole-file buckets).
+    ``rclone_bin`` and ``endpoint`` (SeaweedFS itself): upload the initial tree with rclone.
+    """
+    from epochsync.core.schema import record_to_json
+
+    collected = []
+    w = scenario_workload(scenario, collected.append)
+    contents: dict[int, dict[str, bytes]] = {}
+    data: dict[str, bytes] = {}  # fid -> bytes, rebuilt only for the files an epoch touched
+    for e in (1, 2):
+        collected.clear()
+        if e == 1:
+            w.run_epoch(1)
+        else:
+            w.scripted_epoch(2)
+        t_sim = time.monotonic()
+        if e == 1:
+            versions = _store_first_versions(store, w.uploads, out / "objects1", rclone_bin, endpoint)
+        else:
+            versions = store.put_versions(w.uploads)
+        store.delete(w.deletes)
+        t_up = time.monotonic()
+        w.remap_versions(versions, collected)
+        for server in w.cfg.servers:
+            d = out / "changelogs" / server
+            d.mkdir(parents=True, exist_ok=True)
+            with open(d / f"{e:06d}.jsonl", "w", encoding="utf-8") as f:
+                for r in collected:
+                    if r.server == server:
+                        f.write(record_to_json(r) + "\n")
+        truth = w.truth()
+        (out / "truth").mkdir(parents=True, exist_ok=True)
+        with open(out / "truth" / f"epoch={e}.jsonl", "w", encoding="utf-8") as f:
+            for row in truth:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        live = {fid: n for fid, n in w.model.nodes.items() if n.type == "file" and n.data is not None}
+        data = {fid: data[fid] if fid in data and fid not in w.touched else bytes(n.data) for fid, n in live.items()}
+        contents[e] = {row["path"]: data[row["fid"]] for row in truth if row["type"] == "file"}
+        print(f"bench e2e:   epoch {e}: {len(w.uploads):,} object versions stored in {t_up - t_sim:.0f}s, "
+              f"changelogs and truth written in {time.monotonic() - t_up:.0f}s", file=sys.stderr, flush=True)  # fmt: skip
+        w.finish_epoch()
+    contents["servers"] = list(w.cfg.servers)
+    contents["root_fid"] = w.cfg.root_fid
+    return contents
+
+
+def write_bench_config(out: Path, scenario: Scenario, servers, root_fid: str, replica_bucket: str) -> Path:
+    import yaml
+
+    from epochsync_dev.simulate import EPOCH_INTERVAL_S, EPOCH_START, STRIPED_KEY, UNSTRIPED_KEY
+
+    cfg = {
+        "warehouse": f"file://{out / 'warehouse'}",
+        "sources": [{
+            "name": "bench", "root_fid": root_fid, "servers": list(servers),
+            "changelogs": {"uri": f"file://{out / 'changelogs'}/", "format": "jsonl"},
+            "store": {"conn_id": "bench_source", "bucket": f"src-{_slug(scenario)}", "key": STRIPED_KEY,
+                      "unstriped_key": UNSTRIPED_KEY},
+            "epoch": {"interval": f"{EPOCH_INTERVAL_S}s", "start": EPOCH_START.strftime("%Y-%m-%dT%H:%M:%SZ")},
+        }],
+        "targets": [{"name": "replica", "source": "bench", "kind": "s3", "conn_id": "bench_replica",
+                     "bucket": replica_bucket, "prefix": "", "verify": {"sample": 0.0}}],
+    }  # fmt: skip
+    path = out / "epochsync.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def _slug(s: Scenario) -> str:
+    return s.name.replace("_", "-")[:40]
+
+
+def _put_tree(client, bucket: str, files: dict[str, bytes], threads: int = 16) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(lambda kv: client.put_object(Bucket=bucket, Key=kv[0], Body=kv[1]), files.items()))
+
+
+def _delete_keys(client, bucket: str, keys: list[str]) -> None:
+    for i in range(0, len(keys), 1000):
+        chunk = keys[i : i + 1000]
+        if chunk:
+            client.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in chunk], "Quiet": True})
+
+
+def _bucket_files(client, bucket: str) -> dict[str, str]:
+    """key -> md5 of every object in ``bucket`` (checks the baselines' replicas).
+
+    A single-part PUT's or a copy's ETag is the MD5 of the object, so one listing checks
+    every byte; an object whose ETag is not an MD5 (multipart) is read and hashed.
+    """
+    out = {}
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+        for o in page.get("Contents", []):
+            etag = o["ETag"].strip('"')
+            if "-" in etag or len(etag) != 32:
+                etag = hashlib.md5(client.get_object(Bucket=bucket, Key=o["Key"])["Body"].read()).hexdigest()
+            out[o["Key"]] = etag
+    return out
+
+
+def _expected_files(contents: dict[str, bytes]) -> dict[str, str]:
+    return {p: hashlib.md5(b).hexdigest() for p, b in contents.items()}
+
+
+def _replica_check(client, bucket: str, expected: dict[str, str]) -> dict:
+    """``replica_equals_source`` and the first differences of a baseline's replica."""
+    got = _bucket_files(client, bucket)
+    missing = sorted(set(expected) - set(got))
+    extra = sorted(set(got) - set(expected))
+    differ = [k for k in sorted(set(got) & set(expected)) if got[k] != expected[k]]
+    diffs = [f"{k}: missing on the replica" for k in missing[:5]]
+    diffs += [f"{k}: on the replica but not in the source" for k in extra[:5]]
+    diffs += [f"{k}: content differs" for k in differ[:5]]
+    out = {"replica_equals_source": not diffs, "differences": diffs[:5]}
+    if diffs:
+        out["difference_counts"] = {"missing": len(missing), "extra": len(extra), "content": len(differ)}
+    return out
+
+
+# ---------------------------------------------------------------------------- rclone
+
+
+def rclone_binary(install: bool = True) -> tuple[str | None, str]:
+    """``(path, how)`` of Debian's rclone, installed the way CI installs chromium when missing.
+
+    ``path`` is None when it is not there and cannot be installed; ``how`` says why.
+    """
+    import shutil
+
+    found = shutil.which("rclone")
+    if found:
+        return found, "found on PATH"
+    if not install:
+        return None, "rclone is not installed"
+    print("bench e2e: installing rclone (apt-get install rclone) ...", file=sys.stderr, flush=True)
+    try:
+        subprocess.run("apt-get update -qq && apt-get install -y -qq --no-install-recommends rclone", shell=True,
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)  # fmt: skip
+    except (subprocess.SubprocessError, OSError) as exc:
+        return None, f"rclone is not installed and apt-get install rclone failed ({exc})"
+    found = shutil.which("rclone")
+    return (found, "installed by apt-get") if found else (None, "apt-get install rclone gave no rclone binary")
+
+
+def rclone_env(url: str, access_key: str, secret_key: str, name: str = "BENCH") -> dict[str, str]:
+    """An rclone remote ``<name>:`` for an S3 endpoint, from environment variables only (no config file)."""
+    p = f"RCLONE_CONFIG_{name}_"
+    return {
+        "RCLONE_CONFIG": os.devnull,
+        p + "TYPE": "s3",
+        p + "PROVIDER": "Other",
+        p + "ENDPOINT": url,
+        p + "ACCESS_KEY_ID": access_key,
+        p + "SECRET_ACCESS_KEY": secret_key,
+        p + "REGION": "us-east-1",
+        p + "FORCE_PATH_STYLE": "true",
+    }
+
+
+#: what an operator runs to sync one S3 bucket into another: compare by MD5 (the ETag the
+#: listing already carries; rclone's default size+modtime needs a HEAD per object to read
+#: the modtime metadata, and a write in place keeps the size), one listing per bucket
+#: (--fast-list), rclone's default 4 transfers raised to 16 like the aws CLI's 10 threads
+RCLONE_FLAGS = ("--checksum", "--fast-list", "--transfers", "16", "--checkers", "16")
+
+
+SEED_FLAGS = ("--transfers", "32", "--checkers", "32", "--fast-list", "--s3-no-check-bucket")
+
+
+def rclone(binary: str, env: dict, *args: str) -> None:
+    # AWS_CA_BUNDLE (set on some machines for the HTTPS proxy) makes rclone 1.60 fail on any
+    # s3 remote ("unable to load custom CA bundle"); the endpoints here are plain-HTTP loopback
+    base = {k: v for k, v in os.environ.items() if k != "AWS_CA_BUNDLE"}
+    subprocess.run([binary, *args, "--retries", "1", "--log-level", "ERROR"], env=dict(base, **env), check=True)
+
+
+def _seed_buckets(admin, endpoint, contents: dict[str, bytes], buckets: list[str], local: Path,
+                  rclone_bin: str | None) -> None:  # fmt: skip
+    """Fill ``buckets`` with the files of epoch 1 (not measured), straight to SeaweedFS.
+
+    With rclone: the tree is written to ``local`` and rclone uploads it (Go, 32 transfers)
+    into the first bucket and copies it server-side into the others, several times faster
+    than boto3 threads for 100,000 files; without, boto3 threads PUT every copy.
+    """
+    if rclone_bin is None:
+        for b in buckets:
+            _put_tree(admin, b, contents)
+        return
+    for path, data in contents.items():
+        f = local / path
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(data)
+    env = rclone_env(endpoint.url, endpoint.access_key, endpoint.secret_key, "SEED")
+    rclone(rclone_bin, env, "copy", str(local), f"SEED:{buckets[0]}", *SEED_FLAGS)
+    for b in buckets[1:]:
+        rclone(rclone_bin, env, "copy", f"SEED:{buckets[0]}", f"SEED:{b}", *SEED_FLAGS)
+    import shutil
+
+    shutil.rmtree(local, ignore_errors=True)
+
+
+def whole_file_touched(before: dict[str, bytes], after: dict[str, bytes]) -> set[str]:
+    """Paths of ``before`` that :func:`whole_file_copy` replaces, deletes or copies from."""
+    changed = {p for p, b in after.items() if p in before and before[p] != b}
+    gone = set(before) - set(after)
+    return changed | gone
+
+
+def whole_file_copy(client, src_bucket: str, dst_bucket: str, before: dict[str, bytes], after: dict[str, bytes]):
+    """Bring ``dst_bucket`` from ``before`` to ``after`` the way whole-file replicators do."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    sha_before = {p: hashlib.sha256(b).hexdigest() for p, b in before.items()}
+    by_sha_before: dict[str, str] = {}
+    for p, s in sha_before.items():
+        by_sha_before.setdefault(s, p)
+    jobs = []
+    for path, data in after.items():
+        if path in before and sha_before[path] == hashlib.sha256(data).hexdigest():
+            continue
+        old = by_sha_before.get(hashlib.sha256(data).hexdigest())
+        jobs.append(("copy", path, old) if old and old not in after else ("put", path, None))
+
+    def run(job):
+        kind, path, old = job
+        if kind == "copy":  # a rename: server-side copy, no bytes through the client
+            client.copy_object(Bucket=dst_bucket, Key=path, CopySource={"Bucket": dst_bucket, "Key": old})
+        else:  # changed or new: read whole, write whole
+            body = client.get_object(Bucket=src_bucket, Key=path)["Body"].read()
+            client.put_object(Bucket=dst_bucket, Key=path, Body=body)
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(run, jobs))
+    _delete_keys(client, dst_bucket, sorted(set(before) - set(after)))
+
+
+def run_scenario(scenario: Scenario, weed_endpoint, spark, work: Path, verbose: bool = False,
+                 profile: str | None = None, rclone_bin: str | None = None, rclone_why: str = "") -> list[dict]:  # fmt: skip
+    """Measure the tools on one scenario; returns one row per tool.
+
+    ``rclone_bin`` (see :func:`rclone_binary`): without it the rclone row says why it was not run.
+    """
+    from epochsync.stages.pipeline import replicate
+    from epochsync.stores.connections import S3Settings
+    from epochsync_dev.embedded import S3Endpoint
+    from epochsync_dev.s3proxy import S3ProxyProcess
+    from epochsync_dev.simulate import SourceStore
+    from epochsync_dev.truth import compare_with_truth, load_truth, truth_path
+
+    slug = _slug(scenario)
+    out = work / slug
+    admin = weed_endpoint.client()
+    say = lambda msg: print(f"bench e2e: {scenario.name}: {msg}", file=sys.stderr, flush=True)  # noqa: E731
+    # the proxy runs in its own process: in this one it would take the GIL from epochsync's
+    # threads while aws runs as a subprocess beside it
+    with S3ProxyProcess(weed_endpoint.url, weed_endpoint.access_key, weed_endpoint.secret_key) as proxy:
+        ep = S3Endpoint(proxy.url, weed_endpoint.access_key, weed_endpoint.secret_key)
+        conn = ep.airflow_conn_json()
+        direct = weed_endpoint.airflow_conn_json()
+        os.environ["AIRFLOW_CONN_BENCH_SOURCE"] = conn
+        os.environ["AIRFLOW_CONN_BENCH_REPLICA"] = conn
+        client = ep.client()
+        t0 = time.monotonic()
+        # the source is stored straight into SeaweedFS (not measured; same buckets and version ids)
+        w = weed_endpoint
+        store = SourceStore(S3Settings("bench", w.url, w.access_key, w.secret_key), f"src-{slug}", threads=32)
+        store.ensure_versioned_bucket()
+        contents = generate_source(scenario, out, store, rclone_bin, weed_endpoint)
+        cfg_path = write_bench_config(out, scenario, contents["servers"], contents["root_fid"], f"es-{slug}")
+        say(f"source generated in {time.monotonic() - t0:.0f}s ({len(contents[1]):,} files at epoch 1, "
+            f"{sum(map(len, contents[1].values())) / MiB:,.0f} MiB)")  # fmt: skip
+        baselines = [f"files-{slug}", f"sync-{slug}"] + ([f"rc-{slug}"] if rclone_bin else [])
+        for b in [*baselines, f"whole-{slug}"]:
+            admin.create_bucket(Bucket=b)
+        t0 = time.monotonic()
+        _seed_buckets(admin, weed_endpoint, contents[1], baselines, out / "tree1", rclone_bin)
+        # whole-file copy never lists: its replica holds only the files its change set reads,
+        # replaces or deletes (100,000 fewer seed copies); it is checked on those keys
+        touched = whole_file_touched(contents[1], contents[2])
+        _put_tree(admin, f"whole-{slug}", {p: contents[1][p] for p in touched})
+        say(f"baseline replicas at epoch 1 in {time.monotonic() - t0:.0f}s")
+        quiet = (
+            (lambda msg: print(f"bench e2e:   {msg}", file=sys.stderr, flush=True)) if verbose else (lambda msg: None)
+        )  # noqa: E731
+        t0 = time.monotonic()
+        replicate(str(cfg_path), "replica", epoch=1, spark=spark, progress=quiet)
+        say(f"epochsync replica at epoch 1 in {time.monotonic() - t0:.0f}s")
+        # the whole-file source view moves to epoch 2 (not measured: the source's own change)
+        _put_tree(admin, f"files-{slug}", {p: b for p, b in contents[2].items() if contents[1].get(p) != b})
+        _delete_keys(admin, f"files-{slug}", sorted(set(contents[1]) - set(contents[2])))
+        time.sleep(1.1)  # LastModified has 1 s resolution: sync must see the new versions as newer
+
+        rows = []
+        # --- epochsync
+        proxy.reset_counters()
+        profiler = None
+        if profile:
+            import cProfile
+
+            profiler = cProfile.Profile()
+            profiler.enable()
+        t = time.monotonic()
+        stats = replicate(str(cfg_path), "replica", epoch=2, spark=spark, progress=quiet)
+        es_seconds = time.monotonic() - t
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(f"{profile}.{slug}.pstats")
+        c = proxy.snapshot()
+        stat_row = stats[-1] if stats else {}
+        net = int(stat_row.get("bytes_changed", 0))
+        rows.append(_row(scenario, "epochsync", es_seconds, c, f"src-{slug}", f"es-{slug}", net,
+                         pulled=stat_row.get("bytes_pulled")))  # fmt: skip
+        say(f"epochsync {es_seconds:.1f}s")
+        from epochsync.core.config import load_config
+        from epochsync.stages.pipeline import open_target_for
+
+        # the check reads the replica straight from SeaweedFS (after the measurement, not counted)
+        os.environ["AIRFLOW_CONN_BENCH_REPLICA"] = direct
+        cfg = load_config(cfg_path)
+        diffs = compare_with_truth(open_target_for(cfg, cfg.target("replica")), load_truth(truth_path(out, 2)))
+        os.environ["AIRFLOW_CONN_BENCH_REPLICA"] = conn
+        rows[-1]["replica_equals_source"] = not diffs
+        rows[-1]["differences"] = diffs[:5]
+        expected = _expected_files(contents[2])
+
+        # --- aws s3 sync
+        env = dict(os.environ, AWS_ACCESS_KEY_ID=ep.access_key, AWS_SECRET_ACCESS_KEY=ep.secret_key,
+                   AWS_DEFAULT_REGION="us-east-1", AWS_CONFIG_FILE=os.devnull, AWS_SHARED_CREDENTIALS_FILE=os.devnull)  # fmt: skip
+        aws = str(Path(sys.executable).parent / "aws")
+        proxy.reset_counters()
+        t = time.monotonic()
+        subprocess.run([aws, "--endpoint-url", ep.url, "s3", "sync", f"s3://files-{slug}/", f"s3://sync-{slug}/",
+                        "--delete", "--only-show-errors"], env=env, check=True)  # fmt: skip
+        rows.append(_row(scenario, "aws-s3-sync", time.monotonic() - t, proxy.snapshot(), f"files-{slug}",
+                         f"sync-{slug}", net, flags="s3 sync --delete (size + LastModified)"))  # fmt: skip
+        rows[-1].update(_replica_check(admin, f"sync-{slug}", expected))
+        say(f"aws s3 sync {rows[-1]['seconds']:.1f}s")
+
+        # --- rclone sync
+        if rclone_bin:
+            renv = rclone_env(ep.url, ep.access_key, ep.secret_key)
+            proxy.reset_counters()
+            t = time.monotonic()
+            rclone(rclone_bin, renv, "sync", f"BENCH:files-{slug}", f"BENCH:rc-{slug}", *RCLONE_FLAGS)
+            rows.append(_row(scenario, "rclone-sync", time.monotonic() - t, proxy.snapshot(), f"files-{slug}",
+                             f"rc-{slug}", net, flags="sync " + " ".join(RCLONE_FLAGS)))  # fmt: skip
+            rows[-1].update(_replica_check(admin, f"rc-{slug}", expected))
+            say(f"rclone sync {rows[-1]['seconds']:.1f}s")
+        else:
+            rows.append({"scenario": scenario.name, "tool": "rclone-sync", "skipped": rclone_why,
+                         "replica_equals_source": None, "description": scenario.description})  # fmt: skip
+
+        # --- whole-file copy
+        proxy.reset_counters()
+        t = time.monotonic()
+        whole_file_copy(client, f"files-{slug}", f"whole-{slug}", contents[1], contents[2])
+        rows.append(_row(scenario, "whole-file", time.monotonic() - t, proxy.snapshot(), f"files-{slug}",
+                         f"whole-{slug}", net))  # fmt: skip
+        expected_whole = {p: m for p, m in expected.items() if p in touched or p not in contents[1]}
+        rows[-1].update(_replica_check(admin, f"whole-{slug}", expected_whole))
+        rows[-1]["checked"] = "the files its change set touches (its replica holds only those)"
+        say(f"whole-file {rows[-1]['seconds']:.1f}s")
+    for r in rows:
+        r["files"] = len(contents[1])
+    return rows
+
+
+def _row(scenario: Scenario, tool: str, seconds: float, counters: dict, src: str, dst: str, net: int, **extra) -> dict:
+    s = counters.get(src, {})
+    d = counters.get(dst, {})
+    return {
+        "scenario": scenario.name,
+        "tool": tool,
+        "seconds": round(seconds, 3),
+        "bytes_read_source": int(s.get("bytes_out", 0)) + int(s.get("bytes_copied_out", 0)),
+        "bytes_written": int(d.get("bytes_in", 0)) + int(d.get("bytes_copied", 0)),
+        "requests": sum(int(c.get("total_requests", 0)) for c in counters.values()),
+        "net_changed_bytes": net,
+        "bytes_uploaded": int(d.get("bytes_in", 0)),
+        "bytes_copied_server_side": int(d.get("bytes_copied", 0)),
+        "description": scenario.description,
+        **{k: v for k, v in extra.items() if v is not None},
+    }
+
+
+def checks(rows: list[dict]) -> list[dict]:
+    """The issue's targets, evaluated on the measured rows (pass or fail, never assumed)."""
+    by = {(r["scenario"], r["tool"]): r for r in rows if not r.get("skipped")}
+    out = []
+    for r in rows:
+        if r.get("replica_equals_source") is False:
+            out.append({"check": f"{r['scenario']}: {r['tool']}'s replica equals the source", "value": False,
+                        "pass": False})  # fmt: skip
+    for (scen, tool), r in by.items():
+        if tool != "epochsync":
+            continue
+        net = r["net_changed_bytes"]
+        pulled = r["bytes_read_source"]
+        if net:
+            out.append({"check": f"{scen}: bytes pulled <= 1.1 x net changed", "value": round(pulled / net, 3),
+                        "pass": pulled <= 1.1 * net})  # fmt: skip
+        if scen.startswith("dir-rename"):
+            out.append({"check": f"{scen}: no file bytes read from the source", "value": pulled, "pass": pulled == 0})
+            per_file = r["requests"] / max(1, r.get("files", 1))
+            out.append({"check": f"{scen}: <= 2.5 requests per renamed file", "value": round(per_file, 2),
+                        "pass": per_file <= 2.5})  # fmt: skip
+        if scen.startswith("small-writes"):
+            for other in ("aws-s3-sync", "rclone-sync"):
+                o = by.get((scen, other))
+                if not o:
+                    continue
+                # the bytes that matter: what is read out of the source store to find and move the change
+                ratio_b = o["bytes_read_source"] / max(1, pulled)
+                ratio_t = o["seconds"] / max(1e-9, r["seconds"])
+                out.append({"check": f"{scen}: >= 10x fewer bytes read from the source than {other}",
+                            "value": round(ratio_b, 2), "pass": ratio_b >= 10})  # fmt: skip
+                out.append({"check": f"{scen}: >= 10x less time than {other}", "value": round(ratio_t, 2),
+                            "pass": ratio_t >= 10})  # fmt: skip
+    scale = scale_rows(rows)
+    es = sorted((r["files"], r["seconds"]) for r in scale if r["tool"] == "epochsync")
+    if len(es) >= 2 and es[0][0] < es[-1][0]:
+        growth = es[-1][1] / max(1e-9, es[0][1])
+        out.append({"check": f"{SCALE}: epochsync's time grows < 2x from {es[0][0]:,} to {es[-1][0]:,} files",
+                    "value": round(growth, 2), "pass": growth < 2})  # fmt: skip
+    return out
+
+
+def scale_rows(rows: list[dict]) -> list[dict]:
+    """The rows of the scale scenario at every namespace size (SCALE and SCALE-<n>k)."""
+    return [
+        r for r in rows if not r.get("skipped") and (r["scenario"] == SCALE or r["scenario"].startswith(SCALE + "-"))
+    ]
+
+
+def chart(rows: list[dict], path: Path) -> None:
+    """An SVG per scenario (bytes read from the source and seconds, per tool), and the scale rows."""
+    from epochsync.report.status import _svg_bars
+
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>epochsync bench e2e</title></head><body>"]
+    scale = scale_rows(rows)
+    sizes = sorted({r["files"] for r in scale})
+    if len(sizes) > 1:
+        tools = list(dict.fromkeys(r["tool"] for r in scale))
+        at = {(r["tool"], r["files"]): r for r in scale}
+        parts.append(f"<h2>{SCALE} at {', '.join(f'{n:,}' for n in sizes)} files: the same 1% change</h2>")
+        parts.append("<p>x: files in the namespace; one bar per tool (" + ", ".join(tools) + ")</p>")
+        for what, unit in (("seconds", "s"), ("requests", ""), ("bytes_read_source", "bytes")):
+            series = {t: [at[(t, n)][what] if (t, n) in at else None for n in sizes] for t in tools}
+            parts.append(_svg_bars(f"{what} per tool vs files", sizes, series, unit))
+    for scen in dict.fromkeys(r["scenario"] for r in rows):
+        rs = [r for r in rows if r["scenario"] == scen and not r.get("skipped")]
+        tools = [r["tool"] for r in rs]
+        parts.append(f"<h2>{scen}</h2>")
+        parts.append(_svg_bars("bytes read from the source, per tool (" + ", ".join(tools) + ")",
+                               list(range(1, len(rs) + 1)), {"bytes read": [r["bytes_read_source"] for r in rs],
+                               "bytes written": [r["bytes_written"] for r in rs]}, "bytes"))  # fmt: skip
+        parts.append(_svg_bars("seconds, per tool (" + ", ".join(tools) + ")", list(range(1, len(rs) + 1)),
+                               {"seconds": [r["seconds"] for r in rs]}, "s"))  # fmt: skip
+        for r in rows:
+            if r["scenario"] == scen and r.get("skipped"):
+                parts.append(f"<p>{r['tool']}: not run: {r['skipped']}</p>")
+    parts.append("</body></html>")
+    path.write_text("\n".join(parts))
+
+
+def format_table(rows: list[dict]) -> str:
+    head = ("scenario", "tool", "files", "seconds", "read from source", "written", "requests", "net changed", "ok")
+    lines = [head]
+    for r in rows:
+        if r.get("skipped"):
+            lines.append((r["scenario"], r["tool"], "", "", "", "", "", "", f"not run: {r['skipped']}"))
+            continue
+        lines.append((r["scenario"], r["tool"], f"{r.get('files', 0):,}", f"{r['seconds']:.2f}",
+                      f"{r['bytes_read_source']:,}", f"{r['bytes_written']:,}", f"{r['requests']:,}",
+                      f"{r['net_changed_bytes']:,}", "yes" if r.get("replica_equals_source") else "NO"))  # fmt: skip
+    widths = [max(len(x[i]) for x in lines) for i in range(len(head))]
+    return "\n".join("| " + " | ".join(c.ljust(w) for c, w in zip(x, widths)) + " |" for x in lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m epochsync_dev.bench e2e", description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="small versions of the scenarios (a correctness run)")
+    p.add_argument("--scenario", action="append", choices=list(SCENARIOS), help="only these (repeatable)")
+    p.add_argument("--workdir", default="bench/scratch/e2e")
+    p.add_argument("--verbose", action="store_true", help="print epochsync's stage progress and timings")
+    p.add_argument(
+        "--profile", metavar="PREFIX", help="cProfile epochsync's measured epoch into PREFIX.<scenario>.pstats"
+    )
+    p.add_argument("--results-name", default=None, help="results file name (default e2e, or e2e-quick)")
+    p.add_argument("--no-install", action="store_true", help="do not apt-get install rclone when it is missing")
+    args = p.parse_args(argv)
+
+    import shutil
+
+    from epochsync.spark import spark_session
+    from epochsync_dev.embedded import SeaweedFS, SparkConnectServer
+
+    table = QUICK if args.quick else SCENARIOS
+    names = args.scenario or list(table)
+    work = Path(args.workdir).resolve()
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    rows: list[dict] = []
+    rclone_bin, rclone_why = rclone_binary(install=not args.no_install)
+    rclone_version = ""
+    if rclone_bin:
+        rclone_version = subprocess.run([rclone_bin, "version"], capture_output=True, text=True).stdout.split("\n")[0]
+    print(f"bench e2e: rclone: {rclone_version or rclone_why}", file=sys.stderr, flush=True)
+    load_before = os.getloadavg()
+    started = time.monotonic()
+    server = SparkConnectServer("local[2]", work_dir=work / "spark")
+    print("bench e2e: starting the Spark Connect server (local[2]) ...", file=sys.stderr, flush=True)
+    spark = spark_session("epochsync-bench-e2e", remote=server.start())
+    spark.range(1).count()  # warm: the first query of a new server pays its start-up
+    name = args.results_name or ("e2e-quick" if args.quick else "e2e")
+
+    def save(done: bool) -> Path:
+        """Write the rows so far (after every scenario: a run stopped midway keeps its rows)."""
+        path = write_results(name, rows)
+        meta_path = results_dir() / f"{name}.meta.json"
+        meta = json.loads(meta_path.read_text())
+        meta.update({
+            "complete": done,
+            "scenarios_measured": list(dict.fromkeys(r["scenario"] for r in rows)),
+            "load_average_before": [round(x, 2) for x in load_before],
+            "load_average_after": [round(x, 2) for x in os.getloadavg()],
+            "wall_seconds": round(time.monotonic() - started, 1),
+            "rclone": rclone_version or f"not run: {rclone_why}",
+            "rclone_flags": " ".join(RCLONE_FLAGS),
+            "file_sizes": f"log-normal, median {LOGNORMAL_MEDIAN // 1024} KiB, sigma {LOGNORMAL_SIGMA}, clipped to "
+                          f"1 KiB-1 MiB, plus 1 file in {TAIL_ONE_IN:,} of 1-4 MiB (appends-large: 16-32 MiB)",
+        })  # fmt: skip
+        meta_path.write_text(json.dumps(meta, indent=2) + "\n")
+        (results_dir() / f"{name}.checks.json").write_text(json.dumps(checks(rows), indent=2) + "\n")
+        chart(rows, results_dir() / f"{name}.html")
+        return path
+
+    try:
+        with SeaweedFS(work / "seaweedfs") as endpoint:
+            for scen in names:
+                print(f"bench e2e: scenario {scen}: {table[scen].description}", file=sys.stderr, flush=True)
+                rows.extend(run_scenario(table[scen], endpoint, spark, work, verbose=args.verbose,
+                                         profile=args.profile, rclone_bin=rclone_bin, rclone_why=rclone_why))  # fmt: skip
+                save(done=False)
+    finally:  # a failed scenario must not leave the Connect server running
+        spark.stop()
+        server.stop()
+    path = save(done=True)
+    result = {"rows": rows, "checks": checks(rows)}
+    print(format_table(rows))
+    for c in result["checks"]:
+        print(f"{'PASS' if c['pass'] else 'FAIL'}  {c['check']}: {c['value']}")
+    print(f"results: {path}")
+    bad = [r for r in rows if not r.get("replica_equals_source") and not r.get("skipped")]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,212 @@
+"""``make bench-warm``: small epochs on one warm Spark Connect server (issue 15's rows).
+
+One run, one machine, one server (``local[2]``), started once and warmed by epoch 1:
+
+- ``dag-run``: one Airflow DAG run (``dag.test()``, as the demo runs it) of a ~1,700-record
+  epoch (epoch 2 of a 2,000-file simulated source, 2 MDTs, 4 OSTs) into a posix target;
+- ``cli-replicate``: ``epochsync replicate`` of the same epoch into a second posix target;
+- ``catch-up-100``: 100 closed epochs of another source through the Airflow DAG, in runs of
+  ``max_epochs_per_run`` epochs (``--catchup-window``, default 25), into a posix target;
+- ``server-peak-rss``: the Connect server's peak resident memory (JVM and Python workers)
+  over the whole run.
+
+Every replica is compared with the simulator's ground truth after its run. Rows go to
+``bench/results/warm.json``, with the load average when each row was measured.
+
+    python -m epochsync_dev.bench warm [--catchup-epochs 100] [--catchup-window 25] [--workdir bench/scratch/warm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+
+class ServerSampler:
+    """Peak summed RSS of a process tree (the Connect server: its JVM and Python workers)."""
+
+    def __init__(self, pid: int, interval: float = 0.2):
+        import psutil
+
+        self.root = psutil.Process(pid)
+        self.peak = 0
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            total = 0
+            try:
+                procs = [self.root, *self.root.children(recursive=True)]
+            except Exception:  # the server is stopping
+                return
+            for p in procs:
+                try:
+                    total += p.memory_info().rss
+                except Exception:  # a worker exited between listing and reading
+                    pass
+            self.peak = max(self.peak, total)
+            self._stop.wait(self.interval)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def _row(name: str, seconds: float, **extra) -> dict:
+    return {"name": name, "seconds": round(seconds, 2), "loadavg_1m": round(os.getloadavg()[0], 2), **extra}
+
+
+def _simulate(out: Path, env: dict, *, epochs: int, files: int, seed: int, bucket: str, extra: list[str]) -> Path:
+    cmd = [sys.executable, "-m", "epochsync.cli", "simulate", "--out", str(out), "--epochs", str(epochs),
+           "--files", str(files), "--seed", str(seed), "--bucket", bucket, "--conn-id", "source_s3", *extra]  # fmt: skip
+    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
+    return out / "epochsync.yaml"
+
+
+def _posix_targets(config: Path, names: list[str]) -> None:
+    """The simulated config with posix targets ``names`` only (each its own replica folder)."""
+    import yaml
+
+    doc = yaml.safe_load(config.read_text())
+    doc["targets"] = [
+        {"name": n, "source": "sim", "kind": "posix", "path": str(config.parent / f"replica-{n}")} for n in names
+    ]
+    config.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+def _equals_truth(config: Path, target: str, epoch: int) -> bool:
+    from epochsync.core.config import load_config
+    from epochsync.stages.pipeline import open_target_for
+    from epochsync_dev.truth import compare_with_truth, load_truth, truth_path
+
+    cfg = load_config(config)
+    return not compare_with_truth(
+        open_target_for(cfg, cfg.target(target)), load_truth(truth_path(config.parent, epoch))
+    )
+
+
+def _dag_run(env: dict, dag_id: str, epoch: int, conf: dict | None = None) -> tuple[float, dict]:
+    cmd = [sys.executable, "-m", "epochsync.airflow.dagtest", "--dag-id", dag_id, "--epoch", str(epoch),
+           "--conf", json.dumps(conf or {})]  # fmt: skip
+    t0 = time.monotonic()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    seconds = time.monotonic() - t0
+    lines = [x for x in done.stdout.splitlines() if x.startswith("DAGTEST_RESULT ")]
+    result = json.loads(lines[-1].split(" ", 1)[1]) if lines else {"state": "failed", "log": done.stdout[-3000:]}
+    return seconds, result
+
+
+def _stage_seconds(config: Path, target: str, epoch: int) -> dict:
+    from epochsync.core.config import load_config
+    from epochsync.journal.undo import read_json
+    from epochsync.warehouse.paths import Warehouse, local_path
+
+    stats = read_json(local_path(Warehouse(load_config(config).warehouse).stats(target, epoch))) or {}
+    return {k: round(v, 2) for k, v in (stats.get("durations") or {}).items() if isinstance(v, (int, float))}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from epochsync_dev.bench import write_results
+    from epochsync_dev.demo import demo_environment, target_environment
+    from epochsync_dev.embedded import SeaweedFS, SparkConnectServer
+
+    p = argparse.ArgumentParser(prog="python -m epochsync_dev.bench warm", description=__doc__.split("\n\n")[0])
+    p.add_argument("--workdir", default="bench/scratch/warm")
+    p.add_argument("--catchup-epochs", type=int, default=100)
+    p.add_argument("--catchup-window", type=int, default=25, help="max_epochs_per_run of the catch-up runs")
+    p.add_argument("--no-write", action="store_true", help="print the rows, do not write bench/results/warm.json")
+    args = p.parse_args(argv)
+    work = Path(args.workdir).resolve()
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    rows: list[dict] = []
+    failures: list[str] = []
+
+    def say(msg: str) -> None:
+        print(f"bench warm: {msg}", file=sys.stderr, flush=True)
+
+    with SeaweedFS(work / "seaweedfs") as endpoint:
+        server = SparkConnectServer("local[2]", work_dir=work / "spark")
+        t0 = time.monotonic()
+        url = server.start()
+        rows.append(_row("server-start", time.monotonic() - t0, note="spark-submit to a listening Connect server"))
+        try:
+            with ServerSampler(server.proc.pid) as sampler:
+                env = demo_environment(work, endpoint, url)
+                os.environ.update({k: v for k, v in env.items() if k.startswith(("AIRFLOW_CONN_", "EPOCHSYNC_SPARK"))})
+                say("simulating the 2,000-file source (3 epochs) ...")
+                config = _simulate(work / "sim", env, epochs=3, files=2000, seed=2026, bucket="warm-src",
+                                   extra=["--mdts", "2", "--osts", "4"])  # fmt: skip
+                _posix_targets(config, ["dag", "cli"])
+                env["EPOCHSYNC_CONFIG"] = str(config)
+                tenv = target_environment(env, work, "dag")
+                subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=tenv, check=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+                say("epoch 1 of both targets (warm-up, not measured) ...")
+                _dag_run(tenv, "epochsync__sim__dag", 1)
+                subprocess.run([sys.executable, "-m", "epochsync.cli", "replicate", "--config", str(config),
+                                "--target", "cli", "--epoch", "1"], env=env, check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+                from epochsync.journal.undo import read_json
+                from epochsync.warehouse.paths import Warehouse, local_path
+
+                say("epoch 2 through the Airflow DAG (dag.test()) ...")
+                seconds, result = _dag_run(tenv, "epochsync__sim__dag", 2)
+                wh = Warehouse(f"file://{work / 'sim' / 'warehouse'}")
+                records = (read_json(local_path(wh.stats("dag", 2))) or {}).get("records_in")
+                ok = result.get("state") == "success" and _equals_truth(config, "dag", 2)
+                rows.append(_row("dag-run", seconds, records=records, equals_truth=ok,
+                                 stages=_stage_seconds(config, "dag", 2), target_s=20))  # fmt: skip
+                say("epoch 2 through epochsync replicate ...")
+                t0 = time.monotonic()
+                done = subprocess.run([sys.executable, "-m", "epochsync.cli", "replicate", "--config", str(config),
+                                       "--target", "cli", "--epoch", "2"], env=env, capture_output=True, text=True)  # fmt: skip
+                seconds = time.monotonic() - t0
+                ok = done.returncode == 0 and _equals_truth(config, "cli", 2)
+                rows.append(_row("cli-replicate", seconds, records=records, equals_truth=ok,
+                                 stages=_stage_seconds(config, "cli", 2), target_s=5))  # fmt: skip
+
+                n, window = args.catchup_epochs, args.catchup_window
+                say(f"simulating a source of {n} closed epochs for the catch-up ...")
+                cu = _simulate(work / "catchup", env, epochs=n, files=200, seed=7, bucket="warm-catchup",
+                               extra=["--ops-per-epoch", "20", "--osts", "2"])  # fmt: skip
+                _posix_targets(cu, ["catchup"])
+                cenv = target_environment(dict(env, EPOCHSYNC_CONFIG=str(cu)), work, "catchup")
+                subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=cenv, check=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+                say(f"catching up {n} epochs through the Airflow DAG, {window} per run ...")
+                t0 = time.monotonic()
+                states = []
+                for last in range(window, n + window, window):
+                    last = min(last, n)
+                    _, result = _dag_run(cenv, "epochsync__sim__catchup", last, {"max_epochs_per_run": window})
+                    states.append(result.get("state"))
+                seconds = time.monotonic() - t0
+                ok = all(s == "success" for s in states) and _equals_truth(cu, "catchup", n)
+                rows.append(_row(f"catch-up-{n}", seconds, runs=len(states), epochs_per_run=window,
+                                 equals_truth=ok, target_s=600))  # fmt: skip
+            rows.append(_row("server-peak-rss", 0, peak_rss_bytes=sampler.peak))
+        finally:
+            server.stop()
+    for r in rows:
+        print(json.dumps(r), flush=True)
+        if r.get("equals_truth") is False:
+            failures.append(r["name"])
+    if not args.no_write:
+        say(f"results: {write_results('warm', rows)}")
+    if failures:
+        say(f"FAILED: {', '.join(failures)} did not end equal to the ground truth")
+        return 1
+    return 0

