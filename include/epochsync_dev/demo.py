@@ -176,11 +176,11 @@ def run_dag_epoch(
 
 def verify_target(cfg, target: str, sim_dir: Path, epoch: int) -> list[str]:
     """Differences between the target and the ground truth at ``epoch`` (empty: identical)."""
-    from epochsync.stages.pipeline import open_target_for
+    from epochsync.targets import open_target
     from epochsync_dev.truth import compare_with_truth, load_truth, truth_path
 
     tcfg = cfg.target(target)
-    tgt = open_target_for(cfg, tcfg)
+    tgt = open_target(tcfg)
     if epoch == 0:
         truth = {}
     else:
@@ -457,7 +457,7 @@ def reintegrate_demo(args, env: dict, workdir: Path, logs: Path, endpoint, state
     """
     from epochsync.core.config import load_config
     from epochsync.journal.undo import read_json
-    from epochsync.stages.pipeline import open_target_for
+    from epochsync.targets import open_target
     from epochsync.warehouse.events import ROLLED_BACK, read_events
     from epochsync.warehouse.paths import Warehouse, local_path
 
@@ -501,7 +501,7 @@ def reintegrate_demo(args, env: dict, workdir: Path, logs: Path, endpoint, state
             break
         if epoch == last:
             # someone writes on the master, since the last reintegration, a file this epoch changes too
-            master = open_target_for(cfg, tcfg)
+            master = open_target(tcfg)
             try:
                 victim = fence_victim(cache_dir, epoch)
             except RuntimeError as exc:  # another seed or size: say so, do not pretend the fence ran
@@ -562,7 +562,7 @@ def reintegrate_demo(args, env: dict, workdir: Path, logs: Path, endpoint, state
         record(epoch, "retry" if epoch == last else "run", res, ok, status, stats)
         if not ok:
             break
-    section["stripes"] = master_stripes(open_target_for(cfg, tcfg))
+    section["stripes"] = master_stripes(open_target(tcfg))
     return section
 
 

@@ -44,9 +44,10 @@ def run_stage_task(
     **_,
 ) -> Any:
     """One stage of the run's epochs (from the ``wait_epoch_closed`` XCom) on ``spark``; returns its figures."""
-    from epochsync.airflow.tasks import EPOCHS_TASK, _jsonable
+    from epochsync.airflow.tasks import EPOCHS_TASK
     from epochsync.core.config import load_config
     from epochsync.core.errors import EpochsyncError
+    from epochsync.core.jsonable import jsonable
     from epochsync.spark import base_remote, is_connect, is_session_closed, keyed_remote, prepare_session
 
     params = dict(params or {})
@@ -97,13 +98,13 @@ def run_stage_task(
 
         raise AirflowException(f"{stage} of target {target} epochs {first}..{through}: {exc}") from None
     log.info(
-        "%s of target %s epochs %d..%d: %s", stage, target, first, through, json.dumps(_jsonable(out), sort_keys=True)
+        "%s of target %s epochs %d..%d: %s", stage, target, first, through, json.dumps(jsonable(out), sort_keys=True)
     )
     if stage == "translate" and epochs.get("dry_run"):
         log.info(
-            "dry run: plan of %s epochs %d..%d: %s", target, first, through, json.dumps(_jsonable(out), sort_keys=True)
+            "dry run: plan of %s epochs %d..%d: %s", target, first, through, json.dumps(jsonable(out), sort_keys=True)
         )
-    return _jsonable(out)
+    return jsonable(out)
 
 
 def _call_stage(stage: str, cfg, target: str, source: str, first: int, through: int, spark, epochs: dict, params):

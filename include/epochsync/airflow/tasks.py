@@ -16,6 +16,7 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from epochsync.airflow.timetable import epoch_of_interval
 from epochsync.core.config import Config, load_config
 from epochsync.core.errors import EpochError
+from epochsync.core.jsonable import jsonable
 
 #: the XCom the sensor publishes and every later task templates from
 EPOCHS_TASK = "wait_epoch_closed"
@@ -160,7 +161,7 @@ def commit_task(config_path: str, target: str, ti=None, **_):
         raise AirflowSkipException("dry run: nothing to commit")
     config = load_config(config_path)
     result = commit_epoch(config, target, epochs["first"], epochs["through"])
-    return _jsonable(result)
+    return jsonable(result)
 
 
 def rollback_task(config_path: str, target: str, ti=None, spark=None, **_):
@@ -181,7 +182,7 @@ def rollback_task(config_path: str, target: str, ti=None, spark=None, **_):
     if spark is not None:
         prepare_session(spark)
     result = rollback_target(config, target, spark)
-    ti.xcom_push(key="rollback", value=_jsonable(result))
+    ti.xcom_push(key="rollback", value=jsonable(result))
     back_at = committed_epoch(config, target)
     raise AirflowFailException(
         f"epoch {epochs.get('through', '?')} of target {target!r} failed in apply, verify or commit "
@@ -190,16 +191,6 @@ def rollback_task(config_path: str, target: str, ti=None, spark=None, **_):
     )
 
 
-def _jsonable(value: Any) -> Any:
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if hasattr(value, "__dataclass_fields__"):
-        return _jsonable(asdict(value))
-    return str(value)
 
 
 def config_path_from_env() -> str | None:

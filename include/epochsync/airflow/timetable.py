@@ -13,11 +13,12 @@ can deserialize it.
 
 from __future__ import annotations
 
-import math
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow.timetables.base import DagRunInfo, DataInterval, Timetable
+
+from epochsync.core import epochs
 
 #: ``schedule_from`` value: the scheduler creates no run (manual runs and backfills only)
 NEVER = "never"
@@ -32,25 +33,13 @@ def _as_utc(dt: datetime) -> datetime:
 
 
 def epoch_window(start: datetime, interval_s: float, epoch: int) -> tuple[datetime, datetime]:
-    """The ``[begin, end)`` window of ``epoch`` (same arithmetic as ``EpochConfig.window``)."""
-    step = timedelta(seconds=interval_s)
-    start = _as_utc(start)
-    return start + (epoch - 1) * step, start + epoch * step
+    """The ``[begin, end)`` window of ``epoch`` as pendulum datetimes (Airflow's data interval)."""
+    begin, end = epochs.window(start, interval_s, epoch)
+    return _as_utc(begin), _as_utc(end)
 
 
-def last_closed_epoch(start: datetime, interval_s: float, when: datetime) -> int:
-    """The highest epoch whose window has ended at ``when`` (0 if none has)."""
-    elapsed = (_as_utc(when) - _as_utc(start)).total_seconds()
-    # a tiny tolerance: float seconds of a boundary that is exact in microseconds
-    return max(0, math.floor(elapsed / interval_s + 1e-9))
-
-
-def first_epoch_at_or_after(start: datetime, interval_s: float, when: datetime) -> int:
-    """The first epoch whose window begins at or after ``when`` (1 at the latest for ``when <= start``)."""
-    elapsed = (_as_utc(when) - _as_utc(start)).total_seconds()
-    if elapsed <= 0:
-        return 1
-    return math.ceil(elapsed / interval_s - 1e-9) + 1
+last_closed_epoch = epochs.last_closed_epoch
+first_epoch_at_or_after = epochs.first_epoch_at_or_after
 
 
 def epoch_of_interval(start: datetime, interval_s: float, data_interval_end: datetime) -> int:

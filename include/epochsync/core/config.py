@@ -66,16 +66,16 @@ class EpochConfig:
     start: datetime
 
     def window(self, epoch: int) -> tuple[datetime, datetime]:
-        """Epoch E covers [start + (E-1)*interval, start + E*interval); epoch 0 is the start."""
-        from datetime import timedelta
+        """Epoch E covers [start + (E-1)*interval, start + E*interval) (:mod:`epochsync.core.epochs`)."""
+        from epochsync.core.epochs import window
 
-        step = timedelta(seconds=self.interval_s)
-        return self.start + (epoch - 1) * step, self.start + epoch * step
+        return window(self.start, self.interval_s, epoch)
 
     def epoch_of(self, when_ns: int) -> int:
         """The epoch whose window holds ``when_ns`` (ns since 1970)."""
-        start_ns = int(self.start.timestamp() * 1e9)
-        return int((when_ns - start_ns) // int(self.interval_s * 1e9)) + 1
+        from epochsync.core.epochs import epoch_of_ns, grid
+
+        return epoch_of_ns(*grid(self.start, self.interval_s), when_ns)
 
 
 @dataclass(frozen=True)

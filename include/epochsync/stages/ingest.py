@@ -574,10 +574,11 @@ class FileReport:
 
 
 def _epoch_of_time(start_ns: int, interval_ns: int):
-    def epoch_of(when_ns: int) -> int:
-        return (when_ns - start_ns) // interval_ns + 1
+    from functools import partial
 
-    return epoch_of
+    from epochsync.core.epochs import epoch_of_ns
+
+    return partial(epoch_of_ns, start_ns, interval_ns)
 
 
 def _parse_options(src_or_job, server: str, *, on_error=None, context=None, after_index=None):
@@ -601,7 +602,9 @@ def _parse_options(src_or_job, server: str, *, on_error=None, context=None, afte
 
 
 def _epoch_grid(src) -> tuple[int, int]:
-    return int(src.epoch.start.timestamp()) * 1_000_000_000, int(src.epoch.interval_s * 1_000_000_000)
+    from epochsync.core.epochs import grid
+
+    return grid(src.epoch.start, src.epoch.interval_s)
 
 
 def _arrow_schemas():

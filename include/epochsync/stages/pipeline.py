@@ -48,6 +48,7 @@ from typing import Any
 
 from epochsync.core.config import Config, TargetConfig, load_config
 from epochsync.core.errors import EpochError, EpochsyncError
+from epochsync.core.jsonable import jsonable, scalars
 from epochsync.core.shutdown import Interrupted, raise_on_signals, rollback_on_interrupt
 from epochsync.journal.lease import check_lease, holds_target_lease, target_lease
 from epochsync.journal.undo import (
@@ -69,6 +70,7 @@ from epochsync.journal.undo import (
     write_json_atomic,
     write_stage_stats,
 )
+from epochsync.targets import open_target
 from epochsync.warehouse.events import COMMITTED, FAILED, ROLLED_BACK, record_event
 from epochsync.warehouse.paths import Warehouse, local_path
 
@@ -79,12 +81,6 @@ def _config(cfg: Config | str | os.PathLike) -> Config:
 
 def _target_cfg(cfg: Config, target: str | TargetConfig) -> TargetConfig:
     return target if isinstance(target, TargetConfig) else cfg.target(target)
-
-
-def open_target_for(cfg: Config, tcfg: TargetConfig):
-    from epochsync.targets import open_target
-
-    return open_target(tcfg)
 
 
 def source_access(cfg: Config, tcfg: TargetConfig):
@@ -98,7 +94,7 @@ def source_access(cfg: Config, tcfg: TargetConfig):
 def committed_epoch(cfg, target) -> int:
     """The epoch in the target's manifest (0 for an empty target)."""
     cfg = _config(cfg)
-    return manifest_epoch(open_target_for(cfg, _target_cfg(cfg, target)).read_manifest())
+    return manifest_epoch(open_target(_target_cfg(cfg, target)).read_manifest())
 
 
 def unfinished_epochs(cfg: Config, tcfg: TargetConfig, committed: int) -> list[int]:
@@ -252,7 +248,7 @@ def run_apply(cfg, target, epoch: int, spark=None, inject=None, first_epoch: int
     if pre["action"] == "rollback_first":
         run_rollback(cfg, tcfg, spark=spark)
     plan = load_plan(cfg, tcfg.name, epoch)
-    tgt = open_target_for(cfg, tcfg)
+    tgt = open_target(tcfg)
     if tgt.kind == "s3":
         tgt.ensure_bucket()
     problems, state = tgt.fence_check(plan["fence"], tgt.fence_time_ns())
@@ -290,7 +286,7 @@ def run_verify(cfg, target, epoch: int, spark=None, first_epoch: int | None = No
     cfg = _config(cfg)
     tcfg = _target_cfg(cfg, target)
     plan = load_plan(cfg, tcfg.name, epoch)
-    tgt = open_target_for(cfg, tcfg)
+    tgt = open_target(tcfg)
     source_io, bucket = source_access(cfg, tcfg)
     applied = read_json(os.path.join(plan_dir(cfg.warehouse, tcfg.name, epoch), APPLIED_FACTS)) or {}
     result = verify_plan(plan, tgt, source_io, bucket, sample=tcfg.verify.sample, facts=applied.get("facts"))
@@ -333,7 +329,7 @@ def run_commit(cfg, target, epoch: int, first_epoch: int | None = None) -> dict:
     t0 = time.monotonic()
     cfg = _config(cfg)
     tcfg = _target_cfg(cfg, target)
-    tgt = open_target_for(cfg, tcfg)
+    tgt = open_target(tcfg)
     committed = manifest_epoch(tgt.read_manifest())
     if committed >= epoch:
         # a commit that died after its manifest: finish its garbage collection
@@ -431,7 +427,7 @@ def rollback_target(cfg, target, spark=None, *, check: bool = True, progress=Non
 
     cfg = _config(cfg)
     tcfg = _target_cfg(cfg, target)
-    tgt = open_target_for(cfg, tcfg)
+    tgt = open_target(tcfg)
     committed = manifest_epoch(tgt.read_manifest())
     epochs = unfinished_epochs(cfg, tcfg, committed)
     if not epochs:
@@ -508,7 +504,8 @@ def _fileset_ancestors(tcfg: TargetConfig) -> set[str]:
 # --------------------------------------------------------------------------- replicate
 
 
-def _closed(cfg: Config, source: str, epoch: int) -> list[str]:
+def _missing_servers(cfg: Config, source: str, epoch: int) -> list[str]:
+    """The servers of ``source`` whose changelogs have not closed ``epoch`` yet (sorted)."""
     from epochsync.stages.ingest import missing_epoch_servers
 
     return sorted(missing_epoch_servers(cfg, source, epoch))
@@ -589,7 +586,7 @@ def _replicate_epoch(cfg: Config, tcfg: TargetConfig, e: int, session: _Session,
         progress(f"{tcfg.name} epoch {e}: {pre['message']}")
         r = rollback_target(cfg, tcfg, session.existing, progress=progress)
         progress(f"{tcfg.name}: {r['message']}")
-    missing = _closed(cfg, src.name, e)
+    missing = _missing_servers(cfg, src.name, e)
     if missing:
         raise EpochError(f"epoch {e} of source {src.name} is not closed: no EPOCH record yet from {', '.join(missing)}")
 
@@ -605,7 +602,7 @@ def _replicate_epoch(cfg: Config, tcfg: TargetConfig, e: int, session: _Session,
         took = time.monotonic() - t
         progress(f"{tcfg.name} epoch {e}: {name} done in {took:.1f}s{detail(out)}")
         if name in ("ingest", "merge"):
-            write_stage_stats(cfg.warehouse, tcfg.name, e, name, {**_plain(out), "seconds": round(took, 3)})
+            write_stage_stats(cfg.warehouse, tcfg.name, e, name, {**scalars(out), "seconds": round(took, 3)})
         return out
 
     spark = session.get()
@@ -646,8 +643,6 @@ def _replicate_epoch(cfg: Config, tcfg: TargetConfig, e: int, session: _Session,
         raise
 
 
-def _plain(d) -> dict:
-    return {k: v for k, v in (d or {}).items() if isinstance(v, (int, float, str, bool))} if isinstance(d, dict) else {}
 
 
 def _fmt(o, key) -> str:
@@ -791,13 +786,6 @@ def stage_main(stage: str, argv: list[str] | None = None) -> int:
         print(f"{stage}: stopped by {sig.name}; the target keeps its last committed epoch (the DAG's rollback "
               "task undoes a partial apply)", file=sys.stderr)  # fmt: skip
         return sig.exit_code
-    print(json.dumps(_plain_tree(out), sort_keys=True, default=str))
+    print(json.dumps(jsonable(out), sort_keys=True, default=str))
     return 0
 
-
-def _plain_tree(v):
-    if isinstance(v, dict):
-        return {str(k): _plain_tree(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_plain_tree(x) for x in v]
-    return v

@@ -518,12 +518,12 @@ def run_scenario(scenario: Scenario, weed_endpoint, spark, work: Path, verbose: 
                          pulled=stat_row.get("bytes_pulled")))  # fmt: skip
         say(f"epochsync {es_seconds:.1f}s")
         from epochsync.core.config import load_config
-        from epochsync.stages.pipeline import open_target_for
+        from epochsync.targets import open_target
 
         # the check reads the replica straight from SeaweedFS (after the measurement, not counted)
         os.environ["AIRFLOW_CONN_BENCH_REPLICA"] = direct
         cfg = load_config(cfg_path)
-        diffs = compare_with_truth(open_target_for(cfg, cfg.target("replica")), load_truth(truth_path(out, 2)))
+        diffs = compare_with_truth(open_target(cfg.target("replica")), load_truth(truth_path(out, 2)))
         os.environ["AIRFLOW_CONN_BENCH_REPLICA"] = conn
         rows[-1]["replica_equals_source"] = not diffs
         rows[-1]["differences"] = diffs[:5]

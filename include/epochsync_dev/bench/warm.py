@@ -89,12 +89,12 @@ def _posix_targets(config: Path, names: list[str]) -> None:
 
 def _equals_truth(config: Path, target: str, epoch: int) -> bool:
     from epochsync.core.config import load_config
-    from epochsync.stages.pipeline import open_target_for
+    from epochsync.targets import open_target
     from epochsync_dev.truth import compare_with_truth, load_truth, truth_path
 
     cfg = load_config(config)
     return not compare_with_truth(
-        open_target_for(cfg, cfg.target(target)), load_truth(truth_path(config.parent, epoch))
+        open_target(cfg.target(target)), load_truth(truth_path(config.parent, epoch))
     )
 
 
