@@ -3,7 +3,7 @@
     spark-submit spark_apps/apply.py --config FILE --target NAME --epoch E [--through E2] [--inject-failure SPEC]
 
 Prints the stage's figures as one JSON line; on failure one line on stderr and exit 1.
-The work is :func:`epochsync.stages.pipeline.run_apply`.
+The work is :func:`epochsync.stages.apply.run_apply`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from epochsync.stages.pipeline import stage_main
+    from epochsync.stages.entry import stage_main
 
     return stage_main("apply", argv)
 

@@ -3,7 +3,7 @@
     spark-submit spark_apps/verify.py --config FILE --target NAME --epoch E [--through E2]
 
 Prints the stage's figures as one JSON line; on failure one line on stderr and exit 1.
-The work is :func:`epochsync.stages.pipeline.run_verify`.
+The work is :func:`epochsync.stages.verify.run_verify`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from epochsync.stages.pipeline import stage_main
+    from epochsync.stages.entry import stage_main
 
     return stage_main("verify", argv)
 

@@ -25,9 +25,9 @@ DEBUG_ENV = "EPOCHSYNC_DEBUG"
 VERBS: dict[str, tuple[str, str]] = {
     "parse": ("epochsync.formats.cli", "convert changelogs (lustre, gluster, jsonl) to canonical JSON Lines"),
     "simulate": ("epochsync_dev.simulate", "generate a seeded source workload: changelogs, data objects, ground truth"),
-    "replicate": ("epochsync.stages.pipeline", "run ingest, merge, translate, apply, verify, commit for a target"),
-    "rollback": ("epochsync.stages.pipeline", "roll a target back to its last committed epoch"),
-    "relocate": ("epochsync.stages.pipeline", "move a target's control directory to its configured control_dir"),
+    "replicate": ("epochsync.stages.replicate", "run ingest, merge, translate, apply, verify, commit for a target"),
+    "rollback": ("epochsync.stages.rollback", "roll a target back to its last committed epoch"),
+    "relocate": ("epochsync.stages.replicate", "move a target's control directory to its configured control_dir"),
     "changes": ("epochsync.report.changes", "list what differs between two committed epochs of a target (NEW, MODIFY, ...)"),
     "feed": ("epochsync.stages.publish", "feed consumers: register (from a dump), ack an epoch, status, hydrate, unregister"),
     "status": ("epochsync.report.status", "per target: committed epoch, lag, last run's figures"),

@@ -49,9 +49,11 @@ def dag(with_config):
 def calls(monkeypatch):
     """Replace the stage functions by recorders: ``calls`` lists (name, args, kwargs)."""
     import epochsync.spark
+    import epochsync.stages.apply
     import epochsync.stages.ingest
     import epochsync.stages.merge
-    import epochsync.stages.pipeline
+    import epochsync.stages.translate
+    import epochsync.stages.verify
 
     seen: list = []
 
@@ -66,9 +68,9 @@ def calls(monkeypatch):
     monkeypatch.setattr(epochsync.stages.ingest, "run_ingest", recorder("run_ingest", {"records": 7}))
     monkeypatch.setattr(epochsync.stages.ingest, "ingest_is_current", recorder("ingest_is_current", None))
     monkeypatch.setattr(epochsync.stages.merge, "run_merge", recorder("run_merge", {"changes": 3}))
-    monkeypatch.setattr(epochsync.stages.pipeline, "run_translate", recorder("run_translate", {"namespace_ops": 1}))
-    monkeypatch.setattr(epochsync.stages.pipeline, "run_apply", recorder("run_apply", {"bytes_pulled": 5}))
-    monkeypatch.setattr(epochsync.stages.pipeline, "run_verify", recorder("run_verify", {"ok": True}))
+    monkeypatch.setattr(epochsync.stages.translate, "run_translate", recorder("run_translate", {"namespace_ops": 1}))
+    monkeypatch.setattr(epochsync.stages.apply, "run_apply", recorder("run_apply", {"bytes_pulled": 5}))
+    monkeypatch.setattr(epochsync.stages.verify, "run_verify", recorder("run_verify", {"ok": True}))
     monkeypatch.setattr("epochsync.journal.undo.write_stage_stats", recorder("write_stage_stats", None))
     return seen
 

@@ -42,7 +42,9 @@ import yaml
 
 from epochsync.core.config import load_config
 from epochsync.journal.undo import journal_dir, journal_exists, read_journal
-from epochsync.stages.pipeline import committed_epoch, replicate, rollback_target, unfinished_epochs
+from epochsync.stages.context import committed_epoch, unfinished_epochs
+from epochsync.stages.replicate import replicate
+from epochsync.stages.rollback import rollback_target
 from epochsync.targets import open_target
 from epochsync_dev.truth import compare_with_truth, load_truth, truth_path
 

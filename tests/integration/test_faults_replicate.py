@@ -19,15 +19,11 @@ import pytest
 
 from epochsync.core.errors import EpochsyncError
 from epochsync.journal.undo import journal_dir, journal_exists, read_json
-from epochsync.stages.pipeline import (
-    check_preconditions,
-    committed_epoch,
-    plan_path,
-    rollback_target,
-    run_apply,
-    run_translate,
-    run_verify,
-)
+from epochsync.stages.apply import run_apply
+from epochsync.stages.context import check_preconditions, committed_epoch, plan_path
+from epochsync.stages.rollback import rollback_target
+from epochsync.stages.translate import run_translate
+from epochsync.stages.verify import run_verify
 from epochsync.targets import open_target
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -108,7 +104,7 @@ def test_process_killed_mid_apply(hist, spark, t):
     plan = read_json(plan_path(cfg, t, 2))
     k = max(1, len(plan["namespace"]) // 2 + len(plan["data"]) // 2)
     code = (
-        "import sys; from epochsync.stages.pipeline import run_apply; "
+        "import sys; from epochsync.stages.apply import run_apply; "
         f"run_apply(sys.argv[1], {t!r}, 2, None, inject='after={k},mode=kill,repeat=1')"
     )
     proc = subprocess.run(
@@ -153,7 +149,7 @@ def test_s3_503s_and_resets_are_retried_or_fail_clearly(hist, spark, seaweed):
 
 
 def test_a_commit_that_dies_after_its_manifest_is_finished_by_a_rerun(hist, spark, monkeypatch):
-    from epochsync.stages.pipeline import run_commit
+    from epochsync.stages.commit import run_commit
     from epochsync.targets.posix import PosixTarget
 
     out, cfg = hist

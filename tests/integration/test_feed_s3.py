@@ -10,8 +10,8 @@ import yaml
 from epochsync.cli import main
 from epochsync.core.config import load_config
 from epochsync.report.changes import apply_to_listing
-from epochsync.stages.pipeline import replicate
 from epochsync.stages.publish import consumer_status, purge_feed, read_dump, read_epoch
+from epochsync.stages.replicate import replicate
 from epochsync.targets.feed import FEED_DOC, open_feed_store
 
 pytestmark = [pytest.mark.integration]

@@ -3,7 +3,7 @@
 Each history is a few epochs of changelog records written by hand (JSON Lines, one MDT
 and one OST), with the source bytes in a versioned SeaweedFS bucket and, for every
 epoch, the tree the replica must hold, also written by hand. Every epoch runs through
-the real stages (``pipeline.replicate``: ingest, merge, translate, apply, verify,
+the real stages (``stages.replicate.replicate``: ingest, merge, translate, apply, verify,
 commit) on Spark; after each one both replicas (root included) must equal that tree.
 
 These are the cases issue 16 found stuck or silent: a directory replaced by a file or a
@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from epochsync.core.config import load_config
-from epochsync.stages.pipeline import replicate
+from epochsync.stages.replicate import replicate
 from epochsync.targets import open_target
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -187,7 +187,10 @@ def replicate_and_check(world, spark, history: History, expected: list[dict]) ->
     merge (same source, no fileset: the same snapshot and change set) and runs the rest."""
     import shutil
 
-    from epochsync.stages.pipeline import run_apply, run_commit, run_translate, run_verify
+    from epochsync.stages.apply import run_apply
+    from epochsync.stages.commit import run_commit
+    from epochsync.stages.translate import run_translate
+    from epochsync.stages.verify import run_verify
     from epochsync.warehouse.paths import Warehouse, local_path
 
     history.write_changelogs(world["tmp"])

@@ -76,7 +76,7 @@ def test_replicate_and_rollback_verbs(sim3, spark, capsys):
     assert "nothing to roll back" in capsys.readouterr().out
 
     # an apply that died without its rollback: the rollback verb restores epoch 2
-    from epochsync.stages.pipeline import run_apply
+    from epochsync.stages.apply import run_apply
 
     with pytest.raises(Exception, match="injected failure"):
         run_apply(cfg, "local", 3, spark, inject="after=3,repeat=1")

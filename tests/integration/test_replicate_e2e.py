@@ -70,7 +70,10 @@ def merge_once(spark, cfg, epoch: int) -> None:
 
 
 def replicate_epoch(spark, cfg, target: str, epoch: int, **apply_kw) -> tuple[dict, dict]:
-    from epochsync.stages.pipeline import run_apply, run_commit, run_translate, run_verify
+    from epochsync.stages.apply import run_apply
+    from epochsync.stages.commit import run_commit
+    from epochsync.stages.translate import run_translate
+    from epochsync.stages.verify import run_verify
 
     summary = run_translate(cfg, target, epoch, spark)
     run_apply(cfg, target, epoch, spark, **apply_kw)

@@ -18,7 +18,7 @@ import pytest
 
 from epochsync.core.config import TargetConfig
 from epochsync.stages.apply import apply_plan
-from epochsync.stages.pipeline import _target_dict
+from epochsync.stages.context import _target_dict
 from epochsync.stages.translate import build_plan
 from epochsync.stages.verify import verify_plan
 from epochsync.stores.connections import resolve_s3

@@ -8,14 +8,14 @@ import pytest
 
 from epochsync.cli import main
 from epochsync.core.shutdown import Interrupted
-from epochsync.stages import pipeline
+from epochsync.stages import entry, replicate, rollback
 
 
 def rollback_raising(monkeypatch, exc: BaseException) -> None:
     def run_rollback(args):
         raise exc
 
-    monkeypatch.setattr(pipeline, "run_rollback", run_rollback)
+    monkeypatch.setattr(rollback, "run_rollback", run_rollback)
 
 
 @pytest.mark.parametrize(
@@ -48,9 +48,9 @@ def test_debug_shows_the_traceback_of_a_file_system_error(monkeypatch):
 
 def test_replicate_prints_a_no_op_row_instead_of_failing_on_it(monkeypatch, capsys):
     """A commit that found its epoch already committed returns a no-op row (no 'epoch' key)."""
-    monkeypatch.setattr(pipeline, "load_config", lambda path: object())
+    monkeypatch.setattr(replicate, "load_config", lambda path: object())
     monkeypatch.setattr(
-        pipeline, "replicate", lambda *a, **k: [{"noop": True, "message": "target t is already at epoch 3"}]
+        replicate, "replicate", lambda *a, **k: [{"noop": True, "message": "target t is already at epoch 3"}]
     )
     assert main(["replicate", "--config", "c.yaml", "--target", "t", "--through", "3"]) == 0
     assert "target t is already at epoch 3" in capsys.readouterr().out
@@ -64,10 +64,10 @@ def test_a_spark_app_stopped_by_airflow_says_so_in_one_line(monkeypatch, capsys)
         raise Interrupted(signal.SIGTERM)
 
     saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-    monkeypatch.setattr(pipeline, "load_config", lambda path: object())
+    monkeypatch.setattr(entry, "load_config", lambda path: object())
     monkeypatch.setattr(epochsync.spark, "spark_session", session)
     try:
-        assert pipeline.stage_main("apply", ["--config", "c.yaml", "--target", "t", "--epoch", "2"]) == 143
+        assert entry.stage_main("apply", ["--config", "c.yaml", "--target", "t", "--epoch", "2"]) == 143
         # the app's handler turns SIGTERM into the exception the finally blocks see
         with pytest.raises(Interrupted):
             signal.raise_signal(signal.SIGTERM)

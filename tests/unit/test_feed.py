@@ -23,7 +23,7 @@ from epochsync.cli import main
 from epochsync.core.config import load_config
 from epochsync.core.errors import EpochsyncError
 from epochsync.report.changes import KINDS, apply_to_listing
-from epochsync.stages.pipeline import committed_epoch, replicate
+from epochsync.stages.context import committed_epoch
 from epochsync.stages.publish import (
     FeedError,
     ack_consumer,
@@ -36,6 +36,7 @@ from epochsync.stages.publish import (
     read_epoch,
     register_consumer,
 )
+from epochsync.stages.replicate import replicate
 from epochsync.stages.translate import in_fileset
 from epochsync.targets.feed import FEED_DOC, open_feed_store
 from epochsync.warehouse.paths import Warehouse, local_path

@@ -91,7 +91,8 @@ def test_a_rollback_run_again_after_a_crash_does_not_undo_twice(tmp_path, monkey
     entry of the same name). A rerun skips what the killed one undid (``undone.txt``)."""
     from epochsync.core.config import config_from_dict
     from epochsync.stages.apply import apply_plan
-    from epochsync.stages.pipeline import _target_dict, rollback_target
+    from epochsync.stages.context import _target_dict
+    from epochsync.stages.rollback import rollback_target
     from epochsync.stages.translate import build_plan
     from epochsync.stores.connections import S3Settings
     from epochsync.targets.posix import PosixTarget

@@ -124,7 +124,9 @@ def test_the_lease_is_reentrant_in_one_process_and_released_at_the_outermost_exi
 
 def test_a_stage_function_takes_the_lease_before_it_writes(tmp_path):
     """A busy target: run_apply refuses before the precondition check, the plan read or the journal."""
-    from epochsync.stages.pipeline import rollback_target, run_apply, run_commit
+    from epochsync.stages.apply import run_apply
+    from epochsync.stages.commit import run_commit
+    from epochsync.stages.rollback import rollback_target
 
     cfg, t = posix_target(tmp_path)
     proc = start_holder("posix", t.path)

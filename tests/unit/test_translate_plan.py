@@ -229,7 +229,7 @@ def test_names_that_could_escape_are_refused_before_anything_is_planned():
 
 
 def test_spark_app_entry_point_fails_with_one_line(capsys, tmp_path):
-    from epochsync.stages.pipeline import stage_main
+    from epochsync.stages.entry import stage_main
 
     assert stage_main("translate", ["--config", str(tmp_path / "none.yaml"), "--target", "t", "--epoch", "1"]) == 1
     err = capsys.readouterr().err.strip().splitlines()

@@ -91,7 +91,7 @@ def hydrate_target(
 ) -> dict[str, Any]:
     """Seed ``target`` from the dump at ``epoch`` (default: the latest dump); returns the commit's stats row."""
     from epochsync.core.model import change_struct_type
-    from epochsync.stages import pipeline
+    from epochsync.stages import apply, commit, context, rollback, translate, verify
     from epochsync.stages.ingest import missing_epoch_servers
     from epochsync.warehouse.snapshots import load_namespace_dump, read_snapshot, write_snapshot
     from epochsync.warehouse.tables import conform, write_table
@@ -111,15 +111,15 @@ def hydrate_target(
             f"epoch {epoch} of source {src.name!r} is not closed (no EPOCH record yet from {', '.join(missing)}): "
             "hydrate only from a closed epoch's dump"
         )
-    committed = pipeline.committed_epoch(config, tcfg)
+    committed = context.committed_epoch(config, tcfg)
     if committed >= epoch:
         raise EpochError(
             f"target {target!r} is already at epoch {committed} >= {epoch}: nothing to hydrate; the epoch DAG "
             f"carries it on from {committed + 1}"
         )
-    if pipeline.unfinished_epochs(config, tcfg, committed):
+    if context.unfinished_epochs(config, tcfg, committed):
         log(f"target {target}: an unfinished epoch has an undo journal: rolling it back first")
-        pipeline.rollback_target(config, tcfg, spark, check=False)
+        rollback.rollback_target(config, tcfg, spark, check=False)
     if spark is None:
         from epochsync.spark import spark_session
 
@@ -134,15 +134,15 @@ def hydrate_target(
     old = read_snapshot(spark, wh, target, base, src.root_fid)
     changes = conform(snapshot_diff(old, new), change_struct_type())
     write_table(spark, changes, wh.changes(target, epoch))
-    summary = pipeline.run_translate(config, tcfg, epoch, spark, whole_file=True, first_epoch=first)
+    summary = translate.run_translate(config, tcfg, epoch, spark, whole_file=True, first_epoch=first)
     log(f"target {target}: plan {summary}")
     try:
-        pipeline.run_apply(config, tcfg, epoch, spark, first_epoch=first)
-        pipeline.run_verify(config, tcfg, epoch, spark, first_epoch=first)
-        row = pipeline.run_commit(config, tcfg, epoch, first_epoch=first)
+        apply.run_apply(config, tcfg, epoch, spark, first_epoch=first)
+        verify.run_verify(config, tcfg, epoch, spark, first_epoch=first)
+        row = commit.run_commit(config, tcfg, epoch, first_epoch=first)
     except Exception:
         log(f"target {target}: hydrate failed: rolling back to epoch {committed}")
-        pipeline.rollback_target(config, tcfg, spark)
+        rollback.rollback_target(config, tcfg, spark)
         raise
     log(
         f"target {target}: hydrated at epoch {epoch} in {time.monotonic() - t0:.1f}s; the epoch DAG goes on from {epoch + 1}"

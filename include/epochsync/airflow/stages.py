@@ -111,7 +111,7 @@ def _call_stage(stage: str, cfg, target: str, source: str, first: int, through: 
     import time
 
     from epochsync.journal.undo import write_stage_stats
-    from epochsync.stages import pipeline
+    from epochsync.stages import apply, translate, verify
 
     if stage == "ingest":
         from epochsync.stages.ingest import run_ingest
@@ -129,17 +129,17 @@ def _call_stage(stage: str, cfg, target: str, source: str, first: int, through: 
         write_stage_stats(cfg.warehouse, target, through, "merge", _flat(out))
         return out
     if stage == "translate":
-        return pipeline.run_translate(cfg, target, through, spark, whole_file=bool(epochs.get("whole_file")),
+        return translate.run_translate(cfg, target, through, spark, whole_file=bool(epochs.get("whole_file")),
                                       first_epoch=first)  # fmt: skip
     if stage == "apply":
-        return pipeline.run_apply(cfg, target, through, spark, inject=params.get("inject_failure") or None,
+        return apply.run_apply(cfg, target, through, spark, inject=params.get("inject_failure") or None,
                                   first_epoch=first)  # fmt: skip
     if stage == "publish":  # feed targets: in place of translate, apply, verify and commit
         from epochsync.stages.publish import publish_epoch
 
         return publish_epoch(cfg, target, first, through, spark, inject=params.get("inject_failure") or None)
     if stage == "verify":  # no Spark: it reads the target and the source store
-        return pipeline.run_verify(cfg, target, through, first_epoch=first)
+        return verify.run_verify(cfg, target, through, first_epoch=first)
     raise ValueError(f"unknown stage {stage!r}")
 
 

@@ -77,7 +77,7 @@ def missing_epoch_servers(config: Config, source: str, epoch: int) -> list[str]:
 
 def committed_epoch(config: Config, target: str) -> int:
     """The epoch in the target's manifest (0 for an empty target)."""
-    from epochsync.stages.pipeline import committed_epoch as committed
+    from epochsync.stages.context import committed_epoch as committed
 
     return int(committed(config, target))
 
@@ -152,7 +152,7 @@ class EpochClosedSensor(BaseSensorOperator):
 
 def commit_task(config_path: str, target: str, ti=None, **_):
     """The ``commit`` task: manifest at the run's last epoch, consumer cursors advanced, stats row."""
-    from epochsync.stages.pipeline import commit_epoch
+    from epochsync.stages.commit import commit_epoch
 
     epochs = ti.xcom_pull(task_ids=EPOCHS_TASK)
     if epochs.get("dry_run"):
@@ -175,7 +175,7 @@ def rollback_task(config_path: str, target: str, ti=None, spark=None, **_):
     from airflow.sdk.exceptions import AirflowFailException
 
     from epochsync.spark import prepare_session
-    from epochsync.stages.pipeline import rollback_target
+    from epochsync.stages.rollback import rollback_target
 
     epochs = ti.xcom_pull(task_ids=EPOCHS_TASK) or {}
     config = load_config(config_path)

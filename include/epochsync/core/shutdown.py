@@ -145,7 +145,7 @@ def stop_processes(procs: Iterable, *, grace: float = 10.0, keep: Iterable[int] 
 def settle_targets(cfg: Config, targets: Iterable[str]) -> list[str]:
     """Roll back every target left mid-epoch (undo journal replayed, no Spark check); one phrase each."""
     from epochsync.core.errors import EpochsyncError
-    from epochsync.stages.pipeline import rollback_target
+    from epochsync.stages.rollback import rollback_target
 
     out = []
     for name in targets:
@@ -174,7 +174,7 @@ def rollback_on_interrupt(cfg: Config, tcfg: TargetConfig, spark_of: Callable[[]
         yield
     except KeyboardInterrupt as exc:
         sig = Interrupted.of(exc)
-        from epochsync.stages.pipeline import rollback_target
+        from epochsync.stages.rollback import rollback_target
 
         t0 = time.monotonic()
         try:

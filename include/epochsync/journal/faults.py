@@ -25,7 +25,7 @@ A spec says when a stage of an epoch fails::
   epoch's plan directory, so a retry or a rerun of the epoch succeeds; ``repeat=1``
   fires every time.
 
-The same spec can be passed as ``inject=`` to :func:`epochsync.stages.pipeline.run_apply` and
+The same spec can be passed as ``inject=`` to :func:`epochsync.stages.apply.run_apply` and
 ``replicate`` (``--inject-failure``), which is how the DAG param reaches it; commit and
 rollback read it from the environment variable.
 """

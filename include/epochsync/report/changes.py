@@ -349,11 +349,11 @@ def apply_to_listing(listing: dict[str, str], records: list[dict]) -> dict[str, 
 
 def changes_between(cfg, target, e1: int, e2: int, spark=None) -> list[dict]:
     """The change records between committed epochs ``e1`` and ``e2`` of ``target``."""
-    from epochsync.stages import pipeline
+    from epochsync.stages import context
 
     cfg = cfg if isinstance(cfg, Config) else load_config(cfg)
     tcfg = target if isinstance(target, TargetConfig) else cfg.target(target)
-    committed = pipeline.committed_epoch(cfg, tcfg)
+    committed = context.committed_epoch(cfg, tcfg)
     windows = committed_windows(cfg, tcfg, e1, e2, committed)
     check_inputs(cfg, tcfg, e1, e2, windows)
     if spark is None:

@@ -86,7 +86,7 @@ def _value_counts(column):
 def target_status(cfg: Config, tcfg: TargetConfig, *, checkpoint: datetime | None = None) -> dict:
     """One target's status as a plain dict (the JSON form of ``epochsync status``)."""
     from epochsync.journal.undo import read_json
-    from epochsync.stages.pipeline import committed_epoch, unfinished_epochs
+    from epochsync.stages.context import committed_epoch, unfinished_epochs
 
     src = cfg.source_of(tcfg)
     wh = Warehouse(cfg.warehouse)

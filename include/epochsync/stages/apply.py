@@ -17,9 +17,24 @@ import os
 import re
 import time
 
-from epochsync.core.errors import EpochsyncError
+from epochsync.core.errors import EpochError, EpochsyncError
 from epochsync.core.layout import object_range_to_file
-from epochsync.journal.undo import PHASE_DATA, PHASE_NAMESPACE, PHASE_POST, UndoJournal, start_run
+from epochsync.journal.lease import holds_target_lease
+from epochsync.journal.undo import (
+    PHASE_DATA,
+    PHASE_NAMESPACE,
+    PHASE_POST,
+    UndoJournal,
+    fault_counter,
+    journal_dir,
+    plan_dir,
+    start_run,
+    write_json_atomic,
+    write_stage_stats,
+)
+from epochsync.stages.context import APPLIED_FACTS, _config, _target_cfg, check_preconditions, load_plan, source_access
+from epochsync.stages.rollback import run_rollback
+from epochsync.targets import open_target
 
 
 class Pulled:
@@ -434,3 +449,47 @@ def _root_cause(exc: BaseException) -> str:
                 continue
             return ln
     return lines[0] if lines else type(exc).__name__
+
+
+# --------------------------------------------------------------------------- the stage function
+
+
+@holds_target_lease
+def run_apply(cfg, target, epoch: int, spark=None, inject=None, first_epoch: int | None = None) -> dict:
+    """Apply the stored plan (see the module docstring); returns the apply figures."""
+    from epochsync.journal.faults import resolve
+    from epochsync.stages.apply import apply_plan
+
+    t0 = time.monotonic()
+    cfg = _config(cfg)
+    tcfg = _target_cfg(cfg, target)
+    pre = check_preconditions(cfg, tcfg, epoch, first_epoch)
+    if pre["action"] == "noop":
+        return {"noop": True, "message": pre["message"]}
+    if pre["action"] == "rollback_first":
+        run_rollback(cfg, tcfg, spark=spark)
+    plan = load_plan(cfg, tcfg.name, epoch)
+    tgt = open_target(tcfg)
+    if tgt.kind == "s3":
+        tgt.ensure_bucket()
+    problems, state = tgt.fence_check(plan["fence"], tgt.fence_time_ns())
+    if problems:
+        shown = "; ".join(problems[:20]) + (f"; and {len(problems) - 20} more" if len(problems) > 20 else "")
+        raise EpochError(
+            f"write fence: target {tcfg.name} ({tgt.describe()}) was changed by someone else since epoch "
+            f"{pre['committed']}: {shown}. Nothing was written. Restore those paths or re-hydrate the target."
+        )
+    source_io, bucket = source_access(cfg, tcfg)
+    jdir = journal_dir(cfg.warehouse, tcfg.name, epoch)
+    os.makedirs(jdir, exist_ok=True)
+    write_json_atomic(os.path.join(jdir, "meta.json"), {"epoch": epoch, "first_epoch": plan.get("first_epoch")})
+    faults = fault_counter(cfg.warehouse, tcfg.name, epoch, resolve(inject))
+    facts_path = os.path.join(plan_dir(cfg.warehouse, tcfg.name, epoch), APPLIED_FACTS)
+    if os.path.exists(facts_path):  # an earlier attempt's: never verify against it
+        os.remove(facts_path)
+    figures = apply_plan(plan, tgt, source_io, bucket, jdir, state, spark=spark, faults=faults)
+    # verify's facts (s3: the versions the apply wrote, from its responses), beside the plan
+    write_json_atomic(facts_path, {"epoch": epoch, "facts": figures.pop("facts", {})})
+    figures["seconds"] = round(time.monotonic() - t0, 3)
+    write_stage_stats(cfg.warehouse, tcfg.name, epoch, "apply", figures)
+    return figures

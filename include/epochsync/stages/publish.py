@@ -258,7 +258,7 @@ def publish_epoch(cfg, target, first_epoch: int, epoch: int, spark=None, *, inje
     the warehouse stats row, then ``_feed.json`` (the commit point), then the source
     cursor (so the source's purge may drop what the feed has published).
     """
-    from epochsync.stages import pipeline
+    from epochsync.stages import commit
 
     t0 = time.monotonic()
     cfg = _config(cfg)
@@ -317,7 +317,7 @@ def publish_epoch(cfg, target, first_epoch: int, epoch: int, spark=None, *, inje
         "snapshot": Warehouse(cfg.warehouse).snapshot(tcfg.name, epoch), "committed_at": _now_iso(),
     })  # fmt: skip
     record_event(cfg.warehouse, tcfg.name, COMMITTED, epoch, first_epoch=first_epoch)
-    advance_cursor(cfg.warehouse, src.name, tcfg.name, epoch, pipeline._last_indexes(cfg, src.name, first_epoch, epoch))
+    advance_cursor(cfg.warehouse, src.name, tcfg.name, epoch, commit._last_indexes(cfg, src.name, first_epoch, epoch))
     row["durations"]["publish"] = round(time.monotonic() - t0, 3)
     return row
 

@@ -29,12 +29,21 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from typing import Any
 
-from epochsync.core.config import MIN_PART_SIZE
+from epochsync.core.config import MIN_PART_SIZE, Config, TargetConfig
+from epochsync.core.errors import EpochError
 from epochsync.core.layout import file_range_to_objects, merge_ranges, object_size
 from epochsync.core.model import DIR, FILE, SYMLINK
+from epochsync.journal.lease import holds_target_lease
+from epochsync.journal.undo import (
+    write_json_atomic,
+    write_stage_stats,
+)
+from epochsync.stages.context import _config, _records_in, _store_dict, _target_cfg, _target_dict, plan_path
 from epochsync.targets.base import CONTROL_DIR, TargetLimitError, UnsafePathError, safe_relpath
+from epochsync.warehouse.paths import Warehouse
 
 PLAN_VERSION = 1
 
@@ -797,3 +806,52 @@ def finish_entry(d: dict) -> bool:
     d["new_paths"] = sorted({lk["path"] for lk in d["new_links"]})
     d["type"] = (d.get("new") or d.get("old") or {}).get("type")
     return bool(d["old_paths"] or d["new_paths"])
+
+
+# --------------------------------------------------------------------------- the stage function
+
+
+@holds_target_lease
+def run_translate(
+    cfg, target, epoch: int, spark=None, whole_file: bool = False, first_epoch: int | None = None
+) -> dict:
+    """Build and store the plan of ``first_epoch..epoch`` for ``target`` (on Spark); returns its summary."""
+    from epochsync.stages.translate import build_plan
+
+    t0 = time.monotonic()
+    cfg = _config(cfg)
+    tcfg = _target_cfg(cfg, target)
+    src = cfg.source_of(tcfg)
+    first = first_epoch or epoch
+    if spark is None:
+        from epochsync.spark import spark_session
+
+        spark = spark_session(f"epochsync-translate-{tcfg.name}", cfg=cfg)
+    entries, records_in = _translate_entries_spark(cfg, tcfg, first, epoch, spark, whole_file)
+    plan = build_plan(entries, target=_target_dict(tcfg), store=_store_dict(cfg, tcfg), epoch=epoch, first_epoch=first)
+    plan["source"] = src.name
+    plan["snapshot"] = Warehouse(cfg.warehouse).snapshot(tcfg.name, epoch)
+    plan["summary"]["records_in"] = records_in
+    write_json_atomic(plan_path(cfg, tcfg.name, epoch), plan)
+    summary = dict(plan["summary"], seconds=round(time.monotonic() - t0, 3))
+    write_stage_stats(cfg.warehouse, tcfg.name, epoch, "translate", summary)
+    return summary
+
+
+def _translate_entries_spark(cfg: Config, tcfg: TargetConfig, first: int, epoch: int, spark, whole_file: bool):
+    from pyspark.sql import functions as F
+
+    from epochsync.stages.translate import plan_entries
+    from epochsync.warehouse.snapshots import path_exists, read_snapshot
+
+    src = cfg.source_of(tcfg)
+    wh = Warehouse(cfg.warehouse)
+    old = read_snapshot(spark, wh, tcfg.name, first - 1, src.root_fid)
+    new = read_snapshot(spark, wh, tcfg.name, epoch, src.root_fid)
+    if not path_exists(spark, wh.changes(tcfg.name, epoch)):
+        raise EpochError(f"no change set for target {tcfg.name} epoch {epoch}: run the merge stage first")
+    changes = spark.read.parquet(wh.changes(tcfg.name, epoch))
+    if whole_file:
+        changes = changes.withColumn("whole_file", F.col("data_changed"))
+    entries = plan_entries(old, new, changes, root_fid=src.root_fid, fileset=tcfg.fileset)
+    return entries, _records_in(wh, src.name, first, epoch)

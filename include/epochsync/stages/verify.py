@@ -11,9 +11,21 @@ deterministic subset of the files' contents (attributes are always checked).
 from __future__ import annotations
 
 import hashlib
+import os
+import time
 
+from epochsync.core.errors import EpochError
 from epochsync.core.layout import assemble_file, object_size
 from epochsync.core.schema import Layout
+from epochsync.journal.lease import holds_target_lease
+from epochsync.journal.undo import (
+    plan_dir,
+    read_json,
+    write_json_atomic,
+    write_stage_stats,
+)
+from epochsync.stages.context import APPLIED_FACTS, _config, _target_cfg, load_plan, source_access
+from epochsync.targets import open_target
 from epochsync.targets.posix import XATTR_NAMESPACE
 
 
@@ -165,3 +177,31 @@ def compare_with_snapshot(target, expected: dict[str, dict], *, posix_xattrs: bo
     for p in sorted(expected.keys() - seen):
         problems.append(f"{p}: missing")
     return problems
+
+
+# --------------------------------------------------------------------------- the stage function
+
+
+@holds_target_lease
+def run_verify(cfg, target, epoch: int, spark=None, first_epoch: int | None = None) -> dict:
+    """Verify the applied epoch against the source; raises EpochError on any difference."""
+    from epochsync.stages.verify import verify_plan
+
+    t0 = time.monotonic()
+    cfg = _config(cfg)
+    tcfg = _target_cfg(cfg, target)
+    plan = load_plan(cfg, tcfg.name, epoch)
+    tgt = open_target(tcfg)
+    source_io, bucket = source_access(cfg, tcfg)
+    applied = read_json(os.path.join(plan_dir(cfg.warehouse, tcfg.name, epoch), APPLIED_FACTS)) or {}
+    result = verify_plan(plan, tgt, source_io, bucket, sample=tcfg.verify.sample, facts=applied.get("facts"))
+    result["seconds"] = round(time.monotonic() - t0, 3)
+    result["source_requests"] = source_io.counters.as_dict()
+    write_json_atomic(os.path.join(plan_dir(cfg.warehouse, tcfg.name, epoch), "verify.json"), result)
+    write_stage_stats(cfg.warehouse, tcfg.name, epoch, "verify", result)
+    if not result["ok"]:
+        raise EpochError(
+            f"verify of target {tcfg.name} epoch {epoch}: {result['problem_count']} difference(s) with the source: "
+            + "; ".join(result["problems"][:10])
+        )
+    return result

@@ -9,7 +9,7 @@ SeaweedFS. The replicas are brought to epoch 1 (not measured), then each tool br
 its replica to epoch 2 while an :class:`~epochsync_dev.s3proxy.S3Proxy` (in its own process) in front of
 SeaweedFS counts every request and byte, server side of the client:
 
-- ``epochsync``: ``pipeline.replicate`` of epoch 2 into an s3 target (ingest, merge,
+- ``epochsync``: ``stages.replicate.replicate`` of epoch 2 into an s3 target (ingest, merge,
   translate, apply, verify, commit), every stage on a warm Spark Connect server started
   once for the benchmark (``local[2]``), as a deployment runs it; verify sampling 0 so
   the source is read only for the pull — correctness is checked after the measurement
@@ -446,7 +446,7 @@ def run_scenario(scenario: Scenario, weed_endpoint, spark, work: Path, verbose: 
 
     ``rclone_bin`` (see :func:`rclone_binary`): without it the rclone row says why it was not run.
     """
-    from epochsync.stages.pipeline import replicate
+    from epochsync.stages.replicate import replicate
     from epochsync.stores.connections import S3Settings
     from epochsync_dev.embedded import S3Endpoint
     from epochsync_dev.s3proxy import S3ProxyProcess

@@ -1,0 +1,124 @@
+"""A target's state as the stages see it: config lookups, the committed epoch, unfinished epochs, preconditions, the plan's location."""
+
+from __future__ import annotations
+
+import os
+import re
+
+from epochsync.core.config import Config, TargetConfig, load_config
+from epochsync.core.errors import EpochError
+from epochsync.journal.undo import (
+    journal_exists,
+    manifest_epoch,
+    plan_dir,
+    read_json,
+)
+from epochsync.targets import open_target
+from epochsync.warehouse.paths import Warehouse, local_path
+
+
+def _config(cfg: Config | str | os.PathLike) -> Config:
+    return cfg if isinstance(cfg, Config) else load_config(cfg)
+
+
+def _target_cfg(cfg: Config, target: str | TargetConfig) -> TargetConfig:
+    return target if isinstance(target, TargetConfig) else cfg.target(target)
+
+
+def source_access(cfg: Config, tcfg: TargetConfig):
+    from epochsync.stores.connections import resolve_s3
+    from epochsync.targets.s3 import S3Access
+
+    src = cfg.source_of(tcfg)
+    return S3Access(resolve_s3(src.store.conn_id), max_attempts=tcfg.max_attempts), src.store.bucket
+
+
+def committed_epoch(cfg, target) -> int:
+    """The epoch in the target's manifest (0 for an empty target)."""
+    cfg = _config(cfg)
+    return manifest_epoch(open_target(_target_cfg(cfg, target)).read_manifest())
+
+
+def unfinished_epochs(cfg: Config, tcfg: TargetConfig, committed: int) -> list[int]:
+    """Epochs above the committed one that have an undo journal (an apply that did not commit)."""
+    base = local_path(Warehouse(cfg.warehouse).uri + f"/undo/target={tcfg.name}")
+    out = []
+    if os.path.isdir(base):
+        for name in os.listdir(base):
+            m = re.fullmatch(r"epoch=(\d+)", name)
+            if m and int(m.group(1)) > committed and journal_exists(os.path.join(base, name)):
+                out.append(int(m.group(1)))
+    return sorted(out)
+
+
+def check_preconditions(cfg, target, epoch: int, first_epoch: int | None = None) -> dict:
+    """DESIGN section 5 invariants; raises EpochError on a gap. See the module docstring."""
+    cfg = _config(cfg)
+    tcfg = _target_cfg(cfg, target)
+    first = first_epoch or epoch
+    committed = committed_epoch(cfg, tcfg)
+    unfinished = unfinished_epochs(cfg, tcfg, committed)
+    if committed >= epoch:
+        return {"action": "noop", "committed": committed, "unfinished": unfinished,
+                "message": f"target {tcfg.name} is already at epoch {committed}: epoch {epoch} is a no-op"}  # fmt: skip
+    if committed < first - 1:
+        missing = list(range(committed + 1, first))
+        span = f"{missing[0]}" if len(missing) == 1 else f"{missing[0]}..{missing[-1]}"
+        raise EpochError(
+            f"target {tcfg.name} is at epoch {committed}, so epoch {first} would leave a gap: epoch(s) {span} "
+            f"are missing. Backfill them first: epochsync replicate --config {cfg.file} --target {tcfg.name} "
+            f"--through {first - 1} (or in Airflow: airflow backfill create --dag-id "
+            f"epochsync__{tcfg.source}__{tcfg.name} ...)"
+        )
+    if unfinished:
+        return {"action": "rollback_first", "committed": committed, "unfinished": unfinished,
+                "message": f"epoch(s) {unfinished} of target {tcfg.name} did not commit: rolling back first"}  # fmt: skip
+    return {"action": "run", "committed": committed, "unfinished": [], "message": "ok"}
+
+
+def _target_dict(tcfg: TargetConfig) -> dict:
+    return {
+        "name": tcfg.name, "kind": tcfg.kind, "fileset": list(tcfg.fileset), "coalesce_gap": tcfg.coalesce_gap,
+        "part_size": tcfg.part_size, "small_object": tcfg.small_object,
+        "stripe_size": tcfg.stripe_size, "stripe_count": tcfg.stripe_count,
+        "prefix": tcfg.prefix, "path": tcfg.path, "control_dir": tcfg.control_dir,
+    }  # fmt: skip
+
+
+def _store_dict(cfg: Config, tcfg: TargetConfig) -> dict:
+    src = cfg.source_of(tcfg)
+    store = src.store
+    # JSON Lines WRITE records pin object versions: an object with no version at E was
+    # never written by E and reads as zeros, never as a later epoch's "latest" bytes
+    return {"key": store.key, "unstriped_key": store.unstriped_key, "bucket": store.bucket,
+            "versioned": src.changelogs.format == "jsonl"}  # fmt: skip
+
+
+def plan_path(cfg: Config, target: str, epoch: int) -> str:
+    return os.path.join(plan_dir(cfg.warehouse, target, epoch), "plan.json")
+
+
+def _records_in(wh: Warehouse, source: str, first: int, last: int) -> int:
+    """Records of the window but the EPOCH marks, read from the ingested Parquet here (no Spark job)."""
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    total = 0
+    for e in range(first, last + 1):
+        path = local_path(wh.records(source, e))
+        if not os.path.isdir(path):
+            return 0
+        types = ds.dataset(path, format="parquet", partitioning="hive").to_table(columns=["type"])["type"]
+        total += len(types) - int(pc.sum(pc.cast(pc.equal(types.cast("string"), "EPOCH"), "int64")).as_py() or 0)
+    return total
+
+
+def load_plan(cfg: Config, target: str, epoch: int) -> dict:
+    plan = read_json(plan_path(cfg, target, epoch))
+    if plan is None:
+        raise EpochError(f"no plan for target {target} epoch {epoch}: run the translate stage first")
+    return plan
+
+
+#: in the plan directory: the facts the apply's responses gave (s3: versions written), for verify
+APPLIED_FACTS = "applied.json"

@@ -1,0 +1,134 @@
+"""Rollback: the undo journal of an unfinished epoch replayed in reverse, then the target checked against its committed epoch; the ``rollback`` verb."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from epochsync.core.config import Config, TargetConfig
+from epochsync.core.errors import EpochError
+from epochsync.journal.lease import holds_target_lease
+from epochsync.journal.undo import (
+    UndoneLog,
+    fault_point,
+    journal_dir,
+    manifest_epoch,
+    mark_aborted,
+    read_journal,
+    remove_journal,
+    wait_for_writers,
+)
+from epochsync.stages.context import _config, _target_cfg, unfinished_epochs
+from epochsync.targets import open_target
+from epochsync.warehouse.events import ROLLED_BACK, record_event
+from epochsync.warehouse.paths import Warehouse
+
+
+def _expected_namespace(cfg: Config, tcfg: TargetConfig, epoch: int, spark) -> dict[str, dict]:
+    """path → attributes of every path the target should hold at ``epoch`` (snapshot)."""
+    from epochsync.stages.translate import attrs_of, resolve_links, visible
+    from epochsync.warehouse.snapshots import read_snapshot
+
+    src = cfg.source_of(tcfg)
+    snap = read_snapshot(spark, Warehouse(cfg.warehouse), tcfg.name, epoch, src.root_fid)
+    links = visible(resolve_links(snap, src.root_fid), tcfg.fileset).select("fid", "path")
+    rows = links.join(snap, "fid").collect()
+    return {r["path"]: attrs_of(r["fid"], r.asDict(recursive=True)) for r in rows}
+
+
+@holds_target_lease
+def rollback_target(cfg, target, spark=None, *, check: bool = True, progress=None) -> dict:
+    """Undo every unfinished epoch of ``target`` (see :func:`run_rollback`)."""
+    from epochsync.stages.verify import compare_with_snapshot
+
+    cfg = _config(cfg)
+    tcfg = _target_cfg(cfg, target)
+    tgt = open_target(tcfg)
+    committed = manifest_epoch(tgt.read_manifest())
+    epochs = unfinished_epochs(cfg, tcfg, committed)
+    if not epochs:
+        return {"rolled_back": [], "committed": committed, "undone": 0, "message": "nothing to roll back"}
+    t0 = time.monotonic()
+    undone = 0
+    for e in sorted(epochs, reverse=True):
+        jdir = journal_dir(cfg.warehouse, tcfg.name, e)
+        fault = fault_point(cfg.warehouse, tcfg.name, e, "rollback")  # tests: stage=rollback
+        mark_aborted(jdir)
+        wait_for_writers(jdir)
+        # replay until the journal stops growing: a writer that was mid-entry when the
+        # marker appeared has at most one more durable entry, and undo is idempotent;
+        # entries a killed rollback already undid are skipped (UndoneLog)
+        done = UndoneLog(jdir)
+        entries: list[dict] = []
+        try:
+            while True:
+                fresh = [x for x in read_journal(jdir) if x not in done]
+                if not fresh:
+                    break
+                for entry in reversed(fresh):
+                    fault(f"undo {entry.get('op')}")
+                    tgt.undo(entry, jdir)
+                    done.add(entry)
+                    undone += 1
+                entries += fresh
+                time.sleep(0.2)
+        finally:
+            done.close()
+        fault("scratch area")
+        tgt.finish_rollback(e)
+        if progress:
+            progress(f"rollback: epoch {e}: {len(entries)} journal entries undone")
+    problems: list[str] = []
+    if check:
+        if spark is None:
+            from epochsync.spark import spark_session
+
+            spark = spark_session("epochsync-rollback", cfg=cfg)
+        expected = _expected_namespace(cfg, tcfg, committed, spark)
+        scaffold = _fileset_ancestors(tcfg)
+        problems = [p for p in compare_with_snapshot(tgt, expected) if p.split(":", 1)[0] not in scaffold]
+        if problems:
+            raise EpochError(
+                f"rollback of target {tcfg.name}: the undo journal was replayed but the target does not match "
+                f"snapshot {committed}: " + "; ".join(problems[:10]) + " (the journal is kept; run rollback again "
+                "after fixing the cause, or re-hydrate the target)"
+            )
+    tgt.mark_rollback(max(epochs))
+    record_event(cfg.warehouse, tcfg.name, ROLLED_BACK, max(epochs), message=f"back at epoch {committed}",
+                 epochs=epochs, undone=undone)  # fmt: skip
+    for e in epochs:
+        remove_journal(journal_dir(cfg.warehouse, tcfg.name, e))
+    return {
+        "rolled_back": epochs,
+        "committed": committed,
+        "undone": undone,
+        "checked": check,
+        "seconds": round(time.monotonic() - t0, 3),
+        "message": f"target {tcfg.name} is back at epoch {committed}",
+    }
+
+
+def _fileset_ancestors(tcfg: TargetConfig) -> set[str]:
+    out = set()
+    for sub in tcfg.fileset:
+        parts = sub.strip("/").split("/")
+        for i in range(1, len(parts)):
+            out.add("/".join(parts[:i]))
+    return out
+
+
+def configure_rollback(parser) -> None:
+    parser.add_argument("--config", required=True, metavar="FILE", help="epochsync YAML config")
+    parser.add_argument("--target", required=True, metavar="NAME", help="target to roll back")
+    parser.add_argument("--no-check", action="store_true", help="skip the final check against the snapshot")
+
+
+def run_rollback(cfg_or_args, target=None, spark=None) -> Any:
+    """Stage: ``run_rollback(cfg, target, spark=None) -> dict``. CLI: ``run_rollback(args) -> int``."""
+    if target is not None or isinstance(cfg_or_args, (Config, str, os.PathLike)):
+        return rollback_target(cfg_or_args, target, spark)
+    args = cfg_or_args
+    r = rollback_target(args.config, args.target, check=not args.no_check, progress=lambda s: print(s, flush=True))
+    print(r["message"] + (f" ({r['undone']} journal entries undone)" if r["rolled_back"] else ""))
+    return 0
