@@ -12,9 +12,9 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from epochsync.stages.ingest import ingest_main
+    from epochsync.stages.entry import stage_main
 
-    return ingest_main(argv)
+    return stage_main("ingest", argv)
 
 
 if __name__ == "__main__":

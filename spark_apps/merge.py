@@ -12,9 +12,9 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from epochsync.stages.merge import merge_main
+    from epochsync.stages.entry import stage_main
 
-    return merge_main(argv)
+    return stage_main("merge", argv)
 
 
 if __name__ == "__main__":

@@ -13,9 +13,9 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from epochsync.stages.publish import publish_main
+    from epochsync.stages.entry import stage_main
 
-    return publish_main(argv)
+    return stage_main("publish", argv)
 
 
 if __name__ == "__main__":

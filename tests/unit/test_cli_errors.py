@@ -85,3 +85,24 @@ def test_every_verb_has_help(verb, capsys):
         main([verb, "--help"] if verb else ["--help"])
     assert done.value.code == 0
     assert capsys.readouterr().out.startswith("usage: epochsync")
+
+
+def test_every_stage_takes_the_same_arguments(capsys):
+    """One parser for every stage process (spark_apps/<stage>.py): ingest by source, the rest by target."""
+    from epochsync.stages.entry import STAGES, build_parser
+
+    common = ["--config", "c.yaml", "--epoch", "2", "--through", "3", "--dry-run", "--whole-file"]
+    for stage in STAGES:
+        args = build_parser(stage).parse_args([*common, "--target", "t", "--inject-failure", "after=1"])
+        assert (args.config, args.epoch, args.through, args.target, args.inject_failure) == (
+            "c.yaml",
+            2,
+            3,
+            "t",
+            "after=1",
+        )
+    assert build_parser("ingest").parse_args(["--config", "c", "--epoch", "1", "--source", "s"]).source == "s"
+    with pytest.raises(SystemExit):
+        build_parser("merge").parse_args(["--config", "c", "--epoch", "1"])  # no target
+    assert entry.stage_main("nope", []) == 2
+    assert "unknown stage 'nope'" in capsys.readouterr().err

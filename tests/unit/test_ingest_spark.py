@@ -350,7 +350,7 @@ def test_spark_app_prints_per_server_progress_and_fails_with_one_line(spark, tmp
     assert main(["--config", str(cfg_file), "--source", "src", "--epoch", "3"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
-        "ingest failed: epoch 3 of source 'src' is not closed: waiting for MDT0000 (closed through 2), "
+        "ingest: error: epoch 3 of source 'src' is not closed: waiting for MDT0000 (closed through 2), "
         "OST0000 (closed through 2); ingest runs only on closed epochs (the sensor waits for them)"
     ]
     assert main(["--config", str(cfg_file), "--source", "nope", "--epoch", "1"]) == 1

@@ -108,11 +108,12 @@ def test_app_then_window_match_the_oracle(spark, stage, capsys):
 
 def test_missing_inputs_name_what_to_run(spark, stage, capsys):
     _, cfg_path, wh, _ = stage
-    from epochsync.stages.merge import merge_main, run_merge
+    from epochsync.stages.entry import stage_main
+    from epochsync.stages.merge import run_merge
 
     with pytest.raises(EpochError, match=r"no snapshot of target 't' at epoch 6 .*merge epoch 6 first"):
         run_merge(load_config(cfg_path), "t", 7, 7, spark)
-    assert merge_main(["--config", str(cfg_path), "--target", "t", "--epoch", "9"]) == 1
+    assert stage_main("merge", ["--config", str(cfg_path), "--target", "t", "--epoch", "9"]) == 1
     assert "error" in capsys.readouterr().err
     with pytest.raises(EpochError, match="bad epoch window"):
         run_merge(load_config(cfg_path), "t", 3, 2, spark)

@@ -1814,39 +1814,3 @@ def read_records(spark, warehouse: str, source: str, first_epoch: int, last_epoc
         raise EpochError(f"not ingested yet: {', '.join(missing)}")
     df = spark.read.schema(schema).option("basePath", wh.records(source)).parquet(*paths)
     return df.filter(F.col("epoch").between(first_epoch, last_epoch)).select(*schema.fieldNames())
-
-
-def ingest_main(argv: list[str] | None = None) -> int:
-    """``spark_apps/ingest.py``: ``--config FILE --source NAME --epoch E [--through E2] [--target T]``."""
-    import argparse
-    import sys
-
-    from epochsync.core.config import load_config
-
-    p = argparse.ArgumentParser(prog="ingest", description="Ingest a source's closed epochs into the warehouse.")
-    p.add_argument("--config", required=True, metavar="FILE", help="epochsync YAML config")
-    p.add_argument("--source", required=True, metavar="NAME", help="source to ingest")
-    p.add_argument("--epoch", required=True, type=int, metavar="E", help="first epoch")
-    p.add_argument("--through", type=int, metavar="E2", help="last epoch (default: --epoch)")
-    p.add_argument("--target", metavar="NAME", help="check continuity from this consumer's cursor")
-    args = p.parse_args(argv)
-    try:
-        from epochsync.spark import spark_session
-
-        cfg = load_config(args.config)
-        cfg.source(args.source)  # a wrong name fails before Spark starts
-        spark = spark_session(f"epochsync-ingest-{args.source}")
-        stats = run_ingest(
-            cfg, args.source, args.epoch, args.through, spark, consumer=args.target,
-            progress=lambda line: print(line, flush=True),
-        )  # fmt: skip
-    except EpochsyncError as exc:
-        print(f"ingest failed: {exc}", file=sys.stderr)
-        return 1
-    print(
-        f"ingested {stats['records']} records of source {stats['source']} epochs "
-        f"{stats['first_epoch']}..{stats['last_epoch']} in {stats['seconds']} s "
-        f"({stats['quarantined']} quarantined)",
-        flush=True,
-    )
-    return 0

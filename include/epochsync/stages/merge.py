@@ -923,36 +923,3 @@ def _clean_error(exc: Exception, target: str, first: int, last: int) -> Epochsyn
     return EpochError(
         f"merge of target {target!r} epochs {first}..{last} failed: {text.splitlines()[0] if text else exc!r}"
     )
-
-
-def merge_main(argv: list[str] | None = None) -> int:
-    """``spark_apps/merge.py``: ``--config FILE --target NAME --epoch E [--through E2]``.
-
-    Merges epoch E (or the window E..E2) onto snapshot E-1 and prints the stats as one
-    JSON line; on failure prints one line on stderr and returns 1.
-    """
-    import argparse
-    import json
-    import sys
-
-    p = argparse.ArgumentParser(
-        prog="merge", description="Merge a target's epoch (or window) into snapshot and change set."
-    )
-    p.add_argument("--config", required=True, metavar="FILE", help="epochsync YAML config")
-    p.add_argument("--target", required=True, metavar="NAME", help="target whose snapshot to advance")
-    p.add_argument("--epoch", required=True, type=int, metavar="E", help="first epoch of the window")
-    p.add_argument("--through", type=int, metavar="E2", help="last epoch (default: --epoch)")
-    # accepted so every stage takes the same arguments; the merge only writes the warehouse
-    p.add_argument("--dry-run", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--whole-file", action="store_true", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    try:
-        from epochsync.core.config import load_config
-
-        cfg = load_config(args.config)
-        stats = run_merge(cfg, args.target, args.epoch, args.through or args.epoch)
-    except EpochsyncError as exc:
-        print(f"merge: error: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(stats, sort_keys=True))
-    return 0

@@ -58,7 +58,7 @@ import time
 from datetime import UTC, datetime
 
 from epochsync.core.config import Config, TargetConfig, load_config
-from epochsync.core.errors import EpochError, EpochsyncError
+from epochsync.core.errors import EpochError
 from epochsync.journal.lease import holds_target_lease
 from epochsync.journal.undo import advance_cursor, manifest_epoch, write_json_atomic
 from epochsync.report.changes import check_inputs, diff_entries, gather_entries, to_json_line
@@ -604,31 +604,4 @@ def run_feed(args) -> int:
                 load = f"load {c['dump']}, then " if c["dump"] else ""
                 print(f"  {c['consumer']}: acknowledged {c['acked']}, lag {c['lag_epochs']}, "
                       f"{'idle' if c['idle'] else 'ok'}; {load}next: {nxt}")  # fmt: skip
-    return 0
-
-
-def publish_main(argv: list[str] | None = None) -> int:
-    """``spark_apps/publish.py --config FILE --target NAME --epoch E [--through E2]``: one JSON line or one error line."""
-    import argparse
-
-    p = argparse.ArgumentParser(prog="publish", description="Publish a feed target's merged epoch (window).")
-    p.add_argument("--config", required=True)
-    p.add_argument("--target", required=True)
-    p.add_argument("--epoch", type=int, required=True, help="first epoch of the run")
-    p.add_argument("--through", type=int, help="last epoch of the run (default: --epoch)")
-    p.add_argument("--inject-failure", default=None)
-    p.add_argument("--dry-run", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--whole-file", action="store_true", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    try:
-        from epochsync.spark import spark_session
-
-        cfg = load_config(args.config)
-        spark = spark_session(f"epochsync-publish-{args.target}", cfg=cfg)
-        out = publish_epoch(cfg, args.target, args.epoch, args.through or args.epoch, spark,
-                            inject=args.inject_failure)  # fmt: skip
-    except EpochsyncError as exc:
-        print(f"publish: error: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(out, sort_keys=True, default=str))
     return 0
