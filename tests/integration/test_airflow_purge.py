@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from epochsync.airflow.purge import PurgeBlocked, plan_purge, purge_source
 from epochsync.core.config import load_config
+from epochsync.stages.purge import PurgeBlocked, plan_purge, purge_source
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from epochsync.airflow.purge import PurgeBlocked, purge_source
 from epochsync.cli import main
 from epochsync.core.config import load_config
 from epochsync.core.errors import EpochsyncError
@@ -36,6 +35,7 @@ from epochsync.stages.publish import (
     read_epoch,
     register_consumer,
 )
+from epochsync.stages.purge import PurgeBlocked, purge_source
 from epochsync.stages.replicate import replicate
 from epochsync.stages.translate import in_fileset
 from epochsync.targets.feed import FEED_DOC, open_feed_store

@@ -275,7 +275,7 @@ def build_epoch_dag(
 
 def build_hydrate_dag(config: Config, target: TargetConfig, *, doc_md: str = "") -> DAG:
     """``epochsync_hydrate__<target>``: seed the target from a source dump at a closed epoch (manual)."""
-    from epochsync.airflow.hydrate import hydrate_task
+    from epochsync.airflow.tasks import hydrate_task
 
     source = config.source_of(target)
     dag = DAG(
@@ -320,7 +320,7 @@ def build_hydrate_dag(config: Config, target: TargetConfig, *, doc_md: str = "")
 
 def build_purge_dag(config: Config, source: SourceConfig, *, doc_md: str = "") -> DAG:
     """``epochsync_purge__<source>``: drop changelogs and records below every consumer's cursor."""
-    from epochsync.airflow.purge import purge_task
+    from epochsync.airflow.tasks import purge_task
 
     dag = DAG(
         dag_id=purge_dag_id(source.name),

@@ -197,3 +197,36 @@ def config_path_from_env() -> str | None:
     """``$EPOCHSYNC_CONFIG`` made absolute (tasks may run in another working directory)."""
     path = os.environ.get("EPOCHSYNC_CONFIG")
     return os.path.abspath(path) if path else None
+
+
+def hydrate_task(config_path: str, target: str, params=None, spark=None, **_):
+    """The ``hydrate`` task of ``epochsync_hydrate__<target>``: :func:`epochsync.stages.hydrate.hydrate_target`."""
+    import logging
+
+    from epochsync.stages.hydrate import hydrate_target
+
+    params = params or {}
+    log = logging.getLogger("epochsync.hydrate")
+    if spark is not None:
+        from epochsync.spark import prepare_session
+
+        prepare_session(spark)
+    return hydrate_target(
+        load_config(config_path),
+        target,
+        spark=spark,
+        epoch=params.get("epoch"),
+        dump_uri=params.get("dump_uri") or None,
+        log=log.info,
+    )
+
+
+def purge_task(config_path: str, source: str, params=None, **_):
+    """The ``purge`` task of ``epochsync_purge__<source>``: :func:`epochsync.stages.purge.purge_source`."""
+    import logging
+
+    from epochsync.stages.purge import purge_source
+
+    log = logging.getLogger("epochsync.purge")
+    dry_run = bool((params or {}).get("dry_run"))
+    return purge_source(load_config(config_path), source, dry_run=dry_run, log=log.info)

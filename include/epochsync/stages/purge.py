@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from epochsync.core.config import Config, SourceConfig, load_config
+from epochsync.core.config import Config, SourceConfig
 from epochsync.core.errors import EpochsyncError
 from epochsync.warehouse.paths import Warehouse, epoch_partitions, local_path
 
@@ -257,12 +257,3 @@ def purge_source(config: Config, source_name: str, *, dry_run: bool = False, log
             )
         raise PurgeBlocked("; ".join(parts) + "; then purge again")
     return result
-
-
-def purge_task(config_path: str, source: str, params=None, **_):
-    """The ``purge`` task of ``epochsync_purge__<source>``."""
-    import logging
-
-    log = logging.getLogger("epochsync.purge")
-    dry_run = bool((params or {}).get("dry_run"))
-    return purge_source(load_config(config_path), source, dry_run=dry_run, log=log.info)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from epochsync.core.config import Config, SourceConfig, load_config
+from epochsync.core.config import Config, SourceConfig
 from epochsync.core.errors import EpochError
 from epochsync.journal.lease import holds_target_lease
 from epochsync.warehouse.paths import Warehouse, epoch_partitions
@@ -148,23 +148,3 @@ def hydrate_target(
         f"target {target}: hydrated at epoch {epoch} in {time.monotonic() - t0:.1f}s; the epoch DAG goes on from {epoch + 1}"
     )
     return row
-
-
-def hydrate_task(config_path: str, target: str, params=None, spark=None, **_):
-    """The ``hydrate`` task of ``epochsync_hydrate__<target>``."""
-    import logging
-
-    params = params or {}
-    log = logging.getLogger("epochsync.hydrate")
-    if spark is not None:
-        from epochsync.spark import prepare_session
-
-        prepare_session(spark)
-    return hydrate_target(
-        load_config(config_path),
-        target,
-        spark=spark,
-        epoch=params.get("epoch"),
-        dump_uri=params.get("dump_uri") or None,
-        log=log.info,
-    )
