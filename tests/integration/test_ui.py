@@ -96,3 +96,65 @@ def test_login_find_trigger_and_see_the_run_succeed(scheduler_stack, browser):
     committed, rows = replica(stack.config, "local", stack.env)
     assert committed == 1 and rows == truth(stack.sim, 1)
     assert all(s.stat().st_size > 10_000 for s in shots)  # real screenshots, not blank files
+
+
+def test_the_report_clips_no_text_and_counts_the_delay_from_closure(browser, tmp_path):
+    """``epochsync report`` in a browser: every chart label inside its chart, nothing wider than the window."""
+    import json
+    import time
+
+    from epochsync.core.config import load_config
+    from epochsync.journal.undo import write_json_atomic
+    from epochsync.report.status import build_report
+    from epochsync.warehouse.events import FAILED, record_event
+    from epochsync.warehouse.paths import Warehouse, local_path
+
+    cfg_file = tmp_path / "epochsync.yaml"
+    cfg_file.write_text(
+        f"warehouse: file://{tmp_path}/wh\n"
+        "sources:\n  - name: sim\n    root_fid: '[0x200000007:0x1:0x0]'\n    servers: [MDT0000]\n"
+        f"    changelogs: {{uri: {tmp_path}/cl, format: jsonl}}\n    store: {{conn_id: s, bucket: b}}\n"
+        "    epoch: {interval: 5m, start: 2026-01-01T00:00:00Z}\n"
+        f"targets:\n  - name: a-target-with-a-long-name-for-the-table\n    source: sim\n    kind: posix\n"
+        f"    path: {tmp_path}/replica\n"
+    )
+    cfg = load_config(cfg_file)
+    tname = cfg.targets[0].name
+    now = time.time()
+    for e in range(1, 31):  # a month-old window: a delay counted from the window's end would be huge
+        write_json_atomic(local_path(Warehouse(cfg.warehouse).stats(tname, e)), {
+            "target": tname, "epoch": e, "records_in": 1000 * e, "net_operations": {"created": e},
+            "bytes_changed": 2**20 * e, "bytes_pulled": 2**20 * e, "bytes_written": 2**20 * e, "bytes_copied": 0,
+            "durations": {"ingest": 1.2, "merge": 3.4, "translate": 1.1, "apply": 2.0, "verify": 1.5, "commit": 0.1},
+            "closed_seen_at": now - 20, "committed_at": now - 20 + 9.5 + e % 3,
+        })  # fmt: skip
+    write_json_atomic(f"{tmp_path}/replica/.epochsync/manifest.json", {"target": tname, "epoch": 30})
+    record_event(cfg.warehouse, tname, FAILED, 31, message="apply: " + "a long message " * 20)
+    page = tmp_path / "report.html"
+    page.write_text(build_report(cfg, list(cfg.targets)))
+
+    browser.goto(page.as_uri())
+    browser.wait_for("document.querySelectorAll('svg').length == 4", what="the report's charts")
+    clipped = json.loads(
+        browser.js("""JSON.stringify((() => {
+        const bad = [];
+        for (const svg of document.querySelectorAll('svg')) {
+            const box = svg.getBoundingClientRect();
+            for (const t of svg.querySelectorAll('text')) {
+                const r = t.getBoundingClientRect();
+                if (r.left < box.left - 1 || r.right > box.right + 1 || r.top < box.top - 1 || r.bottom > box.bottom + 1)
+                    bad.push(t.textContent);
+            }
+        }
+        if (document.documentElement.scrollWidth > window.innerWidth + 1) bad.push('the page is wider than the window');
+        for (const s of document.querySelectorAll('.scroll'))
+            if (s.scrollWidth > s.clientWidth + 1) bad.push('a table needs scrolling');
+        return bad;
+    })())""")
+    )
+    browser.screenshot(OUTPUT / "report.png")
+    assert clipped == [], clipped
+    delays = browser.js(
+        "Array.from(document.querySelectorAll('table')[1].rows).slice(1).map(r => r.cells[9].textContent)"
+    )
+    assert len(delays) == 30 and all(d.endswith(" s") and float(d[:-2]) < 60 for d in delays), delays

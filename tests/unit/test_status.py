@@ -106,13 +106,55 @@ def test_pending_is_none_without_ingested_records(cfg):
 
 
 def test_report_writes_html_with_charts(cfg, tmp_path, capsys):
-    commit(cfg, 1)
-    commit(cfg, 2)
+    commit(cfg, 1, closed_seen_at=1767225900.0 + 300 - 12.5)  # committed 12.5 s after the pipeline saw it closed
+    commit(cfg, 2)  # a row from before closed_seen_at was recorded
     out = tmp_path / "r.html"
     assert main(["report", "--config", cfg.file, "--out", str(out)]) == 0
     page = out.read_text()
-    assert page.count("<svg") == 2 and "bytes per epoch" in page and "<td>2</td>" in page
+    assert page.count("<svg") == 4 and "bytes per epoch" in page and "<td>2</td>" in page
+    assert "time per stage" in page and "lag at each commit" in page
+    # the delay is counted from when the pipeline saw the epoch closed, never from the window's end
+    assert "<td>12.5 s</td>" in page and "<td>unknown</td>" in page and "unknown for epoch 2" in page
+    assert "epoch 1 delay: 12.5 s" in page
+    # every chart has its axes' titles, and the stacked stages are named
+    assert page.count(">seconds</text>") == 2 and ">bytes</text>" in page and ">epoch</text>" in page
+    assert ">merge</text>" in page and ">apply</text>" in page
     assert capsys.readouterr().out.strip() == str(out)
+
+
+def test_report_escapes_what_it_did_not_write(cfg, tmp_path):
+    from epochsync.report.status import build_report
+
+    commit(cfg, 1)
+    record_event(cfg.warehouse, "local", FAILED, 2, message="<script>alert(1)</script> & more")
+    page = build_report(cfg, [cfg.target("local")])
+    assert "<script>alert" not in page and "&lt;script&gt;alert(1)&lt;/script&gt; &amp; more" in page
+
+
+def test_delay_and_lag_from_the_stats_rows():
+    from epochsync.report.status import epochs_behind, replication_delays
+
+    rows = [
+        {"epoch": 1, "closed_seen_at": 100.0, "committed_at": 130.0},
+        {"epoch": 2, "closed_seen_at": 120.0, "committed_at": 150.0},
+        {"epoch": 3, "closed_seen_at": 125.0, "committed_at": 160.0},
+        {"epoch": 4, "committed_at": 170.0},
+    ]
+    assert replication_delays(rows) == [30.0, 30.0, 35.0, None]
+    # when epoch 1 committed (t=130), epochs 2 and 3 had been seen closed already
+    assert epochs_behind(rows) == [2, 1, 0, 0]
+
+
+def test_chart_ticks_are_round_and_cover_the_data():
+    from epochsync.report.charts import bar_chart, nice_ticks
+
+    assert nice_ticks(0) == [0.0, 1.0]
+    ticks = nice_ticks(37)
+    assert ticks[0] == 0 and ticks[-1] >= 37 and len(ticks) <= 6
+    c = bar_chart("t", "s", [1, 2], {"a": [3.0, None], "b": [1.0, 2.0]}, stacked=True)
+    assert len(c.bars) == 3 and c.note == "unknown for epoch 2"
+    assert all(c.left <= b.x and b.x + b.w <= c.plot_right and c.top <= b.y <= c.plot_bottom for b in c.bars)
+    assert all(0 <= x and y <= c.height for x, y, _, _ in c.legend)
 
 
 def test_unknown_target_is_a_clear_error(cfg, capsys):

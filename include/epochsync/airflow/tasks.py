@@ -125,14 +125,20 @@ class EpochClosedSensor(BaseSensorOperator):
                 ", ".join(self._missing),
             )
             return PokeReturnValue(is_done=False)
+        from epochsync.journal.undo import mark_closed_seen
+
+        mark_closed_seen(config.warehouse, self.target, epochs.through)
+        feed = config.target(self.target).kind == "feed"
         self.log.info(
-            "epoch %d of %s is closed; this run replicates epochs %d..%d into %s%s",
+            "epoch %d of %s is closed; this run %s epochs %d..%d %s %s%s",
             epochs.through,
             self.source,
+            "publishes" if feed else "replicates",
             epochs.first,
             epochs.through,
+            "to feed" if feed else "into",
             self.target,
-            " (dry run: stops after translate)" if epochs.dry_run else "",
+            (" (dry run: stops after merge)" if feed else " (dry run: stops after translate)") if epochs.dry_run else "",
         )
         return PokeReturnValue(is_done=True, xcom_value=epochs.as_xcom())
 

@@ -401,6 +401,20 @@ def write_stage_stats(warehouse: str, target: str, epoch: int, stage: str, stats
     write_json_atomic(path, {"stage": stage, "written_at": time.time(), **stats})
 
 
+def mark_closed_seen(warehouse: str, target: str, epoch: int) -> float:
+    """Record the moment the pipeline first saw ``epoch`` closed for ``target``; returns it.
+
+    The report's replication delay counts from here to the commit (``closed_seen_at`` in
+    the stats row). A later sighting (a retry, the next poke) keeps the first moment.
+    """
+    path = os.path.join(plan_dir(warehouse, target, epoch), "stages", "closed.json")
+    seen = (read_json(path) or {}).get("seen_at")
+    if seen is None:
+        seen = time.time()
+        write_json_atomic(path, {"stage": "closed", "written_at": seen, "seen_at": seen})
+    return seen
+
+
 def read_stage_stats(warehouse: str, target: str, epoch: int) -> dict[str, dict]:
     d = os.path.join(plan_dir(warehouse, target, epoch), "stages")
     out = {}

@@ -8,7 +8,6 @@ records) and the source's changelogs; nothing is written and no Spark is started
 
 from __future__ import annotations
 
-import html
 import json
 import os
 import sys
@@ -17,6 +16,7 @@ from datetime import UTC, datetime
 
 from epochsync.core.config import Config, TargetConfig, load_config, parse_datetime
 from epochsync.core.errors import EpochsyncError
+from epochsync.report.charts import fmt_bytes
 from epochsync.warehouse.events import COMMITTED, FAILED, ROLLED_BACK, read_events
 from epochsync.warehouse.paths import Warehouse, local_path
 
@@ -135,17 +135,6 @@ def target_status(cfg: Config, tcfg: TargetConfig, *, checkpoint: datetime | Non
     return out
 
 
-def _fmt_bytes(n) -> str:
-    if n is None:
-        return "-"
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
 def _fmt_secs(s) -> str:
     if s is None:
         return "-"
@@ -185,8 +174,8 @@ def format_table(rows: list[dict]) -> str:
             dur = sum(v for v in (lr.get("durations") or {}).values() if isinstance(v, (int, float)))
             out.append(
                 f"  last run: epoch {lr.get('epoch')}: {lr.get('records_in', 0)} records in; {ops or 'no net change'}; "
-                f"changed {_fmt_bytes(lr.get('bytes_changed'))}, pulled {_fmt_bytes(lr.get('bytes_pulled'))}, "
-                f"written {_fmt_bytes(lr.get('bytes_written'))}, copied server-side {_fmt_bytes(lr.get('bytes_copied'))}; "
+                f"changed {fmt_bytes(lr.get('bytes_changed'))}, pulled {fmt_bytes(lr.get('bytes_pulled'))}, "
+                f"written {fmt_bytes(lr.get('bytes_written'))}, copied server-side {fmt_bytes(lr.get('bytes_copied'))}; "
                 f"{dur:.1f}s in stages"
             )
         if r.get("unfinished_epochs"):
@@ -231,93 +220,123 @@ def run_status(args) -> int:
 # --------------------------------------------------------------------------- report
 
 
-def _svg_bars(title: str, epochs: list[int], series: dict[str, list[float]], unit: str) -> str:
-    """A grouped bar chart as inline SVG (no plotting library needed)."""
-    colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd"]
-    w, h, pad = 760, 260, 50
-    n = max(1, len(epochs))
-    vmax = max([v for vs in series.values() for v in vs if v is not None] + [1])
-    group = (w - 2 * pad) / n
-    bar = max(1.0, group / (len(series) + 1))
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h + 40}" role="img">',
-             f'<text x="{pad}" y="16" font-size="14" font-weight="bold">{html.escape(title)}</text>',
-             f'<line x1="{pad}" y1="{h}" x2="{w - pad}" y2="{h}" stroke="#333"/>',
-             f'<text x="4" y="{pad}" font-size="11">{html.escape(_fmt_unit(vmax, unit))}</text>']  # fmt: skip
-    for i, e in enumerate(epochs):
-        x0 = pad + i * group
-        for j, (name, vs) in enumerate(series.items()):
-            v = vs[i] or 0
-            bh = (h - pad) * (v / vmax)
-            parts.append(
-                f'<rect x="{x0 + j * bar:.1f}" y="{h - bh:.1f}" width="{bar * 0.9:.1f}" height="{bh:.1f}" '
-                f'fill="{colors[j % len(colors)]}"><title>epoch {e} {html.escape(name)}: '
-                f"{html.escape(_fmt_unit(v, unit))}</title></rect>"
-            )
-        parts.append(f'<text x="{x0 + group / 2:.1f}" y="{h + 14}" font-size="10" text-anchor="middle">{e}</text>')
-    for j, name in enumerate(series):
-        parts.append(f'<rect x="{pad + j * 150}" y="{h + 24}" width="10" height="10" fill="{colors[j % len(colors)]}"/>'
-                     f'<text x="{pad + j * 150 + 14}" y="{h + 33}" font-size="11">{html.escape(name)}</text>')  # fmt: skip
-    parts.append("</svg>")
-    return "".join(parts)
+#: stages in the order a run spends time in them (the stacked chart's order)
+STAGE_ORDER = ("ingest", "merge", "translate", "apply", "verify", "publish", "commit")
 
 
-def _fmt_unit(v: float, unit: str) -> str:
-    return _fmt_bytes(v) if unit == "bytes" else f"{v:.1f} {unit}"
+def replication_delays(rows: list[dict]) -> list[float | None]:
+    """Per stats row: seconds from the moment the pipeline saw the epoch closed to its commit.
+
+    ``None`` where the row predates the ``closed_seen_at`` field (or lacks a commit time):
+    unknown, never counted from the epoch's window end (a backfill or a simulated source's
+    windows end long before anybody could replicate them).
+    """
+    out: list[float | None] = []
+    for r in rows:
+        seen, done = r.get("closed_seen_at"), r.get("committed_at")
+        out.append(None if seen is None or done is None else round(max(0.0, done - seen), 3))
+    return out
 
 
-def build_report(cfg: Config, targets: list[TargetConfig]) -> str:
-    """The HTML page: status table, then per target lag and bytes over epochs."""
-    statuses = [target_status(cfg, t) for t in targets]
-    body = [
-        "<!doctype html><html><head><meta charset='utf-8'><title>epochsync report</title>",
-        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
-        "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#eee}"
-        "pre{background:#f6f6f6;padding:1em}</style></head><body>",
-        f"<h1>epochsync report</h1><p>config <code>{html.escape(cfg.file)}</code>, written {_iso(time.time())}</p>",
-        f"<pre>{html.escape(format_table(statuses))}</pre>",
-    ]
-    for t in targets:
-        src = cfg.source_of(t)
-        rows = read_stats_rows(cfg, t.name)
-        body.append(f"<h2>target {html.escape(t.name)} ({t.kind})</h2>")
-        if not rows:
-            body.append("<p>No committed epoch yet.</p>")
+def epochs_behind(rows: list[dict]) -> list[int | None]:
+    """Per stats row: how many later epochs the pipeline had seen closed when this one committed."""
+    out: list[int | None] = []
+    for r in rows:
+        done = r.get("committed_at")
+        if done is None:
+            out.append(None)
             continue
-        epochs = [r["epoch"] for r in rows]
-        delay = []
-        for r in rows:
-            end = src.epoch.window(r["epoch"])[1].timestamp()
-            delay.append(max(0.0, (r.get("committed_at") or end) - end))
-        body.append(_svg_bars("replication delay: commit time after the epoch closed", epochs,
-                              {"delay": delay}, "s"))  # fmt: skip
-        body.append(_svg_bars("bytes per epoch", epochs, {
+        out.append(
+            sum(1 for o in rows if o["epoch"] > r["epoch"] and (o.get("closed_seen_at") or float("inf")) <= done)
+        )
+    return out
+
+
+def _report_target(cfg: Config, t: TargetConfig) -> dict:
+    from epochsync.report.charts import bar_chart
+
+    rows = read_stats_rows(cfg, t.name)
+    out = {"name": t.name, "kind": t.kind, "rows": [], "charts": [], "events": []}
+    if not rows:
+        return out
+    epochs = [r["epoch"] for r in rows]
+    delays = replication_delays(rows)
+    durations = [r.get("durations") or {} for r in rows]
+    stages = [s for s in STAGE_ORDER if any(isinstance(d.get(s), (int, float)) for d in durations)]
+    stages += sorted({k for d in durations for k, v in d.items() if isinstance(v, (int, float))} - set(stages))
+    out["charts"] = [
+        bar_chart("replication delay: commit after the pipeline saw the epoch closed", "s", epochs,
+                  {"delay": delays}, y_title="seconds"),
+        bar_chart("time per stage", "s", epochs,
+                  {s: [d.get(s) if isinstance(d.get(s), (int, float)) else None for d in durations] for s in stages},
+                  stacked=True, y_title="seconds"),
+        bar_chart("lag at each commit: later epochs already seen closed", "epochs", epochs,
+                  {"epochs behind": epochs_behind(rows)}, y_title="epochs"),
+        bar_chart("bytes per epoch", "bytes", epochs, {
             "changed": [r.get("bytes_changed") for r in rows],
             "pulled from source": [r.get("bytes_pulled") for r in rows],
             "written to target": [r.get("bytes_written") for r in rows],
             "copied server-side": [r.get("bytes_copied") for r in rows],
-        }, "bytes"))  # fmt: skip
-        body.append("<table><tr><th>epoch</th><th>records in</th><th>net ops</th><th>changed</th><th>pulled</th>"
-                    "<th>written</th><th>copied</th><th>source requests</th><th>seconds</th></tr>")  # fmt: skip
-        for r in rows:
-            ops = sum((r.get("net_operations") or {}).values())
-            secs = sum(v for v in (r.get("durations") or {}).values() if isinstance(v, (int, float)))
-            req = (r.get("requests") or {}).get("source", 0)
-            body.append(
-                f"<tr><td>{r['epoch']}</td><td>{r.get('records_in', 0)}</td><td>{ops}</td>"
-                f"<td>{_fmt_bytes(r.get('bytes_changed'))}</td><td>{_fmt_bytes(r.get('bytes_pulled'))}</td>"
-                f"<td>{_fmt_bytes(r.get('bytes_written'))}</td><td>{_fmt_bytes(r.get('bytes_copied'))}</td>"
-                f"<td>{req}</td><td>{secs:.1f}</td></tr>"
+        }, y_title="bytes"),
+    ]  # fmt: skip
+    for r, delay, d in zip(rows, delays, durations):
+        out["rows"].append({
+            "epoch": r["epoch"], "records_in": r.get("records_in", 0),
+            "ops": sum((r.get("net_operations") or {}).values()),
+            "changed": fmt_bytes(r.get("bytes_changed")), "pulled": fmt_bytes(r.get("bytes_pulled")),
+            "written": fmt_bytes(r.get("bytes_written")), "copied": fmt_bytes(r.get("bytes_copied")),
+            "requests": (r.get("requests") or {}).get("source", 0),
+            "seconds": f"{sum(v for v in d.values() if isinstance(v, (int, float))):.1f}",
+            "delay": "unknown" if delay is None else f"{delay:.1f} s",
+        })  # fmt: skip
+    for e in read_events(cfg.warehouse, t.name):
+        if e.get("event") != COMMITTED:
+            out["events"].append(
+                f"{_iso(e.get('at'))} epoch {e.get('epoch')}: {e.get('event', '')} {e.get('message', '')}".strip()
             )
-        body.append("</table>")
-        events = [e for e in read_events(cfg.warehouse, t.name) if e.get("event") != COMMITTED]
-        if events:
-            body.append("<h3>failures and rollbacks</h3><ul>")
-            for e in events:
-                body.append(f"<li>{_iso(e.get('at'))} epoch {e.get('epoch')}: {html.escape(e.get('event', ''))} "
-                            f"{html.escape(str(e.get('message', '')))}</li>")  # fmt: skip
-            body.append("</ul>")
-    body.append("</body></html>")
-    return "\n".join(body)
+    return out
+
+
+def _status_row(r: dict) -> dict:
+    p = r.get("pending") or {}
+    cells = [
+        r["target"], r["kind"], r.get("status", "?"), r.get("committed_epoch", "-"),
+        "?" if r.get("latest_closed_epoch") is None else r["latest_closed_epoch"],
+        "?" if r.get("lag_epochs") is None else r["lag_epochs"], _fmt_secs(r.get("lag_seconds")),
+        r.get("last_synced") or "never", p.get("entry", "-"), p.get("data", "-"), p.get("meta", "-"),
+        r.get("failures", "-"), r.get("rollbacks", "-"),
+    ]  # fmt: skip
+    details = [line.strip() for line in format_table([r]).split("\n\n", 1)[-1].splitlines()[1:] if line.strip()]
+    return {"target": r["target"], "cells": cells, "details": details}
+
+
+def build_report(cfg: Config, targets: list[TargetConfig]) -> str:
+    """The HTML page: the status table, then per target its charts (delay, time per stage,
+    lag, bytes; axes with units) and its epochs, failures and rollbacks."""
+    statuses = [target_status(cfg, t) for t in targets]
+    from epochsync.report.charts import template
+
+    return template("report.html.j2").render(
+        config_file=cfg.file,
+        written=_iso(time.time()),
+        status_head=(
+            "target",
+            "kind",
+            "status",
+            "committed",
+            "closed",
+            "lag",
+            "lag time",
+            "last synced",
+            "entry",
+            "data",
+            "meta",
+            "failures",
+            "rollbacks",
+        ),  # fmt: skip
+        status_rows=[_status_row(r) for r in statuses],
+        targets=[_report_target(cfg, t) for t in targets],
+    )
 
 
 def report_path(cfg: Config) -> str:

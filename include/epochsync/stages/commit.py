@@ -117,6 +117,8 @@ def stats_row(tcfg: TargetConfig, source: str, first: int, epoch: int, stages: d
             "retries": sr.get("retries", 0) + tr.get("retries", 0),
         },
         "durations": {k: v.get("seconds") for k, v in stages.items() if isinstance(v, dict) and "seconds" in v},
+        # when the pipeline first saw the epoch closed: the report's delay counts from here
+        "closed_seen_at": (stages.get("closed") or {}).get("seen_at"),
         "committed_at": time.time(),
     }
 

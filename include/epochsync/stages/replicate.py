@@ -11,6 +11,7 @@ from epochsync.core.shutdown import rollback_on_interrupt
 from epochsync.journal.lease import target_lease
 from epochsync.journal.undo import (
     manifest_epoch,
+    mark_closed_seen,
     write_stage_stats,
 )
 from epochsync.stages.apply import run_apply
@@ -108,6 +109,7 @@ def _replicate_epoch(cfg: Config, tcfg: TargetConfig, e: int, session: _Session,
     missing = _missing_servers(cfg, src.name, e)
     if missing:
         raise EpochError(f"epoch {e} of source {src.name} is not closed: no EPOCH record yet from {', '.join(missing)}")
+    mark_closed_seen(cfg.warehouse, tcfg.name, e)
 
     def step(name, fn, detail):
         t = time.monotonic()

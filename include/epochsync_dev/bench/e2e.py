@@ -640,7 +640,10 @@ def scale_rows(rows: list[dict]) -> list[dict]:
 
 def chart(rows: list[dict], path: Path) -> None:
     """An SVG per scenario (bytes read from the source and seconds, per tool), and the scale rows."""
-    from epochsync.report.status import _svg_bars
+    from epochsync.report.charts import bar_chart, render_svg
+
+    def _svg_bars(title, xs, series, unit, x_title):
+        return render_svg(bar_chart(title, unit, xs, series, x_title=x_title, y_title={"s": "seconds", "": "requests"}.get(unit, unit)))
 
     parts = ["<!doctype html><html><head><meta charset='utf-8'><title>epochsync bench e2e</title></head><body>"]
     scale = scale_rows(rows)
@@ -652,16 +655,15 @@ def chart(rows: list[dict], path: Path) -> None:
         parts.append("<p>x: files in the namespace; one bar per tool (" + ", ".join(tools) + ")</p>")
         for what, unit in (("seconds", "s"), ("requests", ""), ("bytes_read_source", "bytes")):
             series = {t: [at[(t, n)][what] if (t, n) in at else None for n in sizes] for t in tools}
-            parts.append(_svg_bars(f"{what} per tool vs files", sizes, series, unit))
+            parts.append(_svg_bars(f"{what} per tool vs files", sizes, series, unit, "files"))
     for scen in dict.fromkeys(r["scenario"] for r in rows):
         rs = [r for r in rows if r["scenario"] == scen and not r.get("skipped")]
         tools = [r["tool"] for r in rs]
         parts.append(f"<h2>{scen}</h2>")
-        parts.append(_svg_bars("bytes read from the source, per tool (" + ", ".join(tools) + ")",
-                               list(range(1, len(rs) + 1)), {"bytes read": [r["bytes_read_source"] for r in rs],
-                               "bytes written": [r["bytes_written"] for r in rs]}, "bytes"))  # fmt: skip
-        parts.append(_svg_bars("seconds, per tool (" + ", ".join(tools) + ")", list(range(1, len(rs) + 1)),
-                               {"seconds": [r["seconds"] for r in rs]}, "s"))  # fmt: skip
+        parts.append(_svg_bars("bytes read from the source, per tool", tools,
+                               {"bytes read": [r["bytes_read_source"] for r in rs],
+                                "bytes written": [r["bytes_written"] for r in rs]}, "bytes", "tool"))  # fmt: skip
+        parts.append(_svg_bars("seconds, per tool", tools, {"seconds": [r["seconds"] for r in rs]}, "s", "tool"))
         for r in rows:
             if r["scenario"] == scen and r.get("skipped"):
                 parts.append(f"<p>{r['tool']}: not run: {r['skipped']}</p>")
