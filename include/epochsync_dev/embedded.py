@@ -62,19 +62,15 @@ class S3Endpoint:
     secret_key: str = EMBEDDED_SECRET_KEY
     region: str = "us-east-1"
 
-    def client(self, **kwargs):
-        import boto3
-        from botocore.config import Config
+    @property
+    def endpoint_url(self) -> str:
+        return self.url
 
-        return boto3.client(
-            "s3",
-            endpoint_url=self.url,
-            aws_access_key_id=self.access_key,
-            aws_secret_access_key=self.secret_key,
-            region_name=self.region,
-            config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 2, "mode": "standard"}),
-            **kwargs,
-        )
+    def client(self, **kwargs):
+        """An admin client of this server (:func:`epochsync.stores.s3.make_client`'s policy)."""
+        from epochsync.stores.s3 import make_client
+
+        return make_client(self, **kwargs)
 
     def airflow_conn_json(self) -> str:
         """The ``AIRFLOW_CONN_<ID>`` value for this endpoint (JSON form)."""

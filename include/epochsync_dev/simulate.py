@@ -978,26 +978,12 @@ class SourceStore:
     """
 
     def __init__(self, settings: Any, bucket: str, *, threads: int = 16):
-        import boto3
-        from botocore.config import Config
+        from epochsync.stores.s3 import make_client
 
         self.bucket = bucket
         self.where = settings.describe()
         self.threads = max(1, threads)
-        self.client = boto3.client(
-            "s3",
-            endpoint_url=settings.endpoint_url,
-            aws_access_key_id=settings.access_key,
-            aws_secret_access_key=settings.secret_key,
-            region_name=settings.region,
-            config=Config(
-                s3={"addressing_style": "path"},
-                retries={"max_attempts": 6, "mode": "standard"},
-                max_pool_connections=self.threads + 4,
-                connect_timeout=5,
-                read_timeout=60,
-            ),
-        )
+        self.client = make_client(settings, pool=self.threads + 4)
 
     def _fail(self, what: str, exc: Exception) -> StoreError:
         return StoreError(f"source store {self.where}, bucket {self.bucket!r}: {what}: {exc}")

@@ -25,23 +25,11 @@ class S3Settings:
     secret_key: str | None = None
     region: str = "us-east-1"
 
-    def client(self, *, max_attempts: int = 3, connect_timeout: float = 5.0, read_timeout: float = 60.0):
-        import boto3
-        from botocore.config import Config
+    def client(self, **kwargs):
+        """A boto3 client for these settings (:func:`epochsync.stores.s3.make_client`'s policy)."""
+        from epochsync.stores.s3 import make_client
 
-        return boto3.client(
-            "s3",
-            endpoint_url=self.endpoint_url,
-            aws_access_key_id=self.access_key,
-            aws_secret_access_key=self.secret_key,
-            region_name=self.region,
-            config=Config(
-                s3={"addressing_style": "path"},
-                retries={"max_attempts": max_attempts, "mode": "standard"},
-                connect_timeout=connect_timeout,
-                read_timeout=read_timeout,
-            ),
-        )
+        return make_client(self, **kwargs)
 
     def describe(self) -> str:
         return f"{self.conn_id} ({self.endpoint_url or 'AWS default endpoint'})"

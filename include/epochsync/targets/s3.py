@@ -201,25 +201,16 @@ class S3Access:
     @property
     def client(self):
         if self._client is None:
-            import boto3
-            from botocore.config import Config
+            from epochsync.stores.s3 import CONNECT_TIMEOUT, READ_TIMEOUT, make_client
 
             st = self.settings
-            # total_max_attempts=1: botocore does not retry (its max_attempts counts
-            # retries, not attempts); every retry is ours, counted and bounded
-            client = boto3.client(
-                "s3", endpoint_url=st.endpoint_url, aws_access_key_id=st.access_key,
-                aws_secret_access_key=st.secret_key, region_name=st.region,
-                config=Config(
-                    s3={"addressing_style": "path"}, retries={"total_max_attempts": 1, "mode": "standard"},
-                    connect_timeout=5, read_timeout=60, max_pool_connections=16,
-                ),
-            )  # fmt: skip
+            # counted: botocore sends each request once; every retry is ours, counted and bounded
+            client = make_client(st, counted=True)
             self.counters.attach(client)
             from epochsync.targets import s3fast
 
             if s3fast.eligible(st):  # the data-path calls skip botocore's per-request cost
-                client = s3fast.FastClient(client, st, self.counters, connect_timeout=5, read_timeout=60)
+                client = s3fast.FastClient(client, st, self.counters, connect_timeout=CONNECT_TIMEOUT, read_timeout=READ_TIMEOUT)
             self._client = client
         return self._client
 
