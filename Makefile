@@ -39,7 +39,7 @@ test-fast: $(STAMP) ## run the tests not marked slow
 
 lint: $(STAMP) ## ruff lint and format check
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check . || true
+	$(BIN)/ruff format --check .
 
 format: $(STAMP) ## ruff format the tree
 	$(BIN)/ruff format .

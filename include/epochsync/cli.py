@@ -28,8 +28,14 @@ VERBS: dict[str, tuple[str, str]] = {
     "replicate": ("epochsync.stages.replicate", "run ingest, merge, translate, apply, verify, commit for a target"),
     "rollback": ("epochsync.stages.rollback", "roll a target back to its last committed epoch"),
     "relocate": ("epochsync.stages.replicate", "move a target's control directory to its configured control_dir"),
-    "changes": ("epochsync.report.changes", "list what differs between two committed epochs of a target (NEW, MODIFY, ...)"),
-    "feed": ("epochsync.stages.publish", "feed consumers: register (from a dump), ack an epoch, status, hydrate, unregister"),
+    "changes": (
+        "epochsync.report.changes",
+        "list what differs between two committed epochs of a target (NEW, MODIFY, ...)",
+    ),
+    "feed": (
+        "epochsync.stages.publish",
+        "feed consumers: register (from a dump), ack an epoch, status, hydrate, unregister",
+    ),
     "status": ("epochsync.report.status", "per target: committed epoch, lag, last run's figures"),
     "report": ("epochsync.report.status", "write an HTML report of lag and bytes over epochs"),
     "bench": ("epochsync_dev.bench", "run a benchmark and write bench/results/*.json"),
@@ -78,8 +84,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt as exc:
         sig = Interrupted.of(exc)
-        print(f"epochsync {args.verb}: interrupted by {sig.name}" + (f": {sig.outcome}" if sig.outcome else ""),
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"epochsync {args.verb}: interrupted by {sig.name}" + (f": {sig.outcome}" if sig.outcome else ""),
+            file=sys.stderr,
+        )
         return sig.exit_code
     except OSError as exc:
         # a file system or network failure outside the checks above: one line, not a traceback

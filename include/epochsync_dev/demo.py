@@ -260,8 +260,7 @@ def spark_tasks_by_tag(event_dir: Path) -> dict[str, dict]:
     return out
 
 
-def stop_demo(weed, cfg, threads: list[threading.Thread], targets: tuple[str, ...] = TARGETS,
-              also: list = ()) -> str:  # fmt: skip
+def stop_demo(weed, cfg, threads: list[threading.Thread], targets: tuple[str, ...] = TARGETS, also: list = ()) -> str:
     """Stop every process the demo started (``dag.test`` runs, the Spark Connect server, ``airflow db``),
     whatever session they run in, then roll back a target a killed run left mid-epoch while
     SeaweedFS still runs (``cfg``'s ``targets``, and ``also``: more (config, targets) pairs,
@@ -288,16 +287,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=2026)
     p.add_argument("--fail-epoch", type=int, default=4, help="epoch whose s3 apply fails once (0: none)")
     p.add_argument("--fail-after", type=int, default=25, help="mutations before the injected failure")
-    p.add_argument("--cluster", action="store_true",
-                   help="run the Connect server on a real Spark standalone master and worker (started here)")  # fmt: skip
-    p.add_argument("--reintegrate", nargs="?", const="after", choices=("after", "only"), default=None,
-                   help="then reintegrate a simulated write-back cache into a striped s3 master through the "
-                        "DAG epochsync__cache__master, with a write-fence refusal and an injected failure "
-                        "(make demo REINTEGRATE=1); 'only': skip the replica part (make demo REINTEGRATE=only)")  # fmt: skip
+    p.add_argument(
+        "--cluster",
+        action="store_true",
+        help="run the Connect server on a real Spark standalone master and worker (started here)",
+    )
+    p.add_argument(
+        "--reintegrate",
+        nargs="?",
+        const="after",
+        choices=("after", "only"),
+        default=None,
+        help="then reintegrate a simulated write-back cache into a striped s3 master through the "
+        "DAG epochsync__cache__master, with a write-fence refusal and an injected failure "
+        "(make demo REINTEGRATE=1); 'only': skip the replica part (make demo REINTEGRATE=only)",
+    )
     p.add_argument("--cache-epochs", type=int, default=3, help="epochs of the cache (at least 2; default 3)")
     p.add_argument("--cache-files", type=int, default=40, help="files of the cache (default 40)")
-    p.add_argument("--cache-fail-after", type=int, default=3,
-                   help="mutations before the injected failure of the cache's last epoch (default 3)")  # fmt: skip
+    p.add_argument(
+        "--cache-fail-after",
+        type=int,
+        default=3,
+        help="mutations before the injected failure of the cache's last epoch (default 3)",
+    )
     args = p.parse_args(argv)
     if args.reintegrate and args.cache_epochs < 2:
         p.error("--cache-epochs must be at least 2: the write fence and the failure need an epoch to come back to")
@@ -321,8 +333,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def migrate_airflow_db(tenv: dict) -> None:
-    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=tenv, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "airflow", "db", "migrate"],
+        env=tenv,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def replicate_demo(args, env: dict, workdir: Path, logs: Path, state: dict) -> None:
@@ -335,19 +352,41 @@ def replicate_demo(args, env: dict, workdir: Path, logs: Path, state: dict) -> N
 
     failures, lines, runs, stop = state["failures"], state["lines"], state["runs"], state["stop"]
     sim_dir = workdir / "sim"
-    log(f"demo: simulating a striped source: {args.files} files, {args.epochs} epochs, "
-        f"{args.mdts} MDTs, {args.osts} OSTs (seed {args.seed})")  # fmt: skip
+    log(
+        f"demo: simulating a striped source: {args.files} files, {args.epochs} epochs, "
+        f"{args.mdts} MDTs, {args.osts} OSTs (seed {args.seed})"
+    )
     subprocess.run(
-        [sys.executable, "-m", "epochsync.cli", "simulate", "--out", str(sim_dir), "--seed", str(args.seed),
-         "--epochs", str(args.epochs), "--files", str(args.files), "--mdts", str(args.mdts),
-         "--osts", str(args.osts), "--conn-id", "source_s3"],
-        env=env, check=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "epochsync.cli",
+            "simulate",
+            "--out",
+            str(sim_dir),
+            "--seed",
+            str(args.seed),
+            "--epochs",
+            str(args.epochs),
+            "--files",
+            str(args.files),
+            "--mdts",
+            str(args.mdts),
+            "--osts",
+            str(args.osts),
+            "--conn-id",
+            "source_s3",
+        ],
+        env=env,
+        check=True,
+    )
     cfg = load_config(sim_dir / "epochsync.yaml")
     state["cfg"] = cfg
     wh = Warehouse(cfg.warehouse)
-    log(f"demo: replicating every epoch through the Airflow DAGs epochsync__{SOURCE}__{{{','.join(TARGETS)}}}: "
-        "each target has its own Airflow database; the s3 chain starts an epoch once the posix chain has ingested it")  # fmt: skip
+    log(
+        f"demo: replicating every epoch through the Airflow DAGs epochsync__{SOURCE}__{{{','.join(TARGETS)}}}: "
+        "each target has its own Airflow database; the s3 chain starts an epoch once the posix chain has ingested it"
+    )
     done = {t: {e: threading.Event() for e in range(1, args.epochs + 1)} for t in TARGETS}
 
     def one_epoch(target: str, epoch: int, tenv: dict) -> bool:
@@ -359,12 +398,15 @@ def replicate_demo(args, env: dict, workdir: Path, logs: Path, state: dict) -> N
             tasks = res.get("tasks", {})
             diffs = verify_target(cfg, target, sim_dir, epoch - 1)
             # the rollback task ends failed on purpose (the run must show red): judge it by its effect
-            rolled = any(ev.get("event") == ROLLED_BACK and ev.get("epoch") == epoch
-                         for ev in read_events(cfg.warehouse, target))  # fmt: skip
+            rolled = any(
+                ev.get("event") == ROLLED_BACK and ev.get("epoch") == epoch for ev in read_events(cfg.warehouse, target)
+            )
             ok = res["state"] == "failed" and tasks.get("apply") == "failed" and rolled and not diffs
-            status = (f"FAILED as injected; apply {tasks.get('apply')}, rollback "
-                      f"{'ran' if rolled else 'DID NOT RUN'}, target "
-                      f"{'equals' if not diffs else 'DIFFERS from'} epoch {epoch - 1}")  # fmt: skip
+            status = (
+                f"FAILED as injected; apply {tasks.get('apply')}, rollback "
+                f"{'ran' if rolled else 'DID NOT RUN'}, target "
+                f"{'equals' if not diffs else 'DIFFERS from'} epoch {epoch - 1}"
+            )
             line = epoch_line(epoch, target, None, res["seconds"], status)
             log(line)
             lines.append((epoch, TARGETS.index(target), 0, line))
@@ -430,8 +472,11 @@ def fence_victim(cache_dir: Path, epoch: int) -> str:
     from epochsync_dev.truth import load_truth, truth_path
 
     before, after = load_truth(truth_path(cache_dir, epoch - 1)), load_truth(truth_path(cache_dir, epoch))
-    changed = [p for p, row in before.items() if row["type"] == "file" and p in after
-               and after[p]["type"] == "file" and after[p]["sha256"] != row["sha256"]]  # fmt: skip
+    changed = [
+        p
+        for p, row in before.items()
+        if row["type"] == "file" and p in after and after[p]["type"] == "file" and after[p]["sha256"] != row["sha256"]
+    ]
     if not changed:
         raise RuntimeError(f"cache epoch {epoch} changes no file that epoch {epoch - 1} had: no write to fence")
     return min(changed)
@@ -466,24 +511,49 @@ def reintegrate_demo(args, env: dict, workdir: Path, logs: Path, endpoint, state
     last = args.cache_epochs
     section: dict = {"dag_id": f"epochsync__{CACHE}__{MASTER}", "runs": [], "lines": []}
     state["reintegration"] = section
-    log(f"reintegrate: simulating a write-back cache: {args.cache_files} files unstriped, {last} epochs "
-        f"(seed {args.seed}), bucket {CACHE}")  # fmt: skip
+    log(
+        f"reintegrate: simulating a write-back cache: {args.cache_files} files unstriped, {last} epochs "
+        f"(seed {args.seed}), bucket {CACHE}"
+    )
     subprocess.run(
-        [sys.executable, "-m", "epochsync.cli", "simulate", "--out", str(cache_dir), "--cache", "--seed",
-         str(args.seed), "--epochs", str(last), "--files", str(args.cache_files), "--conn-id", "source_s3",
-         "--bucket", CACHE],
-        env=env, check=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "epochsync.cli",
+            "simulate",
+            "--out",
+            str(cache_dir),
+            "--cache",
+            "--seed",
+            str(args.seed),
+            "--epochs",
+            str(last),
+            "--files",
+            str(args.cache_files),
+            "--conn-id",
+            "source_s3",
+            "--bucket",
+            CACHE,
+        ],
+        env=env,
+        check=True,
+    )
     cfg = load_config(cache_dir / "epochsync.yaml")
     state["also"].append((cfg, (MASTER,)))
     tcfg = cfg.target(MASTER)
-    section.update(config=str(cfg.file), master=f"s3://{tcfg.bucket}/{tcfg.prefix}",
-                   stripe_size=tcfg.stripe_size, stripe_count=tcfg.stripe_count)  # fmt: skip
+    section.update(
+        config=str(cfg.file),
+        master=f"s3://{tcfg.bucket}/{tcfg.prefix}",
+        stripe_size=tcfg.stripe_size,
+        stripe_count=tcfg.stripe_count,
+    )
     wh = Warehouse(cfg.warehouse)
     tenv = target_environment(env, workdir, MASTER)
     tenv["EPOCHSYNC_CONFIG"] = str(cfg.file)
-    log(f"reintegrate: flushing every cache epoch into the master s3://{tcfg.bucket}/ (striped "
-        f"{_human(tcfg.stripe_size)} x {tcfg.stripe_count}) through the Airflow DAG {section['dag_id']}")  # fmt: skip
+    log(
+        f"reintegrate: flushing every cache epoch into the master s3://{tcfg.bucket}/ (striped "
+        f"{_human(tcfg.stripe_size)} x {tcfg.stripe_count}) through the Airflow DAG {section['dag_id']}"
+    )
     migrate_airflow_db(tenv)
 
     def record(epoch: int, kind: str, res: dict, ok: bool, status: str, stats: dict | None) -> None:
@@ -493,8 +563,9 @@ def reintegrate_demo(args, env: dict, workdir: Path, logs: Path, endpoint, state
         section["runs"].append(_run_row(epoch, MASTER, kind, res, ok, status, stats))
 
     def rolled_back(epoch: int) -> bool:
-        return any(ev.get("event") == ROLLED_BACK and ev.get("epoch") == epoch
-                   for ev in read_events(cfg.warehouse, MASTER))  # fmt: skip
+        return any(
+            ev.get("event") == ROLLED_BACK and ev.get("epoch") == epoch for ev in read_events(cfg.warehouse, MASTER)
+        )
 
     for epoch in range(1, last + 1):
         if state["stop"].is_set():
@@ -510,8 +581,10 @@ def reintegrate_demo(args, env: dict, workdir: Path, logs: Path, endpoint, state
             key = master.prefix + master.key_of(victim, "file")
             s3 = endpoint.client()
             foreign = s3.put_object(Bucket=master.bucket, Key=key, Body=b"written on the master")["VersionId"]
-            log(f"epoch {epoch:>2} {MASTER} someone writes s3://{master.bucket}/{key} on the master "
-                f"(version {foreign}); epoch {epoch} of the cache changes it too")  # fmt: skip
+            log(
+                f"epoch {epoch:>2} {MASTER} someone writes s3://{master.bucket}/{key} on the master "
+                f"(version {foreign}); epoch {epoch} of the cache changes it too"
+            )
             res = run_dag_epoch(tenv, MASTER, epoch, logs, source=CACHE, suffix="-fenced")
             text = Path(res["log"]).read_text(errors="replace")
             kept = s3.get_object(Bucket=master.bucket, Key=key)["Body"].read() == b"written on the master"
@@ -519,32 +592,40 @@ def reintegrate_demo(args, env: dict, workdir: Path, logs: Path, endpoint, state
             named = "write fence" in text and victim in text and foreign in text and "Nothing was written" in text
             ok = res["state"] == "failed" and res.get("tasks", {}).get("apply") == "failed" and named and kept
             ok = ok and at == epoch - 1
-            status = (f"REFUSED by the write fence ({'names the key and both versions' if named else 'NOT NAMED'}); "
-                      f"the master's version {'kept' if kept else 'OVERWRITTEN'}, master at epoch {at}")  # fmt: skip
+            status = (
+                f"REFUSED by the write fence ({'names the key and both versions' if named else 'NOT NAMED'}); "
+                f"the master's version {'kept' if kept else 'OVERWRITTEN'}, master at epoch {at}"
+            )
             record(epoch, "write-fence", res, ok, status, None)
             message = _from_log(text, "write fence: ")
             log(f"    apply: {message}")
             section["fence"] = {"key": key, "version": foreign, "refused": ok, "message": message}
             if not ok:
-                failures.append(f"reintegrate epoch {epoch}: the write fence did not refuse {key}: {status}; "
-                                f"log {res['log']}")  # fmt: skip
+                failures.append(
+                    f"reintegrate epoch {epoch}: the write fence did not refuse {key}: {status}; log {res['log']}"
+                )
                 break
             # the operator decides; here the cache wins: the master's own version goes
             s3.delete_object(Bucket=master.bucket, Key=key, VersionId=foreign)
-            log(f"epoch {epoch:>2} {MASTER} the cache wins: version {foreign} deleted; injecting an apply failure "
-                f"after {args.cache_fail_after} mutations")  # fmt: skip
+            log(
+                f"epoch {epoch:>2} {MASTER} the cache wins: version {foreign} deleted; injecting an apply failure "
+                f"after {args.cache_fail_after} mutations"
+            )
             inject = f"after={args.cache_fail_after},epoch={epoch},target={MASTER}"
             res = run_dag_epoch(tenv, MASTER, epoch, logs, inject=inject, source=CACHE)
             diffs = verify_target(cfg, MASTER, cache_dir, epoch - 1)
             rolled = rolled_back(epoch)
             ok = res["state"] == "failed" and res.get("tasks", {}).get("apply") == "failed" and rolled and not diffs
-            status = (f"FAILED as injected; rollback {'ran' if rolled else 'DID NOT RUN'}, master "
-                      f"{'equals' if not diffs else 'DIFFERS from'} epoch {epoch - 1}")  # fmt: skip
+            status = (
+                f"FAILED as injected; rollback {'ran' if rolled else 'DID NOT RUN'}, master "
+                f"{'equals' if not diffs else 'DIFFERS from'} epoch {epoch - 1}"
+            )
             record(epoch, "injected-failure", res, ok, status, None)
             log(f"    rollback: {_from_log(Path(res['log']).read_text(errors='replace'), 'rolled back: ')}")
             if not ok:
-                failures.append(f"reintegrate epoch {epoch}: injected failure not handled: {diffs[:5]}; "
-                                f"log {res['log']}")  # fmt: skip
+                failures.append(
+                    f"reintegrate epoch {epoch}: injected failure not handled: {diffs[:5]}; log {res['log']}"
+                )
                 break
         res = run_dag_epoch(tenv, MASTER, epoch, logs, source=CACHE)
         ok = res["state"] == "success"
@@ -555,8 +636,11 @@ def reintegrate_demo(args, env: dict, workdir: Path, logs: Path, endpoint, state
         else:
             diffs = verify_target(cfg, MASTER, cache_dir, epoch)
             ok = not diffs
-            status = ("ok, equals the cache" + (" after retry" if epoch == last else "") if ok
-                      else "VERIFY FAILED: " + "; ".join(diffs[:3]))  # fmt: skip
+            status = (
+                "ok, equals the cache" + (" after retry" if epoch == last else "")
+                if ok
+                else "VERIFY FAILED: " + "; ".join(diffs[:3])
+            )
             if diffs:
                 failures.append(f"reintegrate epoch {epoch}: master differs from the cache: {diffs[:10]}")
         record(epoch, "retry" if epoch == last else "run", res, ok, status, stats)
@@ -587,8 +671,16 @@ def _main(args: argparse.Namespace) -> int:
     logs.mkdir(parents=True)
     t_start = time.monotonic()
     # shared with the parts: failures, one line per DAG run, demo-summary.json's rows, what to settle on a signal
-    state: dict = {"failures": [], "lines": [], "runs": [], "threads": [], "also": [], "stop": threading.Event(),
-                   "cfg": None, "reintegration": None}  # fmt: skip
+    state: dict = {
+        "failures": [],
+        "lines": [],
+        "runs": [],
+        "threads": [],
+        "also": [],
+        "stop": threading.Event(),
+        "cfg": None,
+        "reintegration": None,
+    }
     failures = state["failures"]
     report = None
     interrupted = None
@@ -620,8 +712,10 @@ def _main(args: argparse.Namespace) -> int:
         if args.reintegrate and not failures:
             section = reintegrate_demo(args, env, workdir, logs, endpoint, state)
             log(f"reintegrate: per epoch of the cache ({section['dag_id']}):\n" + "\n".join(section["lines"]))
-            log(f"reintegrate: the master holds {section['stripes']['objects']} stripe objects of at most "
-                f"{_human(section['stripes']['largest'])}: its own layout, not the cache's")  # fmt: skip
+            log(
+                f"reintegrate: the master holds {section['stripes']['objects']} stripe objects of at most "
+                f"{_human(section['stripes']['largest'])}: its own layout, not the cache's"
+            )
         text = list(state["lines"])
         if state["reintegration"]:
             text += [f"reintegration ({state['reintegration']['dag_id']}):", *state["reintegration"]["lines"]]
@@ -680,12 +774,16 @@ def _main(args: argparse.Namespace) -> int:
         return 1
     done = []
     if args.reintegrate != "only":
-        done.append("every epoch of both targets equals the source's ground truth; "
-                    "the injected failure was rolled back and retried")  # fmt: skip
+        done.append(
+            "every epoch of both targets equals the source's ground truth; "
+            "the injected failure was rolled back and retried"
+        )
     if args.reintegrate:
-        done.append("every cache epoch was reintegrated into the striped master and equals the cache's ground "
-                    "truth; the write fence refused the master-side change and kept it; the injected failure "
-                    "rolled the master back to the boundary and the retry reintegrated the epoch")  # fmt: skip
+        done.append(
+            "every cache epoch was reintegrated into the striped master and equals the cache's ground "
+            "truth; the write fence refused the master-side change and kept it; the injected failure "
+            "rolled the master back to the boundary and the retry reintegrated the epoch"
+        )
     log(f"demo: PASSED in {total:.0f}s: " + "; ".join(done))
     return 0
 

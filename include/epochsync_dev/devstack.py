@@ -248,9 +248,23 @@ def add_feed_target(config: Path, name: str = "audit") -> None:
 def simulate_source(out: Path, env: dict[str, str], *, epochs: int, files: int, seed: int = 1) -> Path:
     """``epochsync simulate`` into the store of ``source_s3``; returns the config it writes."""
     cmd = [
-        sys.executable, "-m", "epochsync.cli", "simulate", "--out", str(out), "--epochs", str(epochs),
-        "--files", str(files), "--seed", str(seed), "--osts", "2", "--threads", "4",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "epochsync.cli",
+        "simulate",
+        "--out",
+        str(out),
+        "--epochs",
+        str(epochs),
+        "--files",
+        str(files),
+        "--seed",
+        str(seed),
+        "--osts",
+        "2",
+        "--threads",
+        "4",
+    ]
     subprocess.run(cmd, env=env, check=True)
     return out / "epochsync.yaml"
 
@@ -261,9 +275,27 @@ def start_live_source(out: Path, env: dict[str, str], *, epochs: int, files: int
     from datetime import UTC, datetime
 
     start = datetime.fromtimestamp(math.ceil((time.time() + lead) / interval) * interval, tz=UTC)
-    cmd = [sys.executable, "-m", "epochsync.cli", "simulate", "--out", str(out), "--live", "--interval",
-           f"{interval}s", "--start", start.strftime("%Y-%m-%dT%H:%M:%SZ"), "--epochs", str(epochs), "--files",
-           str(files), "--osts", "2", "--threads", "4"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "epochsync.cli",
+        "simulate",
+        "--out",
+        str(out),
+        "--live",
+        "--interval",
+        f"{interval}s",
+        "--start",
+        start.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "--epochs",
+        str(epochs),
+        "--files",
+        str(files),
+        "--osts",
+        "2",
+        "--threads",
+        "4",
+    ]
     config = out / "epochsync.yaml"
     if config.exists():
         config.unlink()
@@ -297,9 +329,12 @@ def _main(argv: list[str] | None) -> int:
     p.add_argument("--home", type=Path, default=VAR / "airflow", help="AIRFLOW_HOME (default var/airflow)")
     p.add_argument("--epochs", type=int, default=4, help="epochs of the simulated source (default 4)")
     p.add_argument("--files", type=int, default=60, help="files of the simulated source (default 60)")
-    p.add_argument("--live", action="store_true",
-                   help="a live source: 30 s epochs produced in real time, each run created by the scheduler "
-                        "as its epoch closes (make airflow LIVE=1)")  # fmt: skip
+    p.add_argument(
+        "--live",
+        action="store_true",
+        help="a live source: 30 s epochs produced in real time, each run created by the scheduler "
+        "as its epoch closes (make airflow LIVE=1)",
+    )
     args = p.parse_args(argv)
     port = args.port if _port_free(args.port) else free_port()
 
@@ -319,8 +354,9 @@ def _main(argv: list[str] | None) -> int:
         }
         base_env = airflow_environment(args.home, port=port, config=None, connections=conns, spark_url=spark_url)
         if args.live:
-            print(f"make airflow: SeaweedFS S3 on {endpoint.url}; a live source in var/demo (30 s epochs) ...",
-                  flush=True)  # fmt: skip
+            print(
+                f"make airflow: SeaweedFS S3 on {endpoint.url}; a live source in var/demo (30 s epochs) ...", flush=True
+            )
             live, config = start_live_source(VAR / "demo", base_env, epochs=args.epochs, files=args.files, lead=90)
         else:
             print(f"make airflow: SeaweedFS S3 on {endpoint.url}; simulating a source into var/demo ...", flush=True)

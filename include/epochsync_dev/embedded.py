@@ -105,16 +105,27 @@ class SeaweedFS:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         master, volume, filer, s3, admin, metrics = _free_ports(6)
         args = [
-            weed_binary(), "mini", f"-dir={self.data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-            f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}",
-            f"-s3.port={s3}", f"-admin.port={admin}", f"-metricsPort={metrics}",
-            "-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false", "-admin.ui=false",
+            weed_binary(),
+            "mini",
+            f"-dir={self.data_dir}",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            f"-master.port={master}",
+            f"-volume.port={volume}",
+            f"-filer.port={filer}",
+            f"-s3.port={s3}",
+            f"-admin.port={admin}",
+            f"-metricsPort={metrics}",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            "-webdav=false",
+            "-admin.ui=false",
             "-master.telemetry=false",
             # each bucket is a collection with volumes of its own; left at 0, the volume count is
             # free disk / 128 MB, and a test run (a bucket per test) ran out of volumes on a
             # fuller disk ("No writable volumes and no free volumes left"). Volumes are sparse.
             f"-volume.max={WEED_MAX_VOLUMES}",
-        ]  # fmt: skip
+        ]
         env = dict(os.environ, AWS_ACCESS_KEY_ID=EMBEDDED_ACCESS_KEY, AWS_SECRET_ACCESS_KEY=EMBEDDED_SECRET_KEY)
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
@@ -326,19 +337,38 @@ class SparkConnectServer:
             "spark.connect.session.manager.defaultSessionTimeout": SESSION_IDLE_TIMEOUT,
         }
         if not self.master.startswith("local"):
-            conf.update({"spark.executor.memory": os.environ.get("EPOCHSYNC_EXECUTOR_MEMORY", "2g"),
-                         "spark.executor.extraJavaOptions": SMALL_JVM_OPTIONS})  # fmt: skip
+            conf.update(
+                {
+                    "spark.executor.memory": os.environ.get("EPOCHSYNC_EXECUTOR_MEMORY", "2g"),
+                    "spark.executor.extraJavaOptions": SMALL_JVM_OPTIONS,
+                }
+            )
         if spark_profile(self.master if self.master.startswith("local") else "local") == "small":
             conf.update(SMALL_SQL_CONF)
         if self.event_log is not None:
             self.event_log.mkdir(parents=True, exist_ok=True)
-            conf.update({"spark.eventLog.enabled": "true", "spark.eventLog.dir": f"file://{self.event_log}",
-                         # plain JSON lines, one file: what epochsync_dev.demo.spark_tasks_by_tag reads
-                         "spark.eventLog.compress": "false", "spark.eventLog.rolling.enabled": "false"})  # fmt: skip
+            conf.update(
+                {
+                    "spark.eventLog.enabled": "true",
+                    "spark.eventLog.dir": f"file://{self.event_log}",
+                    # plain JSON lines, one file: what epochsync_dev.demo.spark_tasks_by_tag reads
+                    "spark.eventLog.compress": "false",
+                    "spark.eventLog.rolling.enabled": "false",
+                }
+            )
         conf.update(self.conf)
         submit = str(pyspark_home() / "bin" / "spark-submit")
-        cmd = [submit, "--class", self.CLASS, "--master", self.master, "--name", "epochsync",
-               "--driver-memory", self.driver_memory]  # fmt: skip
+        cmd = [
+            submit,
+            "--class",
+            self.CLASS,
+            "--master",
+            self.master,
+            "--name",
+            "epochsync",
+            "--driver-memory",
+            self.driver_memory,
+        ]
         for k, v in conf.items():
             cmd += ["--conf", f"{k}={v}"]
         return cmd
@@ -348,8 +378,14 @@ class SparkConnectServer:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, cwd=self.work_dir,
-                                     env=_spark_env(self.work_dir), start_new_session=True)  # fmt: skip
+        self.proc = subprocess.Popen(
+            self.command(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=self.work_dir,
+            env=_spark_env(self.work_dir),
+            start_new_session=True,
+        )
         log.close()
         try:
             _wait_port(self.port, self.proc, self.startup_timeout, "the Spark Connect server", self.log_path)
@@ -381,8 +417,14 @@ class SparkStandalone:
     (workers, running and completed applications).
     """
 
-    def __init__(self, *, cores: int = 2, memory: str = "6g", work_dir: str | os.PathLike | None = None,
-                 startup_timeout: float = 90.0):  # fmt: skip
+    def __init__(
+        self,
+        *,
+        cores: int = 2,
+        memory: str = "6g",
+        work_dir: str | os.PathLike | None = None,
+        startup_timeout: float = 90.0,
+    ):
         self.cores, self.memory = cores, memory
         self._own_dir = work_dir is None
         self.work_dir = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="epochsync-cluster-"))
@@ -405,30 +447,65 @@ class SparkStandalone:
         env["SPARK_DAEMON_JAVA_OPTS"] = "-XX:+UseSerialGC"
         log = open(self.work_dir / log_name, "ab")
         try:
-            return subprocess.Popen([str(pyspark_home() / "bin" / "spark-class"), *args], stdout=log,
-                                    stderr=subprocess.STDOUT, cwd=self.work_dir, env=env, start_new_session=True)  # fmt: skip
+            return subprocess.Popen(
+                [str(pyspark_home() / "bin" / "spark-class"), *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.work_dir,
+                env=env,
+                start_new_session=True,
+            )
         finally:
             log.close()
 
     def start(self) -> str:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.port, self.webui_port, worker_ui = _free_ports(3)
-        self.master_proc = self._spawn(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                                        "--port", str(self.port), "--webui-port", str(self.webui_port)], "master.log")  # fmt: skip
+        self.master_proc = self._spawn(
+            [
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--webui-port",
+                str(self.webui_port),
+            ],
+            "master.log",
+        )
         try:
-            _wait_port(self.webui_port, self.master_proc, self.startup_timeout, "the Spark master",
-                       self.work_dir / "master.log")  # fmt: skip
+            _wait_port(
+                self.webui_port,
+                self.master_proc,
+                self.startup_timeout,
+                "the Spark master",
+                self.work_dir / "master.log",
+            )
             _wait_port(
                 self.port, self.master_proc, self.startup_timeout, "the Spark master", self.work_dir / "master.log"
             )
-            self.worker_proc = self._spawn(["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
-                                            "--cores", str(self.cores), "--memory", self.memory,
-                                            "--webui-port", str(worker_ui), self.url], "worker.log")  # fmt: skip
+            self.worker_proc = self._spawn(
+                [
+                    "org.apache.spark.deploy.worker.Worker",
+                    "--host",
+                    "127.0.0.1",
+                    "--cores",
+                    str(self.cores),
+                    "--memory",
+                    self.memory,
+                    "--webui-port",
+                    str(worker_ui),
+                    self.url,
+                ],
+                "worker.log",
+            )
             deadline = time.monotonic() + self.startup_timeout
             while not self._alive_workers():
                 if self.worker_proc.poll() is not None or time.monotonic() > deadline:
-                    raise StoreError(f"the Spark worker did not register with {self.url}; log: "
-                                     f"{self.work_dir / 'worker.log'}\n{_tail(self.work_dir / 'worker.log')}")  # fmt: skip
+                    raise StoreError(
+                        f"the Spark worker did not register with {self.url}; log: "
+                        f"{self.work_dir / 'worker.log'}\n{_tail(self.work_dir / 'worker.log')}"
+                    )
                 time.sleep(0.5)
         except BaseException:
             self.stop()

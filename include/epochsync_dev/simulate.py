@@ -1107,9 +1107,18 @@ def write_config(
     }
     if cache:
         cfg["sources"][0]["name"] = "cache"
-        cfg["targets"] = [{"name": "master", "source": "cache", "kind": "s3", "conn_id": "replica_s3",
-                           "bucket": "master", "prefix": "", "stripe_size": MASTER_STRIPE_SIZE,
-                           "stripe_count": MASTER_STRIPE_COUNT}]  # fmt: skip
+        cfg["targets"] = [
+            {
+                "name": "master",
+                "source": "cache",
+                "kind": "s3",
+                "conn_id": "replica_s3",
+                "bucket": "master",
+                "prefix": "",
+                "stripe_size": MASTER_STRIPE_SIZE,
+                "stripe_count": MASTER_STRIPE_COUNT,
+            }
+        ]
     path = out / "epochsync.yaml"
     header = (
         "# Written by `epochsync simulate`. Keys come from AIRFLOW_CONN_SOURCE_S3 and\n"
@@ -1147,12 +1156,19 @@ def configure_simulate(parser) -> None:
     )
     parser.add_argument("--bucket", default="sim-source", help="source data bucket (default sim-source)")
     parser.add_argument("--threads", type=int, default=16, help="parallel uploads (default 16)")
-    parser.add_argument("--unstriped-ratio", type=float, default=None,
-                        help="share of files with no layout (default 0.1; 1.0 with --cache)")  # fmt: skip
-    parser.add_argument("--cache", action="store_true",
-                        help="a write-back cache's history for reintegration: every file unstriped (unless "
-                             "--unstriped-ratio says otherwise), config with source cache and a striped s3 "
-                             "target master (docs/reintegration.md)")  # fmt: skip
+    parser.add_argument(
+        "--unstriped-ratio",
+        type=float,
+        default=None,
+        help="share of files with no layout (default 0.1; 1.0 with --cache)",
+    )
+    parser.add_argument(
+        "--cache",
+        action="store_true",
+        help="a write-back cache's history for reintegration: every file unstriped (unless "
+        "--unstriped-ratio says otherwise), config with source cache and a striped s3 "
+        "target master (docs/reintegration.md)",
+    )
     parser.add_argument(
         "--max-file-size", type=parse_size, default=256 * 1024, help="files stay below this size (default 256KiB)"
     )
@@ -1257,10 +1273,20 @@ def run_simulate(args) -> int:
     stored_bytes = stored_versions = 0
     if live:
         # the config first: a scheduler reads the epoch grid before the first epoch closes
-        config = write_config(out, bucket=args.bucket, conn_id=conn_id, servers=cfg.servers, root_fid=cfg.root_fid,
-                              start=start, interval_s=interval_s)  # fmt: skip
-        print(f"simulate: live: config {config}; epoch 1 starts {start.isoformat()}, every {interval_s:g}s",
-              file=sys.stderr, flush=True)  # fmt: skip
+        config = write_config(
+            out,
+            bucket=args.bucket,
+            conn_id=conn_id,
+            servers=cfg.servers,
+            root_fid=cfg.root_fid,
+            start=start,
+            interval_s=interval_s,
+        )
+        print(
+            f"simulate: live: config {config}; epoch 1 starts {start.isoformat()}, every {interval_s:g}s",
+            file=sys.stderr,
+            flush=True,
+        )
         _sleep_until(start.timestamp())
     for e in range(1, cfg.epochs + 1):
         t0 = time.monotonic()
@@ -1313,8 +1339,16 @@ def run_simulate(args) -> int:
             flush=True,
         )
         w.finish_epoch()
-    config = write_config(out, bucket=args.bucket, conn_id=conn_id, servers=cfg.servers, root_fid=cfg.root_fid,
-                          start=start, interval_s=interval_s, cache=args.cache)  # fmt: skip
+    config = write_config(
+        out,
+        bucket=args.bucket,
+        conn_id=conn_id,
+        servers=cfg.servers,
+        root_fid=cfg.root_fid,
+        start=start,
+        interval_s=interval_s,
+        cache=args.cache,
+    )
     data = (
         f"; {stored_versions:,} object versions ({stored_bytes / 1e6:.1f} MB) in bucket {args.bucket}" if store else ""
     )

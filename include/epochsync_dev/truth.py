@@ -51,8 +51,9 @@ def _actual(entry, *, owners: bool, xattrs: bool) -> tuple:
     return t[:3] + ((None,) if entry.type == "symlink" else (t[3],)) + t[4:]
 
 
-def compare_with_truth(target, truth: dict[str, dict], *, owners: bool = True, xattrs: bool = True,
-                       limit: int = 20) -> list[str]:  # fmt: skip
+def compare_with_truth(
+    target, truth: dict[str, dict], *, owners: bool = True, xattrs: bool = True, limit: int = 20
+) -> list[str]:
     """Differences between ``target`` (a :class:`epochsync.targets.base.Target`) and ``truth``.
 
     Empty list = identical. Each difference is one line naming the path and the field.

@@ -81,8 +81,15 @@ def run(dag, task_id, epochs, params=None, spark=None):
     from epochsync.airflow.stages import run_stage_task
 
     assert task.python_callable is run_stage_task
-    full = {"epoch": None, "dry_run": False, "whole_file": False, "inject_failure": None, "reingest": False,
-            "max_epochs_per_run": 1, **(params or {})}  # fmt: skip
+    full = {
+        "epoch": None,
+        "dry_run": False,
+        "whole_file": False,
+        "inject_failure": None,
+        "reingest": False,
+        "max_epochs_per_run": 1,
+        **(params or {}),
+    }
     return run_stage_task(**kwargs, spark=spark, ti=FakeTI(epochs), params=full)
 
 
@@ -149,8 +156,12 @@ def test_ingest_merge_translate_apply_get_the_run_epochs(dag, calls, with_config
     args, kw = by["run_apply"]
     assert args[1:] == ("dr", 5, spark) and kw == {"inject": "after=3", "first_epoch": 3}
     # every stage's Spark jobs carry its tag (the Spark UI and the event log show them)
-    assert spark.tags == ["epochsync-ingest-dr-e5", "epochsync-merge-dr-e5", "epochsync-translate-dr-e5",
-                          "epochsync-apply-dr-e5"]  # fmt: skip
+    assert spark.tags == [
+        "epochsync-ingest-dr-e5",
+        "epochsync-merge-dr-e5",
+        "epochsync-translate-dr-e5",
+        "epochsync-apply-dr-e5",
+    ]
 
 
 def test_dry_run_skips_apply_and_verify(dag, calls):
@@ -207,22 +218,24 @@ def feed_dag(tmp_path, **feed):
     from epochsync.airflow.dags import build_epoch_dag
     from epochsync.core.config import load_config
 
-    (tmp_path / "epochsync.yaml").write_text(yaml.safe_dump(
-        {
-            "warehouse": f"file://{tmp_path / 'wh'}",
-            "sources": [
-                {
-                    "name": "s",
-                    "root_fid": "[0x1:0x1:0x0]",
-                    "servers": ["MDT0000"],
-                    "changelogs": {"uri": f"file://{tmp_path}/cl/", "format": "jsonl"},
-                    "store": {"conn_id": "source_s3", "bucket": "b"},
-                    "epoch": {"interval": "1m", "start": "2026-01-01T00:00:00Z"},
-                }
-            ],  # fmt: skip
-            "targets": [{"name": "audit", "source": "s", "kind": "feed", "path": str(tmp_path / "feed"), **feed}],
-        }
-    ))  # fmt: skip
+    (tmp_path / "epochsync.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "warehouse": f"file://{tmp_path / 'wh'}",
+                "sources": [
+                    {
+                        "name": "s",
+                        "root_fid": "[0x1:0x1:0x0]",
+                        "servers": ["MDT0000"],
+                        "changelogs": {"uri": f"file://{tmp_path}/cl/", "format": "jsonl"},
+                        "store": {"conn_id": "source_s3", "bucket": "b"},
+                        "epoch": {"interval": "1m", "start": "2026-01-01T00:00:00Z"},
+                    }
+                ],
+                "targets": [{"name": "audit", "source": "s", "kind": "feed", "path": str(tmp_path / "feed"), **feed}],
+            }
+        )
+    )
     cfg = load_config(tmp_path / "epochsync.yaml")
     return build_epoch_dag(cfg, cfg.sources[0], cfg.targets[0], doc_md="## replicate one source into one target")
 
@@ -283,7 +296,10 @@ def test_the_feed_dag_says_what_it_does_and_its_dry_run_publishes_nothing(tmp_pa
     assert "publish" in dag.params.get_param("inject_failure").description
     assert "nothing is published" in dag.params.get_param("dry_run").description
     published = []
-    original, epochsync.stages.publish.publish_epoch = epochsync.stages.publish.publish_epoch, lambda *a, **k: published.append(a)
+    original, epochsync.stages.publish.publish_epoch = (
+        epochsync.stages.publish.publish_epoch,
+        lambda *a, **k: published.append(a),
+    )
     try:
         task = dag.get_task("publish")
         with pytest.raises(AirflowSkipException, match="nothing is published"):

@@ -38,8 +38,26 @@ def simulate(base: Path, env: dict[str, str], *, epochs: int, files: int, seed: 
     """``epochsync simulate`` into a fresh bucket; returns the config it wrote."""
     out = base / "sim"
     bucket = "src-" + uuid.uuid4().hex[:10]
-    cmd = [sys.executable, "-m", "epochsync.cli", "simulate", "--out", str(out), "--epochs", str(epochs),
-           "--files", str(files), "--seed", str(seed), "--osts", "2", "--threads", "4", "--bucket", bucket]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "epochsync.cli",
+        "simulate",
+        "--out",
+        str(out),
+        "--epochs",
+        str(epochs),
+        "--files",
+        str(files),
+        "--seed",
+        str(seed),
+        "--osts",
+        "2",
+        "--threads",
+        "4",
+        "--bucket",
+        bucket,
+    ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return out / "epochsync.yaml"
@@ -59,8 +77,17 @@ def with_prefix(config: Path, prefix: str) -> Path:
 
 def dagtest(env: dict[str, str], dag_id: str, epoch: int, *, conf: dict | None = None, timeout: float = 1200) -> dict:
     """Run one epoch with dag.test() in a fresh interpreter; returns run and task states."""
-    cmd = [sys.executable, "-m", "epochsync.airflow.dagtest", "--dag-id", dag_id, "--epoch", str(epoch),
-           "--conf", json.dumps(conf or {})]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "epochsync.airflow.dagtest",
+        "--dag-id",
+        dag_id,
+        "--epoch",
+        str(epoch),
+        "--conf",
+        json.dumps(conf or {}),
+    ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     lines = [line for line in done.stdout.splitlines() if line.startswith("DAGTEST_RESULT ")]
     assert lines, f"dag.test produced no result (exit {done.returncode}):\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"

@@ -42,7 +42,7 @@ class Chromium:
                 "--remote-debugging-port=0",
                 f"--user-data-dir={self.profile}",
                 "about:blank",
-            ],  # fmt: skip
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,

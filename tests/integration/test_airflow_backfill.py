@@ -30,11 +30,20 @@ def test_backfill_replays_missed_epochs_in_order(scheduler_stack):
     for attempt in range(3):
         try:
             out = stack.airflow.airflow(
-                "backfill", "create", "--dag-id", DAG,
-                "--from-date", first.isoformat(), "--to-date", last.isoformat(), "--max-active-runs", "1",
+                "backfill",
+                "create",
+                "--dag-id",
+                DAG,
+                "--from-date",
+                first.isoformat(),
+                "--to-date",
+                last.isoformat(),
+                "--max-active-runs",
+                "1",
                 # required with depends_on_past: re-run failed epochs, skip the ones already done
-                "--reprocess-behavior", "failed",
-            )  # fmt: skip
+                "--reprocess-behavior",
+                "failed",
+            )
             break
         except RuntimeError as exc:
             # SQLite: the busy scheduler can hold the write lock past the 60 s timeout; the
@@ -62,8 +71,13 @@ def test_backfill_replays_missed_epochs_in_order(scheduler_stack):
     tis = stack.api("GET", f"/dags/{DAG}/dagRuns/{quote(runs[-1]['dag_run_id'], safe='')}/taskInstances")
     pools = {t["task_id"]: t["pool"] for t in tis["task_instances"]}
     assert {k for k, v in pools.items() if v == "epochsync_target_s3"} == {
-        "merge", "translate", "apply", "verify", "commit", "rollback"
-    }, pools  # fmt: skip
+        "merge",
+        "translate",
+        "apply",
+        "verify",
+        "commit",
+        "rollback",
+    }, pools
     assert stack.api("GET", "/pools/epochsync_target_s3")["slots"] == 1
     committed, rows = replica(stack.config, "s3", stack.env)
     assert committed == 3

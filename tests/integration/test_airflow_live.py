@@ -42,9 +42,31 @@ def test_the_scheduler_replicates_each_live_epoch_as_it_closes(seaweed, spark_co
     env = airflow_env(tmp_path, seaweed, extra={"AIRFLOW__API__PORT": str(port)})
     start = datetime.fromtimestamp(math.ceil((time.time() + LEAD) / INTERVAL) * INTERVAL, tz=UTC)
     sim = tmp_path / "sim"
-    cmd = [sys.executable, "-m", "epochsync.cli", "simulate", "--out", str(sim), "--live", "--interval",
-           f"{INTERVAL}s", "--start", start.strftime("%Y-%m-%dT%H:%M:%SZ"), "--epochs", str(EPOCHS), "--files", "24",
-           "--seed", "9", "--osts", "2", "--threads", "4", "--bucket", "live-" + uuid.uuid4().hex[:8]]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "epochsync.cli",
+        "simulate",
+        "--out",
+        str(sim),
+        "--live",
+        "--interval",
+        f"{INTERVAL}s",
+        "--start",
+        start.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "--epochs",
+        str(EPOCHS),
+        "--files",
+        "24",
+        "--seed",
+        "9",
+        "--osts",
+        "2",
+        "--threads",
+        "4",
+        "--bucket",
+        "live-" + uuid.uuid4().hex[:8],
+    ]
     simulator = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     config = sim / "epochsync.yaml"
     deadline = time.monotonic() + 60

@@ -23,10 +23,25 @@ def source(tmp_path) -> Path:
     """4 simulated epochs (records only), their records in the warehouse, retention of 1 epoch."""
     out = tmp_path / "sim"
     done = subprocess.run(
-        [sys.executable, "-m", "epochsync.cli", "simulate", "--out", str(out), "--epochs", "4", "--files", "12",
-         "--no-data", "--seed", "3"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "epochsync.cli",
+            "simulate",
+            "--out",
+            str(out),
+            "--epochs",
+            "4",
+            "--files",
+            "12",
+            "--no-data",
+            "--seed",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     config = out / "epochsync.yaml"
     doc = yaml.safe_load(config.read_text())

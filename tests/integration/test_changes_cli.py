@@ -66,13 +66,29 @@ def expected_modify(a: dict[str, dict], b: dict[str, dict]) -> dict[str, list[st
 
 
 def state_of(row: dict) -> tuple:
-    return (row["fid"], row["type"], row["size"] if row["type"] == "file" else None, row["mode"], row["uid"],
-            row["gid"], row.get("symlink"), row["xattrs"] or {})  # fmt: skip
+    return (
+        row["fid"],
+        row["type"],
+        row["size"] if row["type"] == "file" else None,
+        row["mode"],
+        row["uid"],
+        row["gid"],
+        row.get("symlink"),
+        row["xattrs"] or {},
+    )
 
 
 def rec_state(rec: dict) -> tuple:
-    return (rec["fid"], rec["type"], rec.get("size"), rec["mode"], rec["uid"], rec["gid"], rec.get("symlink"),
-            rec.get("xattrs") or {})  # fmt: skip
+    return (
+        rec["fid"],
+        rec["type"],
+        rec.get("size"),
+        rec["mode"],
+        rec["uid"],
+        rec["gid"],
+        rec.get("symlink"),
+        rec.get("xattrs") or {},
+    )
 
 
 def test_every_window_equals_the_ground_truth_diff(replicated, spark):
@@ -100,8 +116,11 @@ def test_every_window_equals_the_ground_truth_diff(replicated, spark):
                 inside = [p for p in a if p.startswith(d["old_path"] + "/")]
                 moved_dirs_with_content += bool(inside)
                 listed = {r.get("old_path") or r["path"] for r in recs}
-                assert not [p for p in inside if p in listed and b.get(d["path"] + p[len(d["old_path"]) :], {}).get("fid")
-                            == a[p]["fid"]], (e1, e2, d)  # fmt: skip
+                assert not [
+                    p
+                    for p in inside
+                    if p in listed and b.get(d["path"] + p[len(d["old_path"]) :], {}).get("fid") == a[p]["fid"]
+                ], (e1, e2, d)
             kinds_seen |= {r["kind"] for r in recs}
     assert kinds_seen == {"NEW", "DELETE", "RENAME", "LINK", "MODIFY"}
     assert moved_dirs_with_content, "the history should move a directory with something in it"

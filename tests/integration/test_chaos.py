@@ -55,9 +55,17 @@ ROUNDS = int(os.environ.get("EPOCHSYNC_CHAOS_ROUNDS") or 1)
 EPOCHS = 2 * ROUNDS
 RACES_PER_KIND = 2
 SEED = int(os.environ.get("EPOCHSYNC_CHAOS_SEED") or 20261123)
-COUNTS: dict = {"seed": SEED, "epochs": EPOCHS, "kills": {"apply": 0, "rollback": 0, "commit": 0},
-                "kills_survived": 0, "commit_kills_after_manifest": 0, "lease_takeovers_logged": 0,
-                "races": 0, "races_refused": 0, "signals": []}  # fmt: skip
+COUNTS: dict = {
+    "seed": SEED,
+    "epochs": EPOCHS,
+    "kills": {"apply": 0, "rollback": 0, "commit": 0},
+    "kills_survived": 0,
+    "commit_kills_after_manifest": 0,
+    "lease_takeovers_logged": 0,
+    "races": 0,
+    "races_refused": 0,
+    "signals": [],
+}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -84,9 +92,27 @@ def hist(seaweed, spark_connect, tmp_path_factory):
     out = tmp_path_factory.mktemp("chaos")
     os.environ["AIRFLOW_CONN_SOURCE_S3"] = seaweed.airflow_conn_json()
     os.environ["AIRFLOW_CONN_REPLICA_S3"] = seaweed.airflow_conn_json()
-    rc = main(["simulate", "--out", str(out), "--seed", str(SEED % 1000), "--epochs", str(EPOCHS), "--files", "16",
-               "--bucket", "chaos-" + uuid.uuid4().hex[:8], "--max-file-size", "48KiB", "--osts", "2",
-               "--threads", "4"])  # fmt: skip
+    rc = main(
+        [
+            "simulate",
+            "--out",
+            str(out),
+            "--seed",
+            str(SEED % 1000),
+            "--epochs",
+            str(EPOCHS),
+            "--files",
+            "16",
+            "--bucket",
+            "chaos-" + uuid.uuid4().hex[:8],
+            "--max-file-size",
+            "48KiB",
+            "--osts",
+            "2",
+            "--threads",
+            "4",
+        ]
+    )
     assert rc == 0
     doc = yaml.safe_load((out / "epochsync.yaml").read_text())
     bucket = "chaos-rep-" + uuid.uuid4().hex[:8]
@@ -95,8 +121,14 @@ def hist(seaweed, spark_connect, tmp_path_factory):
         return {"name": name, "source": "sim", "kind": "posix", "path": str(out / name)}
 
     def s3(name):
-        return {"name": name, "source": "sim", "kind": "s3", "conn_id": "replica_s3", "bucket": bucket,
-                "prefix": f"{name}/"}  # fmt: skip
+        return {
+            "name": name,
+            "source": "sim",
+            "kind": "s3",
+            "conn_id": "replica_s3",
+            "bucket": bucket,
+            "prefix": f"{name}/",
+        }
 
     names = ["kill-p", "kill-s", "sig-p", "sig-s", "drv-s"]
     names += [f"race-p{i}" for i in range(RACES_PER_KIND)] + [f"race-s{i}" for i in range(RACES_PER_KIND)]
@@ -116,8 +148,9 @@ def env_for(inject: str | None = None) -> dict[str, str]:
 def cli_replicate(cfg, target: str, *which: str, inject: str | None = None, timeout: float = 300):
     """``epochsync replicate`` in its own session (a kill fault kills its process group, not pytest)."""
     cmd = [sys.executable, "-m", "epochsync.cli", "replicate", "--config", cfg.file, "--target", target, *which]
-    return subprocess.run(cmd, env=env_for(inject), capture_output=True, text=True, timeout=timeout,
-                          start_new_session=True)  # fmt: skip
+    return subprocess.run(
+        cmd, env=env_for(inject), capture_output=True, text=True, timeout=timeout, start_new_session=True
+    )
 
 
 def assert_at_truth(sim_dir: Path, cfg, target: str, epoch: int) -> None:
@@ -145,8 +178,10 @@ def test_kill_9_in_apply_rollback_and_commit_then_rerun_equals_the_ground_truth(
         if kinds[(e - 1) % 2] == "apply":
             # 1. apply killed after a random share of its mutations
             share = round(rng.uniform(0, 0.95), 3)
-            killed(cli_replicate(cfg, target, "--epoch", str(e), inject=f"at={share},epoch={e},mode=kill,repeat=1"),
-                   f"apply at={share}")  # fmt: skip
+            killed(
+                cli_replicate(cfg, target, "--epoch", str(e), inject=f"at={share},epoch={e},mode=kill,repeat=1"),
+                f"apply at={share}",
+            )
             COUNTS["kills"]["apply"] += 1
             jdir = journal_dir(cfg.warehouse, target, e)
             assert journal_exists(jdir) and committed_epoch(cfg, target) == e - 1
@@ -157,8 +192,12 @@ def test_kill_9_in_apply_rollback_and_commit_then_rerun_equals_the_ground_truth(
             # which writers journaled before the kill: ns (driver), data-* (Spark executors), post (driver)
             writers = sorted({x["writer"].split("-")[0] for x in journal})
             point.update(apply_at=share, journal_entries=entries, journal_writers=writers, rollback_after=k)
-            killed(cli_replicate(cfg, target, "--epoch", str(e), inject=f"after={k},stage=rollback,epoch={e},"
-                                 "mode=kill,repeat=1"), f"rollback after={k}")  # fmt: skip
+            killed(
+                cli_replicate(
+                    cfg, target, "--epoch", str(e), inject=f"after={k},stage=rollback,epoch={e},mode=kill,repeat=1"
+                ),
+                f"rollback after={k}",
+            )
             COUNTS["kills"]["rollback"] += 1
             assert journal_exists(jdir) and committed_epoch(cfg, target) == e - 1
             # a rerun of the rollback (the dead writers' lease is taken over) restores epoch e-1 exactly
@@ -174,8 +213,12 @@ def test_kill_9_in_apply_rollback_and_commit_then_rerun_equals_the_ground_truth(
             # 3. the commit killed before one of its five steps (1-2: before the manifest, 3-5: after it)
             step = rng.randrange(5)
             point.update(commit_after=step)
-            killed(cli_replicate(cfg, target, "--epoch", str(e), inject=f"after={step},stage=commit,epoch={e},"
-                                 "mode=kill,repeat=1"), f"commit after={step}")  # fmt: skip
+            killed(
+                cli_replicate(
+                    cfg, target, "--epoch", str(e), inject=f"after={step},stage=commit,epoch={e},mode=kill,repeat=1"
+                ),
+                f"commit after={step}",
+            )
             COUNTS["kills"]["commit"] += 1
             assert committed_epoch(cfg, target) == (e if step >= 2 else e - 1)
             COUNTS["commit_kills_after_manifest"] += step >= 2
@@ -197,8 +240,18 @@ def test_two_writers_racing_one_proceeds_the_other_is_refused_by_name(hist, kind
     for i in range(RACES_PER_KIND):
         target = f"race-{kind}{i}"
         offset = rng.uniform(0, 1.0)
-        cmd = [sys.executable, "-m", "epochsync.cli", "replicate", "--config", cfg.file, "--target", target,
-               "--through", "1"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "epochsync.cli",
+            "replicate",
+            "--config",
+            cfg.file,
+            "--target",
+            target,
+            "--through",
+            "1",
+        ]
         first = subprocess.Popen(cmd, env=env_for(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         time.sleep(offset)
         second = subprocess.Popen(cmd, env=env_for(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -245,13 +298,29 @@ def test_a_signal_mid_apply_rolls_back_says_so_and_leaves_nothing_running(hist, 
 
     out, cfg = hist
     stalled = Path(plan_dir(cfg.warehouse, target, 1)) / "fault.fired.stalled"
-    cmd = [sys.executable, "-m", "epochsync.cli", "replicate", "--config", cfg.file, "--target", target,
-           "--through", "1"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "epochsync.cli",
+        "replicate",
+        "--config",
+        cfg.file,
+        "--target",
+        target,
+        "--through",
+        "1",
+    ]
     # as from a terminal: a test run started in the background (CI, `make test &`) inherits SIGINT
     # ignored, and Python then never turns it into KeyboardInterrupt
-    proc = subprocess.Popen(cmd, env=env_for("after=2,epoch=1,mode=stall"), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        env=env_for("after=2,epoch=1,mode=stall"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     wait_for(stalled, proc)
     assert journal_exists(journal_dir(cfg.warehouse, target, 1))
     t0 = time.monotonic()
@@ -269,8 +338,15 @@ def test_a_signal_mid_apply_rolls_back_says_so_and_leaves_nothing_running(hist, 
     # the next run carries on
     assert cli_replicate(cfg, target, "--through", "1").returncode == 0
     assert_at_truth(out, cfg, target, 1)
-    COUNTS["signals"].append({"entry": "epochsync replicate", "signal": name, "exit": proc.returncode,
-                              "seconds_to_exit": round(took, 2), "line": last})  # fmt: skip
+    COUNTS["signals"].append(
+        {
+            "entry": "epochsync replicate",
+            "signal": name,
+            "exit": proc.returncode,
+            "seconds_to_exit": round(took, 2),
+            "line": last,
+        }
+    )
 
 
 DRIVER = """
@@ -308,8 +384,13 @@ def test_make_demo_s_shutdown_stops_children_in_their_own_sessions_and_leaves_th
     out, cfg = hist
     target = "drv-s"
     stalled = Path(plan_dir(cfg.warehouse, target, 1)) / "fault.fired.stalled"
-    driver = subprocess.Popen([sys.executable, "-c", DRIVER, cfg.file, target], env=env_for("after=1,epoch=1,mode=stall"),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, cfg.file, target],
+        env=env_for("after=1,epoch=1,mode=stall"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     child = int(driver.stdout.readline())
     wait_for(stalled, driver)
     assert os.getpgid(child) == child != os.getpgid(driver.pid)  # its own session: a signal to the driver misses it

@@ -52,10 +52,21 @@ def test_a_broken_file_is_caught(tmp_path):
     broken = tmp_path / "docker-compose.yaml"
     broken.write_text(COMPOSE.read_text().replace("condition: service_healthy", "condition: service_typo"))
     out = subprocess.run(
-        [str(COMPOSE_BIN), "--project-directory", str(ROOT), "-f", str(broken), "--env-file", str(ROOT / ".env.example"),
-         "config", "--quiet"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            str(COMPOSE_BIN),
+            "--project-directory",
+            str(ROOT),
+            "-f",
+            str(broken),
+            "--env-file",
+            str(ROOT / ".env.example"),
+            "config",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "condition value must be one of" in out.stderr, out.stderr
 
 
@@ -167,8 +178,12 @@ def test_init_creates_one_pool_per_target_with_the_package_s_names(resolved, tmp
         "    epoch: {start: '2026-01-01T00:00:00Z', interval: 1h}\n"
         "targets:\n  - {name: a, source: s, kind: posix, path: /tmp/a}\n"
     )
-    out = subprocess.run([sys.executable, "-m", "epochsync.journal.lease", "pools", str(cfg), str(tmp_path / "p.json")],
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "epochsync.journal.lease", "pools", str(cfg), str(tmp_path / "p.json")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     pools = json.loads((tmp_path / "p.json").read_text())
     assert list(pools) == ["epochsync_target_a"] and pools["epochsync_target_a"]["slots"] == 1

@@ -47,9 +47,27 @@ def _processes_mentioning(text: str) -> list[str]:
 
 def test_short_demo_replicates_both_targets_and_rolls_back_the_injected_failure(tmp_path):
     work = tmp_path / "demo"
-    cmd = [sys.executable, "-m", "epochsync_dev.demo", "--workdir", str(work), "--epochs", "2", "--files", "60",
-           "--fail-epoch", "2", "--fail-after", "5", "--cluster",
-           "--reintegrate", "--cache-epochs", "2", "--cache-files", "24"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "epochsync_dev.demo",
+        "--workdir",
+        str(work),
+        "--epochs",
+        "2",
+        "--files",
+        "60",
+        "--fail-epoch",
+        "2",
+        "--fail-after",
+        "5",
+        "--cluster",
+        "--reintegrate",
+        "--cache-epochs",
+        "2",
+        "--cache-files",
+        "24",
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=3000, cwd=ROOT)
     out = done.stdout
     assert done.returncode == 0, out[-6000:] + done.stderr[-3000:]
@@ -60,9 +78,12 @@ def test_short_demo_replicates_both_targets_and_rolls_back_the_injected_failure(
     assert summary["verdict"] == "passed" and summary["failures"] == []
     runs = {(r["epoch"], r["target"], r["kind"]): r for r in summary["runs"]}
     assert set(runs) == {
-        (1, "local", "run"), (1, "s3", "run"),
-        (2, "local", "run"), (2, "s3", "injected-failure"), (2, "s3", "retry"),
-    }  # fmt: skip
+        (1, "local", "run"),
+        (1, "s3", "run"),
+        (2, "local", "run"),
+        (2, "s3", "injected-failure"),
+        (2, "s3", "retry"),
+    }
     for key, run in runs.items():
         if key[2] == "injected-failure":
             continue
@@ -107,13 +128,18 @@ def test_short_demo_replicates_both_targets_and_rolls_back_the_injected_failure(
     reint = summary["reintegration"]
     assert reint["dag_id"] == "epochsync__cache__master" and (reint["stripe_size"], reint["stripe_count"]) == (65536, 4)
     kinds = [(r["epoch"], r["kind"], r["ok"], r["state"]) for r in reint["runs"]]
-    assert kinds == [(1, "run", True, "success"), (2, "write-fence", True, "failed"),
-                     (2, "injected-failure", True, "failed"), (2, "retry", True, "success")]  # fmt: skip
+    assert kinds == [
+        (1, "run", True, "success"),
+        (2, "write-fence", True, "failed"),
+        (2, "injected-failure", True, "failed"),
+        (2, "retry", True, "success"),
+    ]
     fenced, failing, retry = reint["runs"][1:]
     assert fenced["tasks"]["apply"] == "failed" and fenced["tasks"]["commit"] == "upstream_failed"
     fence = reint["fence"]
-    assert fence["message"].startswith(f"write fence: target master (s3://master/) was changed by someone else since "
-                                       f"epoch 1: {fence['key']}: ")  # fmt: skip
+    assert fence["message"].startswith(
+        f"write fence: target master (s3://master/) was changed by someone else since epoch 1: {fence['key']}: "
+    )
     assert (
         f"now: version {fence['version']}, 21 bytes" in fence["message"] and "Nothing was written" in fence["message"]
     )

@@ -22,8 +22,17 @@ def test_feed_on_s3(moto_s3, tmp_path, spark, monkeypatch, capsys):
     out = tmp_path / "sim"
     assert main(["simulate", "--out", str(out), "--no-data", "--epochs", "3", "--files", "20", "--seed", "4"]) == 0
     doc = yaml.safe_load((out / "epochsync.yaml").read_text())
-    doc["targets"] = [{"name": "audit", "source": "sim", "kind": "feed", "conn_id": "feed_s3", "bucket": "feeds",
-                       "prefix": "sim/audit", "retention": {"epochs": 0}}]  # fmt: skip
+    doc["targets"] = [
+        {
+            "name": "audit",
+            "source": "sim",
+            "kind": "feed",
+            "conn_id": "feed_s3",
+            "bucket": "feeds",
+            "prefix": "sim/audit",
+            "retention": {"epochs": 0},
+        }
+    ]
     (out / "epochsync.yaml").write_text(yaml.safe_dump(doc))
     cfg = load_config(out / "epochsync.yaml")
     conf = str(cfg.file)
@@ -32,8 +41,12 @@ def test_feed_on_s3(moto_s3, tmp_path, spark, monkeypatch, capsys):
     assert main(["feed", "register", "--config", conf, "--target", "audit", "--consumer", "c1"]) == 0
     replicate(cfg, "audit", 3, spark=spark, progress=lambda line: None)
     keys = sorted(o["Key"] for o in moto_s3.client().list_objects_v2(Bucket="feeds")["Contents"])
-    assert keys == ["sim/audit/_consumers/c1.json", "sim/audit/_feed.json", "sim/audit/dumps/0000000001.jsonl.gz",
-                    *(f"sim/audit/epochs/{e:010d}.jsonl.gz" for e in (1, 2, 3))]  # fmt: skip
+    assert keys == [
+        "sim/audit/_consumers/c1.json",
+        "sim/audit/_feed.json",
+        "sim/audit/dumps/0000000001.jsonl.gz",
+        *(f"sim/audit/epochs/{e:010d}.jsonl.gz" for e in (1, 2, 3)),
+    ]
     store = open_feed_store(cfg.target("audit"))
     assert store.read_json(FEED_DOC)["epoch"] == 3
 

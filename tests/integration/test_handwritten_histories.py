@@ -57,8 +57,14 @@ class History:
     def rec(self, type_: str, server: str = MDT, **fields) -> dict:
         self.index[server] += 1
         self.clock += 1000
-        r = {"server": server, "index": self.index[server], "epoch": len(self.epochs), "type": type_,
-             "time_ns": self.clock, **{k: v for k, v in fields.items() if v is not None}}  # fmt: skip
+        r = {
+            "server": server,
+            "index": self.index[server],
+            "epoch": len(self.epochs),
+            "type": type_,
+            "time_ns": self.clock,
+            **{k: v for k, v in fields.items() if v is not None},
+        }
         self.epochs[-1].append(r)
         return r
 
@@ -75,8 +81,13 @@ class History:
     def write(self, f: str, data: bytes) -> History:
         """The whole file's new bytes: one object version, one WRITE over all of it."""
         version = self.client.put_object(Bucket=self.bucket, Key=f"data/{f}", Body=data)["VersionId"]
-        self.rec("WRITE", OST, tfid=f, object={"ost": OST, "oid": f, "version": version},
-                 extents=[{"offset": 0, "length": len(data)}])  # fmt: skip
+        self.rec(
+            "WRITE",
+            OST,
+            tfid=f,
+            object={"ost": OST, "oid": f, "version": version},
+            extents=[{"offset": 0, "length": len(data)}],
+        )
         return self
 
     def symlink(self, f: str, parent: str, name: str, target: str) -> History:
@@ -102,8 +113,9 @@ class History:
     def setxattr(self, f: str, name: str, value: bytes | None) -> History:
         import base64
 
-        self.rec("XATTR", tfid=f, xattr_name=name,
-                 xattr_value=None if value is None else base64.b64encode(value).decode())  # fmt: skip
+        self.rec(
+            "XATTR", tfid=f, xattr_name=name, xattr_value=None if value is None else base64.b64encode(value).decode()
+        )
         return self
 
     def _close(self) -> None:
@@ -112,8 +124,15 @@ class History:
         if e and not any(r["type"] == "EPOCH" for r in self.epochs[-1]):
             for server in (MDT, OST):
                 self.index[server] += 1
-                self.epochs[-1].append({"server": server, "index": self.index[server], "epoch": e, "type": "EPOCH",
-                                        "time_ns": EPOCH_START_NS + e * EPOCH_SECONDS * 10**9 - 1})  # fmt: skip
+                self.epochs[-1].append(
+                    {
+                        "server": server,
+                        "index": self.index[server],
+                        "epoch": e,
+                        "type": "EPOCH",
+                        "time_ns": EPOCH_START_NS + e * EPOCH_SECONDS * 10**9 - 1,
+                    }
+                )
 
     def write_changelogs(self, out: Path) -> None:
         self._close()
@@ -166,17 +185,21 @@ def make_config(world) -> object:
     replica = "rep-" + uuid.uuid4().hex[:8]
     doc = {
         "warehouse": str(out / "warehouse"),
-        "sources": [{
-            "name": "hist", "root_fid": ROOT, "servers": [MDT, OST],
-            "changelogs": {"uri": f"file://{out}/changelogs", "format": "jsonl"},
-            "store": {"conn_id": "hist_s3", "bucket": world["bucket"]},
-            "epoch": {"interval": f"{EPOCH_SECONDS}s", "start": "2026-01-01T00:00:00Z"},
-        }],
+        "sources": [
+            {
+                "name": "hist",
+                "root_fid": ROOT,
+                "servers": [MDT, OST],
+                "changelogs": {"uri": f"file://{out}/changelogs", "format": "jsonl"},
+                "store": {"conn_id": "hist_s3", "bucket": world["bucket"]},
+                "epoch": {"interval": f"{EPOCH_SECONDS}s", "start": "2026-01-01T00:00:00Z"},
+            }
+        ],
         "targets": [
             {"name": "posix", "source": "hist", "kind": "posix", "path": str(out / "replica")},
             {"name": "s3", "source": "hist", "kind": "s3", "conn_id": "hist_s3", "bucket": replica, "prefix": "tree/"},
         ],
-    }  # fmt: skip
+    }
     (out / "epochsync.yaml").write_text(yaml.safe_dump(doc))
     return load_config(out / "epochsync.yaml")
 
@@ -248,10 +271,29 @@ def test_types_replaced_under_children_and_root_attributes(world, spark):
     h.symlink(long, ROOT, "long", "t/" * 1500)
     h.chmod(ROOT, 0o711).setxattr(ROOT, "user.project", None).setxattr(ROOT, "user.owner", b"ops")
     expected = [
-        {"": D(0o750, {"user.project": b"alpha", "trusted.t": b"1"}),
-         "a": D(), "a/x": F(one), "b": D(), "b/x": F(one), "c": D(), "c/x": F(one), "f": F(one), "s": L("a/x")},
-        {"": D(0o711, {"user.owner": b"ops", "trusted.t": b"1"}),
-         "a.old": D(), "a.old/x": F(one), "a": F(two), "b": F(two), "c": L("a.old/x"), "f": D(), "f/y": F(three),
-         "s": D(), "s/y": F(three, xattrs={"user.big": big}), "long": L("t/" * 1500)},
-    ]  # fmt: skip
+        {
+            "": D(0o750, {"user.project": b"alpha", "trusted.t": b"1"}),
+            "a": D(),
+            "a/x": F(one),
+            "b": D(),
+            "b/x": F(one),
+            "c": D(),
+            "c/x": F(one),
+            "f": F(one),
+            "s": L("a/x"),
+        },
+        {
+            "": D(0o711, {"user.owner": b"ops", "trusted.t": b"1"}),
+            "a.old": D(),
+            "a.old/x": F(one),
+            "a": F(two),
+            "b": F(two),
+            "c": L("a.old/x"),
+            "f": D(),
+            "f/y": F(three),
+            "s": D(),
+            "s/y": F(three, xattrs={"user.big": big}),
+            "long": L("t/" * 1500),
+        },
+    ]
     replicate_and_check(world, spark, h, expected)

@@ -72,8 +72,16 @@ def plan_and_apply(spark, world, old_rows, new_rows, changed):
 
     tmp_path, _, _, target = world
     entries = plan_entries(snapshot(spark, old_rows), snapshot(spark, new_rows), changes(spark, changed), root_fid=ROOT)
-    tdict = {"name": "t", "kind": "posix", "fileset": [], "coalesce_gap": 0, "part_size": 8 << 20,
-             "small_object": 8 << 20, "stripe_size": None, "stripe_count": None}  # fmt: skip
+    tdict = {
+        "name": "t",
+        "kind": "posix",
+        "fileset": [],
+        "coalesce_gap": 0,
+        "part_size": 8 << 20,
+        "small_object": 8 << 20,
+        "stripe_size": None,
+        "stripe_count": None,
+    }
     plan = build_plan(entries, target=tdict, store={"key": "{ost}/{oid}", "unstriped_key": "data/{fid}"}, epoch=1)
     problems, state = target.fence_check(plan["fence"], None)
     assert problems == []
@@ -127,10 +135,24 @@ def test_a_file_under_a_symlink_pointing_outside_is_refused(spark, world):
     plan = plan_and_apply(spark, world, old, [*old, snap_row(f, "file", [(link, "pwned")])], [f])
     assert plan["data"] == [] and plan["namespace"] == []
     # and a plan that names such a path anyway is refused by the target itself
-    entry = {"fid": f, "old": None, "new": {"type": "file", "size": 0, "mode": 0o644, "xattrs": []},
-             "old_paths": [], "new_paths": ["evil/pwned"], "change": None}  # fmt: skip
-    tdict = {"name": "t", "kind": "posix", "fileset": [], "coalesce_gap": 0, "part_size": 8 << 20,
-             "small_object": 8 << 20, "stripe_size": None, "stripe_count": None}  # fmt: skip
+    entry = {
+        "fid": f,
+        "old": None,
+        "new": {"type": "file", "size": 0, "mode": 0o644, "xattrs": []},
+        "old_paths": [],
+        "new_paths": ["evil/pwned"],
+        "change": None,
+    }
+    tdict = {
+        "name": "t",
+        "kind": "posix",
+        "fileset": [],
+        "coalesce_gap": 0,
+        "part_size": 8 << 20,
+        "small_object": 8 << 20,
+        "stripe_size": None,
+        "stripe_count": None,
+    }
     plan = build_plan([entry], target=tdict, store={"key": "{ost}/{oid}", "unstriped_key": "data/{fid}"}, epoch=2)
     with pytest.raises(UnsafePathError, match="symlink"):
         apply_plan(plan, target, S3Access(S3Settings("none")), "src", str(tmp_path / "undo2"), {})

@@ -26,10 +26,17 @@ MDT = [
     rec("MDT0000", 4, 2, "EPOCH"),
 ]
 OST = [
-    rec("OST0000", 7, 2, "WRITE", tfid="[0x200000402:0x2:0x0]", object={"ost": "OST0000", "oid": "0x9"},
-        extents=[{"offset": 4096, "length": 100}]),
+    rec(
+        "OST0000",
+        7,
+        2,
+        "WRITE",
+        tfid="[0x200000402:0x2:0x0]",
+        object={"ost": "OST0000", "oid": "0x9"},
+        extents=[{"offset": 4096, "length": 100}],
+    ),
     rec("OST0000", 8, 2, "EPOCH"),
-]  # fmt: skip
+]
 
 
 def body(records) -> bytes:

@@ -34,8 +34,26 @@ def cache(seaweed, tmp_path_factory):
     os.environ["AIRFLOW_CONN_SOURCE_S3"] = seaweed.airflow_conn_json()
     os.environ["AIRFLOW_CONN_REPLICA_S3"] = seaweed.airflow_conn_json()
     out = tmp_path_factory.mktemp("cache")
-    rc = main(["simulate", "--out", str(out), "--cache", "--seed", "5", "--epochs", "3", "--files", "24",
-               "--conn-id", "source_s3", "--bucket", "cache-" + uuid.uuid4().hex[:8], "--max-file-size", "200KiB"])  # fmt: skip
+    rc = main(
+        [
+            "simulate",
+            "--out",
+            str(out),
+            "--cache",
+            "--seed",
+            "5",
+            "--epochs",
+            "3",
+            "--files",
+            "24",
+            "--conn-id",
+            "source_s3",
+            "--bucket",
+            "cache-" + uuid.uuid4().hex[:8],
+            "--max-file-size",
+            "200KiB",
+        ]
+    )
     assert rc == 0
     doc = yaml.safe_load((out / "epochsync.yaml").read_text())
     assert [(s["name"]) for s in doc["sources"]] == ["cache"]
@@ -65,8 +83,9 @@ def test_reintegration_into_a_striped_master(cache, seaweed, spark, capsys):
 
     # someone changed the master since the last reintegration: a file epoch 3 changes too
     before, after = truth(out, 2), truth(out, 3)
-    victim = min(p for p in before if p in after and before[p]["type"] == "file"
-                 and before[p]["sha256"] != after[p]["sha256"])  # fmt: skip
+    victim = min(
+        p for p in before if p in after and before[p]["type"] == "file" and before[p]["sha256"] != after[p]["sha256"]
+    )
     foreign = s3.put_object(Bucket=master.bucket, Key=victim, Body=b"written on the master")["VersionId"]
     assert main(["replicate", "--config", conf, "--target", "master", "--epoch", "3"]) == 1
     err = capsys.readouterr().err
@@ -78,8 +97,9 @@ def test_reintegration_into_a_striped_master(cache, seaweed, spark, capsys):
     # the operator decides; here the cache wins: the master's own version goes
     s3.delete_object(Bucket=master.bucket, Key=victim, VersionId=foreign)
     # a failure in the middle of the epoch: the master is back at the boundary, exactly
-    assert main(["replicate", "--config", conf, "--target", "master", "--epoch", "3",
-                 "--inject-failure", "after=3"]) == 1  # fmt: skip
+    assert (
+        main(["replicate", "--config", conf, "--target", "master", "--epoch", "3", "--inject-failure", "after=3"]) == 1
+    )
     assert "rolled back" in capsys.readouterr().out
     assert master.read_manifest()["epoch"] == 2
     assert_equals_truth(master, out, 2)

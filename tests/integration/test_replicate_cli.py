@@ -94,8 +94,14 @@ def test_replicate_and_rollback_verbs(sim3, spark, capsys):
     from epochsync.warehouse.events import read_events
 
     kinds = [(ev["event"], ev["epoch"]) for ev in read_events(cfg.warehouse, "local")]
-    assert kinds == [("committed", 1), ("committed", 2), ("failed", 3), ("rolled_back", 3), ("rolled_back", 3),
-                     ("committed", 3)]  # fmt: skip
+    assert kinds == [
+        ("committed", 1),
+        ("committed", 2),
+        ("failed", 3),
+        ("rolled_back", 3),
+        ("rolled_back", 3),
+        ("committed", 3),
+    ]
     capsys.readouterr()
     assert main(["status", "--config", conf, "--target", "local", "--format", "json"]) == 0
     status = json.loads(capsys.readouterr().out)[0]

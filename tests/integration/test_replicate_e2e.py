@@ -110,9 +110,15 @@ def actual_entries(target) -> dict[str, tuple]:
     out = {}
     for e in target.walk():
         out[e.path] = (
-            e.type, e.size if e.type == "file" else 0, e.mode, e.uid, e.gid, e.symlink,
-            tuple(sorted(e.xattrs.items())) if e.type != "symlink" else (), e.sha256,
-        )  # fmt: skip
+            e.type,
+            e.size if e.type == "file" else 0,
+            e.mode,
+            e.uid,
+            e.gid,
+            e.symlink,
+            tuple(sorted(e.xattrs.items())) if e.type != "symlink" else (),
+            e.sha256,
+        )
     return out
 
 
@@ -128,18 +134,50 @@ def simulate(seaweed, out: Path, epochs: int, *, seed: int = 11):
     os.environ["AIRFLOW_CONN_SOURCE_S3"] = seaweed.airflow_conn_json()
     os.environ["AIRFLOW_CONN_REPLICA_S3"] = seaweed.airflow_conn_json()
     bucket = "sim-" + uuid.uuid4().hex[:8]
-    rc = main(["simulate", "--out", str(out), "--seed", str(seed), "--epochs", str(epochs), "--files", "24",
-               "--conn-id", "source_s3", "--bucket", bucket, "--max-file-size", "96KiB"])  # fmt: skip
+    rc = main(
+        [
+            "simulate",
+            "--out",
+            str(out),
+            "--seed",
+            str(seed),
+            "--epochs",
+            str(epochs),
+            "--files",
+            "24",
+            "--conn-id",
+            "source_s3",
+            "--bucket",
+            bucket,
+            "--max-file-size",
+            "96KiB",
+        ]
+    )
     assert rc == 0
     doc = yaml.safe_load((out / "epochsync.yaml").read_text())
     replica = "rep-" + uuid.uuid4().hex[:8]
     doc["targets"] = [
         {"name": "local", "source": "sim", "kind": "posix", "path": str(out / "replica"), "coalesce_gap": 0},
-        {"name": "s3", "source": "sim", "kind": "s3", "conn_id": "replica_s3", "bucket": replica, "prefix": "sim/",
-         "coalesce_gap": 4096},
-        {"name": "striped", "source": "sim", "kind": "s3", "conn_id": "replica_s3", "bucket": replica,
-         "prefix": "striped/", "stripe_size": 8192, "stripe_count": 3},
-    ]  # fmt: skip
+        {
+            "name": "s3",
+            "source": "sim",
+            "kind": "s3",
+            "conn_id": "replica_s3",
+            "bucket": replica,
+            "prefix": "sim/",
+            "coalesce_gap": 4096,
+        },
+        {
+            "name": "striped",
+            "source": "sim",
+            "kind": "s3",
+            "conn_id": "replica_s3",
+            "bucket": replica,
+            "prefix": "striped/",
+            "stripe_size": 8192,
+            "stripe_count": 3,
+        },
+    ]
     (out / "epochsync.yaml").write_text(yaml.safe_dump(doc))
     return out, load_config(out / "epochsync.yaml")
 

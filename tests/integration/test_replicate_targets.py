@@ -47,15 +47,29 @@ def row(
     type_, *, size=0, mode=0o644, version=None, fid=None, symlink=None, xattrs=None, mtime=1_700_000_000_000_000_000
 ):
     return {
-        "type": type_, "mode": mode, "uid": 0, "gid": 0, "size": size, "atime_ns": mtime, "mtime_ns": mtime,
-        "xattrs": [{"name": k, "value": v} for k, v in sorted((xattrs or {}).items())], "symlink": symlink,
-        "layout": None, "objects": [{"ost": "OST0000", "oid": fid, "version": version}] if version else [],
-    }  # fmt: skip
+        "type": type_,
+        "mode": mode,
+        "uid": 0,
+        "gid": 0,
+        "size": size,
+        "atime_ns": mtime,
+        "mtime_ns": mtime,
+        "xattrs": [{"name": k, "value": v} for k, v in sorted((xattrs or {}).items())],
+        "symlink": symlink,
+        "layout": None,
+        "objects": [{"ost": "OST0000", "oid": fid, "version": version}] if version else [],
+    }
 
 
 def entry(fid, old=None, new=None, old_paths=(), new_paths=(), change=None):
-    return {"fid": fid, "old": old, "new": new, "old_paths": sorted(old_paths), "new_paths": sorted(new_paths),
-            "change": change}  # fmt: skip
+    return {
+        "fid": fid,
+        "old": old,
+        "new": new,
+        "old_paths": sorted(old_paths),
+        "new_paths": sorted(new_paths),
+        "change": change,
+    }
 
 
 def change(ranges=None, whole=False, data=True):
@@ -77,8 +91,15 @@ def target(request, env):
         cfg = TargetConfig(name=name, source="sim", kind="posix", path=str(env["tmp"] / name))
     else:
         stripes = {"stripe_size": 1024, "stripe_count": 3} if request.param == "s3-striped" else {}
-        cfg = TargetConfig(name=name, source="sim", kind="s3", conn_id="contract_s3", bucket="replica-contract",
-                           prefix=f"{name}/", **stripes)  # fmt: skip
+        cfg = TargetConfig(
+            name=name,
+            source="sim",
+            kind="s3",
+            conn_id="contract_s3",
+            bucket="replica-contract",
+            prefix=f"{name}/",
+            **stripes,
+        )
     t = open_target(cfg)
     if t.kind == "s3":
         t.ensure_bucket()
@@ -151,10 +172,16 @@ def test_create_modify_rename_delete_then_rollback(env, target):
     f2 = row("file", size=len(new_data), version=v2, fid="F", xattrs={"user.k": b"v2"}, mode=0o600)
     entries2 = [
         entry("D", old=st["d"], new=st["d"], old_paths=["a"], new_paths=["b"]),
-        entry("F", old=st["f"], new=f2, old_paths=["a/f", "a/hard"], new_paths=["b/f"],
-              change=change([(100, 100), (3000, 500)])),
+        entry(
+            "F",
+            old=st["f"],
+            new=f2,
+            old_paths=["a/f", "a/hard"],
+            new_paths=["b/f"],
+            change=change([(100, 100), (3000, 500)]),
+        ),
         entry("S", old=st["s"], old_paths=["link"]),
-    ]  # fmt: skip
+    ]
     if target.kind == "posix":
         # posix places by (parent, name): the file itself did not move, its directory did
         entries2[1]["old_links"] = [
@@ -182,8 +209,9 @@ def test_s3_walk_in_threads_gives_the_same_entries_in_the_same_order(env, monkey
     from epochsync.targets.s3 import S3Target
 
     name = "t" + uuid.uuid4().hex[:6]
-    cfg = TargetConfig(name=name, source="sim", kind="s3", conn_id="contract_s3", bucket="replica-contract",
-                       prefix=f"{name}/")  # fmt: skip
+    cfg = TargetConfig(
+        name=name, source="sim", kind="s3", conn_id="contract_s3", bucket="replica-contract", prefix=f"{name}/"
+    )
     target = open_target(cfg)
     target.ensure_bucket()
     entries, _ = epoch1(env)
@@ -236,10 +264,17 @@ def test_fault_after_k_mutations_rolls_back_exactly(env, target, k, tmp_path):
     e2 = row("dir", mode=0o700)
     entries2 = [
         entry("D", old=st["d"], new=st["d"], old_paths=["a"], new_paths=["z"]),
-        entry("F", old=st["f"], new=f2, old_paths=["a/f", "a/hard"], new_paths=["z/f", "z/hard"], change=change(whole=True)),
+        entry(
+            "F",
+            old=st["f"],
+            new=f2,
+            old_paths=["a/f", "a/hard"],
+            new_paths=["z/f", "z/hard"],
+            change=change(whole=True),
+        ),
         entry("E", new=e2, new_paths=["e"]),
         entry("S", old=st["s"], old_paths=["link"]),
-    ]  # fmt: skip
+    ]
     if target.kind == "posix":
         for en, links_old, links_new in (
             (entries2[0], [(ROOT, "a", "a")], [(ROOT, "z", "z")]),
@@ -280,8 +315,9 @@ def test_s3_partial_update_of_a_large_object_copies_unchanged_parts_server_side(
     from epochsync.journal.faults import FaultCounter, FaultSpec, InjectedFailure
 
     name = "big" + uuid.uuid4().hex[:6]
-    cfg = TargetConfig(name=name, source="sim", kind="s3", conn_id="contract_s3", bucket="replica-contract",
-                       prefix=f"{name}/")  # fmt: skip
+    cfg = TargetConfig(
+        name=name, source="sim", kind="s3", conn_id="contract_s3", bucket="replica-contract", prefix=f"{name}/"
+    )
     target = open_target(cfg)
     target.ensure_bucket()
     mib = 1024 * 1024
@@ -337,8 +373,11 @@ def test_types_swapped_under_children_apply_verify_and_roll_back(env, target, k,
     v = src.put("CX", data)
     d, fx = row("dir", mode=0o755), row("file", size=500, version=v, fid="CX")
     s = row("symlink", mode=0o777, symlink="c/x")
-    entries1 = [entry("C", new=d, new_paths=["c"]), entry("CX", new=fx, new_paths=["c/x", "f"]),
-                entry("S", new=s, new_paths=["s"])]  # fmt: skip
+    entries1 = [
+        entry("C", new=d, new_paths=["c"]),
+        entry("CX", new=fx, new_paths=["c/x", "f"]),
+        entry("S", new=s, new_paths=["s"]),
+    ]
     run(env, target, entries1, 1)
     target.write_manifest({"epoch": 1})
     t1 = tree(target)
@@ -347,14 +386,17 @@ def test_types_swapped_under_children_apply_verify_and_roll_back(env, target, k,
     fy = row("file", size=300, version=src.put("SY", y), fid="SY")
     entries2 = [
         _links(entry("C", old=d, old_paths=["c"]), [(ROOT, "c", "c")], []),
-        _links(entry("CX", old=fx, new=fx, old_paths=["c/x", "f"], new_paths=["g"]),
-               [("C", "x", "c/x"), (ROOT, "f", "f")], [(ROOT, "g", "g")]),
+        _links(
+            entry("CX", old=fx, new=fx, old_paths=["c/x", "f"], new_paths=["g"]),
+            [("C", "x", "c/x"), (ROOT, "f", "f")],
+            [(ROOT, "g", "g")],
+        ),
         _links(entry("S", old=s, old_paths=["s"]), [(ROOT, "s", "s")], []),
         _links(entry("C2", new=ln, new_paths=["c"]), [], [(ROOT, "c", "c")]),
         _links(entry("S2", new=d2, new_paths=["s"]), [], [(ROOT, "s", "s")]),
         _links(entry("SY", new=fy, new_paths=["s/y"]), [], [("S2", "y", "s/y")]),
         _links(entry("F2", new=d2, new_paths=["f"]), [], [(ROOT, "f", "f")]),
-    ]  # fmt: skip
+    ]
     if k is not None:
         counter = FaultCounter(FaultSpec(after=k), str(tmp_path / "count"), str(tmp_path / "fired"))
         with pytest.raises(InjectedFailure):
@@ -367,9 +409,12 @@ def test_types_swapped_under_children_apply_verify_and_roll_back(env, target, k,
     assert result["ok"], result["problems"]
     t2 = tree(target)
     assert {p: v[:2] for p, v in t2.items()} == {
-        "c": ("symlink", "elsewhere"), "f": ("dir", None), "g": ("file", sha(data)), "s": ("dir", None),
+        "c": ("symlink", "elsewhere"),
+        "f": ("dir", None),
+        "g": ("file", sha(data)),
+        "s": ("dir", None),
         "s/y": ("file", sha(y)),
-    }  # fmt: skip
+    }
 
 
 @pytest.mark.parametrize("fail", [False, True])
@@ -422,10 +467,20 @@ def test_root_attributes_apply_verify_and_roll_back(env, target, fail, tmp_path)
 
 def test_the_empty_path_is_only_the_root_directory():
     f = row("file", size=0)
-    tdict = {"name": "t", "kind": "posix", "fileset": [], "coalesce_gap": 0, "part_size": 5 << 20,
-             "small_object": 1 << 20, "stripe_size": None, "stripe_count": None}  # fmt: skip
-    for bad in [entry("X", new=f, new_paths=[""]), entry("X", old=row("dir"), new=row("dir"), old_paths=[""],
-                                                        new_paths=["", "a"])]:  # fmt: skip
+    tdict = {
+        "name": "t",
+        "kind": "posix",
+        "fileset": [],
+        "coalesce_gap": 0,
+        "part_size": 5 << 20,
+        "small_object": 1 << 20,
+        "stripe_size": None,
+        "stripe_count": None,
+    }
+    for bad in [
+        entry("X", new=f, new_paths=[""]),
+        entry("X", old=row("dir"), new=row("dir"), old_paths=[""], new_paths=["", "a"]),
+    ]:
         with pytest.raises(UnsafePathError, match="only the root"):
             build_plan([bad], target=tdict, store=STORE, epoch=1)
 
@@ -440,8 +495,9 @@ def test_keys_with_control_characters_replicate_and_roll_back(env, client, monke
 
     monkeypatch.setenv("EPOCHSYNC_S3_CLIENT", client)
     name = "ctl" + uuid.uuid4().hex[:6]
-    cfg = TargetConfig(name=name, source="sim", kind="s3", conn_id="contract_s3", bucket="replica-contract",
-                       prefix=f"{name}/")  # fmt: skip
+    cfg = TargetConfig(
+        name=name, source="sim", kind="s3", conn_id="contract_s3", bucket="replica-contract", prefix=f"{name}/"
+    )
     target = open_target(cfg)
     target.ensure_bucket()
     assert isinstance(target.io.client, FastClient) == (client == "fast")
@@ -451,8 +507,16 @@ def test_keys_with_control_characters_replicate_and_roll_back(env, client, monke
     d = row("dir", mode=0o755)
     x = row("file", size=2000, version=src.put("X" + name, one), fid="X" + name)
     f, dx = "ctl\x01name", "d\x1fir"
-    run(env, target, [entry("CTL" + name, new=f1, new_paths=[f]), entry("D", new=d, new_paths=[dx]),
-                      entry("X" + name, new=x, new_paths=[f"{dx}/x\x7fy"])], 1)  # fmt: skip
+    run(
+        env,
+        target,
+        [
+            entry("CTL" + name, new=f1, new_paths=[f]),
+            entry("D", new=d, new_paths=[dx]),
+            entry("X" + name, new=x, new_paths=[f"{dx}/x\x7fy"]),
+        ],
+        1,
+    )
     target.write_manifest({"epoch": 1})
     assert {p: v[:2] for p, v in tree(target).items()} == {
         f: ("file", sha(one)),
@@ -485,9 +549,19 @@ def test_keys_with_control_characters_replicate_and_roll_back(env, client, monke
 
 
 def _tdict(target) -> dict:
-    return {"name": target.name, "kind": target.kind, "fileset": [], "coalesce_gap": 1 << 20, "part_size": 5 << 20,
-            "small_object": 1 << 20, "stripe_size": target.cfg.stripe_size, "stripe_count": target.cfg.stripe_count,
-            "prefix": target.cfg.prefix, "path": target.cfg.path, "control_dir": target.control_dir}  # fmt: skip
+    return {
+        "name": target.name,
+        "kind": target.kind,
+        "fileset": [],
+        "coalesce_gap": 1 << 20,
+        "part_size": 5 << 20,
+        "small_object": 1 << 20,
+        "stripe_size": target.cfg.stripe_size,
+        "stripe_count": target.cfg.stripe_count,
+        "prefix": target.cfg.prefix,
+        "path": target.cfg.path,
+        "control_dir": target.control_dir,
+    }
 
 
 def test_paths_over_the_targets_limits_are_refused_at_translate(env, target):
@@ -518,8 +592,9 @@ def test_paths_over_the_targets_limits_are_refused_at_translate(env, target):
             continue
         parents = [entry(f"P{i}", new=d, new_paths=[bad[:i]]) for i, c in enumerate(bad) if c == "/"]
         with pytest.raises(TargetLimitError, match=r"needs an S3 key of 102[5-9] bytes|would be an absolute path"):
-            build_plan([*parents, entry("X", new=row_, new_paths=[bad])], target=_tdict(target), store=env["store"],
-                       epoch=2)  # fmt: skip
+            build_plan(
+                [*parents, entry("X", new=row_, new_paths=[bad])], target=_tdict(target), store=env["store"], epoch=2
+            )
         assert tree(target) == t1
     parents = [entry(f"P{i}", new=d, new_paths=[fits[:i]]) for i, c in enumerate(fits) if c == "/"]
     plan = build_plan(
@@ -527,8 +602,14 @@ def test_paths_over_the_targets_limits_are_refused_at_translate(env, target):
     )
     problems, state = target.fence_check(plan["fence"], target.fence_time_ns())
     assert problems == []
-    apply_plan(plan, target, S3Access(resolve_s3("contract_s3")), env["store"]["bucket"],
-               str(env["tmp"] / f"undo-{target.name}-limits"), state)  # fmt: skip
+    apply_plan(
+        plan,
+        target,
+        S3Access(resolve_s3("contract_s3")),
+        env["store"]["bucket"],
+        str(env["tmp"] / f"undo-{target.name}-limits"),
+        state,
+    )
     assert tree(target)[fits][0] == "file"
 
 
@@ -543,8 +624,11 @@ def test_attributes_over_the_metadata_limit_live_in_a_sidecar(env, target):
     f1 = row("file", size=700, version=v, fid="BIG", xattrs={"user.big": big, "user.small": b"s"})
     s1 = row("symlink", mode=0o777, symlink="t" * 3000)
     d1 = row("dir", xattrs={"user.dir": other})
-    entries1 = [entry("BIG", new=f1, new_paths=["f", "hard"]), entry("S", new=s1, new_paths=["s"]),
-                entry("D", new=d1, new_paths=["d"])]  # fmt: skip
+    entries1 = [
+        entry("BIG", new=f1, new_paths=["f", "hard"]),
+        entry("S", new=s1, new_paths=["s"]),
+        entry("D", new=d1, new_paths=["d"]),
+    ]
     plan1, _, _, src_io = run(env, target, entries1, 1)
     assert verify_plan(plan1, target, src_io, env["store"]["bucket"])["ok"]
     target.write_manifest({"epoch": 1})
@@ -591,8 +675,9 @@ def test_the_s3_target_refuses_metadata_over_2kb(env):
     from epochsync.core.errors import StoreError
 
     name = "meta" + uuid.uuid4().hex[:6]
-    cfg = TargetConfig(name=name, source="sim", kind="s3", conn_id="contract_s3", bucket="replica-contract",
-                       prefix=f"{name}/")  # fmt: skip
+    cfg = TargetConfig(
+        name=name, source="sim", kind="s3", conn_id="contract_s3", bucket="replica-contract", prefix=f"{name}/"
+    )
     target = open_target(cfg)
     target.ensure_bucket()
     jdir = str(env["tmp"] / f"undo-{name}")
@@ -618,8 +703,10 @@ def test_a_source_entry_named_like_the_control_directory_has_a_way_forward(env, 
     t1 = tree(target)
     data = os.urandom(3000)
     notes = row("file", size=3000, version=env["source"].put("NOTES", data), fid="NOTES")
-    entries2 = [entry("CD", new=row("dir"), new_paths=[".epochsync"]),
-                entry("NOTES", new=notes, new_paths=[".epochsync/notes"])]  # fmt: skip
+    entries2 = [
+        entry("CD", new=row("dir"), new_paths=[".epochsync"]),
+        entry("NOTES", new=notes, new_paths=[".epochsync/notes"]),
+    ]
     with pytest.raises(ReservedNameError, match=r"holds '\.epochsync(/notes)?' at its root.*epochsync relocate"):
         run(env, target, entries2, 2)
     assert tree(target) == t1 and target.read_manifest()["epoch"] == 1

@@ -34,15 +34,29 @@ MTIME = 1_700_000_000_000_000_000
 
 def row(type_, *, size=0, mode=0o644, version=None, fid=None):
     return {
-        "type": type_, "mode": mode, "uid": 0, "gid": 0, "size": size, "atime_ns": MTIME, "mtime_ns": MTIME,
-        "xattrs": [], "symlink": None, "layout": None,
+        "type": type_,
+        "mode": mode,
+        "uid": 0,
+        "gid": 0,
+        "size": size,
+        "atime_ns": MTIME,
+        "mtime_ns": MTIME,
+        "xattrs": [],
+        "symlink": None,
+        "layout": None,
         "objects": [{"ost": "OST0000", "oid": fid, "version": version}] if version else [],
-    }  # fmt: skip
+    }
 
 
 def entry(fid, old=None, new=None, old_paths=(), new_paths=(), change=None):
-    return {"fid": fid, "old": old, "new": new, "old_paths": sorted(old_paths), "new_paths": sorted(new_paths),
-            "change": change}  # fmt: skip
+    return {
+        "fid": fid,
+        "old": old,
+        "new": new,
+        "old_paths": sorted(old_paths),
+        "new_paths": sorted(new_paths),
+        "change": change,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +75,9 @@ def env(seaweed, tmp_path_factory):
 def new_target(striped: bool = False):
     name = "r" + uuid.uuid4().hex[:6]
     stripes = {"stripe_size": 4096, "stripe_count": 2} if striped else {}
-    cfg = TargetConfig(name=name, source="sim", kind="s3", conn_id="reqs_s3", bucket="replica-reqs",
-                       prefix=f"{name}/", **stripes)  # fmt: skip
+    cfg = TargetConfig(
+        name=name, source="sim", kind="s3", conn_id="reqs_s3", bucket="replica-reqs", prefix=f"{name}/", **stripes
+    )
     t = open_target(cfg)
     t.ensure_bucket()
     return t
@@ -117,8 +132,10 @@ def test_directory_rename_of_300_files(env):
         )
     epoch(env, target, entries, 1)
     renamed = [entry("D", old=d, new=d, old_paths=["big"], new_paths=["big-renamed"])]
-    renamed += [entry(fid, old=f, new=f, old_paths=[f"big/f{i:04d}"], new_paths=[f"big-renamed/f{i:04d}"])
-                for i, (fid, f) in enumerate(files.items())]  # fmt: skip
+    renamed += [
+        entry(fid, old=f, new=f, old_paths=[f"big/f{i:04d}"], new_paths=[f"big-renamed/f{i:04d}"])
+        for i, (fid, f) in enumerate(files.items())
+    ]
     total, by_method, result = epoch(env, target, renamed, 2)
     assert result["ok"], result["problems"]
     print(f"directory rename of {n} files: {total} requests ({total / n:.3f} per file) {by_method}")
@@ -156,9 +173,16 @@ def test_small_writes_to_100_files(env, per_dir):
         contents[fid] = bytes(data)
         f2 = dict(f, objects=[{"ost": "OST0000", "oid": fid, "version": put_source(env, fid, contents[fid])}])
         path = f"d{i % dirs:03d}/f{i:04d}"
-        writes.append(entry(fid, old=f, new=f2, old_paths=[path], new_paths=[path],
-                            change={"data_changed": True, "whole_file": False,
-                                    "ranges": [{"offset": off, "length": 4096}]}))  # fmt: skip
+        writes.append(
+            entry(
+                fid,
+                old=f,
+                new=f2,
+                old_paths=[path],
+                new_paths=[path],
+                change={"data_changed": True, "whole_file": False, "ranges": [{"offset": off, "length": 4096}]},
+            )
+        )
     total, by_method, result = epoch(env, target, writes, 2)
     assert result["ok"], result["problems"]
     print(
@@ -171,8 +195,10 @@ def test_small_writes_to_100_files(env, per_dir):
 
 def norm(versions: dict) -> dict:
     """Versions per key, in no order (pages may hold a key's versions and markers in any order)."""
-    return {k: (sorted(v["known"]), v["current"], sorted(v["history"], key=lambda h: h["version"]))
-            for k, v in versions.items()}  # fmt: skip
+    return {
+        k: (sorted(v["known"]), v["current"], sorted(v["history"], key=lambda h: h["version"]))
+        for k, v in versions.items()
+    }
 
 
 def test_fence_and_verify_catch_foreign_changes_on_paged_listings(env, monkeypatch):
@@ -204,13 +230,27 @@ def test_fence_and_verify_catch_foreign_changes_on_paged_listings(env, monkeypat
         fid = f"P{i:03d}"
         data = os.urandom(3000)
         f2 = row("file", size=len(data), version=put_source(env, fid, data), fid=fid)
-        e2.append(entry(fid, old=files[fid], new=f2, old_paths=[f"d/f{i}"], new_paths=[f"d/f{i}"],
-                        change={"data_changed": True, "whole_file": True}))  # fmt: skip
+        e2.append(
+            entry(
+                fid,
+                old=files[fid],
+                new=f2,
+                old_paths=[f"d/f{i}"],
+                new_paths=[f"d/f{i}"],
+                change={"data_changed": True, "whole_file": True},
+            )
+        )
     for i in (6, 7):
         e2.append(entry(f"P{i:03d}", old=files[f"P{i:03d}"], old_paths=[f"d/f{i}"]))
     nv = put_source(env, "N0", b"new")
-    e2.append(entry("N0", new=row("file", size=3, version=nv, fid="N0"), new_paths=["d/n0"],
-                    change={"data_changed": True, "whole_file": True}))  # fmt: skip
+    e2.append(
+        entry(
+            "N0",
+            new=row("file", size=3, version=nv, fid="N0"),
+            new_paths=["d/n0"],
+            change={"data_changed": True, "whole_file": True},
+        )
+    )
     plan = build_plan(e2, target=_target_dict(target.cfg), store=env["store"], epoch=2)
     since = target.fence_time_ns()
 
@@ -241,8 +281,13 @@ def test_fence_and_verify_catch_foreign_changes_on_paged_listings(env, monkeypat
     # behind the apply's back
     head = c.head_object(Bucket=b, Key=pre + "d/f0")
     meta = dict(head["Metadata"], **{"es-mode": str(0o100600)})
-    c.copy_object(Bucket=b, Key=pre + "d/f0", CopySource={"Bucket": b, "Key": pre + "d/f0"},
-                  MetadataDirective="REPLACE", Metadata=meta)  # fmt: skip
+    c.copy_object(
+        Bucket=b,
+        Key=pre + "d/f0",
+        CopySource={"Bucket": b, "Key": pre + "d/f0"},
+        MetadataDirective="REPLACE",
+        Metadata=meta,
+    )
     c.put_object(Bucket=b, Key=pre + "d/f2", Body=b"shorter")  # no metadata: no mode, the size its length
     c.delete_object(Bucket=b, Key=pre + "d/f3")
     c.put_object(Bucket=b, Key=pre + "d/f6", Body=b"back")
@@ -256,5 +301,11 @@ def test_fence_and_verify_catch_foreign_changes_on_paged_listings(env, monkeypat
         assert bad == ["d/f0", "d/f2", "d/f3", "d/f6", "d/f7"], result["problems"]
         assert any("d/f0: mode 0o600" in p for p in result["problems"]), result["problems"]
         result = verify_plan(plan, target, src_io, env["store"]["bucket"], sample=1.0, **kw)
-        assert sorted({p.split(":")[0] for p in result["problems"]}) == ["d/f0", "d/f2", "d/f3", "d/f4", "d/f6",
-                                                                         "d/f7"], result["problems"]  # fmt: skip
+        assert sorted({p.split(":")[0] for p in result["problems"]}) == [
+            "d/f0",
+            "d/f2",
+            "d/f3",
+            "d/f4",
+            "d/f6",
+            "d/f7",
+        ], result["problems"]

@@ -93,9 +93,12 @@ def test_copy_of_a_pinned_version_with_new_metadata(store):
     v1 = fast.put_object(Bucket=bucket, Key=key, Body=b"first")["VersionId"]
     fast.put_object(Bucket=bucket, Key=key, Body=b"second")
     out = fast.copy_object(
-        Bucket=bucket, Key="copied/" + key, CopySource={"Bucket": bucket, "Key": key, "VersionId": v1},
-        MetadataDirective="REPLACE", Metadata={"es-type": "file", "es-size": "5"},
-    )  # fmt: skip
+        Bucket=bucket,
+        Key="copied/" + key,
+        CopySource={"Bucket": bucket, "Key": key, "VersionId": v1},
+        MetadataDirective="REPLACE",
+        Metadata={"es-type": "file", "es-size": "5"},
+    )
     assert out["CopyObjectResult"]["ETag"]
     got = boto.get_object(Bucket=bucket, Key="copied/" + key)
     assert got["Body"].read() == b"first" and got["Metadata"] == {"es-type": "file", "es-size": "5"}

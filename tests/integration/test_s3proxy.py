@@ -48,8 +48,12 @@ def test_aws_cli_sync_is_counted(proxied, bucket_name, tmp_path):
         "HOME": str(tmp_path),
     }
     aws = str(Path(sys.executable).parent / "aws")
-    subprocess.run([aws, "--endpoint-url", ep.url, "s3", "sync", str(tmp_path), f"s3://{bucket_name}/r/", "--exclude", ".aws/*"],
-                   check=True, env=env, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [aws, "--endpoint-url", ep.url, "s3", "sync", str(tmp_path), f"s3://{bucket_name}/r/", "--exclude", ".aws/*"],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
     counts = proxy.snapshot()[bucket_name]
     assert counts["bytes_in"] == 8000
     assert counts["requests"]["PUT"] >= 2

@@ -122,12 +122,29 @@ def test_the_report_clips_no_text_and_counts_the_delay_from_closure(browser, tmp
     tname = cfg.targets[0].name
     now = time.time()
     for e in range(1, 31):  # a month-old window: a delay counted from the window's end would be huge
-        write_json_atomic(local_path(Warehouse(cfg.warehouse).stats(tname, e)), {
-            "target": tname, "epoch": e, "records_in": 1000 * e, "net_operations": {"created": e},
-            "bytes_changed": 2**20 * e, "bytes_pulled": 2**20 * e, "bytes_written": 2**20 * e, "bytes_copied": 0,
-            "durations": {"ingest": 1.2, "merge": 3.4, "translate": 1.1, "apply": 2.0, "verify": 1.5, "commit": 0.1},
-            "closed_seen_at": now - 20, "committed_at": now - 20 + 9.5 + e % 3,
-        })  # fmt: skip
+        write_json_atomic(
+            local_path(Warehouse(cfg.warehouse).stats(tname, e)),
+            {
+                "target": tname,
+                "epoch": e,
+                "records_in": 1000 * e,
+                "net_operations": {"created": e},
+                "bytes_changed": 2**20 * e,
+                "bytes_pulled": 2**20 * e,
+                "bytes_written": 2**20 * e,
+                "bytes_copied": 0,
+                "durations": {
+                    "ingest": 1.2,
+                    "merge": 3.4,
+                    "translate": 1.1,
+                    "apply": 2.0,
+                    "verify": 1.5,
+                    "commit": 0.1,
+                },
+                "closed_seen_at": now - 20,
+                "committed_at": now - 20 + 9.5 + e % 3,
+            },
+        )
     write_json_atomic(f"{tmp_path}/replica/.epochsync/manifest.json", {"target": tname, "epoch": 30})
     record_event(cfg.warehouse, tname, FAILED, 31, message="apply: " + "a long message " * 20)
     page = tmp_path / "report.html"

@@ -24,11 +24,14 @@ def _record(row: dict) -> Record:
     lay, obj, ext = row.pop("layout"), row.pop("object"), row.pop("extents")
     return Record(
         **row,
-        layout=None if lay is None else Layout(lay["stripe_size"], lay["stripe_count"],
-                                               tuple(LayoutObject(o["ost"], o["oid"]) for o in lay["objects"])),
+        layout=None
+        if lay is None
+        else Layout(
+            lay["stripe_size"], lay["stripe_count"], tuple(LayoutObject(o["ost"], o["oid"]) for o in lay["objects"])
+        ),
         object=None if obj is None else ObjectRef(obj["ost"], obj["oid"], obj["version"]),
         extents=None if ext is None else tuple(Extent(e["offset"], e["length"]) for e in ext),
-    )  # fmt: skip
+    )
 
 
 def test_mix_and_consistency_of_a_generated_epoch():
@@ -70,8 +73,10 @@ def test_the_merge_of_a_generated_epoch_equals_the_oracle(spark, tmp_path):
     stats = run_merge(cfg, "bench", 2, 2, spark)
     assert stats["records"] == 20_000
 
-    prev = [snapshot_row_from_json(json.loads(line))
-            for line in (work / "sim" / "snapshot" / "epoch=1" / "part-0.jsonl").read_text().splitlines()]  # fmt: skip
+    prev = [
+        snapshot_row_from_json(json.loads(line))
+        for line in (work / "sim" / "snapshot" / "epoch=1" / "part-0.jsonl").read_text().splitlines()
+    ]
     table = pq.read_table(work / "sim" / "records")  # server from the directory names
     rows = table.to_pylist()
     for r in rows:

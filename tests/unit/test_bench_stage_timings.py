@@ -8,9 +8,17 @@ from epochsync_dev.bench.merge import stage_timings
 
 
 def _task(stage, run_ms, cpu_ns, rec=0, shuffle=0):
-    return {"Event": "SparkListenerTaskEnd", "Stage ID": stage, "Task Metrics": {
-        "Executor Run Time": run_ms, "Executor CPU Time": cpu_ns, "JVM GC Time": 10,
-        "Input Metrics": {"Records Read": rec}, "Shuffle Read Metrics": {"Total Records Read": shuffle}}}  # fmt: skip
+    return {
+        "Event": "SparkListenerTaskEnd",
+        "Stage ID": stage,
+        "Task Metrics": {
+            "Executor Run Time": run_ms,
+            "Executor CPU Time": cpu_ns,
+            "JVM GC Time": 10,
+            "Input Metrics": {"Records Read": rec},
+            "Shuffle Read Metrics": {"Total Records Read": shuffle},
+        },
+    }
 
 
 def _stage(stage, *names):
@@ -23,11 +31,19 @@ def test_stages_are_grouped_by_job_group_and_ranked_by_run_time(tmp_path):
     app.mkdir(parents=True)
     events = [
         {"Event": "SparkListenerJobStart", "Stage IDs": [0], "Properties": {"spark.job.tags": "m:prepare"}},
-        {"Event": "SparkListenerJobStart", "Stage IDs": [1, 2], "Properties": {"spark.job.tags": "SparkConnect_OperationTag_x,m:merge"}},
-        _stage(0, "Scan json", "WholeStageCodegen (1)"), _task(0, 5000, 4_000_000_000, rec=100),
-        _stage(1, "Scan parquet", "Exchange"), _task(1, 1000, 500_000_000, rec=10), _task(1, 1000, 500_000_000, rec=5),
-        _stage(2, "Window", "AQEShuffleRead"), _task(2, 3000, 2_500_000_000, shuffle=15),
-    ]  # fmt: skip
+        {
+            "Event": "SparkListenerJobStart",
+            "Stage IDs": [1, 2],
+            "Properties": {"spark.job.tags": "SparkConnect_OperationTag_x,m:merge"},
+        },
+        _stage(0, "Scan json", "WholeStageCodegen (1)"),
+        _task(0, 5000, 4_000_000_000, rec=100),
+        _stage(1, "Scan parquet", "Exchange"),
+        _task(1, 1000, 500_000_000, rec=10),
+        _task(1, 1000, 500_000_000, rec=5),
+        _stage(2, "Window", "AQEShuffleRead"),
+        _task(2, 3000, 2_500_000_000, shuffle=15),
+    ]
     (app / "events_1_local-1").write_text("".join(json.dumps(e) + "\n" for e in events))
     (app / "appstatus_local-1").write_text("")
     out = stage_timings(tmp_path)

@@ -28,15 +28,30 @@ from epochsync.warehouse.paths import Warehouse, local_path
 
 def row(type_="file", size=10, mode=0o644, uid=0, gid=0, mtime=1, xattrs=()):
     bits = {"file": 0o100000, "dir": 0o40000, "symlink": 0o120000}[type_]
-    return {"type": type_, "size": size, "mode": bits | mode, "uid": uid, "gid": gid, "mtime_ns": mtime,
-            "symlink": None, "xattrs": [{"name": k, "value": v} for k, v in xattrs]}  # fmt: skip
+    return {
+        "type": type_,
+        "size": size,
+        "mode": bits | mode,
+        "uid": uid,
+        "gid": gid,
+        "mtime_ns": mtime,
+        "symlink": None,
+        "xattrs": [{"name": k, "value": v} for k, v in xattrs],
+    }
 
 
 def entry(fid, old_paths, new_paths, old=None, new=None, windows=(), type_="file"):
     old = (old or row(type_)) if old_paths else None
     new = (new or dict(old or row(type_))) if new_paths else None
-    return {"fid": fid, "type": type_, "old_paths": list(old_paths), "new_paths": list(new_paths),
-            "old": old, "new": new, "windows": list(windows)}  # fmt: skip
+    return {
+        "fid": fid,
+        "type": type_,
+        "old_paths": list(old_paths),
+        "new_paths": list(new_paths),
+        "old": old,
+        "new": new,
+        "windows": list(windows),
+    }
 
 
 def text(records):
@@ -72,25 +87,34 @@ def test_swap_of_two_directories():
 
 def test_rename_over_an_existing_file_and_a_deleted_directory_with_a_survivor():
     # c is overwritten by x; directory d is removed after its child s moved out
-    recs = diff_entries([
-        entry("C", ["c"], []),
-        entry("X", ["x"], ["c"]),
-        entry("D", ["d"], [], type_="dir"),
-        entry("S", ["d/s"], ["s"]),
-        entry("G", ["d/gone"], []),  # deleted with d: implied by DELETE d
-    ])  # fmt: skip
+    recs = diff_entries(
+        [
+            entry("C", ["c"], []),
+            entry("X", ["x"], ["c"]),
+            entry("D", ["d"], [], type_="dir"),
+            entry("S", ["d/s"], ["s"]),
+            entry("G", ["d/gone"], []),  # deleted with d: implied by DELETE d
+        ]
+    )
     assert text(recs) == ["DELETE c", "DELETE d", "RENAME d/s s", "RENAME x c"]
     check({"c": "C", "x": "X", "d": "D", "d/s": "S", "d/gone": "G"}, {"c": "X", "s": "S"}, recs)
 
 
 def test_hard_links_shown_once():
     new = row(size=20)
-    recs = diff_entries([
-        entry("N", [], ["n1", "n2"]),  # a new file with two names
-        entry("H", ["h"], ["h", "h2"], windows=[{"data_changed": True, "whole_file": False, "ranges": [],
-                                                 "old_size": 10, "new_size": 20}], new=new),
-        entry("U", ["u1", "u2"], ["u1"]),  # loses one name
-    ])  # fmt: skip
+    recs = diff_entries(
+        [
+            entry("N", [], ["n1", "n2"]),  # a new file with two names
+            entry(
+                "H",
+                ["h"],
+                ["h", "h2"],
+                windows=[{"data_changed": True, "whole_file": False, "ranges": [], "old_size": 10, "new_size": 20}],
+                new=new,
+            ),
+            entry("U", ["u1", "u2"], ["u1"]),  # loses one name
+        ]
+    )
     assert text(recs) == ["DELETE u2", "NEW n1", "LINK h2 h", "LINK n2 n1", "MODIFY h data"]
     check({"h": "H", "u1": "U", "u2": "U"}, {"h": "H", "h2": "H", "n1": "N", "n2": "N", "u1": "U"}, recs)
     modify = recs[-1]
@@ -106,25 +130,34 @@ def test_fileset_boundary_moves_are_new_and_delete():
 
 def test_same_path_under_a_replaced_parent_is_a_rename_onto_itself():
     # directory p was deleted and a new directory p created; x moved from the old p to the new one
-    recs = diff_entries([
-        entry("P1", ["p"], [], type_="dir"),
-        entry("P2", [], ["p"], type_="dir"),
-        entry("X", ["p/x"], ["p/x"]),
-    ])  # fmt: skip
+    recs = diff_entries(
+        [
+            entry("P1", ["p"], [], type_="dir"),
+            entry("P2", [], ["p"], type_="dir"),
+            entry("X", ["p/x"], ["p/x"]),
+        ]
+    )
     assert text(recs) == ["DELETE p", "RENAME p/x p/x", "NEW p"]
     check({"p": "P1", "p/x": "X"}, {"p": "P2", "p/x": "X"}, recs)
 
 
 def test_modify_says_what_changed():
-    win = {"data_changed": True, "whole_file": False, "old_size": 100, "new_size": 100,
-           "ranges": [{"offset": 10, "length": 5}]}  # fmt: skip
-    recs = diff_entries([
-        entry("D", ["d"], ["d"], old=row(size=100), new=row(size=100, mtime=2), windows=[win]),
-        entry("A", ["a"], ["a"], old=row(), new=row(mode=0o600)),
-        entry("T", ["t"], ["t"], old=row(), new=row(mtime=5)),  # a touch: attrs
-        entry("X", ["x"], ["x"], old=row(), new=row(xattrs=[("user.k", b"v")])),
-        entry("S", ["s"], ["s"], old=row(), new=row()),  # in a change set, nothing visible changed
-    ])  # fmt: skip
+    win = {
+        "data_changed": True,
+        "whole_file": False,
+        "old_size": 100,
+        "new_size": 100,
+        "ranges": [{"offset": 10, "length": 5}],
+    }
+    recs = diff_entries(
+        [
+            entry("D", ["d"], ["d"], old=row(size=100), new=row(size=100, mtime=2), windows=[win]),
+            entry("A", ["a"], ["a"], old=row(), new=row(mode=0o600)),
+            entry("T", ["t"], ["t"], old=row(), new=row(mtime=5)),  # a touch: attrs
+            entry("X", ["x"], ["x"], old=row(), new=row(xattrs=[("user.k", b"v")])),
+            entry("S", ["s"], ["s"], old=row(), new=row()),  # in a change set, nothing visible changed
+        ]
+    )
     assert text(recs) == ["MODIFY a attrs", "MODIFY d data", "MODIFY t attrs", "MODIFY x xattrs"]
     d = next(r for r in recs if r["path"] == "d")
     assert d["ranges"] == [[10, 5]] and d["whole_file"] is False
@@ -152,14 +185,22 @@ def test_text_quotes_spaces_and_percent():
 
 
 def _cfg(tmp_path, **target):
-    return config_from_dict({
-        "warehouse": f"file://{tmp_path / 'wh'}",
-        "sources": [{"name": "s", "root_fid": "R", "servers": ["MDT0000"],
-                     "changelogs": {"uri": f"file://{tmp_path}/cl/"},
-                     "store": {"conn_id": "c", "bucket": "b"},
-                     "epoch": {"interval": "1m", "start": "2026-01-01T00:00:00Z"}}],
-        "targets": [{"name": "t", "source": "s", "kind": "posix", "path": str(tmp_path / "rep"), **target}],
-    })  # fmt: skip
+    return config_from_dict(
+        {
+            "warehouse": f"file://{tmp_path / 'wh'}",
+            "sources": [
+                {
+                    "name": "s",
+                    "root_fid": "R",
+                    "servers": ["MDT0000"],
+                    "changelogs": {"uri": f"file://{tmp_path}/cl/"},
+                    "store": {"conn_id": "c", "bucket": "b"},
+                    "epoch": {"interval": "1m", "start": "2026-01-01T00:00:00Z"},
+                }
+            ],
+            "targets": [{"name": "t", "source": "s", "kind": "posix", "path": str(tmp_path / "rep"), **target}],
+        }
+    )
 
 
 def _stats(cfg, first, last):

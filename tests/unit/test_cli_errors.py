@@ -21,17 +21,26 @@ def rollback_raising(monkeypatch, exc: BaseException) -> None:
 @pytest.mark.parametrize(
     ("exc", "code", "line"),
     [
-        (PermissionError(13, "Permission denied", "/replica/.epochsync/lease"), 1,
-         "epochsync rollback: error: /replica/.epochsync/lease: Permission denied (set EPOCHSYNC_DEBUG=1 for the "
-         "traceback)"),
-        (FileNotFoundError(2, "No such file or directory", "/wh/records/x.parquet"), 1,
-         "epochsync rollback: error: /wh/records/x.parquet: No such file or directory (set EPOCHSYNC_DEBUG=1 for "
-         "the traceback)"),
+        (
+            PermissionError(13, "Permission denied", "/replica/.epochsync/lease"),
+            1,
+            "epochsync rollback: error: /replica/.epochsync/lease: Permission denied (set EPOCHSYNC_DEBUG=1 for the "
+            "traceback)",
+        ),
+        (
+            FileNotFoundError(2, "No such file or directory", "/wh/records/x.parquet"),
+            1,
+            "epochsync rollback: error: /wh/records/x.parquet: No such file or directory (set EPOCHSYNC_DEBUG=1 for "
+            "the traceback)",
+        ),
         (KeyboardInterrupt(), 130, "epochsync rollback: interrupted by SIGINT"),
-        (Interrupted(signal.SIGTERM, "target t is at committed epoch 4"), 143,
-         "epochsync rollback: interrupted by SIGTERM: target t is at committed epoch 4"),
+        (
+            Interrupted(signal.SIGTERM, "target t is at committed epoch 4"),
+            143,
+            "epochsync rollback: interrupted by SIGTERM: target t is at committed epoch 4",
+        ),
     ],
-)  # fmt: skip
+)
 def test_one_line_and_an_exit_code(monkeypatch, capsys, exc, code, line):
     rollback_raising(monkeypatch, exc)
     assert main(["rollback", "--config", "c.yaml", "--target", "t"]) == code

@@ -48,19 +48,48 @@ FILESET = "/d00005"
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory, spark):
     out = tmp_path_factory.mktemp("feed")
-    assert main(["simulate", "--out", str(out), "--no-data", "--epochs", str(EPOCHS), "--files", "40",
-                 "--mdts", "2", "--seed", "2"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "simulate",
+                "--out",
+                str(out),
+                "--no-data",
+                "--epochs",
+                str(EPOCHS),
+                "--files",
+                "40",
+                "--mdts",
+                "2",
+                "--seed",
+                "2",
+            ]
+        )
+        == 0
+    )
     doc = yaml.safe_load((out / "epochsync.yaml").read_text())
     feeds = out / "feeds"
     doc["targets"] = [
         {"name": "audit", "source": "sim", "kind": "feed", "path": str(feeds / "audit"), "snapshot_retention": 10},
         {"name": "audit2", "source": "sim", "kind": "feed", "path": str(feeds / "audit2")},
-        {"name": "cam", "source": "sim", "kind": "feed", "path": str(feeds / "cam"), "format": "parquet",
-         "fileset": [FILESET], "events": ["create", "delete", "rename", "data"]},
+        {
+            "name": "cam",
+            "source": "sim",
+            "kind": "feed",
+            "path": str(feeds / "cam"),
+            "format": "parquet",
+            "fileset": [FILESET],
+            "events": ["create", "delete", "rename", "data"],
+        },
         {"name": "deletes", "source": "sim", "kind": "feed", "path": str(feeds / "deletes"), "events": ["delete"]},
-        {"name": "ret", "source": "sim", "kind": "feed", "path": str(feeds / "ret"),
-         "retention": {"epochs": 0, "max_epochs": 1, "idle_limit": "1s"}},
-    ]  # fmt: skip
+        {
+            "name": "ret",
+            "source": "sim",
+            "kind": "feed",
+            "path": str(feeds / "ret"),
+            "retention": {"epochs": 0, "max_epochs": 1, "idle_limit": "1s"},
+        },
+    ]
     (out / "epochsync.yaml").write_text(yaml.safe_dump(doc))
     cfg = load_config(out / "epochsync.yaml")
     # the one full epoch run (ingest, merge, publish); the other feeds share its merge output
@@ -132,7 +161,13 @@ def test_a_consumer_starts_from_a_dump_then_reads_the_epochs_after_it(sim, spark
     for d in dump:
         w = want[d["path"]]
         assert (d["fid"], d["type"], d.get("size"), d["mode"], d["uid"], d["gid"]) == (
-            w["fid"], w["type"], w["size"], w["mode"], w["uid"], w["gid"])  # fmt: skip
+            w["fid"],
+            w["type"],
+            w["size"],
+            w["mode"],
+            w["uid"],
+            w["gid"],
+        )
     run(cfg, "audit2", EPOCHS, spark)
     st = consumer_status(cfg, "audit2", "indexer")
     (c,) = st["consumers"]
@@ -140,8 +175,10 @@ def test_a_consumer_starts_from_a_dump_then_reads_the_epochs_after_it(sim, spark
     state = {d["path"]: d["fid"] for d in dump}
     for e in (4,):
         state = apply_to_listing(state, read_epoch(cfg, "audit2", e))
-        assert main(["feed", "ack", "--config", conf, "--target", "audit2", "--consumer", "indexer",
-                     "--epoch", str(e)]) == 0  # fmt: skip
+        assert (
+            main(["feed", "ack", "--config", conf, "--target", "audit2", "--consumer", "indexer", "--epoch", str(e)])
+            == 0
+        )
     assert state == listing(truth(out, EPOCHS))
     assert consumer_status(cfg, "audit2", "indexer")["consumers"][0]["next_files"] == []
     # acknowledgements only move forward and never past what is published
@@ -186,8 +223,13 @@ def test_filters_fileset_and_event_mask(sim, spark):
         # (a file moved into the subtree is NEW there, whole, with no MODIFY)
         arrived = {r["fid"] for r in cam if r["kind"] == "NEW"}
         assert {r["fid"] for r in cam if r["kind"] == "MODIFY"} == {
-            r["fid"] for r in full if r["kind"] == "MODIFY" and "data" in r["changed"]
-            and in_fileset(r["path"], [FILESET]) and r["fid"] not in arrived}  # fmt: skip
+            r["fid"]
+            for r in full
+            if r["kind"] == "MODIFY"
+            and "data" in r["changed"]
+            and in_fileset(r["path"], [FILESET])
+            and r["fid"] not in arrived
+        }
         # a delete-only channel of the same source
         deletes = read_epoch(cfg, "deletes", e)
         strip = lambda rs: [{k: v for k, v in r.items() if k != "seq"} for r in rs]  # noqa: E731
@@ -277,12 +319,22 @@ def test_feed_config_errors_name_the_key(tmp_path):
     from epochsync.core.errors import ConfigError
 
     def cfg(**target):
-        return config_from_dict({
-            "sources": [{"name": "s", "root_fid": "R", "servers": ["MDT0000"], "changelogs": {"uri": "/cl"},
-                         "store": {"conn_id": "c", "bucket": "b"},
-                         "epoch": {"interval": "1m", "start": "2026-01-01T00:00:00Z"}}],
-            "targets": [{"name": "f", "source": "s", "kind": "feed", **target}],
-        }, file=str(tmp_path / "x.yaml"))  # fmt: skip
+        return config_from_dict(
+            {
+                "sources": [
+                    {
+                        "name": "s",
+                        "root_fid": "R",
+                        "servers": ["MDT0000"],
+                        "changelogs": {"uri": "/cl"},
+                        "store": {"conn_id": "c", "bucket": "b"},
+                        "epoch": {"interval": "1m", "start": "2026-01-01T00:00:00Z"},
+                    }
+                ],
+                "targets": [{"name": "f", "source": "s", "kind": "feed", **target}],
+            },
+            file=str(tmp_path / "x.yaml"),
+        )
 
     t = cfg(path="feeds/f", events=["data", "create"], retention={"max_epochs": 5, "idle_limit": "2h"}).targets[0]
     assert (t.path, t.format, t.events) == (str(tmp_path / "feeds" / "f"), "jsonl", ("create", "data"))
@@ -302,9 +354,18 @@ def test_feed_config_errors_name_the_key(tmp_path):
             cfg(**target)
     # the feed keys are unknown on a replica target
     with pytest.raises(ConfigError, match=r"targets\[0\]\.events: unknown key"):
-        config_from_dict({
-            "sources": [{"name": "s", "root_fid": "R", "servers": ["MDT0000"], "changelogs": {"uri": "/cl"},
-                         "store": {"conn_id": "c", "bucket": "b"},
-                         "epoch": {"interval": "1m", "start": "2026-01-01T00:00:00Z"}}],
-            "targets": [{"name": "p", "source": "s", "kind": "posix", "path": "/p", "events": ["data"]}],
-        })  # fmt: skip
+        config_from_dict(
+            {
+                "sources": [
+                    {
+                        "name": "s",
+                        "root_fid": "R",
+                        "servers": ["MDT0000"],
+                        "changelogs": {"uri": "/cl"},
+                        "store": {"conn_id": "c", "bucket": "b"},
+                        "epoch": {"interval": "1m", "start": "2026-01-01T00:00:00Z"},
+                    }
+                ],
+                "targets": [{"name": "p", "source": "s", "kind": "posix", "path": "/p", "events": ["data"]}],
+            }
+        )

@@ -73,14 +73,32 @@ def test_v11_ascii_sample_exact_records_without_a_time_in_the_file_name():
     got = [r.to_dict() for r in parse_file("gluster", str(SAMPLES / "v1.1_mkdir_create.changelog"))]
     b = {"server": "brick0", "epoch": 0}
     assert got == [
-        {**b, "index": 1, "type": "MKDIR", "tfid": DIR1, "pfid": ROOT, "name": "dir1", "mode": 0o40755, "uid": 0,
-         "gid": 0},
-        {**b, "index": 2, "type": "CREAT", "tfid": HELLO, "pfid": DIR1, "name": "hello.txt", "mode": 0o100644,
-         "uid": 0, "gid": 0},
+        {
+            **b,
+            "index": 1,
+            "type": "MKDIR",
+            "tfid": DIR1,
+            "pfid": ROOT,
+            "name": "dir1",
+            "mode": 0o40755,
+            "uid": 0,
+            "gid": 0,
+        },
+        {
+            **b,
+            "index": 2,
+            "type": "CREAT",
+            "tfid": HELLO,
+            "pfid": DIR1,
+            "name": "hello.txt",
+            "mode": 0o100644,
+            "uid": 0,
+            "gid": 0,
+        },
         {**b, "index": 3, "type": "WRITE", "tfid": HELLO},  # D: whole file, no extents
         {**b, "index": 4, "type": "WRITE", "tfid": HELLO},
         {**b, "index": 5, "type": "EPOCH"},  # the file is complete
-    ]  # fmt: skip
+    ]
 
 
 def test_v11_ascii_sample_under_its_rollover_name_takes_time_index_server_and_epoch():
@@ -129,10 +147,20 @@ def test_truncated_sample_yields_the_records_before_the_cut_then_names_the_byte_
     assert exc.value.offset == 203 and exc.value.index == 3 and exc.value.text == "E6e97"
     gfid, parent = "a693c04e-af9e-4ba5-9ca7-1c4a47010d62", "f654232e-a42b-41b3-b5aa-803b3da45937"
     assert got == [
-        {"server": "brick0", "index": 1, "epoch": 0, "type": "CREAT", "tfid": gfid, "pfid": parent,
-         "name": "libvirt_driver_network.so", "mode": 0o100755, "uid": 0, "gid": 0},
+        {
+            "server": "brick0",
+            "index": 1,
+            "epoch": 0,
+            "type": "CREAT",
+            "tfid": gfid,
+            "pfid": parent,
+            "name": "libvirt_driver_network.so",
+            "mode": 0o100755,
+            "uid": 0,
+            "gid": 0,
+        },
         {"server": "brick0", "index": 2, "epoch": 0, "type": "WRITE", "tfid": gfid},
-    ]  # fmt: skip
+    ]
 
 
 def test_truncated_sample_with_quarantine_reports_it_and_writes_no_epoch_record():
@@ -179,8 +207,15 @@ def expected_records(server: str = "brick0") -> list[dict]:
     b = {"server": server, "epoch": 0, "time_ns": T * 1_000_000_000}
     recs = [
         {"type": "MKDIR", "tfid": G[1], "pfid": ROOT, "name": "projects", "mode": 0o40750, "uid": 1000, "gid": 100},
-        {"type": "CREAT", "tfid": G[2], "pfid": G[1], "name": "data file.bin", "mode": 0o100600, "uid": 1000,
-         "gid": 100},
+        {
+            "type": "CREAT",
+            "tfid": G[2],
+            "pfid": G[1],
+            "name": "data file.bin",
+            "mode": 0o100600,
+            "uid": 1000,
+            "gid": 100,
+        },
         {"type": "MKNOD", "tfid": TRICKY, "pfid": G[1], "name": "fifo", "mode": 0o10644, "uid": 0, "gid": 0},
         {"type": "SLINK", "tfid": G[3], "pfid": G[1], "name": "latest"},
         {"type": "HLINK", "tfid": G[2], "pfid": ROOT, "name": "hardlink"},
@@ -196,7 +231,7 @@ def expected_records(server: str = "brick0") -> list[dict]:
         {"type": "UNLNK", "tfid": G[3], "pfid": G[1], "name": "latest"},
         {"type": "RMDIR", "tfid": G[1], "pfid": ROOT, "name": "projects"},
         {"type": "EPOCH"},
-    ]  # fmt: skip
+    ]
     return [{**b, "index": T * 1_000_000 + i, **r} for i, r in enumerate(recs, 1)]
 
 

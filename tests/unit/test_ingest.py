@@ -196,28 +196,96 @@ def test_cursor_of_one_consumer_or_minimum_over_all(tmp_path):
 
 
 GOOD_LINES = [
-    {"server": "M", "index": 1, "epoch": 1, "type": "MKDIR", "tfid": "[0x1:0x2:0x0]", "pfid": "[0x1:0x1:0x0]",
-     "name": "d é", "mode": 16877, "uid": 500, "gid": 4294967295, "time_ns": 1767225600123456789},
-    {"server": "M", "index": 2, "epoch": 1, "type": "CREAT", "tfid": "[0x1:0x3:0x0]", "pfid": "[0x1:0x2:0x0]",
-     "name": "f", "layout": {"stripe_size": 1048576, "stripe_count": 2,
-                             "objects": [{"ost": "OST0000", "oid": "0x5"}, {"ost": "OST0001", "oid": "0x6"}]}},
-    {"server": "M", "index": 3, "epoch": 1, "type": "LYOUT", "tfid": "[0x1:0x3:0x0]",
-     "layout": {"stripe_size": 65536, "stripe_count": 0}},
-    {"server": "M", "index": 4, "epoch": 1, "type": "XATTR", "tfid": "[0x1:0x3:0x0]", "xattr_name": "user.a",
-     "xattr_value": "AAEC/w=="},
-    {"server": "M", "index": 5, "epoch": 1, "type": "XATTR", "tfid": "[0x1:0x3:0x0]", "xattr_name": "user.a",
-     "xattr_value": None},
-    {"server": "M", "index": 6, "epoch": 1, "type": "RENME", "tfid": None, "pfid": "[0x1:0x1:0x0]", "name": "g",
-     "sfid": "[0x1:0x3:0x0]", "spfid": "[0x1:0x2:0x0]", "sname": "f", "flags": -1},
-    {"server": "M", "index": 7, "epoch": 1, "type": "WRITE", "tfid": "[0x1:0x3:0x0]",
-     "object": {"ost": "OST0000", "oid": "0x5"}, "extents": [{"offset": 0, "length": 4096}, {"offset": 8192, "length": 1}]},
+    {
+        "server": "M",
+        "index": 1,
+        "epoch": 1,
+        "type": "MKDIR",
+        "tfid": "[0x1:0x2:0x0]",
+        "pfid": "[0x1:0x1:0x0]",
+        "name": "d é",
+        "mode": 16877,
+        "uid": 500,
+        "gid": 4294967295,
+        "time_ns": 1767225600123456789,
+    },
+    {
+        "server": "M",
+        "index": 2,
+        "epoch": 1,
+        "type": "CREAT",
+        "tfid": "[0x1:0x3:0x0]",
+        "pfid": "[0x1:0x2:0x0]",
+        "name": "f",
+        "layout": {
+            "stripe_size": 1048576,
+            "stripe_count": 2,
+            "objects": [{"ost": "OST0000", "oid": "0x5"}, {"ost": "OST0001", "oid": "0x6"}],
+        },
+    },
+    {
+        "server": "M",
+        "index": 3,
+        "epoch": 1,
+        "type": "LYOUT",
+        "tfid": "[0x1:0x3:0x0]",
+        "layout": {"stripe_size": 65536, "stripe_count": 0},
+    },
+    {
+        "server": "M",
+        "index": 4,
+        "epoch": 1,
+        "type": "XATTR",
+        "tfid": "[0x1:0x3:0x0]",
+        "xattr_name": "user.a",
+        "xattr_value": "AAEC/w==",
+    },
+    {
+        "server": "M",
+        "index": 5,
+        "epoch": 1,
+        "type": "XATTR",
+        "tfid": "[0x1:0x3:0x0]",
+        "xattr_name": "user.a",
+        "xattr_value": None,
+    },
+    {
+        "server": "M",
+        "index": 6,
+        "epoch": 1,
+        "type": "RENME",
+        "tfid": None,
+        "pfid": "[0x1:0x1:0x0]",
+        "name": "g",
+        "sfid": "[0x1:0x3:0x0]",
+        "spfid": "[0x1:0x2:0x0]",
+        "sname": "f",
+        "flags": -1,
+    },
+    {
+        "server": "M",
+        "index": 7,
+        "epoch": 1,
+        "type": "WRITE",
+        "tfid": "[0x1:0x3:0x0]",
+        "object": {"ost": "OST0000", "oid": "0x5"},
+        "extents": [{"offset": 0, "length": 4096}, {"offset": 8192, "length": 1}],
+    },
     {"server": "M", "index": 8, "epoch": 1, "type": "WRITE", "tfid": "[0x1:0x3:0x0]", "extents": []},
-    {"server": "M", "index": 9, "epoch": 1, "type": "SLINK", "tfid": "[0x1:0x7:0x0]", "pfid": "[0x1:0x1:0x0]",
-     "name": "l", "symlink": "../x/y"},
+    {
+        "server": "M",
+        "index": 9,
+        "epoch": 1,
+        "type": "SLINK",
+        "tfid": "[0x1:0x7:0x0]",
+        "pfid": "[0x1:0x1:0x0]",
+        "name": "l",
+        "symlink": "../x/y",
+    },
     {"index": 10, "epoch": 1, "type": "UNLNK", "tfid": "[0x1:0x7:0x0]", "pfid": "[0x1:0x1:0x0]", "flags": 1},
     {"server": "M", "index": 11, "epoch": 1, "type": "SATTR", "size": -5, "cookie": "c1", "jobid": "j", "nid": "n"},
     {"server": "M", "index": 12, "epoch": 1, "type": "EPOCH"},
-]  # fmt: skip
+]
 
 BAD_LINES = [
     '{"server":"M","index":"13","epoch":1,"type":"CLOSE"}',  # string index
@@ -318,8 +386,9 @@ def _run_file(path, server="M", first=1, last=1, after=None):
     from epochsync.stages.ingest import _ingest_jsonl_file
 
     out, read = _arrow_schemas()
-    job = IngestJob(source="s", fmt="jsonl", epochs_from="records", first=first, last=last, continuity=True,
-                    after_index=after)  # fmt: skip
+    job = IngestJob(
+        source="s", fmt="jsonl", epochs_from="records", first=first, last=last, continuity=True, after_index=after
+    )
     sink = _Sink(job, ChangelogFile(server, 0, str(path)), out)
     batches = list(_ingest_jsonl_file(sink, read))
     return [row for b in batches for row in b.to_pylist()], sink.finish()
@@ -504,8 +573,10 @@ def test_the_same_records_give_the_same_parquet_bytes_however_they_are_batched(t
 
     monkeypatch.setattr(ingest, "ROW_GROUP_ROWS", 5)
     out, _ = _arrow_schemas()
-    records = [R("M", i, 1 if i <= 7 else 2, "CREAT", tfid=f"[0x1:{i:#x}:0x0]", pfid="[0x1:0x1:0x0]", name=f"n{i}")
-               for i in range(1, 13)]  # fmt: skip
+    records = [
+        R("M", i, 1 if i <= 7 else 2, "CREAT", tfid=f"[0x1:{i:#x}:0x0]", pfid="[0x1:0x1:0x0]", name=f"n{i}")
+        for i in range(1, 13)
+    ]
     f = ChangelogFile("M", 0, str(tmp_path / "changelog.jsonl"))
     whole = [_records_to_batch(records, out)]
     pieces = [_records_to_batch(records[i : i + 3], out) for i in range(0, 12, 3)]

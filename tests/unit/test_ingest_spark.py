@@ -22,22 +22,57 @@ def rec(server, index, epoch, type_, **kw) -> Record:
 
 
 MDT = [
-    rec("MDT0000", 1, 1, "MKDIR", tfid="[0x200000402:0x1:0x0]", pfid="[0x200000007:0x1:0x0]", name="pics",
-        mode=0o40755, uid=500, gid=500, time_ns=1767225601000000000),
-    rec("MDT0000", 2, 1, "CREAT", tfid="[0x200000402:0x2:0x0]", pfid="[0x200000402:0x1:0x0]", name="chloe.jpg",
-        layout={"stripe_size": 1048576, "stripe_count": 1, "objects": [{"ost": "OST0000", "oid": "0x2"}]}),
+    rec(
+        "MDT0000",
+        1,
+        1,
+        "MKDIR",
+        tfid="[0x200000402:0x1:0x0]",
+        pfid="[0x200000007:0x1:0x0]",
+        name="pics",
+        mode=0o40755,
+        uid=500,
+        gid=500,
+        time_ns=1767225601000000000,
+    ),
+    rec(
+        "MDT0000",
+        2,
+        1,
+        "CREAT",
+        tfid="[0x200000402:0x2:0x0]",
+        pfid="[0x200000402:0x1:0x0]",
+        name="chloe.jpg",
+        layout={"stripe_size": 1048576, "stripe_count": 1, "objects": [{"ost": "OST0000", "oid": "0x2"}]},
+    ),
     rec("MDT0000", 3, 1, "EPOCH"),
     rec("MDT0000", 4, 2, "XATTR", tfid="[0x200000402:0x2:0x0]", xattr_name="user.tag", xattr_value="AP8="),
-    rec("MDT0000", 5, 2, "RENME", pfid="[0x200000402:0x1:0x0]", name="new name", sfid="[0x200000402:0x2:0x0]",
-        spfid="[0x200000402:0x1:0x0]", sname="chloe.jpg"),
+    rec(
+        "MDT0000",
+        5,
+        2,
+        "RENME",
+        pfid="[0x200000402:0x1:0x0]",
+        name="new name",
+        sfid="[0x200000402:0x2:0x0]",
+        spfid="[0x200000402:0x1:0x0]",
+        sname="chloe.jpg",
+    ),
     rec("MDT0000", 6, 2, "EPOCH"),
-]  # fmt: skip
+]
 OST = [
-    rec("OST0000", 40, 1, "WRITE", tfid="[0x200000402:0x2:0x0]", object={"ost": "OST0000", "oid": "0x2", "version": "v7"},
-        extents=[{"offset": 0, "length": 65536}]),
+    rec(
+        "OST0000",
+        40,
+        1,
+        "WRITE",
+        tfid="[0x200000402:0x2:0x0]",
+        object={"ost": "OST0000", "oid": "0x2", "version": "v7"},
+        extents=[{"offset": 0, "length": 65536}],
+    ),
     rec("OST0000", 41, 1, "EPOCH"),
     rec("OST0000", 42, 2, "EPOCH"),
-]  # fmt: skip
+]
 
 
 def line(r: Record) -> str:
@@ -108,8 +143,9 @@ def test_two_servers_several_files_and_epochs_land_exactly(spark, tmp_path):
 
 
 def test_bad_line_fails_the_epoch_with_file_and_line_and_writes_nothing(spark, tmp_path):
-    write_changelogs(tmp_path, {"MDT0000/a.jsonl": [*MDT[:2], '{"server":"MDT0000","index":3,\n', MDT[2]],
-                                "OST0000/a.jsonl": OST})  # fmt: skip
+    write_changelogs(
+        tmp_path, {"MDT0000/a.jsonl": [*MDT[:2], '{"server":"MDT0000","index":3,\n', MDT[2]], "OST0000/a.jsonl": OST}
+    )
     cfg = config(tmp_path)
     with pytest.raises(EpochError) as err:
         run_ingest(cfg, "src", 1, 1, spark)
@@ -292,8 +328,14 @@ def test_lustre_text_with_mark_epochs_across_files(spark, tmp_path):
         opts = ParseOptions(server="MDT0000", epochs_from_marks=True, context=ctx)
         want += parse_stream("lustre", (tmp_path / "cl" / "MDT0000" / name).open("rb"), name, opts)
     assert [(r.index, r.type, r.epoch) for r in want] == [
-        (1, "MKDIR", 1), (2, "CREAT", 1), (3, "MARK", 1), (3, "EPOCH", 1), (4, "UNLNK", 2), (5, "MARK", 2), (5, "EPOCH", 2)
-    ]  # fmt: skip
+        (1, "MKDIR", 1),
+        (2, "CREAT", 1),
+        (3, "MARK", 1),
+        (3, "EPOCH", 1),
+        (4, "UNLNK", 2),
+        (5, "MARK", 2),
+        (5, "EPOCH", 2),
+    ]
     assertDataFrameEqual(read_records(spark, cfg.warehouse, "src", 1, 2), expected(spark, want))
 
 

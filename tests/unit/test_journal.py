@@ -99,12 +99,23 @@ def test_a_rollback_run_again_after_a_crash_does_not_undo_twice(tmp_path, monkey
     from epochsync.targets.s3 import S3Access
 
     replica = tmp_path / "replica"
-    cfg = config_from_dict({
-        "warehouse": str(tmp_path / "wh"),
-        "sources": [{"name": "s", "root_fid": "R", "servers": ["M"], "changelogs": {"uri": "/x"},
-                     "store": {"conn_id": "c", "bucket": "b"}, "epoch": {"interval": 60, "start": "2026-01-01"}}],
-        "targets": [{"name": "t", "source": "s", "kind": "posix", "path": str(replica)}],
-    }, file=str(tmp_path / "c.yaml"))  # fmt: skip
+    cfg = config_from_dict(
+        {
+            "warehouse": str(tmp_path / "wh"),
+            "sources": [
+                {
+                    "name": "s",
+                    "root_fid": "R",
+                    "servers": ["M"],
+                    "changelogs": {"uri": "/x"},
+                    "store": {"conn_id": "c", "bucket": "b"},
+                    "epoch": {"interval": 60, "start": "2026-01-01"},
+                }
+            ],
+            "targets": [{"name": "t", "source": "s", "kind": "posix", "path": str(replica)}],
+        },
+        file=str(tmp_path / "c.yaml"),
+    )
     target = PosixTarget(cfg.target("t"))
 
     def link(to: str) -> dict:
@@ -119,8 +130,13 @@ def test_a_rollback_run_again_after_a_crash_does_not_undo_twice(tmp_path, monkey
 
     apply([{"fid": "A", "old": None, "new": link("one"), "old_paths": [], "new_paths": ["s"], "change": None}], 1)
     target.write_manifest({"epoch": 1})
-    apply([{"fid": "A", "old": link("one"), "new": None, "old_paths": ["s"], "new_paths": [], "change": None},
-           {"fid": "B", "old": None, "new": link("two"), "old_paths": [], "new_paths": ["s"], "change": None}], 2)  # fmt: skip
+    apply(
+        [
+            {"fid": "A", "old": link("one"), "new": None, "old_paths": ["s"], "new_paths": [], "change": None},
+            {"fid": "B", "old": None, "new": link("two"), "old_paths": [], "new_paths": ["s"], "change": None},
+        ],
+        2,
+    )
     assert os.readlink(replica / "s") == "two"
 
     def killed(self, epoch):

@@ -25,5 +25,9 @@ def test_jsonable_makes_json_of_nested_values():
 
 def test_scalars_keeps_the_flat_figures_only():
     assert scalars({"records": 3, "seconds": 1.5, "ok": True, "name": "t", "nested": {"a": 1}, "none": None}) == {
-        "records": 3, "seconds": 1.5, "ok": True, "name": "t"}  # fmt: skip
+        "records": 3,
+        "seconds": 1.5,
+        "ok": True,
+        "name": "t",
+    }
     assert scalars(None) == {} and scalars([1]) == {}

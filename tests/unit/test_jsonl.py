@@ -35,12 +35,26 @@ def error_of(data: bytes | str, **opts) -> ParseError:
 
 def test_full_record_round_trips_with_extents_layout_object_and_binary_xattr():
     rec = Record(
-        server="OST0001", index=7, epoch=3, type="WRITE", time_ns=1_700_000_000_123_456_789, flags=0,
-        tfid="[0x200000402:0x2:0x0]", mode=0o100644, uid=500, gid=500, size=4096, xattr_name="user.k",
-        xattr_value=b"\x00\xffv", layout=Layout(1 << 20, 2, (LayoutObject("OST0000", "0x10"),)),
-        object=ObjectRef("OST0001", "0x11", "v42"), extents=(Extent(0, 10), Extent(100, 5)), cookie="c1",
-        jobid="dd.500", nid="10.0.0.1@tcp",
-    )  # fmt: skip
+        server="OST0001",
+        index=7,
+        epoch=3,
+        type="WRITE",
+        time_ns=1_700_000_000_123_456_789,
+        flags=0,
+        tfid="[0x200000402:0x2:0x0]",
+        mode=0o100644,
+        uid=500,
+        gid=500,
+        size=4096,
+        xattr_name="user.k",
+        xattr_value=b"\x00\xffv",
+        layout=Layout(1 << 20, 2, (LayoutObject("OST0000", "0x10"),)),
+        object=ObjectRef("OST0001", "0x11", "v42"),
+        extents=(Extent(0, 10), Extent(100, 5)),
+        cookie="c1",
+        jobid="dd.500",
+        nid="10.0.0.1@tcp",
+    )
     assert parse(to_jsonl([rec])) == [rec]
 
 
@@ -99,11 +113,14 @@ def test_blank_lines_are_skipped_and_line_numbers_still_count_them():
         ('{"server": "M", "index": 1, "epoch": 0, "type": "CREAT", "pfid": "p", "name": ".."}', "could escape"),
         ('{"server": "M", "index": 1, "epoch": 0, "type": "CREAT", "pfid": "p", "name": "a\\u0000"}', "NUL byte"),
         ('{"server": "M", "index": 1, "epoch": 0, "type": "CREAT", "name": "a"}', "CREAT without a parent fid"),
-        ('{"server": "M", "index": 1, "epoch": 0, "type": "RENME", "pfid": "p", "name": "a", "sname": "b", '
-         '"sfid": "s"}', "RENME without the old parent fid (sp=)"),
+        (
+            '{"server": "M", "index": 1, "epoch": 0, "type": "RENME", "pfid": "p", "name": "a", "sname": "b", '
+            '"sfid": "s"}',
+            "RENME without the old parent fid (sp=)",
+        ),
         ("[" * 100_000, "not valid JSON"),
     ],
-)  # fmt: skip
+)
 def test_bad_lines_name_file_line_and_reason(line, reason):
     e = error_of('{"server": "M", "index": 0, "epoch": 0, "type": "MTIME"}\n' + line + "\n")
     assert e.line == 2 and str(e).startswith("in.jsonl:2: ")

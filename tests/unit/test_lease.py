@@ -60,8 +60,13 @@ with target_lease(Config("x.yaml", "/tmp/wh", (), (t,)), t):
 
 def start_holder(kind: str, where: str = "", bucket: str = "") -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "include"), EPOCHSYNC_RUN_ID="holder-run")
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, kind, where, bucket], env=env, stdout=subprocess.PIPE,
-                            text=True, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, kind, where, bucket],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     assert proc.stdout.readline().strip() == "HELD"
     return proc
 
@@ -203,9 +208,18 @@ def test_s3_second_writer_refused_then_free_after_release(store, bucket_name):
 
 def foreign_lease(store, bucket: str, *, expires_in: float) -> None:
     """A lease written by a writer on another host (its liveness is unknown here)."""
-    doc = {"host": "elsewhere", "boot_id": "other-boot", "pid_ns": "pid:[1]", "pid": 77, "pid_start": "1",
-           "run_id": "remote run", "token": "t", "since": "2026-01-01T00:00:00Z",
-           "expires": time.time() + expires_in, "ttl_s": 120}  # fmt: skip
+    doc = {
+        "host": "elsewhere",
+        "boot_id": "other-boot",
+        "pid_ns": "pid:[1]",
+        "pid": 77,
+        "pid_start": "1",
+        "run_id": "remote run",
+        "token": "t",
+        "since": "2026-01-01T00:00:00Z",
+        "expires": time.time() + expires_in,
+        "ttl_s": 120,
+    }
     c = store.client()
     if bucket not in [b["Name"] for b in c.list_buckets().get("Buckets", [])]:
         c.create_bucket(Bucket=bucket)
@@ -277,8 +291,9 @@ def test_s3_lease_is_renewed_and_a_lost_lease_stops_the_commit(store, bucket_nam
 
 def test_one_pool_per_target_with_one_slot(tmp_path):
     cfg, _ = posix_target(tmp_path)
-    two = Config(cfg.file, cfg.warehouse, (), (*cfg.targets, TargetConfig(name="b-2", source="src", kind="posix",
-                                                                           path="/x")))  # fmt: skip
+    two = Config(
+        cfg.file, cfg.warehouse, (), (*cfg.targets, TargetConfig(name="b-2", source="src", kind="posix", path="/x"))
+    )
     pools = airflow_pools(two)
     assert set(pools) == {pool_name("rep"), pool_name("b-2")} == {"epochsync_target_rep", "epochsync_target_b-2"}
     assert all(p["slots"] == 1 and p["description"] for p in pools.values())

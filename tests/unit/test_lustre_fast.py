@@ -30,13 +30,44 @@ SAMPLES = Path(__file__).parents[1] / "fixtures" / "samples" / "lustre"
 OUT, _ = _arrow_schemas()
 
 NAMES = [
-    "a.txt", "file with spaces", "two  spaces", "trailing ", "é-ü-名前", 'quote"d', "back\\slash", "tab\tname",
-    "s=[0x1:0x2:0x0]", "x" * 255, "-", "name=value", "#hash", "\u200b",
-]  # fmt: skip
+    "a.txt",
+    "file with spaces",
+    "two  spaces",
+    "trailing ",
+    "é-ü-名前",
+    'quote"d',
+    "back\\slash",
+    "tab\tname",
+    "s=[0x1:0x2:0x0]",
+    "x" * 255,
+    "-",
+    "name=value",
+    "#hash",
+    "\u200b",
+]
 TYPES_WITH_NAMES = ["CREAT", "MKDIR", "HLINK", "SLINK", "MKNOD", "UNLNK", "RMDIR"]
-NUMBER = {"MARK": 0, "CREAT": 1, "MKDIR": 2, "HLINK": 3, "SLINK": 4, "MKNOD": 5, "UNLNK": 6, "RMDIR": 7,
-          "RENME": 8, "OPEN": 10, "CLOSE": 11, "LYOUT": 12, "TRUNC": 13, "SATTR": 14, "XATTR": 15, "MTIME": 17,
-          "CTIME": 18, "ATIME": 19, "GXATR": 23, "NOPEN": 24}  # fmt: skip
+NUMBER = {
+    "MARK": 0,
+    "CREAT": 1,
+    "MKDIR": 2,
+    "HLINK": 3,
+    "SLINK": 4,
+    "MKNOD": 5,
+    "UNLNK": 6,
+    "RMDIR": 7,
+    "RENME": 8,
+    "OPEN": 10,
+    "CLOSE": 11,
+    "LYOUT": 12,
+    "TRUNC": 13,
+    "SATTR": 14,
+    "XATTR": 15,
+    "MTIME": 17,
+    "CTIME": 18,
+    "ATIME": 19,
+    "GXATR": 23,
+    "NOPEN": 24,
+}
 
 
 def fid(rnd: random.Random, zero_ok: bool = False) -> str:
@@ -273,8 +304,17 @@ def test_ingest_names_a_bad_line_in_a_later_chunk_by_file_and_line(tmp_path, mon
     path.write_text("\n".join(lines) + "\n")
 
     out, _ = _arrow_schemas()
-    job = IngestJob(source="s", fmt="lustre", epochs_from="time", first=0, last=10**9, continuity=False,
-                    after_index=None, start_ns=0, interval_ns=300 * 10**9)  # fmt: skip
+    job = IngestJob(
+        source="s",
+        fmt="lustre",
+        epochs_from="time",
+        first=0,
+        last=10**9,
+        continuity=False,
+        after_index=None,
+        start_ns=0,
+        interval_ns=300 * 10**9,
+    )
     errors: list[ParseError] = []
     opts = ingest._parse_options(job, "MDT0000", on_error=errors.append)
     want = list(parse_stream("lustre", io.BytesIO(path.read_bytes()), str(path), opts))

@@ -68,8 +68,14 @@ def _rename_row(prefix: str, row: dict) -> tuple:
 
 def _rename_record(prefix: str, r: Record) -> Record:
     # servers and cookies too: each item is a source of its own
-    return r.replace(tfid=_pf(prefix, r.tfid), pfid=_pf(prefix, r.pfid), sfid=_pf(prefix, r.sfid),
-                     spfid=_pf(prefix, r.spfid), server=prefix + r.server, cookie=_pf(prefix, r.cookie))  # fmt: skip
+    return r.replace(
+        tfid=_pf(prefix, r.tfid),
+        pfid=_pf(prefix, r.pfid),
+        sfid=_pf(prefix, r.sfid),
+        spfid=_pf(prefix, r.spfid),
+        server=prefix + r.server,
+        cookie=_pf(prefix, r.cookie),
+    )
 
 
 @dataclass(frozen=True)
@@ -90,8 +96,9 @@ class Skew:
 
 def items_of(n: int, p: Params, windows: bool = True, skew: Skew | None = None) -> list[Item]:
     """Every single epoch of a history, plus (when there are 3+) a catch-up window 2..last."""
-    hist = simulate_history(p.seed, p.epochs, p.files, mdts=p.mdts, osts=p.osts, ops_per_epoch=p.ops,
-                            max_file_size=32 * 1024)  # fmt: skip
+    hist = simulate_history(
+        p.seed, p.epochs, p.files, mdts=p.mdts, osts=p.osts, ops_per_epoch=p.ops, max_file_size=32 * 1024
+    )
     spans = [(e, e) for e in range(1, p.epochs + 1)]
     if windows and p.epochs >= 3:
         spans.append((2, p.epochs))
@@ -144,8 +151,11 @@ def check_batch(spark, items: list[Item], check_data: bool = True) -> None:
         if check_data:
             _check_data(it, by_fid)
         # which fid holds which name does not depend on any clock: always the truth's
-        got = sorted((r.fid, sorted((link.pfid, link.name) for link in r.links)) for r in snap_rows
-                     if r.fid.startswith(it.prefix))  # fmt: skip
+        got = sorted(
+            (r.fid, sorted((link.pfid, link.name) for link in r.links))
+            for r in snap_rows
+            if r.fid.startswith(it.prefix)
+        )
         assert got == [(it.prefix + r["fid"], [(it.prefix + p, n) for p, n in r["links"]]) for r in it.truth]
 
 
@@ -194,8 +204,13 @@ params = st.builds(
 )
 
 
-@settings(max_examples=3, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
+@settings(
+    max_examples=3,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(batch=st.lists(params, min_size=5, max_size=5))
 def test_merge_equals_oracle_on_random_histories(spark, batch):
     """3 batches x 5 histories x (every epoch + a window): 15 histories, 3 Spark jobs."""
@@ -205,8 +220,13 @@ def test_merge_equals_oracle_on_random_histories(spark, batch):
 skews = st.builds(Skew, seed=st.integers(0, 2**31), max_us=st.integers(0, 3000), tick_us=st.sampled_from([1, 10, 1000]))
 
 
-@settings(max_examples=2, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
+@settings(
+    max_examples=2,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(batch=st.lists(st.tuples(params, skews), min_size=4, max_size=4))
 def test_merge_equals_oracle_under_clock_skew(spark, batch):
     """Issue 16: every server's clock off by up to 3 ms, ticks up to 1 ms (ties). The merge
@@ -268,10 +288,24 @@ def test_merge_refuses_exactly_the_names_no_order_applies(spark, histories):
             server = f"MDT000{k}"
             for d in seq:
                 index[server] = index.get(server, 0) + 1
-                recs.append(Record(server, index[server], 1, "HLINK" if d == 1 else "UNLNK", time_ns=0,
-                                   tfid=f"F{i}", pfid="P", name="n"))  # fmt: skip
-    got = {r.fid: r for r in link_changes(prepare_records(spark.createDataFrame([r.to_row() for r in recs],
-                                                                                 record_struct_type()))).collect()}  # fmt: skip
+                recs.append(
+                    Record(
+                        server,
+                        index[server],
+                        1,
+                        "HLINK" if d == 1 else "UNLNK",
+                        time_ns=0,
+                        tfid=f"F{i}",
+                        pfid="P",
+                        name="n",
+                    )
+                )
+    got = {
+        r.fid: r
+        for r in link_changes(
+            prepare_records(spark.createDataFrame([r.to_row() for r in recs], record_struct_type()))
+        ).collect()
+    }
     for i, per_server in enumerate(histories):
         row = got.get(f"F{i}")
         adders = sum(1 in seq for seq in per_server)

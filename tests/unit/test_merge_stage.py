@@ -141,5 +141,7 @@ def test_small_and_large_input_paths_write_the_same_tables(spark, stage, monkeyp
     run_merge(cfg, "cached", 2, 3, spark)
     for table in (wh.snapshot, wh.changes, wh.cookie_groups):
         assertDataFrameEqual(spark.read.parquet(table("cached", 3)), spark.read.parquet(table("t", 3)))
-    leftovers = [p.name for p in Path(wh.changes("t", 3).removeprefix("file://")).parent.iterdir() if ".state-" in p.name]
+    leftovers = [
+        p.name for p in Path(wh.changes("t", 3).removeprefix("file://")).parent.iterdir() if ".state-" in p.name
+    ]
     assert leftovers == []  # the small path's scratch tables are gone

@@ -383,9 +383,10 @@ def cross_mdt_move(create_ns: int, rename_ns: int) -> list[Record]:
         Record("MDT0000", 1, 1, "MKDIR", time_ns=10, tfid=M0, pfid=ROOT, name="m0", mode=DIRM),
         Record("MDT0000", 2, 1, "MKDIR", time_ns=20, tfid=M1, pfid=ROOT, name="m1", mode=DIRM),
         Record("MDT0001", 1, 1, "CREAT", time_ns=create_ns, tfid="F", pfid=M1, name="f", mode=REG, cookie="op"),
-        Record("MDT0000", 3, 1, "RENME", time_ns=rename_ns, sfid="F", spfid=M1, sname="f", pfid=M0, name="f",
-               cookie="op"),
-    ]  # fmt: skip
+        Record(
+            "MDT0000", 3, 1, "RENME", time_ns=rename_ns, sfid="F", spfid=M1, sname="f", pfid=M0, name="f", cookie="op"
+        ),
+    ]
 
 
 @pytest.mark.parametrize("create_ns, rename_ns", [(1000, 1001), (1000, 1000), (1005, 1002), (1_000_000, 30)], ids=str)
@@ -408,8 +409,13 @@ def test_causal_time_keeps_index_order_and_joins_an_operations_servers():
     ]
     assert causal_times(recs) == [100, 100, 500, 500, 501, 7]
     assert [(r.server, r.index) for r in sort_records(recs)] == [
-        ("OST0001", 1), ("MDT0000", 1), ("MDT0000", 2), ("MDT0000", 3), ("OST0000", 1), ("MDT0000", 4),
-    ]  # fmt: skip
+        ("OST0001", 1),
+        ("MDT0000", 1),
+        ("MDT0000", 2),
+        ("MDT0000", 3),
+        ("OST0000", 1),
+        ("MDT0000", 4),
+    ]
 
 
 def test_values_follow_the_creator_and_the_operations_across_servers():

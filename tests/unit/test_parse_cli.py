@@ -31,10 +31,21 @@ def test_lustre_sample_prints_canonical_records_without_nulls(capsys):
     assert rc == 0 and err == ""
     assert recs == [r.to_dict() for r in parse_file("lustre", ICICLE, ParseOptions(epochs_from_marks=True))]
     assert recs[6] == {
-        "server": "MDT0000", "index": 16, "epoch": 1, "type": "RENME", "time_ns": 1773629539805772855, "flags": 0,
-        "pfid": "[0x200000401:0x2:0x0]", "name": "file1_renamed.txt", "sfid": "[0x200000401:0x3:0x0]",
-        "spfid": "[0x200000401:0x2:0x0]", "sname": "file1.txt", "uid": 1000, "gid": 1000, "nid": "172.31.39.56@tcp",
-    }  # fmt: skip
+        "server": "MDT0000",
+        "index": 16,
+        "epoch": 1,
+        "type": "RENME",
+        "time_ns": 1773629539805772855,
+        "flags": 0,
+        "pfid": "[0x200000401:0x2:0x0]",
+        "name": "file1_renamed.txt",
+        "sfid": "[0x200000401:0x3:0x0]",
+        "spfid": "[0x200000401:0x2:0x0]",
+        "sname": "file1.txt",
+        "uid": 1000,
+        "gid": 1000,
+        "nid": "172.31.39.56@tcp",
+    }
 
 
 def test_server_and_fixed_epoch_options(capsys):
@@ -56,17 +67,26 @@ def test_quarantine_writes_bad_lines_goes_on_and_exits_with_its_own_code(capsys,
     assert rc == EXIT_QUARANTINED == 3
     assert err == f"epochsync parse: 7 records written; 8 bad lines quarantined in {qfile}\n"
     assert [(r["index"], r["type"], r["epoch"]) for r in recs] == [
-        (1, "MKDIR", 1), (2, "CREAT", 1), (3, "UNLNK", 1), (4, "RMDIR", 1), (5, "MARK", 1), (5, "EPOCH", 1),
+        (1, "MKDIR", 1),
+        (2, "CREAT", 1),
+        (3, "UNLNK", 1),
+        (4, "RMDIR", 1),
+        (5, "MARK", 1),
+        (5, "EPOCH", 1),
         (9, "HLINK", 2),
-    ]  # fmt: skip
+    ]
     bad = [json.loads(line) for line in qfile.read_text().splitlines()]
     assert [b["line"] for b in bad] == [5, 6, 7, 8, 11, 12, 13, 14]
     assert bad[0] == {
-        "file": MANUAL, "line": 5, "offset": 596, "server": "MDT0000", "index": 1,
+        "file": MANUAL,
+        "line": 5,
+        "offset": 596,
+        "server": "MDT0000",
+        "index": 1,
         "reason": "index 1 of server MDT0000 goes backwards (after 4)",
         "text": "1 02MKDIR 15:15:21.977666834 2018.01.09 0x0 t=[0x200000402:0x1:0x0] ef=0xf u=500:500 "
         "nid=10.128.11.159@tcp p=[0x200000007:0x1:0x0] pics",
-    }  # fmt: skip
+    }
 
 
 def test_quarantine_with_nothing_bad_exits_0_and_leaves_an_empty_file(capsys, tmp_path):
@@ -138,8 +158,16 @@ def test_the_installed_console_script(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert [json.loads(x)["type"] for x in done.stdout.splitlines()] == [
-        "SATTR", "CREAT", "OPEN", "CLOSE", "MKDIR", "CREAT", "RENME", "UNLNK", "RMDIR",
-    ]  # fmt: skip
+        "SATTR",
+        "CREAT",
+        "OPEN",
+        "CLOSE",
+        "MKDIR",
+        "CREAT",
+        "RENME",
+        "UNLNK",
+        "RMDIR",
+    ]
     bad = subprocess.run(
         [str(script), "parse", "--format", "lustre", MANUAL], capture_output=True, text=True, timeout=120
     )

@@ -45,8 +45,13 @@ def test_two_task_processes_share_the_session_and_ship_the_package_once(spark_co
     remote = run_session_remote(spark_connect, f"test-run-{uuid.uuid4()}")
     outs = []
     for _ in range(2):
-        done = subprocess.run([sys.executable, "-c", _TASK, remote], capture_output=True, text=True,
-                              env={**__import__("os").environ, "PYTHONPATH": ROOT_INCLUDE}, timeout=120)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", _TASK, remote],
+            capture_output=True,
+            text=True,
+            env={**__import__("os").environ, "PYTHONPATH": ROOT_INCLUDE},
+            timeout=120,
+        )
         assert done.returncode == 0, done.stderr[-2000:]
         outs.append(done.stdout.split()[-2:])
     first, second = outs

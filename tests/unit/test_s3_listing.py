@@ -11,8 +11,10 @@ HEAD = b'<?xml version="1.0" encoding="UTF-8"?>\n<ListVersionsResult xmlns="http
 
 
 def version(key: bytes) -> bytes:
-    return (b"<Version><Key>" + key + b"</Key><VersionId>v1</VersionId><IsLatest>true</IsLatest>"
-            b"<LastModified>2026-01-01T00:00:00Z</LastModified><Size>3</Size></Version>")  # fmt: skip
+    return (
+        b"<Version><Key>" + key + b"</Key><VersionId>v1</VersionId><IsLatest>true</IsLatest>"
+        b"<LastModified>2026-01-01T00:00:00Z</LastModified><Size>3</Size></Version>"
+    )
 
 
 def client(answer: bytes, sent: list):

@@ -9,13 +9,29 @@ from epochsync.core.schema import FIELD_NAMES, Extent, Layout, LayoutObject, Obj
 
 def full_record() -> Record:
     return Record(
-        server="OST0001", index=7, epoch=3, type="WRITE", time_ns=1_700_000_000_123_456_789, flags=0,
-        tfid="[0x200000402:0x2:0x0]", pfid="[0x200000402:0x1:0x0]", name="a b.txt", sfid=None,
-        mode=0o100644, uid=500, gid=500, size=4096, xattr_name="user.k", xattr_value=b"\x00\xffv",
+        server="OST0001",
+        index=7,
+        epoch=3,
+        type="WRITE",
+        time_ns=1_700_000_000_123_456_789,
+        flags=0,
+        tfid="[0x200000402:0x2:0x0]",
+        pfid="[0x200000402:0x1:0x0]",
+        name="a b.txt",
+        sfid=None,
+        mode=0o100644,
+        uid=500,
+        gid=500,
+        size=4096,
+        xattr_name="user.k",
+        xattr_value=b"\x00\xffv",
         layout=Layout(1 << 20, 2, (LayoutObject("OST0000", "0x10"), LayoutObject("OST0001", "0x11"))),
-        object=ObjectRef("OST0001", "0x11", "v42"), extents=(Extent(0, 10), Extent(100, 5)), cookie="c1",
-        jobid="dd.500", nid="10.0.0.1@tcp",
-    )  # fmt: skip
+        object=ObjectRef("OST0001", "0x11", "v42"),
+        extents=(Extent(0, 10), Extent(100, 5)),
+        cookie="c1",
+        jobid="dd.500",
+        nid="10.0.0.1@tcp",
+    )
 
 
 def test_json_round_trip_keeps_every_field():

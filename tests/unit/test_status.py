@@ -38,10 +38,20 @@ def cfg(tmp_path):
 
 def commit(cfg, epoch, **row):
     wh = Warehouse(cfg.warehouse)
-    doc = {"target": "local", "source": "sim", "epoch": epoch, "records_in": 40, "bytes_changed": 4096,
-           "bytes_pulled": 4096, "bytes_written": 4096, "bytes_copied": 0,
-           "net_operations": {"created": 3, "data": 2}, "durations": {"apply": 1.5, "merge": 2.0},
-           "committed_at": 1767225900.0 + 300 * epoch, **row}  # fmt: skip
+    doc = {
+        "target": "local",
+        "source": "sim",
+        "epoch": epoch,
+        "records_in": 40,
+        "bytes_changed": 4096,
+        "bytes_pulled": 4096,
+        "bytes_written": 4096,
+        "bytes_copied": 0,
+        "net_operations": {"created": 3, "data": 2},
+        "durations": {"apply": 1.5, "merge": 2.0},
+        "committed_at": 1767225900.0 + 300 * epoch,
+        **row,
+    }
     write_json_atomic(local_path(wh.stats("local", epoch)), doc)
     t = cfg.target("local")
     write_json_atomic(f"{t.path}/.epochsync/manifest.json", {"target": "local", "source": "sim", "epoch": epoch})
@@ -68,8 +78,10 @@ def test_empty_target_is_at_epoch_zero(cfg):
 def test_status_reports_figures_failures_and_pending(cfg, capsys):
     commit(cfg, 1)
     commit(cfg, 2, records_in=77)
-    write_json_atomic(local_path(Warehouse(cfg.warehouse).cursor("sim", "local")),
-                      {"epoch": 2, "servers": {"MDT0000": 120, "OST0000": 88}})  # fmt: skip
+    write_json_atomic(
+        local_path(Warehouse(cfg.warehouse).cursor("sim", "local")),
+        {"epoch": 2, "servers": {"MDT0000": 120, "OST0000": 88}},
+    )
     record_event(cfg.warehouse, "local", FAILED, 3, message="apply: injected failure")
     record_event(cfg.warehouse, "local", ROLLED_BACK, 3, message="back at epoch 2")
     write_records(cfg, 2, ["CREAT"])  # committed: not pending

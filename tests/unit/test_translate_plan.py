@@ -26,15 +26,34 @@ STORE = {"key": "{ost}/{oid}", "unstriped_key": "data/{fid}", "bucket": "src"}
 
 
 def tdict(kind="posix", **kw):
-    d = {"name": "t", "kind": kind, "fileset": [], "coalesce_gap": 1024, "part_size": 8 * MiB,
-         "small_object": 8 * MiB, "stripe_size": None, "stripe_count": None}  # fmt: skip
+    d = {
+        "name": "t",
+        "kind": kind,
+        "fileset": [],
+        "coalesce_gap": 1024,
+        "part_size": 8 * MiB,
+        "small_object": 8 * MiB,
+        "stripe_size": None,
+        "stripe_count": None,
+    }
     d.update(kw)
     return d
 
 
 def node(type_, mode=0o755, symlink=None):
-    return {"type": type_, "mode": mode, "uid": 0, "gid": 0, "size": 0, "atime_ns": None, "mtime_ns": None,
-            "xattrs": [], "symlink": symlink, "layout": None, "objects": []}  # fmt: skip
+    return {
+        "type": type_,
+        "mode": mode,
+        "uid": 0,
+        "gid": 0,
+        "size": 0,
+        "atime_ns": None,
+        "mtime_ns": None,
+        "xattrs": [],
+        "symlink": symlink,
+        "layout": None,
+        "objects": [],
+    }
 
 
 def ent(fid, old_links, new_links, type_="dir", **kw):
@@ -43,8 +62,16 @@ def ent(fid, old_links, new_links, type_="dir", **kw):
     new = node(type_, **kw) if new_links is not None else None
     ol = [{"pfid": p, "name": n, "path": x} for p, n, x in old_links or []]
     nl = [{"pfid": p, "name": n, "path": x} for p, n, x in new_links or []]
-    return {"fid": fid, "old": old, "new": new, "old_links": ol, "new_links": nl,
-            "old_paths": sorted(x["path"] for x in ol), "new_paths": sorted(x["path"] for x in nl), "change": None}  # fmt: skip
+    return {
+        "fid": fid,
+        "old": old,
+        "new": new,
+        "old_links": ol,
+        "new_links": nl,
+        "old_paths": sorted(x["path"] for x in ol),
+        "new_paths": sorted(x["path"] for x in nl),
+        "change": None,
+    }
 
 
 def make_tree(root, layout: dict[str, str]):
@@ -182,9 +209,14 @@ def test_fileset_moves_become_creates_and_deletes():
 
 
 def test_striped_source_pulls_are_per_object_and_coalesced():
-    row = {"layout": {"stripe_size": 4096, "stripe_count": 2,
-                      "objects": [{"ost": "OST0000", "oid": "1"}, {"ost": "OST0001", "oid": "2"}]},
-           "objects": [{"ost": "OST0000", "oid": "1", "version": "a"}, {"ost": "OST0001", "oid": "2", "version": "b"}]}  # fmt: skip
+    row = {
+        "layout": {
+            "stripe_size": 4096,
+            "stripe_count": 2,
+            "objects": [{"ost": "OST0000", "oid": "1"}, {"ost": "OST0001", "oid": "2"}],
+        },
+        "objects": [{"ost": "OST0000", "oid": "1", "version": "a"}, {"ost": "OST0001", "oid": "2", "version": "b"}],
+    }
     # file bytes 0..100 and 8192..8292 are both in object 0 (offsets 0 and 4096): gap 3996
     pulls = source_pulls("F", row, [(0, 100), (8192, 100)], STORE, gap=4000)
     assert pulls == [{"index": 0, "key": "OST0000/1", "version": "a", "ranges": [[0, 4196]]}]
@@ -241,10 +273,13 @@ def test_unwritten_objects_of_a_versioned_source_are_zeros_not_a_later_epochs_by
     from epochsync.stages.translate import source_objects, source_pulls
 
     row = {
-        "layout": {"stripe_size": 16384, "stripe_count": 4,
-                   "objects": [{"ost": f"OST000{i}", "oid": "0x1"} for i in range(4)]},
+        "layout": {
+            "stripe_size": 16384,
+            "stripe_count": 4,
+            "objects": [{"ost": f"OST000{i}", "oid": "0x1"} for i in range(4)],
+        },
         "objects": [{"ost": "OST0000", "oid": "0x1", "version": "v7"}],
-    }  # fmt: skip
+    }
     store = {"key": "{ost}/{oid}", "unstriped_key": "data/{fid}", "versioned": True}
     objs = source_objects("f", row, store)["objects"]
     assert objs[0] == {"key": "OST0000/0x1", "version": "v7"} and objs[1:] == [None, None, None]

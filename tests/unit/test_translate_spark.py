@@ -56,8 +56,16 @@ def test_fileset_moves_and_directory_renames(spark):
         "F2": (["proj/keep/leaving/f2"], []),
         "S": (["proj/keep/stays"], ["proj/kept/stays"]),  # the link outside the fileset is invisible
     }
-    target = {"name": "t", "kind": "posix", "fileset": ["/proj"], "coalesce_gap": 0, "part_size": 8 << 20,
-              "small_object": 8 << 20, "stripe_size": None, "stripe_count": None}  # fmt: skip
+    target = {
+        "name": "t",
+        "kind": "posix",
+        "fileset": ["/proj"],
+        "coalesce_gap": 0,
+        "part_size": 8 << 20,
+        "small_object": 8 << 20,
+        "stripe_size": None,
+        "stripe_count": None,
+    }
     plan = build_plan(entries, target=target, store=STORE, epoch=2)
     # posix: one rename for the renamed directory (its file follows), the moved-out tree
     # leaves as one, the moved-in tree is created and its file pulled whole
@@ -83,16 +91,26 @@ def test_the_roots_attributes_are_an_entry_of_path_nothing(spark):
 
     f = row("F", "file", [(ROOT, "f")], 3)
     old_snap = snap(spark, [f])
-    new_snap = spark.createDataFrame([(ROOT, "dir", [], 0o40700, 0, 0, 0, None, None, None,
-                                       [("user.k", b"v")], None, None, []), f], old_snap.schema)  # fmt: skip
+    new_snap = spark.createDataFrame(
+        [(ROOT, "dir", [], 0o40700, 0, 0, 0, None, None, None, [("user.k", b"v")], None, None, []), f], old_snap.schema
+    )
     changes = spark.createDataFrame(
         [(ROOT, "dir", False, False, False, True, True, False, False, [], None, None)], change_struct_type()
     )
     for fileset, want in (((), True), (("/",), True), (("/proj",), False)):
         entries = plan_entries(old_snap, new_snap, changes, root_fid=ROOT, fileset=fileset)
         assert [(e["fid"], e["old_paths"], e["new_paths"]) for e in entries] == ([(ROOT, [""], [""])] if want else [])
-    target = {"name": "t", "kind": "s3", "fileset": [], "coalesce_gap": 0, "part_size": 8 << 20,
-              "small_object": 8 << 20, "stripe_size": None, "stripe_count": None, "prefix": "p/"}  # fmt: skip
+    target = {
+        "name": "t",
+        "kind": "s3",
+        "fileset": [],
+        "coalesce_gap": 0,
+        "part_size": 8 << 20,
+        "small_object": 8 << 20,
+        "stripe_size": None,
+        "stripe_count": None,
+        "prefix": "p/",
+    }
     entries = plan_entries(old_snap, new_snap, changes, root_fid=ROOT)
     plan = build_plan(entries, target=target, store=STORE, epoch=2)
     assert [(o["op"], o["key"]) for o in plan["post"]] == [("put_empty", ".epochsync-dir")]

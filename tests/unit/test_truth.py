@@ -13,8 +13,17 @@ from epochsync_dev.truth import compare_with_truth, load_truth
 
 
 def row(path, type_, data=None, mode=0o100644, **kw):
-    r = {"path": path, "type": type_, "mode": mode, "uid": os.getuid(), "gid": os.getgid(), "symlink": None,
-         "xattrs": {}, "size": None, "sha256": None}  # fmt: skip
+    r = {
+        "path": path,
+        "type": type_,
+        "mode": mode,
+        "uid": os.getuid(),
+        "gid": os.getgid(),
+        "symlink": None,
+        "xattrs": {},
+        "size": None,
+        "sha256": None,
+    }
     if data is not None:
         r.update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
     r.update(kw)
@@ -47,8 +56,9 @@ def test_identical_replica_has_no_differences(replica):
 def test_each_kind_of_difference_is_named(replica):
     t = truth_rows()
     t["d/f"] = row("d/f", "file", b"hellO")
-    assert compare_with_truth(replica, t, xattrs=False) == ["d/f: sha256 is "
-        f"{hashlib.sha256(b'hello').hexdigest()!r}, source has {hashlib.sha256(b'hellO').hexdigest()!r}"]  # fmt: skip
+    assert compare_with_truth(replica, t, xattrs=False) == [
+        f"d/f: sha256 is {hashlib.sha256(b'hello').hexdigest()!r}, source has {hashlib.sha256(b'hellO').hexdigest()!r}"
+    ]
     t = truth_rows()
     t["d/f"]["mode"] = 0o100600
     assert compare_with_truth(replica, t, xattrs=False) == ["d/f: mode is 420, source has 384"]

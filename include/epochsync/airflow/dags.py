@@ -221,21 +221,30 @@ def build_epoch_dag(
         # (snapshot, change set, plan, journal, manifest) takes the target's one-slot pool
         pool = pool_name(target.name)
         merge = stage(
-            "merge", doc_md="Net change per fid: snapshot E-1 + records of the epochs -> snapshot E, change set.",
+            "merge",
+            doc_md="Net change per fid: snapshot E-1 + records of the epochs -> snapshot E, change set.",
             pool=pool,
-        )  # fmt: skip
+        )
         if target.kind == "feed":
             # a feed publishes the net change: the file of the epoch, then _feed.json (its commit
             # point); a failed publish leaves _feed.json at the previous epoch, nothing to roll back
-            publish = stage("publish", pool=pool, skip_in_dry_run=True,
-                            doc_md="Publishes the epoch's net change (filtered) as one file, then commits _feed.json.")  # fmt: skip
+            publish = stage(
+                "publish",
+                pool=pool,
+                skip_in_dry_run=True,
+                doc_md="Publishes the epoch's net change (filtered) as one file, then commits _feed.json.",
+            )
             wait >> ingest >> merge >> publish
             return dag
         translate = stage(
             "translate", doc_md="The plan: namespace operations, pulls and writes in the target's layout.", pool=pool
         )
-        apply = stage("apply", skip_in_dry_run=True, pool=pool,
-                      doc_md="Namespace operations here, data operations on the Spark executors, journaled first.")  # fmt: skip
+        apply = stage(
+            "apply",
+            skip_in_dry_run=True,
+            pool=pool,
+            doc_md="Namespace operations here, data operations on the Spark executors, journaled first.",
+        )
         verify = PythonOperator(
             task_id="verify",
             python_callable=run_stage_task,
@@ -245,7 +254,7 @@ def build_epoch_dag(
                 "target": target.name,
                 "source": source.name,
                 "skip_in_dry_run": True,
-            },  # fmt: skip
+            },
             pool=pool,
             doc_md="Checks every touched path of the target against the source at the epoch.",
         )

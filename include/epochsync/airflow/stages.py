@@ -129,11 +129,13 @@ def _call_stage(stage: str, cfg, target: str, source: str, first: int, through: 
         write_stage_stats(cfg.warehouse, target, through, "merge", _flat(out))
         return out
     if stage == "translate":
-        return translate.run_translate(cfg, target, through, spark, whole_file=bool(epochs.get("whole_file")),
-                                      first_epoch=first)  # fmt: skip
+        return translate.run_translate(
+            cfg, target, through, spark, whole_file=bool(epochs.get("whole_file")), first_epoch=first
+        )
     if stage == "apply":
-        return apply.run_apply(cfg, target, through, spark, inject=params.get("inject_failure") or None,
-                                  first_epoch=first)  # fmt: skip
+        return apply.run_apply(
+            cfg, target, through, spark, inject=params.get("inject_failure") or None, first_epoch=first
+        )
     if stage == "publish":  # feed targets: in place of translate, apply, verify and commit
         from epochsync.stages.publish import publish_epoch
 
@@ -153,8 +155,17 @@ class EpochStageOperator(PySparkOperator):
     ``EPOCHSYNC_SPARK_CONN_ID`` names another connection (a cluster's Connect server).
     """
 
-    def __init__(self, *, stage: str, config_path: str, target: str, source: str, skip_in_dry_run: bool = False,
-                 conn_id: str | None = None, **kwargs):  # fmt: skip
+    def __init__(
+        self,
+        *,
+        stage: str,
+        config_path: str,
+        target: str,
+        source: str,
+        skip_in_dry_run: bool = False,
+        conn_id: str | None = None,
+        **kwargs,
+    ):
         super().__init__(
             python_callable=run_stage_task,
             conn_id=conn_id or os.environ.get("EPOCHSYNC_SPARK_CONN_ID", SPARK_CONN_ID),
@@ -164,7 +175,7 @@ class EpochStageOperator(PySparkOperator):
                 "target": target,
                 "source": source,
                 "skip_in_dry_run": skip_in_dry_run,
-            },  # fmt: skip
+            },
             **kwargs,
         )
         self.stage = stage

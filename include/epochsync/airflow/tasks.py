@@ -138,7 +138,9 @@ class EpochClosedSensor(BaseSensorOperator):
             epochs.through,
             "to feed" if feed else "into",
             self.target,
-            (" (dry run: stops after merge)" if feed else " (dry run: stops after translate)") if epochs.dry_run else "",
+            (" (dry run: stops after merge)" if feed else " (dry run: stops after translate)")
+            if epochs.dry_run
+            else "",
         )
         return PokeReturnValue(is_done=True, xcom_value=epochs.as_xcom())
 
@@ -195,8 +197,6 @@ def rollback_task(config_path: str, target: str, ti=None, spark=None, **_):
         f"(see those tasks' logs); rolled back: the target is at epoch {back_at} again. "
         f"Fix the cause, then clear this run's failed tasks (or trigger the epoch again) to retry."
     )
-
-
 
 
 def config_path_from_env() -> str | None:

@@ -19,9 +19,21 @@ NODE_TYPES = (FILE, DIR, SYMLINK, OTHER)
 #: - ``objects``: the latest known version of each stripe object at this epoch
 #:   (from ``WRITE`` records), so a whole-file pull reads the frozen state.
 SNAPSHOT_FIELDS = (
-    "fid", "type", "links", "mode", "uid", "gid", "size", "atime_ns", "mtime_ns", "ctime_ns",
-    "xattrs", "symlink", "layout", "objects",
-)  # fmt: skip
+    "fid",
+    "type",
+    "links",
+    "mode",
+    "uid",
+    "gid",
+    "size",
+    "atime_ns",
+    "mtime_ns",
+    "ctime_ns",
+    "xattrs",
+    "symlink",
+    "layout",
+    "objects",
+)
 
 #: Net change set columns, in order. One row per fid that changed in the epoch
 #: (or window). Values after the change are in snapshot E, before in snapshot E-1.
@@ -37,9 +49,19 @@ SNAPSHOT_FIELDS = (
 #:   ``new_size``, including the truncate rule (size went below its E-1 value at any
 #:   point → [min size, new_size) changed too). Empty when only the size changed.
 CHANGE_FIELDS = (
-    "fid", "type", "created", "deleted", "links_changed", "attrs_changed", "xattrs_changed",
-    "data_changed", "whole_file", "ranges", "old_size", "new_size",
-)  # fmt: skip
+    "fid",
+    "type",
+    "created",
+    "deleted",
+    "links_changed",
+    "attrs_changed",
+    "xattrs_changed",
+    "data_changed",
+    "whole_file",
+    "ranges",
+    "old_size",
+    "new_size",
+)
 
 
 def snapshot_struct_type():
@@ -51,12 +73,21 @@ def snapshot_struct_type():
     link = StructType([StructField("pfid", StringType(), False), StructField("name", StringType(), False)])
     xattr = StructType([StructField("name", StringType(), False), StructField("value", BinaryType())])
     types = {
-        "fid": StringType(), "type": StringType(), "links": ArrayType(link, False),
-        "mode": LongType(), "uid": LongType(), "gid": LongType(), "size": LongType(),
-        "atime_ns": LongType(), "mtime_ns": LongType(), "ctime_ns": LongType(),
-        "xattrs": ArrayType(xattr, False), "symlink": StringType(), "layout": rec["layout"],
+        "fid": StringType(),
+        "type": StringType(),
+        "links": ArrayType(link, False),
+        "mode": LongType(),
+        "uid": LongType(),
+        "gid": LongType(),
+        "size": LongType(),
+        "atime_ns": LongType(),
+        "mtime_ns": LongType(),
+        "ctime_ns": LongType(),
+        "xattrs": ArrayType(xattr, False),
+        "symlink": StringType(),
+        "layout": rec["layout"],
         "objects": rec["object"] and ArrayType(rec["object"], False),
-    }  # fmt: skip
+    }
     not_null = {"fid", "type", "links", "xattrs"}
     return StructType([StructField(n, types[n], n not in not_null) for n in SNAPSHOT_FIELDS])
 
@@ -66,10 +97,18 @@ def change_struct_type():
 
     extent = StructType([StructField("offset", LongType(), False), StructField("length", LongType(), False)])
     types = {
-        "fid": StringType(), "type": StringType(), "created": BooleanType(), "deleted": BooleanType(),
-        "links_changed": BooleanType(), "attrs_changed": BooleanType(), "xattrs_changed": BooleanType(),
-        "data_changed": BooleanType(), "whole_file": BooleanType(), "ranges": ArrayType(extent, False),
-        "old_size": LongType(), "new_size": LongType(),
-    }  # fmt: skip
+        "fid": StringType(),
+        "type": StringType(),
+        "created": BooleanType(),
+        "deleted": BooleanType(),
+        "links_changed": BooleanType(),
+        "attrs_changed": BooleanType(),
+        "xattrs_changed": BooleanType(),
+        "data_changed": BooleanType(),
+        "whole_file": BooleanType(),
+        "ranges": ArrayType(extent, False),
+        "old_size": LongType(),
+        "new_size": LongType(),
+    }
     nullable = {"old_size", "new_size", "type"}
     return StructType([StructField(n, types[n], n in nullable) for n in CHANGE_FIELDS])

@@ -164,11 +164,35 @@ class Record:
         obj = None if d.object is None else (d.object.ost, d.object.oid, d.object.version)
         ext = None if d.extents is None else [(e.offset, e.length) for e in d.extents]
         return (
-            d.server, d.index, d.epoch, d.type, d.time_ns, d.flags, d.tfid, d.pfid, d.name,
-            d.sfid, d.spfid, d.sname, d.mode, d.uid, d.gid, d.size, d.atime_ns, d.mtime_ns,
-            d.ctime_ns, d.xattr_name, d.xattr_value, d.symlink, lay, obj, ext, d.cookie,
-            d.jobid, d.nid,
-        )  # fmt: skip
+            d.server,
+            d.index,
+            d.epoch,
+            d.type,
+            d.time_ns,
+            d.flags,
+            d.tfid,
+            d.pfid,
+            d.name,
+            d.sfid,
+            d.spfid,
+            d.sname,
+            d.mode,
+            d.uid,
+            d.gid,
+            d.size,
+            d.atime_ns,
+            d.mtime_ns,
+            d.ctime_ns,
+            d.xattr_name,
+            d.xattr_value,
+            d.symlink,
+            lay,
+            obj,
+            ext,
+            d.cookie,
+            d.jobid,
+            d.nid,
+        )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Record:
@@ -199,13 +223,33 @@ FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Record))
 _FIELD_SET = frozenset(FIELD_NAMES)
 
 _INT_FIELDS = {
-    "index", "epoch", "time_ns", "flags", "mode", "uid", "gid", "size",
-    "atime_ns", "mtime_ns", "ctime_ns",
-}  # fmt: skip
+    "index",
+    "epoch",
+    "time_ns",
+    "flags",
+    "mode",
+    "uid",
+    "gid",
+    "size",
+    "atime_ns",
+    "mtime_ns",
+    "ctime_ns",
+}
 _STR_FIELDS = {
-    "server", "type", "tfid", "pfid", "name", "sfid", "spfid", "sname",
-    "xattr_name", "symlink", "cookie", "jobid", "nid",
-}  # fmt: skip
+    "server",
+    "type",
+    "tfid",
+    "pfid",
+    "name",
+    "sfid",
+    "spfid",
+    "sname",
+    "xattr_name",
+    "symlink",
+    "cookie",
+    "jobid",
+    "nid",
+}
 
 INT64_MAX = 2**63 - 1
 INT32_MAX = 2**31 - 1
@@ -332,14 +376,34 @@ def record_struct_type():
     )
     extent = StructType([StructField("offset", LongType()), StructField("length", LongType())])
     types = {
-        "server": StringType(), "index": LongType(), "epoch": LongType(), "type": StringType(),
-        "time_ns": LongType(), "flags": IntegerType(), "tfid": StringType(), "pfid": StringType(),
-        "name": StringType(), "sfid": StringType(), "spfid": StringType(), "sname": StringType(),
-        "mode": LongType(), "uid": LongType(), "gid": LongType(), "size": LongType(),
-        "atime_ns": LongType(), "mtime_ns": LongType(), "ctime_ns": LongType(),
-        "xattr_name": StringType(), "xattr_value": BinaryType(), "symlink": StringType(),
-        "layout": layout, "object": obj, "extents": ArrayType(extent), "cookie": StringType(),
-        "jobid": StringType(), "nid": StringType(),
-    }  # fmt: skip
+        "server": StringType(),
+        "index": LongType(),
+        "epoch": LongType(),
+        "type": StringType(),
+        "time_ns": LongType(),
+        "flags": IntegerType(),
+        "tfid": StringType(),
+        "pfid": StringType(),
+        "name": StringType(),
+        "sfid": StringType(),
+        "spfid": StringType(),
+        "sname": StringType(),
+        "mode": LongType(),
+        "uid": LongType(),
+        "gid": LongType(),
+        "size": LongType(),
+        "atime_ns": LongType(),
+        "mtime_ns": LongType(),
+        "ctime_ns": LongType(),
+        "xattr_name": StringType(),
+        "xattr_value": BinaryType(),
+        "symlink": StringType(),
+        "layout": layout,
+        "object": obj,
+        "extents": ArrayType(extent),
+        "cookie": StringType(),
+        "jobid": StringType(),
+        "nid": StringType(),
+    }
     not_null = {"server", "index", "epoch", "type"}
     return StructType([StructField(n, types[n], n not in not_null) for n in FIELD_NAMES])

@@ -152,8 +152,9 @@ def settle_targets(cfg: Config, targets: Iterable[str]) -> list[str]:
         try:
             r = rollback_target(cfg, name, check=False)
         except (EpochsyncError, OSError) as exc:
-            out.append(f"target {name}: rollback failed ({exc}); run 'epochsync rollback --config {cfg.file} "
-                       f"--target {name}'")  # fmt: skip
+            out.append(
+                f"target {name}: rollback failed ({exc}); run 'epochsync rollback --config {cfg.file} --target {name}'"
+            )
             continue
         if r["rolled_back"]:
             out.append(f"target {name} rolled back to epoch {r['committed']}")
@@ -182,14 +183,20 @@ def rollback_on_interrupt(cfg: Config, tcfg: TargetConfig, spark_of: Callable[[]
             r = rollback_target(cfg, tcfg, spark, check=spark is not None, progress=progress)
             if r["rolled_back"]:
                 epochs = ", ".join(map(str, r["rolled_back"]))
-                sig.outcome = (f"epoch {epochs} rolled back in {time.monotonic() - t0:.1f}s; target {tcfg.name} is "
-                               f"at epoch {r['committed']}")  # fmt: skip
+                sig.outcome = (
+                    f"epoch {epochs} rolled back in {time.monotonic() - t0:.1f}s; target {tcfg.name} is "
+                    f"at epoch {r['committed']}"
+                )
             else:
                 sig.outcome = f"target {tcfg.name} is at committed epoch {r['committed']}"
         except KeyboardInterrupt:
-            sig.outcome = (f"the rollback of target {tcfg.name} was interrupted too; run 'epochsync rollback "
-                           f"--config {cfg.file} --target {tcfg.name}'")  # fmt: skip
+            sig.outcome = (
+                f"the rollback of target {tcfg.name} was interrupted too; run 'epochsync rollback "
+                f"--config {cfg.file} --target {tcfg.name}'"
+            )
         except Exception as rexc:
-            sig.outcome = (f"the rollback of target {tcfg.name} failed ({rexc}); run 'epochsync rollback "
-                           f"--config {cfg.file} --target {tcfg.name}'")  # fmt: skip
+            sig.outcome = (
+                f"the rollback of target {tcfg.name} failed ({rexc}); run 'epochsync rollback "
+                f"--config {cfg.file} --target {tcfg.name}'"
+            )
         raise sig from None

@@ -461,14 +461,16 @@ def _parse(data: bytes, opts: ParseOptions, schema, time_grid):  # noqa: C901 - 
             pieces.append(
                 pa.Table.from_arrays(
                     [
-                        row.column(f.name) if f.name in ("server", "index", "epoch", "time_ns")
-                        else pa.array(["EPOCH"], pa.string()) if f.name == "type"
+                        row.column(f.name)
+                        if f.name in ("server", "index", "epoch", "time_ns")
+                        else pa.array(["EPOCH"], pa.string())
+                        if f.name == "type"
                         else pa.nulls(1, f.type)
                         for f in schema
                     ],
                     schema=schema,
                 )
-            )  # fmt: skip
+            )
             prev = i + 1
         if prev < n:
             pieces.append(table.slice(prev))

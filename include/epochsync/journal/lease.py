@@ -252,8 +252,10 @@ class PosixLease:
         if previous:
             log.warning(
                 "target %s: taking over the lease of %s since %s: that run ended without releasing it",
-                self.target, describe_owner(previous), previous.get("since") or "(unknown)",
-            )  # fmt: skip
+                self.target,
+                describe_owner(previous),
+                previous.get("since") or "(unknown)",
+            )
         self.doc = {**owner_doc(uuid.uuid4().hex), "since": _now_iso(), "target": self.target}
         data = (json.dumps(self.doc, sort_keys=True) + "\n").encode()
         os.ftruncate(fd, 0)
@@ -379,8 +381,11 @@ class S3Lease:
                 raise
             log.warning(
                 "target %s: taking over the lease of %s since %s: %s",
-                self.target, describe_owner(holder), holder.get("since") or "(unknown)", why,
-            )  # fmt: skip
+                self.target,
+                describe_owner(holder),
+                holder.get("since") or "(unknown)",
+                why,
+            )
             break
         else:
             raise EpochsyncError(f"target {self.target}: the lease at s3://{self.bucket}/{self.key} kept changing")

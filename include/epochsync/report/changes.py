@@ -250,8 +250,10 @@ def _modified(entry: dict) -> tuple[list[str], dict[str, Any]]:
             else:
                 # every window's ranges, plus everything from the smallest size at any
                 # committed boundary up (a shrink then a regrowth leaves zeros there)
-                low = min([old_size, new_size] + [int(w[k]) for w in windows for k in ("old_size", "new_size")
-                                                  if w.get(k) is not None])  # fmt: skip
+                low = min(
+                    [old_size, new_size]
+                    + [int(w[k]) for w in windows for k in ("old_size", "new_size") if w.get(k) is not None]
+                )
                 spans = [(int(r["offset"]), int(r["length"])) for w in windows for r in w.get("ranges") or []]
                 spans.append((low, new_size - low))
                 ranges = [[o, min(n, new_size - o)] for o, n in _merge(spans) if o < new_size]
@@ -280,8 +282,10 @@ def diff_entries(entries: list[dict]) -> list[dict]:
         rec = {"kind": kind, "path": path, "fid": entry["fid"], "type": entry["type"], **_state(row), **extra}
         out.append(rec)
 
-    with_old = sorted((e for e in entries if e["old_paths"]),
-                      key=lambda e: (min(_depth(p) for p in e["old_paths"]), min(e["old_paths"])))  # fmt: skip
+    with_old = sorted(
+        (e for e in entries if e["old_paths"]),
+        key=lambda e: (min(_depth(p) for p in e["old_paths"]), min(e["old_paths"])),
+    )
     without_old = sorted((e for e in entries if not e["old_paths"]), key=lambda e: min(e["new_paths"]))
     for e in with_old + without_old:
         old_paths, new_paths = sorted(e["old_paths"]), sorted(e["new_paths"])
@@ -388,8 +392,9 @@ def to_text(rec: dict) -> str:
 
 def to_json_line(rec: dict) -> str:
     """One line of the JSON Lines listing: the record, keys sorted, nulls left out."""
-    return json.dumps({k: v for k, v in rec.items() if v is not None}, sort_keys=True, separators=(",", ":"),
-                      ensure_ascii=False)  # fmt: skip
+    return json.dumps(
+        {k: v for k, v in rec.items() if v is not None}, sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    )
 
 
 # --------------------------------------------------------------------------- the verb
@@ -398,11 +403,21 @@ def to_json_line(rec: dict) -> str:
 def configure_changes(parser) -> None:
     parser.add_argument("--config", required=True, metavar="FILE", help="epochsync YAML config")
     parser.add_argument("--target", required=True, metavar="NAME", help="target whose committed states to compare")
-    parser.add_argument("--from", dest="from_epoch", type=int, required=True, metavar="E1",
-                        help="committed epoch to compare from (0: the empty tree)")  # fmt: skip
+    parser.add_argument(
+        "--from",
+        dest="from_epoch",
+        type=int,
+        required=True,
+        metavar="E1",
+        help="committed epoch to compare from (0: the empty tree)",
+    )
     parser.add_argument("--to", dest="to_epoch", type=int, required=True, metavar="E2", help="committed epoch, > E1")
-    parser.add_argument("--format", choices=("text", "jsonl"), default="text",
-                        help="text: KIND path [path|what] per line (default); jsonl: one JSON record per line")  # fmt: skip
+    parser.add_argument(
+        "--format",
+        choices=("text", "jsonl"),
+        default="text",
+        help="text: KIND path [path|what] per line (default); jsonl: one JSON record per line",
+    )
 
 
 def run_changes(args) -> int:

@@ -87,8 +87,16 @@ def nice_ticks(vmax: float, most: int = 5) -> list[float]:
     return [i * step for i in range(n + 1)]
 
 
-def bar_chart(title: str, unit: str, epochs: list, series: dict[str, list[float | None]], *,
-              stacked: bool = False, y_title: str | None = None, x_title: str = "epoch") -> Chart:  # fmt: skip
+def bar_chart(
+    title: str,
+    unit: str,
+    epochs: list,
+    series: dict[str, list[float | None]],
+    *,
+    stacked: bool = False,
+    y_title: str | None = None,
+    x_title: str = "epoch",
+) -> Chart:
     """Grouped (or stacked) bars per x value (an epoch, by default); returns the chart's geometry.
 
     ``series`` maps a name to one value per x value (``None``: unknown). The y axis is
@@ -120,13 +128,24 @@ def bar_chart(title: str, unit: str, epochs: list, series: dict[str, list[float 
             h = v * scale
             x = x0 if stacked else x0 + j * width
             y = chart.plot_bottom - (base + v) * scale if stacked else chart.plot_bottom - h
-            chart.bars.append(Bar(round(x, 1), round(y, 1), round(max(width - 1, 1), 1), round(h, 1),
-                                  COLORS[j % len(COLORS)], f"{x_title} {e} {name}: {fmt_value(v, unit)}"))  # fmt: skip
+            chart.bars.append(
+                Bar(
+                    round(x, 1),
+                    round(y, 1),
+                    round(max(width - 1, 1), 1),
+                    round(h, 1),
+                    COLORS[j % len(COLORS)],
+                    f"{x_title} {e} {name}: {fmt_value(v, unit)}",
+                )
+            )
             if stacked:
                 base += v
     every = max(1, math.ceil(n / 20))  # at most about 20 epoch labels
-    chart.x_labels = [Label(round(chart.left + (i + 0.5) * group, 1), chart.plot_bottom + 14, str(e))
-                      for i, e in enumerate(epochs) if i % every == 0]  # fmt: skip
+    chart.x_labels = [
+        Label(round(chart.left + (i + 0.5) * group, 1), chart.plot_bottom + 14, str(e))
+        for i, e in enumerate(epochs)
+        if i % every == 0
+    ]
     chart.y_ticks = [Label(chart.left - 6, round(chart.plot_bottom - t * scale, 1), fmt_value(t, unit)) for t in ticks]
     per_row = max(1, (chart.width - chart.left) // LEGEND_ITEM)
     for j, name in enumerate(names):

@@ -148,18 +148,41 @@ def _fmt_secs(s) -> str:
 
 def format_table(rows: list[dict]) -> str:
     """The human table: one line per target, then details of each."""
-    head = ("TARGET", "KIND", "STATUS", "COMMITTED", "CLOSED", "LAG", "LAG TIME", "LAST SYNCED",
-            "ENTRY", "DATA", "META", "FAILURES", "ROLLBACKS")  # fmt: skip
+    head = (
+        "TARGET",
+        "KIND",
+        "STATUS",
+        "COMMITTED",
+        "CLOSED",
+        "LAG",
+        "LAG TIME",
+        "LAST SYNCED",
+        "ENTRY",
+        "DATA",
+        "META",
+        "FAILURES",
+        "ROLLBACKS",
+    )
     lines = [head]
     for r in rows:
         p = r.get("pending") or {}
-        lines.append((
-            r["target"], r["kind"], r.get("status", "?"), str(r.get("committed_epoch", "-")),
-            str(r.get("latest_closed_epoch") if r.get("latest_closed_epoch") is not None else "?"),
-            str(r.get("lag_epochs") if r.get("lag_epochs") is not None else "?"), _fmt_secs(r.get("lag_seconds")),
-            r.get("last_synced") or "never", str(p.get("entry", "-")), str(p.get("data", "-")),
-            str(p.get("meta", "-")), str(r.get("failures", "-")), str(r.get("rollbacks", "-")),
-        ))  # fmt: skip
+        lines.append(
+            (
+                r["target"],
+                r["kind"],
+                r.get("status", "?"),
+                str(r.get("committed_epoch", "-")),
+                str(r.get("latest_closed_epoch") if r.get("latest_closed_epoch") is not None else "?"),
+                str(r.get("lag_epochs") if r.get("lag_epochs") is not None else "?"),
+                _fmt_secs(r.get("lag_seconds")),
+                r.get("last_synced") or "never",
+                str(p.get("entry", "-")),
+                str(p.get("data", "-")),
+                str(p.get("meta", "-")),
+                str(r.get("failures", "-")),
+                str(r.get("rollbacks", "-")),
+            )
+        )
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     out = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
     for r in rows:
@@ -179,12 +202,16 @@ def format_table(rows: list[dict]) -> str:
                 f"{dur:.1f}s in stages"
             )
         if r.get("unfinished_epochs"):
-            out.append(f"  unfinished epochs with an undo journal: {r['unfinished_epochs']} "
-                       f"(run: epochsync rollback --config FILE --target {r['target']})")  # fmt: skip
+            out.append(
+                f"  unfinished epochs with an undo journal: {r['unfinished_epochs']} "
+                f"(run: epochsync rollback --config FILE --target {r['target']})"
+            )
         if r.get("last_failure"):
             f = r["last_failure"]
-            out.append(f"  last failure: {f.get('event')} at {_iso(f.get('at'))}, epoch {f.get('epoch')}: "
-                       f"{f.get('message', '')}".rstrip(": "))  # fmt: skip
+            out.append(
+                f"  last failure: {f.get('event')} at {_iso(f.get('at'))}, epoch {f.get('epoch')}: "
+                f"{f.get('message', '')}".rstrip(": ")
+            )
         if r.get("cursors"):
             out.append("  cursors: " + ", ".join(f"{k}={v}" for k, v in sorted(r["cursors"].items())))
         if "checkpoint" in r:
@@ -265,30 +292,56 @@ def _report_target(cfg: Config, t: TargetConfig) -> dict:
     stages = [s for s in STAGE_ORDER if any(isinstance(d.get(s), (int, float)) for d in durations)]
     stages += sorted({k for d in durations for k, v in d.items() if isinstance(v, (int, float))} - set(stages))
     out["charts"] = [
-        bar_chart("replication delay: commit after the pipeline saw the epoch closed", "s", epochs,
-                  {"delay": delays}, y_title="seconds"),
-        bar_chart("time per stage", "s", epochs,
-                  {s: [d.get(s) if isinstance(d.get(s), (int, float)) else None for d in durations] for s in stages},
-                  stacked=True, y_title="seconds"),
-        bar_chart("lag at each commit: later epochs already seen closed", "epochs", epochs,
-                  {"epochs behind": epochs_behind(rows)}, y_title="epochs"),
-        bar_chart("bytes per epoch", "bytes", epochs, {
-            "changed": [r.get("bytes_changed") for r in rows],
-            "pulled from source": [r.get("bytes_pulled") for r in rows],
-            "written to target": [r.get("bytes_written") for r in rows],
-            "copied server-side": [r.get("bytes_copied") for r in rows],
-        }, y_title="bytes"),
-    ]  # fmt: skip
+        bar_chart(
+            "replication delay: commit after the pipeline saw the epoch closed",
+            "s",
+            epochs,
+            {"delay": delays},
+            y_title="seconds",
+        ),
+        bar_chart(
+            "time per stage",
+            "s",
+            epochs,
+            {s: [d.get(s) if isinstance(d.get(s), (int, float)) else None for d in durations] for s in stages},
+            stacked=True,
+            y_title="seconds",
+        ),
+        bar_chart(
+            "lag at each commit: later epochs already seen closed",
+            "epochs",
+            epochs,
+            {"epochs behind": epochs_behind(rows)},
+            y_title="epochs",
+        ),
+        bar_chart(
+            "bytes per epoch",
+            "bytes",
+            epochs,
+            {
+                "changed": [r.get("bytes_changed") for r in rows],
+                "pulled from source": [r.get("bytes_pulled") for r in rows],
+                "written to target": [r.get("bytes_written") for r in rows],
+                "copied server-side": [r.get("bytes_copied") for r in rows],
+            },
+            y_title="bytes",
+        ),
+    ]
     for r, delay, d in zip(rows, delays, durations):
-        out["rows"].append({
-            "epoch": r["epoch"], "records_in": r.get("records_in", 0),
-            "ops": sum((r.get("net_operations") or {}).values()),
-            "changed": fmt_bytes(r.get("bytes_changed")), "pulled": fmt_bytes(r.get("bytes_pulled")),
-            "written": fmt_bytes(r.get("bytes_written")), "copied": fmt_bytes(r.get("bytes_copied")),
-            "requests": (r.get("requests") or {}).get("source", 0),
-            "seconds": f"{sum(v for v in d.values() if isinstance(v, (int, float))):.1f}",
-            "delay": "unknown" if delay is None else f"{delay:.1f} s",
-        })  # fmt: skip
+        out["rows"].append(
+            {
+                "epoch": r["epoch"],
+                "records_in": r.get("records_in", 0),
+                "ops": sum((r.get("net_operations") or {}).values()),
+                "changed": fmt_bytes(r.get("bytes_changed")),
+                "pulled": fmt_bytes(r.get("bytes_pulled")),
+                "written": fmt_bytes(r.get("bytes_written")),
+                "copied": fmt_bytes(r.get("bytes_copied")),
+                "requests": (r.get("requests") or {}).get("source", 0),
+                "seconds": f"{sum(v for v in d.values() if isinstance(v, (int, float))):.1f}",
+                "delay": "unknown" if delay is None else f"{delay:.1f} s",
+            }
+        )
     for e in read_events(cfg.warehouse, t.name):
         if e.get("event") != COMMITTED:
             out["events"].append(
@@ -300,12 +353,20 @@ def _report_target(cfg: Config, t: TargetConfig) -> dict:
 def _status_row(r: dict) -> dict:
     p = r.get("pending") or {}
     cells = [
-        r["target"], r["kind"], r.get("status", "?"), r.get("committed_epoch", "-"),
+        r["target"],
+        r["kind"],
+        r.get("status", "?"),
+        r.get("committed_epoch", "-"),
         "?" if r.get("latest_closed_epoch") is None else r["latest_closed_epoch"],
-        "?" if r.get("lag_epochs") is None else r["lag_epochs"], _fmt_secs(r.get("lag_seconds")),
-        r.get("last_synced") or "never", p.get("entry", "-"), p.get("data", "-"), p.get("meta", "-"),
-        r.get("failures", "-"), r.get("rollbacks", "-"),
-    ]  # fmt: skip
+        "?" if r.get("lag_epochs") is None else r["lag_epochs"],
+        _fmt_secs(r.get("lag_seconds")),
+        r.get("last_synced") or "never",
+        p.get("entry", "-"),
+        p.get("data", "-"),
+        p.get("meta", "-"),
+        r.get("failures", "-"),
+        r.get("rollbacks", "-"),
+    ]
     details = [line.strip() for line in format_table([r]).split("\n\n", 1)[-1].splitlines()[1:] if line.strip()]
     return {"target": r["target"], "cells": cells, "details": details}
 
@@ -333,7 +394,7 @@ def build_report(cfg: Config, targets: list[TargetConfig]) -> str:
             "meta",
             "failures",
             "rollbacks",
-        ),  # fmt: skip
+        ),
         status_rows=[_status_row(r) for r in statuses],
         targets=[_report_target(cfg, t) for t in targets],
     )

@@ -182,8 +182,12 @@ def apply_plan(plan: dict, target, source_io, source_bucket: str, jdir: str, sta
     facts = take()  # nothing of an earlier apply in this process
     many = getattr(target, "delete_many", None)
     with UndoJournal(jdir, "ns", PHASE_NAMESPACE, faults) as journal:
-        run_in_order(target, plan["namespace"], lambda op: target.run_namespace_op(op, journal, state),
-                     (lambda keys: many(journal, state, keys)) if many else None)  # fmt: skip
+        run_in_order(
+            target,
+            plan["namespace"],
+            lambda op: target.run_namespace_op(op, journal, state),
+            (lambda keys: many(journal, state, keys)) if many else None,
+        )
     facts = take()
     t1 = time.monotonic()
     token = start_run(jdir)  # the data tasks' owner token (a late straggler finds another)
@@ -202,8 +206,12 @@ def apply_plan(plan: dict, target, source_io, source_bucket: str, jdir: str, sta
     for r in results:
         facts.update(r.pop("facts", None) or {})
     with UndoJournal(jdir, "post", PHASE_POST, faults) as journal:
-        run_in_order(target, plan["post"], lambda op: target.run_post_op(op, journal, state),
-                     (lambda keys: many(journal, state, keys)) if many else None)  # fmt: skip
+        run_in_order(
+            target,
+            plan["post"],
+            lambda op: target.run_post_op(op, journal, state),
+            (lambda keys: many(journal, state, keys)) if many else None,
+        )
     for op in plan["post"]:
         if op.get("op") == "delete":
             facts.pop(op["key"], None)
@@ -307,8 +315,10 @@ def run_in_order(target, ops: list[dict], run_one, delete_many=None) -> None:
             deletes = [op["key"] for op in batch if op.get("op") == "delete"] if delete_many else []
             if len(deletes) >= 2:
                 rest = [op for op in batch if op.get("op") != "delete"]
-                futures = [pool.submit(delete_many, deletes[i : i + DELETE_BATCH])
-                           for i in range(0, len(deletes), DELETE_BATCH)]  # fmt: skip
+                futures = [
+                    pool.submit(delete_many, deletes[i : i + DELETE_BATCH])
+                    for i in range(0, len(deletes), DELETE_BATCH)
+                ]
                 futures += [pool.submit(run_one, op) for op in rest]
             else:
                 futures = [pool.submit(run_one, op) for op in batch]

@@ -59,8 +59,12 @@ def check_preconditions(cfg, target, epoch: int, first_epoch: int | None = None)
     committed = committed_epoch(cfg, tcfg)
     unfinished = unfinished_epochs(cfg, tcfg, committed)
     if committed >= epoch:
-        return {"action": "noop", "committed": committed, "unfinished": unfinished,
-                "message": f"target {tcfg.name} is already at epoch {committed}: epoch {epoch} is a no-op"}  # fmt: skip
+        return {
+            "action": "noop",
+            "committed": committed,
+            "unfinished": unfinished,
+            "message": f"target {tcfg.name} is already at epoch {committed}: epoch {epoch} is a no-op",
+        }
     if committed < first - 1:
         missing = list(range(committed + 1, first))
         span = f"{missing[0]}" if len(missing) == 1 else f"{missing[0]}..{missing[-1]}"
@@ -71,18 +75,29 @@ def check_preconditions(cfg, target, epoch: int, first_epoch: int | None = None)
             f"epochsync__{tcfg.source}__{tcfg.name} ...)"
         )
     if unfinished:
-        return {"action": "rollback_first", "committed": committed, "unfinished": unfinished,
-                "message": f"epoch(s) {unfinished} of target {tcfg.name} did not commit: rolling back first"}  # fmt: skip
+        return {
+            "action": "rollback_first",
+            "committed": committed,
+            "unfinished": unfinished,
+            "message": f"epoch(s) {unfinished} of target {tcfg.name} did not commit: rolling back first",
+        }
     return {"action": "run", "committed": committed, "unfinished": [], "message": "ok"}
 
 
 def _target_dict(tcfg: TargetConfig) -> dict:
     return {
-        "name": tcfg.name, "kind": tcfg.kind, "fileset": list(tcfg.fileset), "coalesce_gap": tcfg.coalesce_gap,
-        "part_size": tcfg.part_size, "small_object": tcfg.small_object,
-        "stripe_size": tcfg.stripe_size, "stripe_count": tcfg.stripe_count,
-        "prefix": tcfg.prefix, "path": tcfg.path, "control_dir": tcfg.control_dir,
-    }  # fmt: skip
+        "name": tcfg.name,
+        "kind": tcfg.kind,
+        "fileset": list(tcfg.fileset),
+        "coalesce_gap": tcfg.coalesce_gap,
+        "part_size": tcfg.part_size,
+        "small_object": tcfg.small_object,
+        "stripe_size": tcfg.stripe_size,
+        "stripe_count": tcfg.stripe_count,
+        "prefix": tcfg.prefix,
+        "path": tcfg.path,
+        "control_dir": tcfg.control_dir,
+    }
 
 
 def _store_dict(cfg: Config, tcfg: TargetConfig) -> dict:
@@ -90,8 +105,12 @@ def _store_dict(cfg: Config, tcfg: TargetConfig) -> dict:
     store = src.store
     # JSON Lines WRITE records pin object versions: an object with no version at E was
     # never written by E and reads as zeros, never as a later epoch's "latest" bytes
-    return {"key": store.key, "unstriped_key": store.unstriped_key, "bucket": store.bucket,
-            "versioned": src.changelogs.format == "jsonl"}  # fmt: skip
+    return {
+        "key": store.key,
+        "unstriped_key": store.unstriped_key,
+        "bucket": store.bucket,
+        "versioned": src.changelogs.format == "jsonl",
+    }
 
 
 def plan_path(cfg: Config, target: str, epoch: int) -> str:

@@ -35,8 +35,12 @@ def build_parser(stage: str) -> argparse.ArgumentParser:
     p.add_argument("--config", required=True, metavar="FILE", help="epochsync YAML config")
     p.add_argument("--epoch", type=int, required=True, metavar="E", help="first epoch of the run")
     p.add_argument("--through", type=int, metavar="E2", help="last epoch of the run (default: --epoch)")
-    p.add_argument("--target", required=stage != "ingest", metavar="NAME",
-                   help="target of the run" + (" (ingest: check continuity from its cursor)" if stage == "ingest" else ""))  # fmt: skip
+    p.add_argument(
+        "--target",
+        required=stage != "ingest",
+        metavar="NAME",
+        help="target of the run" + (" (ingest: check continuity from its cursor)" if stage == "ingest" else ""),
+    )
     p.add_argument(
         "--source",
         metavar="NAME",
@@ -75,12 +79,18 @@ def stage_main(stage: str, argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt as exc:
         sig = Interrupted.of(exc)
-        print(f"{stage}: stopped by {sig.name}; the target keeps its last committed epoch (the DAG's rollback "
-              "task undoes a partial apply)", file=sys.stderr)  # fmt: skip
+        print(
+            f"{stage}: stopped by {sig.name}; the target keeps its last committed epoch (the DAG's rollback "
+            "task undoes a partial apply)",
+            file=sys.stderr,
+        )
         return sig.exit_code
     if stage == "ingest":
-        print(f"ingested {out['records']} records of source {out['source']} epochs {out['first_epoch']}..{out['last_epoch']}"
-              f" in {out['seconds']} s ({out['quarantined']} quarantined)", flush=True)  # fmt: skip
+        print(
+            f"ingested {out['records']} records of source {out['source']} epochs {out['first_epoch']}..{out['last_epoch']}"
+            f" in {out['seconds']} s ({out['quarantined']} quarantined)",
+            flush=True,
+        )
     else:
         print(json.dumps(jsonable(out), sort_keys=True, default=str))
     return 0
@@ -90,8 +100,9 @@ def _run(stage: str, cfg, args, first: int, last: int, spark) -> dict:
     if stage == "ingest":
         from epochsync.stages.ingest import run_ingest
 
-        return run_ingest(cfg, args.source, first, last, spark, consumer=args.target,
-                          progress=lambda line: print(line, flush=True))  # fmt: skip
+        return run_ingest(
+            cfg, args.source, first, last, spark, consumer=args.target, progress=lambda line: print(line, flush=True)
+        )
     if stage == "merge":
         from epochsync.stages.merge import run_merge
 

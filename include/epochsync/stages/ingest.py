@@ -291,9 +291,14 @@ def find_index_gaps(spans: Sequence[IndexSpan], after_index: Mapping[str, int] |
             p = prev.get(span.server)
             if p is not None:
                 prev[span.server] = IndexSpan(
-                    p.server, p.file, p.first_index, p.last_index, p.bad_before,
-                    p.bad_after + span.bad_before + span.bad_after, p.last_is_mark,
-                )  # fmt: skip
+                    p.server,
+                    p.file,
+                    p.first_index,
+                    p.last_index,
+                    p.bad_before,
+                    p.bad_after + span.bad_before + span.bad_after,
+                    p.last_is_mark,
+                )
             continue
         p = prev.get(span.server)
         if p is None:
@@ -424,9 +429,11 @@ def file_tail(f: ChangelogFile, s3=None) -> tuple[int, int, str | None] | None:
 
 
 def settled_files(
-    files: dict[str, list[ChangelogFile]], tails: dict[str, tuple | None], first: int,
+    files: dict[str, list[ChangelogFile]],
+    tails: dict[str, tuple | None],
+    first: int,
     after_index: Mapping[str, int] | None,
-) -> dict[str, list[ChangelogFile]]:  # fmt: skip
+) -> dict[str, list[ChangelogFile]]:
     """Drop the leading files of each server that cannot hold anything this run judges.
 
     JSON Lines epochs never go down along a server's files (a late record is an error)
@@ -568,9 +575,15 @@ class FileReport:
 
     def span(self) -> IndexSpan:
         return IndexSpan(
-            self.server, self.file, self.span_first, self.span_last, self.bad_before, self.bad_after,
-            self.last_is_mark, self.first_is_epoch,
-        )  # fmt: skip
+            self.server,
+            self.file,
+            self.span_first,
+            self.span_last,
+            self.bad_before,
+            self.bad_after,
+            self.last_is_mark,
+            self.first_is_epoch,
+        )
 
 
 def _epoch_of_time(start_ns: int, interval_ns: int):
@@ -1115,9 +1128,11 @@ def b64decode_column(col):
     if validity is not None and arr.offset:
         validity = pa.array(arr.is_valid()).buffers()[1]
     result = pa.LargeBinaryArray.from_buffers(
-        pa.large_binary(), n, [validity, pa.py_buffer(new_offsets), pa.py_buffer(decoded.tobytes())],
+        pa.large_binary(),
+        n,
+        [validity, pa.py_buffer(new_offsets), pa.py_buffer(decoded.tobytes())],
         null_count=arr.null_count,
-    )  # fmt: skip
+    )
     return result.cast(pa.binary())
 
 
@@ -1152,9 +1167,12 @@ def _ingest_jsonl_file(sink: _Sink, read_schema) -> Iterator:
     def importer(stream, lines_before: int, bytes_before: int):
         after = sink.last_index_any
         return _reference_path(
-            stream, sink, line_base=lines_before, offset_base=bytes_before,
+            stream,
+            sink,
+            line_base=lines_before,
+            offset_base=bytes_before,
             after={sink.f.server: after} if after is not None else None,
-        )  # fmt: skip
+        )
 
     return _chunked(sink, fast, importer)
 
@@ -1613,10 +1631,18 @@ def _judge(src, job: IngestJob, reports: list[dict], skipped_closed: Mapping[str
     gaps = [g for r in reports for g in r["gaps"]]
     if job.continuity:
         spans = [
-            IndexSpan(r["server"], r["file"], r["span_first"], r["span_last"], r["bad_before"], r["bad_after"],
-                      r["last_is_mark"], r["first_is_epoch"])
+            IndexSpan(
+                r["server"],
+                r["file"],
+                r["span_first"],
+                r["span_last"],
+                r["bad_before"],
+                r["bad_after"],
+                r["last_is_mark"],
+                r["first_is_epoch"],
+            )
             for r in reports
-        ]  # fmt: skip
+        ]
         gaps += find_index_gaps(spans, job.after_index)
     if gaps:
         raise IngestError(gaps, hint="records were lost: the epoch cannot be replicated exactly")

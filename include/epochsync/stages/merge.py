@@ -90,8 +90,22 @@ ATTR_COLUMNS = ("mode", "uid", "gid", "atime_ns", "mtime_ns", "ctime_ns")
 #: types that set the size
 SIZE_SETTERS = ("TRUNC", "SATTR")
 #: every type the merge reads; the rest (EPOCH, MARK, OPEN, HSM, ...) do not change the replica
-MERGED_TYPES = (*CREATORS, "HLINK", "UNLNK", "RMDIR", "RENME", "CLOSE", "LYOUT", "TRUNC", "SATTR",
-                "XATTR", "MTIME", "CTIME", "ATIME", "WRITE")  # fmt: skip
+MERGED_TYPES = (
+    *CREATORS,
+    "HLINK",
+    "UNLNK",
+    "RMDIR",
+    "RENME",
+    "CLOSE",
+    "LYOUT",
+    "TRUNC",
+    "SATTR",
+    "XATTR",
+    "MTIME",
+    "CTIME",
+    "ATIME",
+    "WRITE",
+)
 S_IFMT = 0o170000
 
 _LINK = "struct<pfid:string,name:string>"
@@ -280,13 +294,17 @@ def link_changes(recs: DataFrame) -> DataFrame:
         .filter(F.col("ev").isNotNull())  # explode + filter: no lambda per record
         .select(
             F.col("ev.fid").alias("fid"),
-            F.expr(f"CASE WHEN ev.fid IS NULL OR ev.pfid IS NULL OR ev.name IS NULL THEN {bad} ELSE ev.pfid END")
-            .alias("pfid"),
+            F.expr(f"CASE WHEN ev.fid IS NULL OR ev.pfid IS NULL OR ev.name IS NULL THEN {bad} ELSE ev.pfid END").alias(
+                "pfid"
+            ),
             F.col("ev.name").alias("name"),
             F.when(F.col("ev.add"), 1).otherwise(-1).alias("d"),
-            "server", "index", F.col("ev.sub").alias("sub"), "type",
+            "server",
+            "index",
+            F.col("ev.sub").alias("sub"),
+            "type",
         )
-    )  # fmt: skip
+    )
     link = ["fid", "pfid", "name"]
     w = Window.partitionBy(*link, "server").orderBy("index", "sub")
     per_server = (
@@ -354,9 +372,10 @@ def xattr_changes(recs: DataFrame) -> DataFrame:
     )
     return last.groupBy("fid").agg(
         F.collect_list("xattr_name").alias("x_touched"),
-        F.expr("collect_list(named_struct('name', xattr_name, 'value', last.value)) FILTER (WHERE last.value IS NOT NULL)")
-        .alias("x_set"),
-    )  # fmt: skip
+        F.expr(
+            "collect_list(named_struct('name', xattr_name, 'value', last.value)) FILTER (WHERE last.value IS NOT NULL)"
+        ).alias("x_set"),
+    )
 
 
 def write_chunks(writes: DataFrame, extents_known: bool) -> tuple[DataFrame, DataFrame]:
@@ -382,40 +401,58 @@ def write_chunks(writes: DataFrame, extents_known: bool) -> tuple[DataFrame, Dat
             ELSE 'striped' END"""
     else:
         kind = "'whole'"
-    per_write = (
-        writes.select(
-            "fid", "ord", "object", "extents", *TIME_TYPES, "layout",
-            F.expr("set_ord IS NULL OR ord > set_ord").alias("after_set"),
-            F.col("layout.stripe_size").alias("ss"),
-            F.col("layout.stripe_count").cast("bigint").alias("cnt"),
-            # RAID-0: object k of the layout holds file stripes j*count + k (DESIGN section 4)
-            F.expr("array_position(layout.objects, named_struct('ost', object.ost, 'oid', object.oid)) - 1").alias("k"),
-        )
-        .withColumn("kind", F.expr(kind))
-    )  # fmt: skip
+    per_write = writes.select(
+        "fid",
+        "ord",
+        "object",
+        "extents",
+        *TIME_TYPES,
+        "layout",
+        F.expr("set_ord IS NULL OR ord > set_ord").alias("after_set"),
+        F.col("layout.stripe_size").alias("ss"),
+        F.col("layout.stripe_count").cast("bigint").alias("cnt"),
+        # RAID-0: object k of the layout holds file stripes j*count + k (DESIGN section 4)
+        F.expr("array_position(layout.objects, named_struct('ost', object.ost, 'oid', object.oid)) - 1").alias("k"),
+    ).withColumn("kind", F.expr(kind))
     extents = (
         per_write.filter(F.col("kind").isin("identity", "striped"))
         .select("fid", "after_set", "kind", "ss", "cnt", "k", F.explode("extents").alias("x"))
         .filter("x.length > 0")
         .select(
-            "fid", "after_set", "kind", "ss", "cnt", "k",
-            F.col("x.offset").alias("off"), F.expr("x.offset + x.length").alias("end"),
+            "fid",
+            "after_set",
+            "kind",
+            "ss",
+            "cnt",
+            "k",
+            F.col("x.offset").alias("off"),
+            F.expr("x.offset + x.length").alias("end"),
         )
-    )  # fmt: skip
+    )
     # an object extent crossing stripe rows is cut into one file interval per row j
     rows = extents.select(
-        "fid", "after_set", "kind", "ss", "cnt", "k", "off", "end",
-        F.explode(F.expr("CASE WHEN kind = 'striped' THEN sequence(off div ss, (end - 1) div ss) ELSE array(0L) END"))
-        .alias("j"),
-    )  # fmt: skip
+        "fid",
+        "after_set",
+        "kind",
+        "ss",
+        "cnt",
+        "k",
+        "off",
+        "end",
+        F.explode(
+            F.expr("CASE WHEN kind = 'striped' THEN sequence(off div ss, (end - 1) div ss) ELSE array(0L) END")
+        ).alias("j"),
+    )
     chunks = rows.select(
         "fid",
         "after_set",
-        F.expr("CASE WHEN kind = 'striped' THEN (j * cnt + k) * ss + greatest(off, j * ss) - j * ss ELSE off END")
-        .alias("s"),
-        F.expr("CASE WHEN kind = 'striped' THEN (j * cnt + k) * ss + least(end, (j + 1) * ss) - j * ss ELSE end END")
-        .alias("e"),
-    )  # fmt: skip
+        F.expr(
+            "CASE WHEN kind = 'striped' THEN (j * cnt + k) * ss + greatest(off, j * ss) - j * ss ELSE off END"
+        ).alias("s"),
+        F.expr(
+            "CASE WHEN kind = 'striped' THEN (j * cnt + k) * ss + least(end, (j + 1) * ss) - j * ss ELSE end END"
+        ).alias("e"),
+    )
     return per_write, chunks
 
 
@@ -434,11 +471,14 @@ def write_data(per_write: DataFrame, chunks: DataFrame) -> DataFrame:
 
     w = Window.partitionBy("fid").orderBy("s", "e")
     marked = chunks.select(
-        "fid", "s", "e", "after_set",
+        "fid",
+        "s",
+        "e",
+        "after_set",
         F.max("e").over(w.rowsBetween(Window.unboundedPreceding, -1)).alias("prev_end"),
         F.max("e").over(w.rowsBetween(Window.unboundedPreceding, Window.currentRow)).alias("run_end"),
         F.lead("s").over(w).alias("next_s"),
-    )  # fmt: skip
+    )
     ranges = marked.groupBy("fid").agg(
         F.expr("array_sort(collect_list(s) FILTER (WHERE prev_end IS NULL OR s > prev_end))").alias("starts"),
         F.expr("array_sort(collect_list(run_end) FILTER (WHERE next_s IS NULL OR next_s > run_end))").alias("ends"),
@@ -560,9 +600,12 @@ def merge_epoch(
         .withColumn("links", F.when(F.col("fid").isin(*roots), F.expr(_empty(_LINK))).otherwise(F.expr(links)))
         .withColumn("exists_after", F.col("fid").isin(*roots) | (F.size("links") > 0))
         .withColumn(
-            "type", F.expr(f"CASE WHEN p_type IS NOT NULL THEN p_type WHEN exists_after AND l_type IS NULL THEN {unknown} ELSE l_type.v END")
+            "type",
+            F.expr(
+                f"CASE WHEN p_type IS NOT NULL THEN p_type WHEN exists_after AND l_type IS NULL THEN {unknown} ELSE l_type.v END"
+            ),
         )
-    )  # fmt: skip
+    )
 
     def last_or_prev(col: str):
         return F.when(F.col("l_" + col).isNull(), F.col("p_" + col)).otherwise(F.col("l_" + col + ".v"))
@@ -625,12 +668,14 @@ def merge_epoch(
             array(named_struct(
                 's', least(trunc_from, coalesce(array_min(transform(filter(rc, r -> r.e >= trunc_from), r -> r.s)), trunc_from)),
                 'e', n_size)))
-        ELSE rc END"""  # fmt: skip
+        ELSE rc END"""
     st = st.withColumn("rc", F.expr(clipped)).withColumn(
         "ranges",
-        F.when(is_file & ~F.col("whole_file"), F.expr(f"transform({with_trunc}, r -> named_struct('offset', r.s, 'length', r.e - r.s))"))
-        .otherwise(F.expr(_empty(_EXTENT))),
-    )  # fmt: skip
+        F.when(
+            is_file & ~F.col("whole_file"),
+            F.expr(f"transform({with_trunc}, r -> named_struct('offset', r.s, 'length', r.e - r.s))"),
+        ).otherwise(F.expr(_empty(_EXTENT))),
+    )
     # objects: the latest version per written object; a LYOUT forgets objects not in the new layout
     merged_objects = (
         f"array_sort(concat(filter(coalesce(p_objects, {_empty(_OBJECT)}),"
@@ -680,14 +725,16 @@ def merge_epoch(
             F.expr("existed_before <> exists_after OR NOT (links <=> p_links)").alias("links_changed"),
             F.expr(f"exists_after AND (NOT existed_before OR {attrs_differ})").alias("attrs_changed"),
             F.expr(f"exists_after AND ({xattrs_differ})").alias("xattrs_changed"),
-            F.expr(f"exists_after AND type = '{FILE}' AND (whole_file OR size(ranges) > 0 OR NOT (n_size <=> old0))").alias("data_changed"),
+            F.expr(
+                f"exists_after AND type = '{FILE}' AND (whole_file OR size(ranges) > 0 OR NOT (n_size <=> old0))"
+            ).alias("data_changed"),
             "whole_file",
             "ranges",
             F.col("p_size").alias("old_size"),
             F.when(F.col("exists_after"), F.col("n_size")).alias("new_size"),
         )
         .filter("created OR deleted OR links_changed OR attrs_changed OR xattrs_changed OR data_changed")
-    )  # fmt: skip
+    )
     return snapshot, conform(changes, _change_type())
 
 
@@ -716,7 +763,7 @@ def cookie_groups(records: DataFrame) -> DataFrame:
             F.max("time_ns").alias("last_time_ns"),
         )
         .filter(F.size("servers") > 1)
-    )  # fmt: skip
+    )
 
 
 def _snapshot_type():

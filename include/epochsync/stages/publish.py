@@ -141,20 +141,45 @@ def _parquet_schema():
 
     rng = pa.struct([("offset", pa.int64()), ("length", pa.int64())])
     xat = pa.struct([("name", pa.string()), ("value", pa.binary())])
-    return pa.schema([
-        ("epoch", pa.int64()), ("seq", pa.int64()), ("kind", pa.string()), ("path", pa.string()),
-        ("old_path", pa.string()), ("link_to", pa.string()), ("fid", pa.string()), ("type", pa.string()),
-        ("changed", pa.list_(pa.string())), ("size", pa.int64()), ("old_size", pa.int64()),
-        ("mode", pa.int64()), ("uid", pa.int64()), ("gid", pa.int64()), ("mtime_ns", pa.int64()),
-        ("symlink", pa.string()), ("xattrs", pa.list_(xat)), ("whole_file", pa.bool_()), ("ranges", pa.list_(rng)),
-    ])  # fmt: skip
+    return pa.schema(
+        [
+            ("epoch", pa.int64()),
+            ("seq", pa.int64()),
+            ("kind", pa.string()),
+            ("path", pa.string()),
+            ("old_path", pa.string()),
+            ("link_to", pa.string()),
+            ("fid", pa.string()),
+            ("type", pa.string()),
+            ("changed", pa.list_(pa.string())),
+            ("size", pa.int64()),
+            ("old_size", pa.int64()),
+            ("mode", pa.int64()),
+            ("uid", pa.int64()),
+            ("gid", pa.int64()),
+            ("mtime_ns", pa.int64()),
+            ("symlink", pa.string()),
+            ("xattrs", pa.list_(xat)),
+            ("whole_file", pa.bool_()),
+            ("ranges", pa.list_(rng)),
+        ]
+    )
 
 
 def _dump_schema():
     import pyarrow as pa
 
-    types = {"path": pa.string(), "type": pa.string(), "size": pa.int64(), "mode": pa.int64(), "uid": pa.int64(),
-             "gid": pa.int64(), "mtime_ns": pa.int64(), "symlink": pa.string(), "fid": pa.string()}  # fmt: skip
+    types = {
+        "path": pa.string(),
+        "type": pa.string(),
+        "size": pa.int64(),
+        "mode": pa.int64(),
+        "uid": pa.int64(),
+        "gid": pa.int64(),
+        "mtime_ns": pa.int64(),
+        "symlink": pa.string(),
+        "fid": pa.string(),
+    }
     return pa.schema([(f, types[f]) for f in DUMP_FIELDS])
 
 
@@ -267,8 +292,11 @@ def publish_epoch(cfg, target, first_epoch: int, epoch: int, spark=None, *, inje
     store = open_feed_store(tcfg)
     published = manifest_epoch(store.read_json(FEED_DOC))
     if published >= epoch:
-        return {"noop": True, "epoch": published,
-                "message": f"feed {tcfg.name} is already at epoch {published}: epoch {epoch} is a no-op"}  # fmt: skip
+        return {
+            "noop": True,
+            "epoch": published,
+            "message": f"feed {tcfg.name} is already at epoch {published}: epoch {epoch} is a no-op",
+        }
     if published != first_epoch - 1:
         span = f"{published + 1}..{first_epoch - 1}" if first_epoch - 1 > published + 1 else f"{published + 1}"
         raise FeedError(
@@ -296,26 +324,54 @@ def publish_epoch(cfg, target, first_epoch: int, epoch: int, spark=None, *, inje
         for k in [r["kind"]] if r["kind"] != "MODIFY" else [f"MODIFY {w}" for w in r["changed"]]:
             counts[k] = counts.get(k, 0) + 1
     row = {
-        "target": tcfg.name, "source": src.name, "kind": "feed", "first_epoch": first_epoch, "epoch": epoch,
-        "status": "committed", "records_in": _records_in(cfg, src.name, first_epoch, epoch),
-        "net_operations": {"created": counts.get("NEW", 0), "deleted": counts.get("DELETE", 0),
-                           "moved": counts.get("RENAME", 0), "linked": counts.get("LINK", 0),
-                           "attrs": counts.get("MODIFY attrs", 0) + counts.get("MODIFY xattrs", 0),
-                           "data": counts.get("MODIFY data", 0)},
-        "events": counts, "records_published": len(records), "file": name, "bytes_written": len(data),
+        "target": tcfg.name,
+        "source": src.name,
+        "kind": "feed",
+        "first_epoch": first_epoch,
+        "epoch": epoch,
+        "status": "committed",
+        "records_in": _records_in(cfg, src.name, first_epoch, epoch),
+        "net_operations": {
+            "created": counts.get("NEW", 0),
+            "deleted": counts.get("DELETE", 0),
+            "moved": counts.get("RENAME", 0),
+            "linked": counts.get("LINK", 0),
+            "attrs": counts.get("MODIFY attrs", 0) + counts.get("MODIFY xattrs", 0),
+            "data": counts.get("MODIFY data", 0),
+        },
+        "events": counts,
+        "records_published": len(records),
+        "file": name,
+        "bytes_written": len(data),
         "bytes_changed": sum(n for r in records for _, n in r.get("ranges") or []),
-        "bytes_pulled": 0, "bytes_copied": 0, "sha256": hashlib.sha256(data).hexdigest(),
-        "durations": {"publish": round(time.monotonic() - t0, 3)}, "committed_at": time.time(),
-    }  # fmt: skip
+        "bytes_pulled": 0,
+        "bytes_copied": 0,
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "durations": {"publish": round(time.monotonic() - t0, 3)},
+        "committed_at": time.time(),
+    }
     write_json_atomic(local_path(Warehouse(cfg.warehouse).stats(tcfg.name, epoch)), row)
     if faults:
         faults.tick(f"commit {FEED_DOC}")
-    store.write_json(FEED_DOC, {
-        "feed": tcfg.name, "source": src.name, "schema_version": SCHEMA_VERSION, "format": tcfg.format,
-        "epoch": epoch, "first_epoch": first_epoch, "file": name, "records": len(records), "bytes": len(data),
-        "sha256": row["sha256"], "events": list(tcfg.events), "fileset": list(tcfg.fileset),
-        "snapshot": Warehouse(cfg.warehouse).snapshot(tcfg.name, epoch), "committed_at": _now_iso(),
-    })  # fmt: skip
+    store.write_json(
+        FEED_DOC,
+        {
+            "feed": tcfg.name,
+            "source": src.name,
+            "schema_version": SCHEMA_VERSION,
+            "format": tcfg.format,
+            "epoch": epoch,
+            "first_epoch": first_epoch,
+            "file": name,
+            "records": len(records),
+            "bytes": len(data),
+            "sha256": row["sha256"],
+            "events": list(tcfg.events),
+            "fileset": list(tcfg.fileset),
+            "snapshot": Warehouse(cfg.warehouse).snapshot(tcfg.name, epoch),
+            "committed_at": _now_iso(),
+        },
+    )
     record_event(cfg.warehouse, tcfg.name, COMMITTED, epoch, first_epoch=first_epoch)
     advance_cursor(cfg.warehouse, src.name, tcfg.name, epoch, commit._last_indexes(cfg, src.name, first_epoch, epoch))
     row["durations"]["publish"] = round(time.monotonic() - t0, 3)
@@ -392,9 +448,13 @@ def _start_from_dump(cfg: Config, tcfg: TargetConfig, store: FeedStore, name: st
     dump = write_dump(cfg, tcfg, store, published, spark)
     now = _now_iso()
     doc = {
-        "consumer": name, "acked": published, "dump_epoch": published, "dump": dump,
-        "registered_at": (prior or {}).get("registered_at") or now, "updated_at": now,
-    }  # fmt: skip
+        "consumer": name,
+        "acked": published,
+        "dump_epoch": published,
+        "dump": dump,
+        "registered_at": (prior or {}).get("registered_at") or now,
+        "updated_at": now,
+    }
     store.write_json(_consumer_doc_name(name), doc)
     return doc
 
@@ -452,11 +512,14 @@ def ack_consumer(cfg, target, name: str, epoch: int) -> dict:
     if doc["acked"] < purged:
         raise FeedError(_behind_message(tcfg, name, doc["acked"], purged, cfg))
     if epoch > published:
-        raise FeedError(f"feed {tcfg.name} has published epochs up to {published}: consumer {name} cannot "
-                        f"acknowledge epoch {epoch}")  # fmt: skip
+        raise FeedError(
+            f"feed {tcfg.name} has published epochs up to {published}: consumer {name} cannot acknowledge epoch {epoch}"
+        )
     if epoch < doc["acked"]:
-        raise FeedError(f"consumer {name} of feed {tcfg.name} already acknowledged epoch {doc['acked']}; "
-                        f"acknowledgements only move forward (got {epoch})")  # fmt: skip
+        raise FeedError(
+            f"consumer {name} of feed {tcfg.name} already acknowledged epoch {doc['acked']}; "
+            f"acknowledgements only move forward (got {epoch})"
+        )
     doc = dict(doc, acked=epoch, updated_at=_now_iso())
     store.write_json(_consumer_doc_name(name), doc)
     return doc
@@ -483,20 +546,32 @@ def consumer_status(cfg, target, name: str | None = None, *, now: float | None =
     purged = purged_through(store)
     files = [e for e in published_epochs(store) if e <= published]
     consumers = [_consumer(cfg, tcfg, store, name)] if name else read_consumers(store)
-    out = {"feed": tcfg.name, "where": store.describe(), "format": tcfg.format, "published_epoch": published,
-           "purged_through": purged, "epoch_files": files, "consumers": []}  # fmt: skip
+    out = {
+        "feed": tcfg.name,
+        "where": store.describe(),
+        "format": tcfg.format,
+        "published_epoch": published,
+        "purged_through": purged,
+        "epoch_files": files,
+        "consumers": [],
+    }
     for c in consumers:
         behind = c["acked"] < purged
         if name and behind:
             raise FeedError(_behind_message(tcfg, name, c["acked"], purged, cfg))
         idle = _idle_s(c, now)
-        out["consumers"].append({
-            "consumer": c["consumer"], "acked": c["acked"], "lag_epochs": published - c["acked"],
-            "behind_retention": behind, "idle_s": round(idle, 1),
-            "idle": c["acked"] < published and idle > tcfg.retention.idle_limit_s,
-            "next_files": [epoch_file(e, tcfg.format) for e in files if e > c["acked"]],
-            "dump": c.get("dump") if c["acked"] == c.get("dump_epoch") else None,
-        })  # fmt: skip
+        out["consumers"].append(
+            {
+                "consumer": c["consumer"],
+                "acked": c["acked"],
+                "lag_epochs": published - c["acked"],
+                "behind_retention": behind,
+                "idle_s": round(idle, 1),
+                "idle": c["acked"] < published and idle > tcfg.retention.idle_limit_s,
+                "next_files": [epoch_file(e, tcfg.format) for e in files if e > c["acked"]],
+                "dump": c.get("dump") if c["acked"] == c.get("dump_epoch") else None,
+            }
+        )
     return out
 
 
@@ -534,10 +609,14 @@ def purge_feed(cfg, target, *, dry_run: bool = False, log=print, now: float | No
             state += f", idle for {c['idle_s']:.0f}s"
         log(f"feed {tcfg.name}: consumer {c['consumer']}: acknowledged epoch {c['acked']} of {published}{state}")
     if dropped:
-        log(f"feed {tcfg.name}: retention.max_epochs {ret.max_epochs} lets go of epochs its consumers did not "
-            f"acknowledge: {', '.join(dropped)} must hydrate")  # fmt: skip
-    log(f"feed {tcfg.name}: purging epoch files <= {max(through, 0)}: {len(doomed)} files, {len(dead_dumps)} old dumps"
-        f"{' (dry run: nothing deleted)' if dry_run else ''}")  # fmt: skip
+        log(
+            f"feed {tcfg.name}: retention.max_epochs {ret.max_epochs} lets go of epochs its consumers did not "
+            f"acknowledge: {', '.join(dropped)} must hydrate"
+        )
+    log(
+        f"feed {tcfg.name}: purging epoch files <= {max(through, 0)}: {len(doomed)} files, {len(dead_dumps)} old dumps"
+        f"{' (dry run: nothing deleted)' if dry_run else ''}"
+    )
     if not dry_run and doomed:
         # the marker first: a consumer that needs a file about to go is refused from now on
         store.write_json(PURGED_DOC, {"through": max(newest, purged_through(store)), "at": _now_iso()})
@@ -546,17 +625,27 @@ def purge_feed(cfg, target, *, dry_run: bool = False, log=print, now: float | No
     if not dry_run:
         for d in dead_dumps:
             store.delete(dump_file(d, tcfg.format))
-    return {"feed": tcfg.name, "purged_through": newest, "files": len(doomed), "dumps": len(dead_dumps),
-            "idle": idle, "dropped": dropped, "dry_run": dry_run}  # fmt: skip
+    return {
+        "feed": tcfg.name,
+        "purged_through": newest,
+        "files": len(doomed),
+        "dumps": len(dead_dumps),
+        "idle": idle,
+        "dropped": dropped,
+        "dry_run": dry_run,
+    }
 
 
 # --------------------------------------------------------------------------- the verb and the Spark app
 
 
 def configure_feed(parser) -> None:
-    parser.add_argument("action", choices=("register", "ack", "status", "hydrate", "unregister"),
-                        help="register a consumer (starts from a dump), ack an epoch, show status, hydrate a "
-                             "consumer again from a new dump, or unregister it")  # fmt: skip
+    parser.add_argument(
+        "action",
+        choices=("register", "ack", "status", "hydrate", "unregister"),
+        help="register a consumer (starts from a dump), ack an epoch, show status, hydrate a "
+        "consumer again from a new dump, or unregister it",
+    )
     parser.add_argument("--config", required=True, metavar="FILE", help="epochsync YAML config")
     parser.add_argument("--target", required=True, metavar="NAME", help="the feed target")
     parser.add_argument("--consumer", metavar="NAME", help="the consumer (status: all when omitted)")
@@ -572,12 +661,16 @@ def run_feed(args) -> int:
         raise FeedError("feed ack needs --epoch E (the last epoch the consumer processed)")
     if args.action == "register":
         d = register_consumer(cfg, args.target, args.consumer)
-        print(f"consumer {d['consumer']}: registered at epoch {d['acked']}: load {d['dump']}, then read epoch files "
-              f"after {d['acked']}")  # fmt: skip
+        print(
+            f"consumer {d['consumer']}: registered at epoch {d['acked']}: load {d['dump']}, then read epoch files "
+            f"after {d['acked']}"
+        )
     elif args.action == "hydrate":
         d = hydrate_consumer(cfg, args.target, args.consumer)
-        print(f"consumer {d['consumer']}: hydrated at epoch {d['acked']}: load {d['dump']}, then read epoch files "
-              f"after {d['acked']}")  # fmt: skip
+        print(
+            f"consumer {d['consumer']}: hydrated at epoch {d['acked']}: load {d['dump']}, then read epoch files "
+            f"after {d['acked']}"
+        )
     elif args.action == "ack":
         d = ack_consumer(cfg, args.target, args.consumer, args.epoch)
         print(f"consumer {d['consumer']}: acknowledged through epoch {d['acked']}")
@@ -590,18 +683,24 @@ def run_feed(args) -> int:
             json.dump(st, sys.stdout, indent=2)
             sys.stdout.write("\n")
         else:
-            print(f"feed {st['feed']} at {st['where']}: published through epoch {st['published_epoch']}, "
-                  f"{len(st['epoch_files'])} epoch files kept, purged through {st['purged_through']}")  # fmt: skip
+            print(
+                f"feed {st['feed']} at {st['where']}: published through epoch {st['published_epoch']}, "
+                f"{len(st['epoch_files'])} epoch files kept, purged through {st['purged_through']}"
+            )
             for c in st["consumers"]:
                 if c["behind_retention"]:
-                    print(f"  {c['consumer']}: acknowledged {c['acked']}, lag {c['lag_epochs']}, behind retention: "
-                          f"hydrate it (epochsync feed hydrate --consumer {c['consumer']})")  # fmt: skip
+                    print(
+                        f"  {c['consumer']}: acknowledged {c['acked']}, lag {c['lag_epochs']}, behind retention: "
+                        f"hydrate it (epochsync feed hydrate --consumer {c['consumer']})"
+                    )
                     continue
                 nxt = "nothing"
                 if c["next_files"]:
                     more = len(c["next_files"]) - 1
                     nxt = c["next_files"][0] + (f" (+{more} more)" if more else "")
                 load = f"load {c['dump']}, then " if c["dump"] else ""
-                print(f"  {c['consumer']}: acknowledged {c['acked']}, lag {c['lag_epochs']}, "
-                      f"{'idle' if c['idle'] else 'ok'}; {load}next: {nxt}")  # fmt: skip
+                print(
+                    f"  {c['consumer']}: acknowledged {c['acked']}, lag {c['lag_epochs']}, "
+                    f"{'idle' if c['idle'] else 'ok'}; {load}next: {nxt}"
+                )
     return 0

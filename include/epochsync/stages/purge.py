@@ -237,8 +237,11 @@ def purge_source(config: Config, source_name: str, *, dry_run: bool = False, log
     # feed targets: their epoch files, held by the feed's own registered consumers
     from epochsync.stages.publish import purge_feed
 
-    feeds = [purge_feed(config, t, dry_run=dry_run, log=log) for t in config.targets
-             if t.source == source_name and t.kind == "feed"]  # fmt: skip
+    feeds = [
+        purge_feed(config, t, dry_run=dry_run, log=log)
+        for t in config.targets
+        if t.source == source_name and t.kind == "feed"
+    ]
     result["feeds"] = feeds
     idle_feed = [f"{c} (feed {f['feed']})" for f in feeds for c in f["idle"]]
     if plan.idle or idle_feed:

@@ -134,19 +134,33 @@ def _replicate_epoch(cfg: Config, tcfg: TargetConfig, e: int, session: _Session,
         from epochsync.stages.publish import publish_epoch
 
         try:
-            return step("publish", lambda: publish_epoch(cfg, tcfg, e, e, spark, inject=inject),
-                        lambda o: f": {o['records_published']} records in {o['file']}")  # fmt: skip
+            return step(
+                "publish",
+                lambda: publish_epoch(cfg, tcfg, e, e, spark, inject=inject),
+                lambda o: f": {o['records_published']} records in {o['file']}",
+            )
         except EpochsyncError as exc:  # nothing to roll back: _feed.json still names the previous epoch
             record_event(cfg.warehouse, tcfg.name, FAILED, e, message=str(exc)[:500])
             raise EpochError(f"epoch {e} of feed {tcfg.name} was not published: {exc}") from exc
-    step("translate", lambda: run_translate(cfg, tcfg, e, spark, whole_file=whole_file),
-         lambda o: f": {o['namespace_ops']} namespace, {o['data_ops']} data, {o['post_ops']} post operations")  # fmt: skip
+    step(
+        "translate",
+        lambda: run_translate(cfg, tcfg, e, spark, whole_file=whole_file),
+        lambda o: f": {o['namespace_ops']} namespace, {o['data_ops']} data, {o['post_ops']} post operations",
+    )
     try:
-        step("apply", lambda: run_apply(cfg, tcfg, e, spark, inject=inject),
-             lambda o: f": {o.get('bytes_pulled', 0)} bytes pulled, {o.get('bytes_written', 0)} written, "
-                       f"{o.get('bytes_copied', 0)} copied server-side")  # fmt: skip
-        step("verify", lambda: run_verify(cfg, tcfg, e, spark),
-             lambda o: f": {o['paths_checked']} paths, {o['files_hashed']} files hashed")  # fmt: skip
+        step(
+            "apply",
+            lambda: run_apply(cfg, tcfg, e, spark, inject=inject),
+            lambda o: (
+                f": {o.get('bytes_pulled', 0)} bytes pulled, {o.get('bytes_written', 0)} written, "
+                f"{o.get('bytes_copied', 0)} copied server-side"
+            ),
+        )
+        step(
+            "verify",
+            lambda: run_verify(cfg, tcfg, e, spark),
+            lambda o: f": {o['paths_checked']} paths, {o['files_hashed']} files hashed",
+        )
         return step("commit", lambda: run_commit(cfg, tcfg, e), lambda o: f": manifest at epoch {e}")
     except Exception as exc:
         progress(f"{tcfg.name} epoch {e}: FAILED: {exc}")
@@ -187,16 +201,23 @@ def run_replicate(args) -> int:
         print(line, flush=True)
 
     rows = replicate(
-        cfg, args.target, args.through, epoch=args.epoch, inject=args.inject_failure,
-        whole_file=args.whole_file, progress=progress,
-    )  # fmt: skip
+        cfg,
+        args.target,
+        args.through,
+        epoch=args.epoch,
+        inject=args.inject_failure,
+        whole_file=args.whole_file,
+        progress=progress,
+    )
     for r in rows:
         if "epoch" not in r:  # a no-op (the epoch was committed in between)
             print(r.get("message", "nothing to do"))
             continue
         if r.get("kind") == "feed":
-            print(f"epoch {r['epoch']}: published; {r['records_in']} records, {r['records_published']} changes "
-                  f"{r['events']} in {r['file']} ({r['bytes_written']} bytes)")  # fmt: skip
+            print(
+                f"epoch {r['epoch']}: published; {r['records_in']} records, {r['records_published']} changes "
+                f"{r['events']} in {r['file']} ({r['bytes_written']} bytes)"
+            )
             continue
         print(
             f"epoch {r['epoch']}: committed; {r['records_in']} records, ops {r['net_operations']}, "
@@ -210,9 +231,12 @@ def configure_relocate(parser) -> None:
     parser.add_argument("--config", required=True, metavar="FILE", help="epochsync YAML config")
     parser.add_argument("--target", required=True, metavar="NAME", help="target whose control directory moves")
     parser.add_argument(
-        "--from", dest="old", default=".epochsync", metavar="NAME",
+        "--from",
+        dest="old",
+        default=".epochsync",
+        metavar="NAME",
         help="where the control directory is now (default .epochsync); it moves to the target's control_dir",
-    )  # fmt: skip
+    )
 
 
 def run_relocate(args) -> int:

@@ -95,8 +95,15 @@ def rollback_target(cfg, target, spark=None, *, check: bool = True, progress=Non
                 "after fixing the cause, or re-hydrate the target)"
             )
     tgt.mark_rollback(max(epochs))
-    record_event(cfg.warehouse, tcfg.name, ROLLED_BACK, max(epochs), message=f"back at epoch {committed}",
-                 epochs=epochs, undone=undone)  # fmt: skip
+    record_event(
+        cfg.warehouse,
+        tcfg.name,
+        ROLLED_BACK,
+        max(epochs),
+        message=f"back at epoch {committed}",
+        epochs=epochs,
+        undone=undone,
+    )
     for e in epochs:
         remove_journal(journal_dir(cfg.warehouse, tcfg.name, e))
     return {

@@ -156,8 +156,10 @@ def source_objects(fid: str, row: dict, store: dict) -> dict:
         version = mine[-1].get("version") if mine else None
         if versioned and version is None:
             return {"layout": None, "objects": [None]}
-        return {"layout": None, "objects": [{"key": store["unstriped_key"].format(fid=fid, ost="", oid=fid),
-                                             "version": version}]}  # fmt: skip
+        return {
+            "layout": None,
+            "objects": [{"key": store["unstriped_key"].format(fid=fid, ost="", oid=fid), "version": version}],
+        }
     versions = {(o.get("ost"), o.get("oid")): o.get("version") for o in objects}
     out = []
     for i in range(int(layout["stripe_count"])):
@@ -268,9 +270,12 @@ def build_plan(
         _plan_root(e, target, plan)
     entries = entries + [e for e in roots if attrs_changed(e)]
     plan.update(
-        version=PLAN_VERSION, target=target["name"], kind=target["kind"], epoch=epoch,
+        version=PLAN_VERSION,
+        target=target["name"],
+        kind=target["kind"],
+        epoch=epoch,
         first_epoch=first_epoch if first_epoch is not None else epoch,
-    )  # fmt: skip
+    )
     plan["verify"] = _verify_items(entries, store)
     plan["summary"] = _summary(entries, plan)
     return plan
@@ -399,9 +404,13 @@ def _summary(entries: list[dict], plan: dict) -> dict:
             changed_bytes += sum(n for _, n in rs)
     pulled = sum(n for op in plan["data"] for p in op["pulls"] for _, n in p["ranges"])
     s.update(
-        entries=len(entries), changed_bytes=changed_bytes, planned_pull_bytes=pulled,
-        namespace_ops=len(plan["namespace"]), data_ops=len(plan["data"]), post_ops=len(plan["post"]),
-    )  # fmt: skip
+        entries=len(entries),
+        changed_bytes=changed_bytes,
+        planned_pull_bytes=pulled,
+        namespace_ops=len(plan["namespace"]),
+        data_ops=len(plan["data"]),
+        post_ops=len(plan["post"]),
+    )
     return s
 
 
@@ -514,8 +523,10 @@ def _links(entry: dict, side: str) -> list[dict]:
     links = entry.get(f"{side}_links")
     if links is not None:
         return links
-    return [{"pfid": p.rsplit("/", 1)[0] if "/" in p else "", "name": p.rsplit("/", 1)[-1], "path": p}
-            for p in entry[f"{side}_paths"]]  # fmt: skip
+    return [
+        {"pfid": p.rsplit("/", 1)[0] if "/" in p else "", "name": p.rsplit("/", 1)[-1], "path": p}
+        for p in entry[f"{side}_paths"]
+    ]
 
 
 def _nearest_ancestor(path: str, candidates: set[str]) -> str | None:
@@ -617,8 +628,15 @@ def _plan_s3(entries: list[dict], target: dict, store: dict, epoch: int) -> dict
             olds = {_key(p, otype) for p in e["old_paths"]} if same_type else set()
             for k in keys:
                 if k not in olds or attrs_changed(e):
-                    ns.append({"op": "copy", "key": k, "src": k if k in olds else old_first, "attrs": a,
-                               "size": int(new.get("size") or 0)})  # fmt: skip
+                    ns.append(
+                        {
+                            "op": "copy",
+                            "key": k,
+                            "src": k if k in olds else old_first,
+                            "attrs": a,
+                            "size": int(new.get("size") or 0),
+                        }
+                    )
             continue
         # directories (markers), symlinks and special files: empty objects with metadata
         olds = {_key(p, otype) for p in e["old_paths"]} if same_type else set()
@@ -639,8 +657,12 @@ def _plan_s3(entries: list[dict], target: dict, store: dict, epoch: int) -> dict
             if sp["key"] not in old_keys:
                 fence.append({"key": sp["key"], "present": sp["had"], "size": sp["base_size"] if sp["had"] else None})
     ns.sort(key=lambda o: (o["key"].count("/"), o["key"]))
-    return {"namespace": deletes + ns, "data": sorted(data, key=lambda o: o["key"]), "post": post,
-            "fence": _dedupe_fence(fence, "key")}  # fmt: skip
+    return {
+        "namespace": deletes + ns,
+        "data": sorted(data, key=lambda o: o["key"]),
+        "post": post,
+        "fence": _dedupe_fence(fence, "key"),
+    }
 
 
 def _write_mode(new_size: int, ranges: list, base: str | None, base_len: int, target: dict) -> dict[str, Any]:
@@ -680,8 +702,18 @@ def _striped_data_ops(e: dict, target: dict, store: dict, same_type: bool) -> li
         key = stripe_key(e["fid"], i, cd)
         base = key if (same_type and old_len and not common["whole"]) else None
         write = {"mode": "delete"} if new_len == 0 else _write_mode(new_len, rs, base, old_len, target)
-        stripes.append({"key": key, "stripe_index": i, "base": base, "base_size": old_len, "had": old_len > 0,
-                        "obj_ranges": [list(r) for r in rs], "new_len": new_len, "write": write})  # fmt: skip
+        stripes.append(
+            {
+                "key": key,
+                "stripe_index": i,
+                "base": base,
+                "base_size": old_len,
+                "had": old_len > 0,
+                "obj_ranges": [list(r) for r in rs],
+                "new_len": new_len,
+                "write": write,
+            }
+        )
     if not stripes:
         return []
     return [{**common, "key": stripes[0]["key"], "stripes": stripes, "extra_keys": []}]
@@ -710,9 +742,11 @@ def resolve_links(snapshot, root_fid: str, *, max_depth: int = 4096):
     rows = [(f, p) for f, p in paths.items() if p is not None]
     parents = spark.createDataFrame(rows, "pfid string, ppath string")
     return links.join(F.broadcast(parents), "pfid").select(
-        "fid", "pfid", "name",
+        "fid",
+        "pfid",
+        "name",
         F.when(F.col("ppath") == "", F.col("name")).otherwise(F.concat_ws("/", "ppath", "name")).alias("path"),
-    )  # fmt: skip
+    )
 
 
 def directory_paths(dir_links, root_fid: str, *, max_depth: int = 4096) -> dict[str, str | None]:

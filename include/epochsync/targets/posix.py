@@ -167,9 +167,14 @@ class PosixTarget(Target):
     def _entry(self, rel: str, path: str, s: os.stat_result, hashes: bool) -> Entry:
         kind = _type_of(s.st_mode)
         e = Entry(
-            path=rel, type=kind, size=s.st_size if kind == "file" else 0, mode=st.S_IMODE(s.st_mode),
-            uid=s.st_uid, gid=s.st_gid, mtime_ns=s.st_mtime_ns,
-        )  # fmt: skip
+            path=rel,
+            type=kind,
+            size=s.st_size if kind == "file" else 0,
+            mode=st.S_IMODE(s.st_mode),
+            uid=s.st_uid,
+            gid=s.st_gid,
+            mtime_ns=s.st_mtime_ns,
+        )
         if kind == "symlink":
             e.symlink = os.readlink(path)
             e.mode = None  # Linux symlink modes are meaningless

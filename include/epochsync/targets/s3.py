@@ -49,9 +49,19 @@ DIR_SIDECAR = ".epochsync-dir"
 #: change of the source root's attributes (a target without it has the root's defaults).
 ROOT_MARKER = DIR_SIDECAR
 RETRYABLE_CODES = {
-    "SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeoutException",
-    "InternalError", "ServiceUnavailable", "503", "500", "502", "504", "RequestLimitExceeded",
-}  # fmt: skip
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "RequestTimeout",
+    "RequestTimeoutException",
+    "InternalError",
+    "ServiceUnavailable",
+    "503",
+    "500",
+    "502",
+    "504",
+    "RequestLimitExceeded",
+}
 
 
 # --------------------------------------------------------------------------- counting + retries
@@ -210,7 +220,9 @@ class S3Access:
             from epochsync.targets import s3fast
 
             if s3fast.eligible(st):  # the data-path calls skip botocore's per-request cost
-                client = s3fast.FastClient(client, st, self.counters, connect_timeout=CONNECT_TIMEOUT, read_timeout=READ_TIMEOUT)
+                client = s3fast.FastClient(
+                    client, st, self.counters, connect_timeout=CONNECT_TIMEOUT, read_timeout=READ_TIMEOUT
+                )
             self._client = client
         return self._client
 
@@ -396,8 +408,7 @@ def _add_version(found: dict, v: dict, kind: str) -> None:
 def _finish_versions(found: dict) -> dict:
     """``{"known": [ids], "current": the live version or None, "history": [...]}``."""
     cur = found["current"]
-    return {"known": found["known"], "current": cur if cur and not cur["marker"] else None,
-            "history": found["history"]}  # fmt: skip
+    return {"known": found["known"], "current": cur if cur and not cur["marker"] else None, "history": found["history"]}
 
 
 def key_for(path: str, type_: str | None, control_dir: str = CONTROL_DIR) -> str:
@@ -596,10 +607,17 @@ class S3Target(Target):
         if m["attrs"]:
             m.update(self._sidecar(path, m))
         e = Entry(
-            path=path, type=kind, size=size if kind == "file" else 0,
+            path=path,
+            type=kind,
+            size=size if kind == "file" else 0,
             mode=None if kind == "symlink" or m["mode"] is None else m["mode"] & 0o7777,
-            uid=m["uid"], gid=m["gid"], symlink=m["symlink"], xattrs=m["xattrs"], mtime_ns=m["mtime"], fid=m["fid"],
-        )  # fmt: skip
+            uid=m["uid"],
+            gid=m["gid"],
+            symlink=m["symlink"],
+            xattrs=m["xattrs"],
+            mtime_ns=m["mtime"],
+            fid=m["fid"],
+        )
         if kind == "file" and hashes:
             e.sha256 = hashlib.sha256(self.read_file(path, head=h)).hexdigest()
         return e
@@ -751,10 +769,15 @@ class S3Target(Target):
                 complete_below = marker
             if not reliable or pages >= len(wanted):
                 # a key not seen yet may still come (the store's order is not checked): its own listing
-                return {} if complete_below is None else {
-                    rel: _finish_versions(found[rel]) for full, rel in full_of.items()
-                    if rel in seen and full < complete_below
-                }  # fmt: skip
+                return (
+                    {}
+                    if complete_below is None
+                    else {
+                        rel: _finish_versions(found[rel])
+                        for full, rel in full_of.items()
+                        if rel in seen and full < complete_below
+                    }
+                )
             kw = {**kw, "KeyMarker": marker}
             kw.pop("VersionIdMarker", None)
             if resp.get("NextVersionIdMarker"):
@@ -816,8 +839,7 @@ class S3Target(Target):
         the listing of ``p``'s parent ran to its end and found nothing under ``p/``; any key
         a listing does not answer for costs a HEAD.
         """
-        plans = [[self.key_of(p, "dir")] if p == "" else [self.key_of(p, "file"), self.key_of(p, "dir")]
-                 for p in paths]  # fmt: skip
+        plans = [[self.key_of(p, "dir")] if p == "" else [self.key_of(p, "file"), self.key_of(p, "dir")] for p in paths]
         groups: dict[str, list[str]] = defaultdict(list)
         for k in sorted({k for ks in plans for k in ks}):
             if not _ambiguous_key(k):
@@ -870,14 +892,17 @@ class S3Target(Target):
                 continue
             if not item.get("present"):
                 if cur is not None:
-                    problems.append(f"{rel}: exists but the replica at the last epoch did not have it"
-                                    f"{_both_versions(cur, history, since_ns)}")  # fmt: skip
+                    problems.append(
+                        f"{rel}: exists but the replica at the last epoch did not have it"
+                        f"{_both_versions(cur, history, since_ns)}"
+                    )
                 continue
             if cur is None:
                 problems.append(f"{rel}: missing{_both_versions(cur, history, since_ns)}")
             elif item.get("size") is not None and cur["size"] != item["size"]:
-                problems.append(f"{rel}: size {cur['size']}, expected {item['size']}"
-                                f"{_both_versions(cur, history, since_ns)}")  # fmt: skip
+                problems.append(
+                    f"{rel}: size {cur['size']}, expected {item['size']}{_both_versions(cur, history, since_ns)}"
+                )
             elif since_ns is not None and cur["time_ns"] > since_ns:
                 problems.append(f"{rel}: written after the last commit{_both_versions(cur, history, since_ns)}")
         return problems, state
@@ -935,10 +960,13 @@ class S3Target(Target):
         resp = self.io.call(
             f"COPY {src_key} -> {rel_key}",
             lambda c: c.copy_object(
-                Bucket=self.bucket, Key=self._full(rel_key), CopySource=source,
-                MetadataDirective="REPLACE", Metadata=meta,
+                Bucket=self.bucket,
+                Key=self._full(rel_key),
+                CopySource=source,
+                MetadataDirective="REPLACE",
+                Metadata=meta,
             ),
-        )  # fmt: skip
+        )
         self.io.counters.count(copied=size)
         self._wrote(rel_key, resp, meta, int(src["current"].get("size") or 0))
 
@@ -1025,10 +1053,14 @@ class S3Target(Target):
                 r = self.io.call(
                     f"UploadPartCopy {rel_key} part {n}",
                     lambda c, source=source, a=a, b=b, n=n: c.upload_part_copy(
-                        Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=n,
-                        CopySource=source, CopySourceRange=f"bytes={a}-{b - 1}",
+                        Bucket=self.bucket,
+                        Key=key,
+                        UploadId=upload_id,
+                        PartNumber=n,
+                        CopySource=source,
+                        CopySourceRange=f"bytes={a}-{b - 1}",
                     ),
-                )  # fmt: skip
+                )
                 self.io.counters.count(copied=b - a)
                 done.append({"PartNumber": n, "ETag": r["CopyPartResult"]["ETag"]})
             else:

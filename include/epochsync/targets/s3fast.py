@@ -155,8 +155,16 @@ class FastClient:
             c.close()
             self._local.conn = None
 
-    def _send(self, op: str, method: str, bucket: str, key: str | None, query: dict[str, str] | None = None,
-              headers: dict[str, str] | None = None, body: bytes = b"") -> tuple[int, Any, bytes]:  # fmt: skip
+    def _send(
+        self,
+        op: str,
+        method: str,
+        bucket: str,
+        key: str | None,
+        query: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+        body: bytes = b"",
+    ) -> tuple[int, Any, bytes]:
         path = f"{self._base}/{_quote(bucket)}" + (f"/{_quote(key, '/~')}" if key is not None else "")
         qs = "&".join(f"{_quote(k)}={_quote(v)}" for k, v in sorted((query or {}).items()))
         amz = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -266,8 +274,16 @@ class FastClient:
             out["VersionId"] = headers.get("x-amz-version-id")
         return out
 
-    def copy_object(self, *, Bucket: str, Key: str, CopySource: dict, MetadataDirective: str | None = None,  # noqa: N803
-                    Metadata: dict | None = None, **kw):  # fmt: skip
+    def copy_object(
+        self,
+        *,
+        Bucket: str,
+        Key: str,
+        CopySource: dict,
+        MetadataDirective: str | None = None,  # noqa: N803
+        Metadata: dict | None = None,
+        **kw,
+    ):
         if kw or not isinstance(CopySource, dict) or set(CopySource) - {"Bucket", "Key", "VersionId"}:
             extra = _given(MetadataDirective=MetadataDirective, Metadata=Metadata)
             return self._boto.copy_object(Bucket=Bucket, Key=Key, CopySource=CopySource, **extra, **kw)
@@ -291,21 +307,41 @@ class FastClient:
             out["VersionId"] = headers.get("x-amz-version-id")
         return out
 
-    def list_object_versions(self, *, Bucket: str, Prefix: str | None = None, KeyMarker: str | None = None,  # noqa: N803
-                             VersionIdMarker: str | None = None, EncodingType: str | None = None,
-                             Delimiter: str | None = None, MaxKeys: int | None = None, **kw):  # fmt: skip
+    def list_object_versions(
+        self,
+        *,
+        Bucket: str,
+        Prefix: str | None = None,
+        KeyMarker: str | None = None,  # noqa: N803
+        VersionIdMarker: str | None = None,
+        EncodingType: str | None = None,
+        Delimiter: str | None = None,
+        MaxKeys: int | None = None,
+        **kw,
+    ):
         """Always asks for ``encoding-type=url`` (a key may hold characters XML 1.0 cannot carry).
 
         As botocore does: keys and markers come back decoded unless the caller asked for the
         encoding itself (then they are as the store sent them, and ``EncodingType`` says so).
         """
         if kw or EncodingType not in (None, "url"):
-            given = _given(Prefix=Prefix, KeyMarker=KeyMarker, VersionIdMarker=VersionIdMarker,
-                           EncodingType=EncodingType, Delimiter=Delimiter, MaxKeys=MaxKeys)  # fmt: skip
+            given = _given(
+                Prefix=Prefix,
+                KeyMarker=KeyMarker,
+                VersionIdMarker=VersionIdMarker,
+                EncodingType=EncodingType,
+                Delimiter=Delimiter,
+                MaxKeys=MaxKeys,
+            )
             return self._boto.list_object_versions(Bucket=Bucket, **given, **kw)
         q = {"versions": "", "encoding-type": "url"}
-        for name, v in (("prefix", Prefix), ("key-marker", KeyMarker), ("version-id-marker", VersionIdMarker),
-                        ("delimiter", Delimiter), ("max-keys", str(MaxKeys) if MaxKeys else None)):  # fmt: skip
+        for name, v in (
+            ("prefix", Prefix),
+            ("key-marker", KeyMarker),
+            ("version-id-marker", VersionIdMarker),
+            ("delimiter", Delimiter),
+            ("max-keys", str(MaxKeys) if MaxKeys else None),
+        ):
             if v:
                 q[name] = v
         _, _, data = self._send("ListObjectVersions", "GET", Bucket, None, q)
@@ -329,9 +365,11 @@ class FastClient:
             if tag not in ("Version", "DeleteMarker"):
                 continue
             v = {
-                "Key": _text(el, "Key"), "VersionId": _text(el, "VersionId"),
-                "IsLatest": _text(el, "IsLatest") == "true", "LastModified": _iso(_text(el, "LastModified")),
-            }  # fmt: skip
+                "Key": _text(el, "Key"),
+                "VersionId": _text(el, "VersionId"),
+                "IsLatest": _text(el, "IsLatest") == "true",
+                "LastModified": _iso(_text(el, "LastModified")),
+            }
             if tag == "Version":
                 v["Size"] = int(_text(el, "Size") or 0)
                 v["ETag"] = _text(el, "ETag")

@@ -138,8 +138,12 @@ def load_namespace_dump(spark: SparkSession, uri: str, root_fid: str) -> DataFra
     if not path_exists(spark, uri):
         raise SnapshotError(f"namespace dump {uri} does not exist")
     schema = snapshot_struct_type()
-    loose = StructType([*(StructField(f.name, f.dataType, True) for f in schema.fields),
-                        StructField("_corrupt_record", StringType(), True)])  # fmt: skip
+    loose = StructType(
+        [
+            *(StructField(f.name, f.dataType, True) for f in schema.fields),
+            StructField("_corrupt_record", StringType(), True),
+        ]
+    )
     df = (
         spark.read.schema(loose)
         .option("mode", "PERMISSIVE")

@@ -70,24 +70,48 @@ SCALE = "small-writes-1pct"  # the scenario repeated at several namespace sizes 
 SCALE_SIZES = (10_000, 30_000)  # plus SCENARIOS[SCALE].files
 
 SCENARIOS = {
-    "small-writes-1pct-10k": Scenario("small-writes-1pct-10k", 10_000, 4 * MiB,
-                                      "1% of 10,000 files (log-normal, median 8 KiB) get a 4 KiB write in place",
-                                      sizes="lognormal"),
-    "dir-rename-10000": Scenario("dir-rename-10000", 10_000, 4 * MiB,
-                                 "a directory holding 10,000 files (log-normal sizes) is renamed",
-                                 sizes="lognormal", renamed=10_000),
-    "create-delete-churn": Scenario("create-delete-churn", 10_000, 4 * MiB,
-                                    "2,000 files created and deleted within the epoch, 100 kept, in 10,000 files",
-                                    churn=2_000, kept=100, sizes="lognormal"),
-    "appends-large": Scenario("appends-large", 24, 32 * MiB,
-                              "24 large files (up to 32 MiB) get 200 appends of 64 KiB", appends=200),
-    "small-writes-1pct-30k": Scenario("small-writes-1pct-30k", 30_000, 4 * MiB,
-                                      "1% of 30,000 files (log-normal, median 8 KiB) get a 4 KiB write in place",
-                                      sizes="lognormal"),
-    "small-writes-1pct": Scenario("small-writes-1pct", 100_000, 4 * MiB,
-                                  "1% of 100,000 files (log-normal, median 8 KiB, up to 4 MiB) get a 4 KiB write in place",
-                                  sizes="lognormal"),
-}  # fmt: skip
+    "small-writes-1pct-10k": Scenario(
+        "small-writes-1pct-10k",
+        10_000,
+        4 * MiB,
+        "1% of 10,000 files (log-normal, median 8 KiB) get a 4 KiB write in place",
+        sizes="lognormal",
+    ),
+    "dir-rename-10000": Scenario(
+        "dir-rename-10000",
+        10_000,
+        4 * MiB,
+        "a directory holding 10,000 files (log-normal sizes) is renamed",
+        sizes="lognormal",
+        renamed=10_000,
+    ),
+    "create-delete-churn": Scenario(
+        "create-delete-churn",
+        10_000,
+        4 * MiB,
+        "2,000 files created and deleted within the epoch, 100 kept, in 10,000 files",
+        churn=2_000,
+        kept=100,
+        sizes="lognormal",
+    ),
+    "appends-large": Scenario(
+        "appends-large", 24, 32 * MiB, "24 large files (up to 32 MiB) get 200 appends of 64 KiB", appends=200
+    ),
+    "small-writes-1pct-30k": Scenario(
+        "small-writes-1pct-30k",
+        30_000,
+        4 * MiB,
+        "1% of 30,000 files (log-normal, median 8 KiB) get a 4 KiB write in place",
+        sizes="lognormal",
+    ),
+    "small-writes-1pct": Scenario(
+        "small-writes-1pct",
+        100_000,
+        4 * MiB,
+        "1% of 100,000 files (log-normal, median 8 KiB, up to 4 MiB) get a 4 KiB write in place",
+        sizes="lognormal",
+    ),
+}
 QUICK = {  # the same shapes, small: the test suite's correctness run
     "small-writes-1pct": Scenario(
         "small-writes-1pct", 400, 128 * 1024, "1% of 400 files (16-128 KiB) get a 4 KiB write"
@@ -163,8 +187,16 @@ def scenario_workload(scenario: Scenario, sink):
             for server in sorted(self.next_index):
                 self.emit(server, "EPOCH")
 
-    cfg = SimConfig(seed=scenario.seed, epochs=2, files=scenario.files, mdts=1, osts=4, ops_per_epoch=0,
-                    unstriped_ratio=0.0, max_file_size=scenario.max_file_size)  # fmt: skip
+    cfg = SimConfig(
+        seed=scenario.seed,
+        epochs=2,
+        files=scenario.files,
+        mdts=1,
+        osts=4,
+        ops_per_epoch=0,
+        unstriped_ratio=0.0,
+        max_file_size=scenario.max_file_size,
+    )
     return ScenarioWorkload(cfg, sink)
 
 
@@ -240,8 +272,12 @@ def generate_source(scenario: Scenario, out: Path, store, rclone_bin: str | None
         live = {fid: n for fid, n in w.model.nodes.items() if n.type == "file" and n.data is not None}
         data = {fid: data[fid] if fid in data and fid not in w.touched else bytes(n.data) for fid, n in live.items()}
         contents[e] = {row["path"]: data[row["fid"]] for row in truth if row["type"] == "file"}
-        print(f"bench e2e:   epoch {e}: {len(w.uploads):,} object versions stored in {t_up - t_sim:.0f}s, "
-              f"changelogs and truth written in {time.monotonic() - t_up:.0f}s", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"bench e2e:   epoch {e}: {len(w.uploads):,} object versions stored in {t_up - t_sim:.0f}s, "
+            f"changelogs and truth written in {time.monotonic() - t_up:.0f}s",
+            file=sys.stderr,
+            flush=True,
+        )
         w.finish_epoch()
     contents["servers"] = list(w.cfg.servers)
     contents["root_fid"] = w.cfg.root_fid
@@ -255,16 +291,33 @@ def write_bench_config(out: Path, scenario: Scenario, servers, root_fid: str, re
 
     cfg = {
         "warehouse": f"file://{out / 'warehouse'}",
-        "sources": [{
-            "name": "bench", "root_fid": root_fid, "servers": list(servers),
-            "changelogs": {"uri": f"file://{out / 'changelogs'}/", "format": "jsonl"},
-            "store": {"conn_id": "bench_source", "bucket": f"src-{_slug(scenario)}", "key": STRIPED_KEY,
-                      "unstriped_key": UNSTRIPED_KEY},
-            "epoch": {"interval": f"{EPOCH_INTERVAL_S}s", "start": EPOCH_START.strftime("%Y-%m-%dT%H:%M:%SZ")},
-        }],
-        "targets": [{"name": "replica", "source": "bench", "kind": "s3", "conn_id": "bench_replica",
-                     "bucket": replica_bucket, "prefix": "", "verify": {"sample": 0.0}}],
-    }  # fmt: skip
+        "sources": [
+            {
+                "name": "bench",
+                "root_fid": root_fid,
+                "servers": list(servers),
+                "changelogs": {"uri": f"file://{out / 'changelogs'}/", "format": "jsonl"},
+                "store": {
+                    "conn_id": "bench_source",
+                    "bucket": f"src-{_slug(scenario)}",
+                    "key": STRIPED_KEY,
+                    "unstriped_key": UNSTRIPED_KEY,
+                },
+                "epoch": {"interval": f"{EPOCH_INTERVAL_S}s", "start": EPOCH_START.strftime("%Y-%m-%dT%H:%M:%SZ")},
+            }
+        ],
+        "targets": [
+            {
+                "name": "replica",
+                "source": "bench",
+                "kind": "s3",
+                "conn_id": "bench_replica",
+                "bucket": replica_bucket,
+                "prefix": "",
+                "verify": {"sample": 0.0},
+            }
+        ],
+    }
     path = out / "epochsync.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
@@ -340,8 +393,14 @@ def rclone_binary(install: bool = True) -> tuple[str | None, str]:
         return None, "rclone is not installed"
     print("bench e2e: installing rclone (apt-get install rclone) ...", file=sys.stderr, flush=True)
     try:
-        subprocess.run("apt-get update -qq && apt-get install -y -qq --no-install-recommends rclone", shell=True,
-                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)  # fmt: skip
+        subprocess.run(
+            "apt-get update -qq && apt-get install -y -qq --no-install-recommends rclone",
+            shell=True,
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=600,
+        )
     except (subprocess.SubprocessError, OSError) as exc:
         return None, f"rclone is not installed and apt-get install rclone failed ({exc})"
     found = shutil.which("rclone")
@@ -380,8 +439,9 @@ def rclone(binary: str, env: dict, *args: str) -> None:
     subprocess.run([binary, *args, "--retries", "1", "--log-level", "ERROR"], env=dict(base, **env), check=True)
 
 
-def _seed_buckets(admin, endpoint, contents: dict[str, bytes], buckets: list[str], local: Path,
-                  rclone_bin: str | None) -> None:  # fmt: skip
+def _seed_buckets(
+    admin, endpoint, contents: dict[str, bytes], buckets: list[str], local: Path, rclone_bin: str | None
+) -> None:
     """Fill ``buckets`` with the files of epoch 1 (not measured), straight to SeaweedFS.
 
     With rclone: the tree is written to ``local`` and rclone uploads it (Go, 32 transfers)
@@ -440,8 +500,16 @@ def whole_file_copy(client, src_bucket: str, dst_bucket: str, before: dict[str, 
     _delete_keys(client, dst_bucket, sorted(set(before) - set(after)))
 
 
-def run_scenario(scenario: Scenario, weed_endpoint, spark, work: Path, verbose: bool = False,
-                 profile: str | None = None, rclone_bin: str | None = None, rclone_why: str = "") -> list[dict]:  # fmt: skip
+def run_scenario(
+    scenario: Scenario,
+    weed_endpoint,
+    spark,
+    work: Path,
+    verbose: bool = False,
+    profile: str | None = None,
+    rclone_bin: str | None = None,
+    rclone_why: str = "",
+) -> list[dict]:
     """Measure the tools on one scenario; returns one row per tool.
 
     ``rclone_bin`` (see :func:`rclone_binary`): without it the rclone row says why it was not run.
@@ -473,8 +541,10 @@ def run_scenario(scenario: Scenario, weed_endpoint, spark, work: Path, verbose: 
         store.ensure_versioned_bucket()
         contents = generate_source(scenario, out, store, rclone_bin, weed_endpoint)
         cfg_path = write_bench_config(out, scenario, contents["servers"], contents["root_fid"], f"es-{slug}")
-        say(f"source generated in {time.monotonic() - t0:.0f}s ({len(contents[1]):,} files at epoch 1, "
-            f"{sum(map(len, contents[1].values())) / MiB:,.0f} MiB)")  # fmt: skip
+        say(
+            f"source generated in {time.monotonic() - t0:.0f}s ({len(contents[1]):,} files at epoch 1, "
+            f"{sum(map(len, contents[1].values())) / MiB:,.0f} MiB)"
+        )
         baselines = [f"files-{slug}", f"sync-{slug}"] + ([f"rc-{slug}"] if rclone_bin else [])
         for b in [*baselines, f"whole-{slug}"]:
             admin.create_bucket(Bucket=b)
@@ -514,8 +584,18 @@ def run_scenario(scenario: Scenario, weed_endpoint, spark, work: Path, verbose: 
         c = proxy.snapshot()
         stat_row = stats[-1] if stats else {}
         net = int(stat_row.get("bytes_changed", 0))
-        rows.append(_row(scenario, "epochsync", es_seconds, c, f"src-{slug}", f"es-{slug}", net,
-                         pulled=stat_row.get("bytes_pulled")))  # fmt: skip
+        rows.append(
+            _row(
+                scenario,
+                "epochsync",
+                es_seconds,
+                c,
+                f"src-{slug}",
+                f"es-{slug}",
+                net,
+                pulled=stat_row.get("bytes_pulled"),
+            )
+        )
         say(f"epochsync {es_seconds:.1f}s")
         from epochsync.core.config import load_config
         from epochsync.targets import open_target
@@ -530,15 +610,44 @@ def run_scenario(scenario: Scenario, weed_endpoint, spark, work: Path, verbose: 
         expected = _expected_files(contents[2])
 
         # --- aws s3 sync
-        env = dict(os.environ, AWS_ACCESS_KEY_ID=ep.access_key, AWS_SECRET_ACCESS_KEY=ep.secret_key,
-                   AWS_DEFAULT_REGION="us-east-1", AWS_CONFIG_FILE=os.devnull, AWS_SHARED_CREDENTIALS_FILE=os.devnull)  # fmt: skip
+        env = dict(
+            os.environ,
+            AWS_ACCESS_KEY_ID=ep.access_key,
+            AWS_SECRET_ACCESS_KEY=ep.secret_key,
+            AWS_DEFAULT_REGION="us-east-1",
+            AWS_CONFIG_FILE=os.devnull,
+            AWS_SHARED_CREDENTIALS_FILE=os.devnull,
+        )
         aws = str(Path(sys.executable).parent / "aws")
         proxy.reset_counters()
         t = time.monotonic()
-        subprocess.run([aws, "--endpoint-url", ep.url, "s3", "sync", f"s3://files-{slug}/", f"s3://sync-{slug}/",
-                        "--delete", "--only-show-errors"], env=env, check=True)  # fmt: skip
-        rows.append(_row(scenario, "aws-s3-sync", time.monotonic() - t, proxy.snapshot(), f"files-{slug}",
-                         f"sync-{slug}", net, flags="s3 sync --delete (size + LastModified)"))  # fmt: skip
+        subprocess.run(
+            [
+                aws,
+                "--endpoint-url",
+                ep.url,
+                "s3",
+                "sync",
+                f"s3://files-{slug}/",
+                f"s3://sync-{slug}/",
+                "--delete",
+                "--only-show-errors",
+            ],
+            env=env,
+            check=True,
+        )
+        rows.append(
+            _row(
+                scenario,
+                "aws-s3-sync",
+                time.monotonic() - t,
+                proxy.snapshot(),
+                f"files-{slug}",
+                f"sync-{slug}",
+                net,
+                flags="s3 sync --delete (size + LastModified)",
+            )
+        )
         rows[-1].update(_replica_check(admin, f"sync-{slug}", expected))
         say(f"aws s3 sync {rows[-1]['seconds']:.1f}s")
 
@@ -548,20 +657,38 @@ def run_scenario(scenario: Scenario, weed_endpoint, spark, work: Path, verbose: 
             proxy.reset_counters()
             t = time.monotonic()
             rclone(rclone_bin, renv, "sync", f"BENCH:files-{slug}", f"BENCH:rc-{slug}", *RCLONE_FLAGS)
-            rows.append(_row(scenario, "rclone-sync", time.monotonic() - t, proxy.snapshot(), f"files-{slug}",
-                             f"rc-{slug}", net, flags="sync " + " ".join(RCLONE_FLAGS)))  # fmt: skip
+            rows.append(
+                _row(
+                    scenario,
+                    "rclone-sync",
+                    time.monotonic() - t,
+                    proxy.snapshot(),
+                    f"files-{slug}",
+                    f"rc-{slug}",
+                    net,
+                    flags="sync " + " ".join(RCLONE_FLAGS),
+                )
+            )
             rows[-1].update(_replica_check(admin, f"rc-{slug}", expected))
             say(f"rclone sync {rows[-1]['seconds']:.1f}s")
         else:
-            rows.append({"scenario": scenario.name, "tool": "rclone-sync", "skipped": rclone_why,
-                         "replica_equals_source": None, "description": scenario.description})  # fmt: skip
+            rows.append(
+                {
+                    "scenario": scenario.name,
+                    "tool": "rclone-sync",
+                    "skipped": rclone_why,
+                    "replica_equals_source": None,
+                    "description": scenario.description,
+                }
+            )
 
         # --- whole-file copy
         proxy.reset_counters()
         t = time.monotonic()
         whole_file_copy(client, f"files-{slug}", f"whole-{slug}", contents[1], contents[2])
-        rows.append(_row(scenario, "whole-file", time.monotonic() - t, proxy.snapshot(), f"files-{slug}",
-                         f"whole-{slug}", net))  # fmt: skip
+        rows.append(
+            _row(scenario, "whole-file", time.monotonic() - t, proxy.snapshot(), f"files-{slug}", f"whole-{slug}", net)
+        )
         expected_whole = {p: m for p, m in expected.items() if p in touched or p not in contents[1]}
         rows[-1].update(_replica_check(admin, f"whole-{slug}", expected_whole))
         rows[-1]["checked"] = "the files its change set touches (its replica holds only those)"
@@ -595,21 +722,32 @@ def checks(rows: list[dict]) -> list[dict]:
     out = []
     for r in rows:
         if r.get("replica_equals_source") is False:
-            out.append({"check": f"{r['scenario']}: {r['tool']}'s replica equals the source", "value": False,
-                        "pass": False})  # fmt: skip
+            out.append(
+                {"check": f"{r['scenario']}: {r['tool']}'s replica equals the source", "value": False, "pass": False}
+            )
     for (scen, tool), r in by.items():
         if tool != "epochsync":
             continue
         net = r["net_changed_bytes"]
         pulled = r["bytes_read_source"]
         if net:
-            out.append({"check": f"{scen}: bytes pulled <= 1.1 x net changed", "value": round(pulled / net, 3),
-                        "pass": pulled <= 1.1 * net})  # fmt: skip
+            out.append(
+                {
+                    "check": f"{scen}: bytes pulled <= 1.1 x net changed",
+                    "value": round(pulled / net, 3),
+                    "pass": pulled <= 1.1 * net,
+                }
+            )
         if scen.startswith("dir-rename"):
             out.append({"check": f"{scen}: no file bytes read from the source", "value": pulled, "pass": pulled == 0})
             per_file = r["requests"] / max(1, r.get("files", 1))
-            out.append({"check": f"{scen}: <= 2.5 requests per renamed file", "value": round(per_file, 2),
-                        "pass": per_file <= 2.5})  # fmt: skip
+            out.append(
+                {
+                    "check": f"{scen}: <= 2.5 requests per renamed file",
+                    "value": round(per_file, 2),
+                    "pass": per_file <= 2.5,
+                }
+            )
         if scen.startswith("small-writes"):
             for other in ("aws-s3-sync", "rclone-sync"):
                 o = by.get((scen, other))
@@ -618,16 +756,31 @@ def checks(rows: list[dict]) -> list[dict]:
                 # the bytes that matter: what is read out of the source store to find and move the change
                 ratio_b = o["bytes_read_source"] / max(1, pulled)
                 ratio_t = o["seconds"] / max(1e-9, r["seconds"])
-                out.append({"check": f"{scen}: >= 10x fewer bytes read from the source than {other}",
-                            "value": round(ratio_b, 2), "pass": ratio_b >= 10})  # fmt: skip
-                out.append({"check": f"{scen}: >= 10x less time than {other}", "value": round(ratio_t, 2),
-                            "pass": ratio_t >= 10})  # fmt: skip
+                out.append(
+                    {
+                        "check": f"{scen}: >= 10x fewer bytes read from the source than {other}",
+                        "value": round(ratio_b, 2),
+                        "pass": ratio_b >= 10,
+                    }
+                )
+                out.append(
+                    {
+                        "check": f"{scen}: >= 10x less time than {other}",
+                        "value": round(ratio_t, 2),
+                        "pass": ratio_t >= 10,
+                    }
+                )
     scale = scale_rows(rows)
     es = sorted((r["files"], r["seconds"]) for r in scale if r["tool"] == "epochsync")
     if len(es) >= 2 and es[0][0] < es[-1][0]:
         growth = es[-1][1] / max(1e-9, es[0][1])
-        out.append({"check": f"{SCALE}: epochsync's time grows < 2x from {es[0][0]:,} to {es[-1][0]:,} files",
-                    "value": round(growth, 2), "pass": growth < 2})  # fmt: skip
+        out.append(
+            {
+                "check": f"{SCALE}: epochsync's time grows < 2x from {es[0][0]:,} to {es[-1][0]:,} files",
+                "value": round(growth, 2),
+                "pass": growth < 2,
+            }
+        )
     return out
 
 
@@ -643,7 +796,11 @@ def chart(rows: list[dict], path: Path) -> None:
     from epochsync.report.charts import bar_chart, render_svg
 
     def _svg_bars(title, xs, series, unit, x_title):
-        return render_svg(bar_chart(title, unit, xs, series, x_title=x_title, y_title={"s": "seconds", "": "requests"}.get(unit, unit)))
+        return render_svg(
+            bar_chart(
+                title, unit, xs, series, x_title=x_title, y_title={"s": "seconds", "": "requests"}.get(unit, unit)
+            )
+        )
 
     parts = ["<!doctype html><html><head><meta charset='utf-8'><title>epochsync bench e2e</title></head><body>"]
     scale = scale_rows(rows)
@@ -660,9 +817,15 @@ def chart(rows: list[dict], path: Path) -> None:
         rs = [r for r in rows if r["scenario"] == scen and not r.get("skipped")]
         tools = [r["tool"] for r in rs]
         parts.append(f"<h2>{scen}</h2>")
-        parts.append(_svg_bars("bytes read from the source, per tool", tools,
-                               {"bytes read": [r["bytes_read_source"] for r in rs],
-                                "bytes written": [r["bytes_written"] for r in rs]}, "bytes", "tool"))  # fmt: skip
+        parts.append(
+            _svg_bars(
+                "bytes read from the source, per tool",
+                tools,
+                {"bytes read": [r["bytes_read_source"] for r in rs], "bytes written": [r["bytes_written"] for r in rs]},
+                "bytes",
+                "tool",
+            )
+        )
         parts.append(_svg_bars("seconds, per tool", tools, {"seconds": [r["seconds"] for r in rs]}, "s", "tool"))
         for r in rows:
             if r["scenario"] == scen and r.get("skipped"):
@@ -678,9 +841,19 @@ def format_table(rows: list[dict]) -> str:
         if r.get("skipped"):
             lines.append((r["scenario"], r["tool"], "", "", "", "", "", "", f"not run: {r['skipped']}"))
             continue
-        lines.append((r["scenario"], r["tool"], f"{r.get('files', 0):,}", f"{r['seconds']:.2f}",
-                      f"{r['bytes_read_source']:,}", f"{r['bytes_written']:,}", f"{r['requests']:,}",
-                      f"{r['net_changed_bytes']:,}", "yes" if r.get("replica_equals_source") else "NO"))  # fmt: skip
+        lines.append(
+            (
+                r["scenario"],
+                r["tool"],
+                f"{r.get('files', 0):,}",
+                f"{r['seconds']:.2f}",
+                f"{r['bytes_read_source']:,}",
+                f"{r['bytes_written']:,}",
+                f"{r['requests']:,}",
+                f"{r['net_changed_bytes']:,}",
+                "yes" if r.get("replica_equals_source") else "NO",
+            )
+        )
     widths = [max(len(x[i]) for x in lines) for i in range(len(head))]
     return "\n".join("| " + " | ".join(c.ljust(w) for c, w in zip(x, widths)) + " |" for x in lines)
 
@@ -727,17 +900,19 @@ def main(argv: list[str] | None = None) -> int:
         path = write_results(name, rows)
         meta_path = results_dir() / f"{name}.meta.json"
         meta = json.loads(meta_path.read_text())
-        meta.update({
-            "complete": done,
-            "scenarios_measured": list(dict.fromkeys(r["scenario"] for r in rows)),
-            "load_average_before": [round(x, 2) for x in load_before],
-            "load_average_after": [round(x, 2) for x in os.getloadavg()],
-            "wall_seconds": round(time.monotonic() - started, 1),
-            "rclone": rclone_version or f"not run: {rclone_why}",
-            "rclone_flags": " ".join(RCLONE_FLAGS),
-            "file_sizes": f"log-normal, median {LOGNORMAL_MEDIAN // 1024} KiB, sigma {LOGNORMAL_SIGMA}, clipped to "
-                          f"1 KiB-1 MiB, plus 1 file in {TAIL_ONE_IN:,} of 1-4 MiB (appends-large: 16-32 MiB)",
-        })  # fmt: skip
+        meta.update(
+            {
+                "complete": done,
+                "scenarios_measured": list(dict.fromkeys(r["scenario"] for r in rows)),
+                "load_average_before": [round(x, 2) for x in load_before],
+                "load_average_after": [round(x, 2) for x in os.getloadavg()],
+                "wall_seconds": round(time.monotonic() - started, 1),
+                "rclone": rclone_version or f"not run: {rclone_why}",
+                "rclone_flags": " ".join(RCLONE_FLAGS),
+                "file_sizes": f"log-normal, median {LOGNORMAL_MEDIAN // 1024} KiB, sigma {LOGNORMAL_SIGMA}, clipped to "
+                f"1 KiB-1 MiB, plus 1 file in {TAIL_ONE_IN:,} of 1-4 MiB (appends-large: 16-32 MiB)",
+            }
+        )
         meta_path.write_text(json.dumps(meta, indent=2) + "\n")
         (results_dir() / f"{name}.checks.json").write_text(json.dumps(checks(rows), indent=2) + "\n")
         chart(rows, results_dir() / f"{name}.html")
@@ -747,8 +922,18 @@ def main(argv: list[str] | None = None) -> int:
         with SeaweedFS(work / "seaweedfs") as endpoint:
             for scen in names:
                 print(f"bench e2e: scenario {scen}: {table[scen].description}", file=sys.stderr, flush=True)
-                rows.extend(run_scenario(table[scen], endpoint, spark, work, verbose=args.verbose,
-                                         profile=args.profile, rclone_bin=rclone_bin, rclone_why=rclone_why))  # fmt: skip
+                rows.extend(
+                    run_scenario(
+                        table[scen],
+                        endpoint,
+                        spark,
+                        work,
+                        verbose=args.verbose,
+                        profile=args.profile,
+                        rclone_bin=rclone_bin,
+                        rclone_why=rclone_why,
+                    )
+                )
                 save(done=False)
     finally:  # a failed scenario must not leave the Connect server running
         spark.stop()

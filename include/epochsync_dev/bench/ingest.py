@@ -124,17 +124,31 @@ def generate_jsonl(out: Path, records: int, servers: list[str], epochs: int, see
                     if k == per_epoch - 1:
                         rec["type"] = "EPOCH"
                     elif ost:
-                        rec.update(type="WRITE", time_ns=START_NS + index * 1000, tfid=_fid(n),
-                                   object={"ost": server, "oid": f"0x{n:x}", "version": f"v{index}"},
-                                   extents=[{"offset": rnd.randrange(1 << 30) & ~4095, "length": 4096 * rnd.randint(1, 64)}])  # fmt: skip
+                        rec.update(
+                            type="WRITE",
+                            time_ns=START_NS + index * 1000,
+                            tfid=_fid(n),
+                            object={"ost": server, "oid": f"0x{n:x}", "version": f"v{index}"},
+                            extents=[{"offset": rnd.randrange(1 << 30) & ~4095, "length": 4096 * rnd.randint(1, 64)}],
+                        )
                     else:
                         pick = rnd.random()
                         rec.update(time_ns=START_NS + index * 1000, tfid=_fid(n), uid=500, gid=500)
                         if pick < 0.35:
-                            rec.update(type="CREAT", pfid=_fid(0x200 + index % 64), name=f"file {n:x}.dat", mode=0o100644,
-                                       layout={"stripe_size": 1048576, "stripe_count": 2,
-                                               "objects": [{"ost": "OST0000", "oid": f"0x{n:x}"},
-                                                           {"ost": "OST0001", "oid": f"0x{n:x}"}]})  # fmt: skip
+                            rec.update(
+                                type="CREAT",
+                                pfid=_fid(0x200 + index % 64),
+                                name=f"file {n:x}.dat",
+                                mode=0o100644,
+                                layout={
+                                    "stripe_size": 1048576,
+                                    "stripe_count": 2,
+                                    "objects": [
+                                        {"ost": "OST0000", "oid": f"0x{n:x}"},
+                                        {"ost": "OST0001", "oid": f"0x{n:x}"},
+                                    ],
+                                },
+                            )
                         elif pick < 0.55:
                             rec.update(type="SATTR", mode=0o100600, size=rnd.randrange(1 << 34))
                         elif pick < 0.70:
@@ -144,8 +158,14 @@ def generate_jsonl(out: Path, records: int, servers: list[str], epochs: int, see
                         elif pick < 0.90:
                             rec.update(type="UNLNK", pfid=_fid(0x200 + index % 64), name=f"file {n - 9:x}.dat", flags=1)
                         else:
-                            rec.update(type="RENME", pfid=_fid(0x201), name=f"moved {n:x}", sfid=_fid(n - 3),
-                                       spfid=_fid(0x200), sname=f"file {n - 3:x}.dat")  # fmt: skip
+                            rec.update(
+                                type="RENME",
+                                pfid=_fid(0x201),
+                                name=f"moved {n:x}",
+                                sfid=_fid(n - 3),
+                                spfid=_fid(0x200),
+                                sname=f"file {n - 3:x}.dat",
+                            )
                     fh.write(json.dumps(rec, separators=(",", ":")) + "\n")
                     written += 1
     return written
@@ -284,13 +304,17 @@ def main(argv: list[str] | None = None) -> int:
     lustre_servers, jsonl_servers = ["MDT0000", "MDT0001"], ["MDT0000", "MDT0001", "OST0000", "OST0001"]
     lustre_epochs, jsonl_epochs = 10, 4
     lustre = _prepare(
-        scratch, "lustre", {"lines": n, "servers": lustre_servers, "epochs": lustre_epochs, "seed": SEED, "v": 1},
+        scratch,
+        "lustre",
+        {"lines": n, "servers": lustre_servers, "epochs": lustre_epochs, "seed": SEED, "v": 1},
         lambda d: generate_lustre(d, n, lustre_servers, lustre_epochs, 4, SEED),
-    )  # fmt: skip
+    )
     jsonl = _prepare(
-        scratch, "jsonl", {"records": n, "servers": jsonl_servers, "epochs": jsonl_epochs, "seed": SEED, "v": 1},
+        scratch,
+        "jsonl",
+        {"records": n, "servers": jsonl_servers, "epochs": jsonl_epochs, "seed": SEED, "v": 1},
         lambda d: generate_jsonl(d, n, jsonl_servers, jsonl_epochs, SEED),
-    )  # fmt: skip
+    )
 
     from epochsync.spark import spark_session
 

@@ -64,8 +64,10 @@ def generate(work: Path, records: int, seed: int = SEED) -> float:
     t0 = time.monotonic()
     meta = write_inputs(work / "sim", records, seed, params["files"])
     seconds = time.monotonic() - t0
-    print(f"generated {work.name}: {meta.records} records ({meta.writes} WRITE), {meta.files} files in {seconds:.1f} s",
-          flush=True)  # fmt: skip
+    print(
+        f"generated {work.name}: {meta.records} records ({meta.writes} WRITE), {meta.files} files in {seconds:.1f} s",
+        flush=True,
+    )
     stamp.write_text(json.dumps(params))
     took.write_text(f"{seconds:.1f}\n")
     return seconds
@@ -250,8 +252,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.event_log:  # a fresh sub-directory per run: the breakdown reads this run's log only
         event_dir = Path(args.event_log).resolve() / time.strftime("run-%Y%m%dT%H%M%S")
         event_dir.mkdir(parents=True, exist_ok=True)
-        conf.update({"spark.eventLog.enabled": "true", "spark.eventLog.dir": event_dir.as_uri(),
-                     "spark.eventLog.compress": "false"})  # fmt: skip
+        conf.update(
+            {
+                "spark.eventLog.enabled": "true",
+                "spark.eventLog.dir": event_dir.as_uri(),
+                "spark.eventLog.compress": "false",
+            }
+        )
     t0 = time.monotonic()
     spark = spark_session(
         "epochsync-bench-merge", master="local[2]", shuffle_partitions=args.shuffle_partitions, extra_conf=conf

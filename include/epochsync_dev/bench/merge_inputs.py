@@ -83,9 +83,34 @@ class Generated:
 class _Cols:
     """Record columns under construction: numpy arrays per field, concatenated at the end."""
 
-    INT = ("slot", "sub", "server", "tfid", "pfid", "name", "sfid", "spfid", "sname", "flags", "mode", "uid",
-           "gid", "size", "atime_ns", "mtime_ns", "ctime_ns", "xattr", "xvalue", "obj_file", "obj_index",
-           "version", "ext_off", "ext_len", "cookie", "symlink")  # fmt: skip
+    INT = (
+        "slot",
+        "sub",
+        "server",
+        "tfid",
+        "pfid",
+        "name",
+        "sfid",
+        "spfid",
+        "sname",
+        "flags",
+        "mode",
+        "uid",
+        "gid",
+        "size",
+        "atime_ns",
+        "mtime_ns",
+        "ctime_ns",
+        "xattr",
+        "xvalue",
+        "obj_file",
+        "obj_index",
+        "version",
+        "ext_off",
+        "ext_len",
+        "cookie",
+        "symlink",
+    )
 
     def __init__(self):
         self.parts: list[tuple[str, int, dict]] = []
@@ -231,26 +256,73 @@ def generate_epoch(records: int, seed: int, files: int | None = None):
     k = op_count["create"]
     c_rows, c_fids, c_par = new_files(k)
     c_slot = slot(k)
-    cols.add("CREAT", k, slot=c_slot, sub=0, server=dir_mdt[c_par], tfid=c_fids, pfid=c_par, name=fresh_names(k),
-             mode=stat.S_IFREG | 0o644, uid=1000, gid=100, atime_ns=0, mtime_ns=0, ctime_ns=0, obj_file=c_rows)  # fmt: skip
+    cols.add(
+        "CREAT",
+        k,
+        slot=c_slot,
+        sub=0,
+        server=dir_mdt[c_par],
+        tfid=c_fids,
+        pfid=c_par,
+        name=fresh_names(k),
+        mode=stat.S_IFREG | 0o644,
+        uid=1000,
+        gid=100,
+        atime_ns=0,
+        mtime_ns=0,
+        ctime_ns=0,
+        obj_file=c_rows,
+    )
     # ---- create and delete
     k = op_count["create_delete"]
     d_rows, d_fids, d_par = new_files(k)
     s = slot(k)
     nm = fresh_names(k)
-    cols.add("CREAT", k, slot=s, sub=0, server=dir_mdt[d_par], tfid=d_fids, pfid=d_par, name=nm,
-             mode=stat.S_IFREG | 0o600, uid=0, gid=0, atime_ns=0, mtime_ns=0, ctime_ns=0, obj_file=d_rows)  # fmt: skip
+    cols.add(
+        "CREAT",
+        k,
+        slot=s,
+        sub=0,
+        server=dir_mdt[d_par],
+        tfid=d_fids,
+        pfid=d_par,
+        name=nm,
+        mode=stat.S_IFREG | 0o600,
+        uid=0,
+        gid=0,
+        atime_ns=0,
+        mtime_ns=0,
+        ctime_ns=0,
+        obj_file=d_rows,
+    )
     cols.add("UNLNK", k, slot=s, sub=1, server=dir_mdt[d_par], tfid=d_fids, pfid=d_par, name=nm, flags=1)
     # ---- symlinks, mknod, mkdir (new fids, no data)
-    for kind, rtype, fmode in (("symlink", "SLINK", stat.S_IFLNK | 0o777), ("mknod", "MKNOD", stat.S_IFIFO | 0o644),
-                               ("mkdir", "MKDIR", stat.S_IFDIR | 0o755)):  # fmt: skip
+    for kind, rtype, fmode in (
+        ("symlink", "SLINK", stat.S_IFLNK | 0o777),
+        ("mknod", "MKNOD", stat.S_IFIFO | 0o644),
+        ("mkdir", "MKDIR", stat.S_IFDIR | 0o755),
+    ):
         k = op_count[kind]
         par = rng.integers(1, ndirs + 1, k)
         fids = np.arange(next_fid, next_fid + k)
         next_fid += k
-        cols.add(rtype, k, slot=slot(k), sub=0, server=dir_mdt[par], tfid=fids, pfid=par, name=fresh_names(k),
-                 mode=fmode, uid=1000, gid=1000, atime_ns=0, mtime_ns=0, ctime_ns=0,
-                 symlink=0 if rtype == "SLINK" else -1)  # fmt: skip
+        cols.add(
+            rtype,
+            k,
+            slot=slot(k),
+            sub=0,
+            server=dir_mdt[par],
+            tfid=fids,
+            pfid=par,
+            name=fresh_names(k),
+            mode=fmode,
+            uid=1000,
+            gid=1000,
+            atime_ns=0,
+            mtime_ns=0,
+            ctime_ns=0,
+            symlink=0 if rtype == "SLINK" else -1,
+        )
     # ---- file renames (some across MDTs: a CTIME on the old parent's MDT, one cookie)
     k = op_count["rename_file"]
     f = own(k)
@@ -258,8 +330,20 @@ def generate_epoch(records: int, seed: int, files: int | None = None):
     s = slot(k)
     cross = dir_mdt[new_par] != file_mdt[f]
     ck = cookies(cross)
-    cols.add("RENME", k, slot=s, sub=0, server=dir_mdt[new_par], pfid=new_par, name=fresh_names(k),
-             sfid=file_fid(f), spfid=file_parent[f], sname=1 + ndirs + f, flags=0, cookie=ck)  # fmt: skip
+    cols.add(
+        "RENME",
+        k,
+        slot=s,
+        sub=0,
+        server=dir_mdt[new_par],
+        pfid=new_par,
+        name=fresh_names(k),
+        sfid=file_fid(f),
+        spfid=file_parent[f],
+        sname=1 + ndirs + f,
+        flags=0,
+        cookie=ck,
+    )
     kc = int(cross.sum())
     cols.add("CTIME", kc, slot=s[cross], sub=1, server=file_mdt[f][cross], tfid=file_fid(f)[cross], cookie=ck[cross])
     # ---- rename away and back
@@ -268,15 +352,49 @@ def generate_epoch(records: int, seed: int, files: int | None = None):
     away = rng.integers(1, ndirs + 1, k)
     nm = fresh_names(k)
     s = slot(k)
-    cols.add("RENME", k, slot=s, sub=0, server=dir_mdt[away], pfid=away, name=nm, sfid=file_fid(f),
-             spfid=file_parent[f], sname=1 + ndirs + f, flags=0)  # fmt: skip
-    cols.add("RENME", k, slot=s, sub=1, server=dir_mdt[file_parent[f]], pfid=file_parent[f], name=1 + ndirs + f,
-             sfid=file_fid(f), spfid=away, sname=nm, flags=0)  # fmt: skip
+    cols.add(
+        "RENME",
+        k,
+        slot=s,
+        sub=0,
+        server=dir_mdt[away],
+        pfid=away,
+        name=nm,
+        sfid=file_fid(f),
+        spfid=file_parent[f],
+        sname=1 + ndirs + f,
+        flags=0,
+    )
+    cols.add(
+        "RENME",
+        k,
+        slot=s,
+        sub=1,
+        server=dir_mdt[file_parent[f]],
+        pfid=file_parent[f],
+        name=1 + ndirs + f,
+        sfid=file_fid(f),
+        spfid=away,
+        sname=nm,
+        flags=0,
+    )
     # ---- rename over an existing file (the other file loses its only name: deleted)
     k = op_count["rename_over"]
     a, b = own(k), own(k)
-    cols.add("RENME", k, slot=slot(k), sub=0, server=dir_mdt[file_parent[b]], tfid=file_fid(b), pfid=file_parent[b],
-             name=1 + ndirs + b, sfid=file_fid(a), spfid=file_parent[a], sname=1 + ndirs + a, flags=1)  # fmt: skip
+    cols.add(
+        "RENME",
+        k,
+        slot=slot(k),
+        sub=0,
+        server=dir_mdt[file_parent[b]],
+        tfid=file_fid(b),
+        pfid=file_parent[b],
+        name=1 + ndirs + b,
+        sfid=file_fid(a),
+        spfid=file_parent[a],
+        sname=1 + ndirs + a,
+        flags=1,
+    )
     # ---- hard links, unlinks
     k = op_count["hlink"]
     f = own(k)
@@ -284,13 +402,33 @@ def generate_epoch(records: int, seed: int, files: int | None = None):
     cols.add("HLINK", k, slot=slot(k), sub=0, server=dir_mdt[par], tfid=file_fid(f), pfid=par, name=fresh_names(k))
     k = op_count["unlink"]
     f = own(k)
-    cols.add("UNLNK", k, slot=slot(k), sub=0, server=dir_mdt[file_parent[f]], tfid=file_fid(f), pfid=file_parent[f],
-             name=1 + ndirs + f, flags=1)  # fmt: skip
+    cols.add(
+        "UNLNK",
+        k,
+        slot=slot(k),
+        sub=0,
+        server=dir_mdt[file_parent[f]],
+        tfid=file_fid(f),
+        pfid=file_parent[f],
+        name=1 + ndirs + f,
+        flags=1,
+    )
     # ---- directory renames: a leaf directory into a top directory under a new name
     k = len(movers)
     dest = rng.integers(1, n_top + 1, k)
-    cols.add("RENME", k, slot=slot(k), sub=0, server=dir_mdt[dest], pfid=dest, name=fresh_names(k), sfid=movers,
-             spfid=dir_parent[movers], sname=movers, flags=0)  # fmt: skip
+    cols.add(
+        "RENME",
+        k,
+        slot=slot(k),
+        sub=0,
+        server=dir_mdt[dest],
+        pfid=dest,
+        name=fresh_names(k),
+        sfid=movers,
+        spfid=dir_parent[movers],
+        sname=movers,
+        flags=0,
+    )
     # ---- attribute and xattr changes on any epoch-1 file
     for kind in ("chmod", "chown", "utime"):
         k = op_count[kind]
@@ -316,12 +454,32 @@ def generate_epoch(records: int, seed: int, files: int | None = None):
     s = slot(k)
     new_size = (size[f] * rng.random(k)).astype(np.int64)
     ck = cookies(np.ones(k, bool))
-    cols.add("TRUNC", k, slot=s, sub=0, server=file_mdt[f], tfid=file_fid(f), size=new_size, mtime_ns=0,
-             ctime_ns=0, cookie=ck)  # fmt: skip
+    cols.add(
+        "TRUNC",
+        k,
+        slot=s,
+        sub=0,
+        server=file_mdt[f],
+        tfid=file_fid(f),
+        size=new_size,
+        mtime_ns=0,
+        ctime_ns=0,
+        cookie=ck,
+    )
     ver = np.arange(version_seq, version_seq + k)
     version_seq += k
-    cols.add("WRITE", k, slot=s, sub=1, server=2 + first_ost[f], tfid=file_fid(f), obj_file=f, obj_index=0,
-             version=ver, cookie=ck)  # fmt: skip
+    cols.add(
+        "WRITE",
+        k,
+        slot=s,
+        sub=1,
+        server=2 + first_ost[f],
+        tfid=file_fid(f),
+        obj_file=f,
+        obj_index=0,
+        version=ver,
+        cookie=ck,
+    )
 
     # ---------------------------------------------------------------- writes
     all_counts = np.concatenate([counts, *extra["counts"]])
@@ -383,12 +541,24 @@ def generate_epoch(records: int, seed: int, files: int | None = None):
         ver = np.arange(version_seq, version_seq + len(sel))
         version_seq += len(sel)
         W.append(len(sel))
-        cols.add("WRITE", len(sel), slot=ws[sel], sub=w0[sel] + j, server=2 + osts[sel, j], tfid=row_fid[wr[sel]],
-                 obj_file=wr[sel], obj_index=stn % cnt[sel], version=ver, ext_off=obj_off,
-                 ext_len=np.maximum(stop - start, 1), cookie=ck[sel])  # fmt: skip
+        cols.add(
+            "WRITE",
+            len(sel),
+            slot=ws[sel],
+            sub=w0[sel] + j,
+            server=2 + osts[sel, j],
+            tfid=row_fid[wr[sel]],
+            obj_file=wr[sel],
+            obj_index=stn % cnt[sel],
+            version=ver,
+            ext_off=obj_off,
+            ext_len=np.maximum(stop - start, 1),
+            cookie=ck[sel],
+        )
     sel = np.flatnonzero(mtime & (np.arange(n_w) < keep_ops))
-    cols.add("MTIME", len(sel), slot=ws[sel], sub=w0[sel] + 4, server=all_mdt[wr[sel]], tfid=row_fid[wr[sel]],
-             cookie=ck[sel])  # fmt: skip
+    cols.add(
+        "MTIME", len(sel), slot=ws[sel], sub=w0[sel] + 4, server=all_mdt[wr[sel]], tfid=row_fid[wr[sel]], cookie=ck[sel]
+    )
 
     # ---------------------------------------------------------------- order and indexes
     c, types, total = cols.build(np)
@@ -413,19 +583,49 @@ def generate_epoch(records: int, seed: int, files: int | None = None):
     per_server = np.bincount(c["server"], minlength=len(SERVERS))
     starts = np.concatenate(([0], np.cumsum(per_server)))
     index = np.arange(total, dtype=np.int64) - starts[c["server"]] + 1
-    meta = Generated(files=files, dirs=ndirs, records=total + len(SERVERS), writes=int(sum(W) + op_count["truncate"]),
-                     ops={**op_count, "write": int(keep_ops)})  # fmt: skip
+    meta = Generated(
+        files=files,
+        dirs=ndirs,
+        records=total + len(SERVERS),
+        writes=int(sum(W) + op_count["truncate"]),
+        ops={**op_count, "write": int(keep_ops)},
+    )
     # the write plan's arrays are in the columns now: free them before the Arrow columns are built
     del wr, ws, w0, cnt, k_obj, S, fsize, append, st0, a, b, mtime, osts, spans, ck, ends, sel
     table = _records_table(
-        np, c, type_names, type_of, time_ns, index, total,
-        lay=(all_counts, all_first, all_stripe), row_fid=row_fid, ndirs=ndirs, files=files, per_server=per_server,
-    )  # fmt: skip
+        np,
+        c,
+        type_names,
+        type_of,
+        time_ns,
+        index,
+        total,
+        lay=(all_counts, all_first, all_stripe),
+        row_fid=row_fid,
+        ndirs=ndirs,
+        files=files,
+        per_server=per_server,
+    )
     del c, type_of, time_ns, index
 
     def dump():
-        return _dump(np, ndirs, n_top, dir_parent, dir_mdt, files, file_parent, counts, first_ost, stripe, size,
-                     mode, uid, gid, t1)  # fmt: skip
+        return _dump(
+            np,
+            ndirs,
+            n_top,
+            dir_parent,
+            dir_mdt,
+            files,
+            file_parent,
+            counts,
+            first_ost,
+            stripe,
+            size,
+            mode,
+            uid,
+            gid,
+            t1,
+        )
 
     return dump, table, meta
 
@@ -581,16 +781,37 @@ def _dump(
         return pc.cast(pa.array(np.asarray(v, np.int64)), pa.string())
 
     t = str(t1)
-    root = json.dumps({"fid": ROOT_FID, "type": "dir", "links": [], "mode": stat.S_IFDIR | 0o755, "uid": 0, "gid": 0,
-                       "size": None, "atime_ns": t1, "mtime_ns": t1, "ctime_ns": t1, "xattrs": [], "symlink": None,
-                       "layout": None, "objects": []}, ensure_ascii=False)  # fmt: skip
+    root = json.dumps(
+        {
+            "fid": ROOT_FID,
+            "type": "dir",
+            "links": [],
+            "mode": stat.S_IFDIR | 0o755,
+            "uid": 0,
+            "gid": 0,
+            "size": None,
+            "atime_ns": t1,
+            "mtime_ns": t1,
+            "ctime_ns": t1,
+            "xattrs": [],
+            "symlink": None,
+            "layout": None,
+            "objects": [],
+        },
+        ensure_ascii=False,
+    )
     d = np.arange(1, ndirs + 1)
     dirs = join(
-        '{"fid":"', pc.take(fids, pa.array(d)), '","type":"dir","links":[{"pfid":"',
-        pc.take(fids, pa.array(dir_parent[1:])), '","name":"', pc.take(names, pa.array(d)),
+        '{"fid":"',
+        pc.take(fids, pa.array(d)),
+        '","type":"dir","links":[{"pfid":"',
+        pc.take(fids, pa.array(dir_parent[1:])),
+        '","name":"',
+        pc.take(names, pa.array(d)),
         f'"}}],"mode":{stat.S_IFDIR | 0o755},"uid":0,"gid":0,"size":null,"atime_ns":{t},"mtime_ns":{t},'
-        f'"ctime_ns":{t},"xattrs":[],"symlink":null,"layout":null,"objects":[]}}', "",
-    )  # fmt: skip
+        f'"ctime_ns":{t},"xattrs":[],"symlink":null,"layout":null,"objects":[]}}',
+        "",
+    )
     f = np.arange(files)
     oid = pa.array(hex_strings(files))
     objs = vers = None
@@ -616,12 +837,31 @@ def _dump(
             vers = acc
     fid_col = pc.take(fids, pa.array(1 + ndirs + f))
     rows = join(
-        '{"fid":"', fid_col, '","type":"file","links":[{"pfid":"', pc.take(fids, pa.array(file_parent)),
-        '","name":"', pc.take(names, pa.array(1 + ndirs + f)), '"}],"mode":', s(mode), ',"uid":', s(uid),
-        ',"gid":', s(gid), ',"size":', s(size), f',"atime_ns":{t},"mtime_ns":{t},"ctime_ns":{t},"xattrs":[],'
-        '"symlink":null,"layout":{"stripe_size":', s(stripe), ',"stripe_count":', s(counts), ',"objects":[',
-        objs, ']},"objects":[', vers, "]}", "",
-    )  # fmt: skip
+        '{"fid":"',
+        fid_col,
+        '","type":"file","links":[{"pfid":"',
+        pc.take(fids, pa.array(file_parent)),
+        '","name":"',
+        pc.take(names, pa.array(1 + ndirs + f)),
+        '"}],"mode":',
+        s(mode),
+        ',"uid":',
+        s(uid),
+        ',"gid":',
+        s(gid),
+        ',"size":',
+        s(size),
+        f',"atime_ns":{t},"mtime_ns":{t},"ctime_ns":{t},"xattrs":[],"symlink":null,"layout":{{"stripe_size":',
+        s(stripe),
+        ',"stripe_count":',
+        s(counts),
+        ',"objects":[',
+        objs,
+        ']},"objects":[',
+        vers,
+        "]}",
+        "",
+    )
     return [root, dirs, rows]
 
 

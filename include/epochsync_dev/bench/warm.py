@@ -70,8 +70,25 @@ def _row(name: str, seconds: float, **extra) -> dict:
 
 
 def _simulate(out: Path, env: dict, *, epochs: int, files: int, seed: int, bucket: str, extra: list[str]) -> Path:
-    cmd = [sys.executable, "-m", "epochsync.cli", "simulate", "--out", str(out), "--epochs", str(epochs),
-           "--files", str(files), "--seed", str(seed), "--bucket", bucket, "--conn-id", "source_s3", *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "epochsync.cli",
+        "simulate",
+        "--out",
+        str(out),
+        "--epochs",
+        str(epochs),
+        "--files",
+        str(files),
+        "--seed",
+        str(seed),
+        "--bucket",
+        bucket,
+        "--conn-id",
+        "source_s3",
+        *extra,
+    ]
     subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
     return out / "epochsync.yaml"
 
@@ -93,14 +110,21 @@ def _equals_truth(config: Path, target: str, epoch: int) -> bool:
     from epochsync_dev.truth import compare_with_truth, load_truth, truth_path
 
     cfg = load_config(config)
-    return not compare_with_truth(
-        open_target(cfg.target(target)), load_truth(truth_path(config.parent, epoch))
-    )
+    return not compare_with_truth(open_target(cfg.target(target)), load_truth(truth_path(config.parent, epoch)))
 
 
 def _dag_run(env: dict, dag_id: str, epoch: int, conf: dict | None = None) -> tuple[float, dict]:
-    cmd = [sys.executable, "-m", "epochsync.airflow.dagtest", "--dag-id", dag_id, "--epoch", str(epoch),
-           "--conf", json.dumps(conf or {})]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "epochsync.airflow.dagtest",
+        "--dag-id",
+        dag_id,
+        "--epoch",
+        str(epoch),
+        "--conf",
+        json.dumps(conf or {}),
+    ]
     t0 = time.monotonic()
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     seconds = time.monotonic() - t0
@@ -148,17 +172,44 @@ def main(argv: list[str] | None = None) -> int:
                 env = demo_environment(work, endpoint, url)
                 os.environ.update({k: v for k, v in env.items() if k.startswith(("AIRFLOW_CONN_", "EPOCHSYNC_SPARK"))})
                 say("simulating the 2,000-file source (3 epochs) ...")
-                config = _simulate(work / "sim", env, epochs=3, files=2000, seed=2026, bucket="warm-src",
-                                   extra=["--mdts", "2", "--osts", "4"])  # fmt: skip
+                config = _simulate(
+                    work / "sim",
+                    env,
+                    epochs=3,
+                    files=2000,
+                    seed=2026,
+                    bucket="warm-src",
+                    extra=["--mdts", "2", "--osts", "4"],
+                )
                 _posix_targets(config, ["dag", "cli"])
                 env["EPOCHSYNC_CONFIG"] = str(config)
                 tenv = target_environment(env, work, "dag")
-                subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=tenv, check=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+                subprocess.run(
+                    [sys.executable, "-m", "airflow", "db", "migrate"],
+                    env=tenv,
+                    check=True,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
                 say("epoch 1 of both targets (warm-up, not measured) ...")
                 _dag_run(tenv, "epochsync__sim__dag", 1)
-                subprocess.run([sys.executable, "-m", "epochsync.cli", "replicate", "--config", str(config),
-                                "--target", "cli", "--epoch", "1"], env=env, check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+                subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "epochsync.cli",
+                        "replicate",
+                        "--config",
+                        str(config),
+                        "--target",
+                        "cli",
+                        "--epoch",
+                        "1",
+                    ],
+                    env=env,
+                    check=True,
+                    stdout=subprocess.DEVNULL,
+                )
                 from epochsync.journal.undo import read_json
                 from epochsync.warehouse.paths import Warehouse, local_path
 
@@ -167,25 +218,68 @@ def main(argv: list[str] | None = None) -> int:
                 wh = Warehouse(f"file://{work / 'sim' / 'warehouse'}")
                 records = (read_json(local_path(wh.stats("dag", 2))) or {}).get("records_in")
                 ok = result.get("state") == "success" and _equals_truth(config, "dag", 2)
-                rows.append(_row("dag-run", seconds, records=records, equals_truth=ok,
-                                 stages=_stage_seconds(config, "dag", 2), target_s=20))  # fmt: skip
+                rows.append(
+                    _row(
+                        "dag-run",
+                        seconds,
+                        records=records,
+                        equals_truth=ok,
+                        stages=_stage_seconds(config, "dag", 2),
+                        target_s=20,
+                    )
+                )
                 say("epoch 2 through epochsync replicate ...")
                 t0 = time.monotonic()
-                done = subprocess.run([sys.executable, "-m", "epochsync.cli", "replicate", "--config", str(config),
-                                       "--target", "cli", "--epoch", "2"], env=env, capture_output=True, text=True)  # fmt: skip
+                done = subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "epochsync.cli",
+                        "replicate",
+                        "--config",
+                        str(config),
+                        "--target",
+                        "cli",
+                        "--epoch",
+                        "2",
+                    ],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                )
                 seconds = time.monotonic() - t0
                 ok = done.returncode == 0 and _equals_truth(config, "cli", 2)
-                rows.append(_row("cli-replicate", seconds, records=records, equals_truth=ok,
-                                 stages=_stage_seconds(config, "cli", 2), target_s=5))  # fmt: skip
+                rows.append(
+                    _row(
+                        "cli-replicate",
+                        seconds,
+                        records=records,
+                        equals_truth=ok,
+                        stages=_stage_seconds(config, "cli", 2),
+                        target_s=5,
+                    )
+                )
 
                 n, window = args.catchup_epochs, args.catchup_window
                 say(f"simulating a source of {n} closed epochs for the catch-up ...")
-                cu = _simulate(work / "catchup", env, epochs=n, files=200, seed=7, bucket="warm-catchup",
-                               extra=["--ops-per-epoch", "20", "--osts", "2"])  # fmt: skip
+                cu = _simulate(
+                    work / "catchup",
+                    env,
+                    epochs=n,
+                    files=200,
+                    seed=7,
+                    bucket="warm-catchup",
+                    extra=["--ops-per-epoch", "20", "--osts", "2"],
+                )
                 _posix_targets(cu, ["catchup"])
                 cenv = target_environment(dict(env, EPOCHSYNC_CONFIG=str(cu)), work, "catchup")
-                subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=cenv, check=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+                subprocess.run(
+                    [sys.executable, "-m", "airflow", "db", "migrate"],
+                    env=cenv,
+                    check=True,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
                 say(f"catching up {n} epochs through the Airflow DAG, {window} per run ...")
                 t0 = time.monotonic()
                 states = []
@@ -195,8 +289,11 @@ def main(argv: list[str] | None = None) -> int:
                     states.append(result.get("state"))
                 seconds = time.monotonic() - t0
                 ok = all(s == "success" for s in states) and _equals_truth(cu, "catchup", n)
-                rows.append(_row(f"catch-up-{n}", seconds, runs=len(states), epochs_per_run=window,
-                                 equals_truth=ok, target_s=600))  # fmt: skip
+                rows.append(
+                    _row(
+                        f"catch-up-{n}", seconds, runs=len(states), epochs_per_run=window, equals_truth=ok, target_s=600
+                    )
+                )
             rows.append(_row("server-peak-rss", 0, peak_rss_bytes=sampler.peak))
         finally:
             server.stop()
