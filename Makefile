@@ -37,9 +37,10 @@ test: $(STAMP) ## run the whole test suite (unit, integration, slow)
 test-fast: $(STAMP) ## run the tests not marked slow
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && exit 0; exit $$rc
 
-lint: $(STAMP) ## ruff lint and format check
+lint: $(STAMP) ## ruff lint, format check, mypy on include/epochsync/core and stages
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 format: $(STAMP) ## ruff format the tree
 	$(BIN)/ruff format .
@@ -66,4 +67,4 @@ bench-warm: $(STAMP) ## small epochs on one warm Spark Connect server: a DAG run
 	$(BIN)/python -m epochsync_dev.bench warm
 
 clean: ## remove build output and test scratch (keeps .venv)
-	rm -rf build .pytest_cache .ruff_cache dist spark-warehouse metastore_db derby.log
+	rm -rf build .pytest_cache .ruff_cache .mypy_cache dist spark-warehouse metastore_db derby.log

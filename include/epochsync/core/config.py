@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, NoReturn, overload
 
 from epochsync.core.errors import ConfigError
 
@@ -239,7 +239,7 @@ class _Reader:
     def key(self, name: str) -> str:
         return f"{self.path}.{name}" if self.path else name
 
-    def fail(self, name: str, reason: str):
+    def fail(self, name: str, reason: str) -> NoReturn:
         raise ConfigError(self.file, self.key(name), reason)
 
     def get(self, name: str, conv=None, *, required: bool = False, default: Any = None):
@@ -255,6 +255,12 @@ class _Reader:
             return conv(value)
         except (ValueError, TypeError) as exc:
             self.fail(name, str(exc))
+
+    @overload
+    def sub(self, name: str, *, required: Literal[True]) -> _Reader: ...
+
+    @overload
+    def sub(self, name: str, *, required: bool = False) -> _Reader | None: ...
 
     def sub(self, name: str, *, required: bool = False) -> _Reader | None:
         self.used.add(name)
@@ -272,7 +278,8 @@ class _Reader:
 
 
 def _kind(v: Any) -> str:
-    return {dict: "a mapping", list: "a list", str: "a string"}.get(type(v), type(v).__name__)
+    kinds: dict[type, str] = {dict: "a mapping", list: "a list", str: "a string"}
+    return kinds.get(type(v), type(v).__name__)
 
 
 def _name(v: Any) -> str:

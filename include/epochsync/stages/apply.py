@@ -87,6 +87,8 @@ def _compose(target, op: dict, state: dict, pulled: Pulled, a: int, b: int, to_f
         )
         buf[: len(data)] = data
     ranges = op.get("obj_ranges") if to_file else op["ranges"]
+    if ranges is None:  # a plan translate did not write: never apply less than it says
+        raise EpochError(f"plan entry for {op.get('base')!r} has no object ranges")
     for o, n in ranges:
         s, e = max(o, a), min(o + n, b)
         if s >= e:
@@ -158,7 +160,7 @@ def _write_object(target, journal, state, pulled, spec: dict, key: str, length: 
 def _data_partition(index: int, ops, target, source_io, source_bucket: str, jdir: str, faults, run=None):
     """Executor side: one journal file and one pair of clients per partition."""
     t0 = time.monotonic()
-    result = {"pulled": 0, "written": 0, "ops": 0}
+    result: dict = {"pulled": 0, "written": 0, "ops": 0}
     with UndoJournal(jdir, f"data-{index:05d}", PHASE_DATA, faults, run=run) as journal:
         for op in ops:
             r = run_data_op(op, target, journal, source_io, source_bucket)
@@ -179,7 +181,7 @@ def apply_plan(plan: dict, target, source_io, source_bucket: str, jdir: str, sta
     t0 = time.monotonic()
     target.prepare(plan["epoch"])
     take = getattr(target, "take_written", dict)
-    facts = take()  # nothing of an earlier apply in this process
+    facts: dict = take()  # nothing of an earlier apply in this process
     many = getattr(target, "delete_many", None)
     with UndoJournal(jdir, "ns", PHASE_NAMESPACE, faults) as journal:
         run_in_order(
@@ -327,8 +329,9 @@ def run_in_order(target, ops: list[dict], run_one, delete_many=None) -> None:
                 f.cancel()
             wait(futures)
             for f in futures:
-                if not f.cancelled() and f.exception() is not None:
-                    raise f.exception()
+                exc = None if f.cancelled() else f.exception()
+                if exc is not None:
+                    raise exc
 
 
 #: data operations in flight when a plan is applied without a Spark session (the target contract tests)
@@ -480,7 +483,9 @@ def run_apply(cfg, target, epoch: int, spark=None, inject=None, first_epoch: int
         run_rollback(cfg, tcfg, spark=spark)
     plan = load_plan(cfg, tcfg.name, epoch)
     tgt = open_target(tcfg)
-    if tgt.kind == "s3":
+    from epochsync.targets.s3 import S3Target
+
+    if isinstance(tgt, S3Target):
         tgt.ensure_bucket()
     problems, state = tgt.fence_check(plan["fence"], tgt.fence_time_ns())
     if problems:

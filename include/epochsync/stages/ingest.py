@@ -38,7 +38,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from epochsync.core.errors import EpochError, EpochsyncError, ParseError, StoreError
 from epochsync.core.schema import FIELD_NAMES, INT32_MAX, NAMING_TYPES, RECORD_TYPES, UNNAMING_TYPES, Record
@@ -172,7 +172,7 @@ def latest_closed_epoch(cfg, source: str) -> int | None:
     values = list(closure.closed_through.values())
     if not values or any(v is None for v in values):
         return None
-    return min(values)
+    return min(v for v in values if v is not None)
 
 
 def _server_closed_through(src, server: str, files: list[ChangelogFile], s3) -> int | None:
@@ -309,6 +309,7 @@ def find_index_gaps(spans: Sequence[IndexSpan], after_index: Mapping[str, int] |
                     f"(the consumer cursor is at index {start}; {span.file} starts at index {span.first_index})"
                 )
         else:
+            assert p.last_index is not None  # a span seen before has its last index
             expected = p.last_index + 1
             tolerance = p.bad_after + span.bad_before
             if span.first_index < expected and not (
@@ -367,7 +368,7 @@ def _list_local(base: str, server: str) -> list[ChangelogFile]:
     if not os.path.isdir(directory):
         return []
     names = sorted(n for n in os.listdir(directory) if not n.startswith("."))
-    out = []
+    out: list[ChangelogFile] = []
     for n in names:
         path = os.path.join(directory, n)
         if os.path.isfile(path):
@@ -422,7 +423,7 @@ def file_tail(f: ChangelogFile, s3=None) -> tuple[int, int, str | None] | None:
     if not isinstance(last, dict):
         return None
     index, epoch = last.get("index"), last.get("epoch")
-    if any(isinstance(v, bool) or not isinstance(v, int) for v in (index, epoch)):
+    if not isinstance(index, int) or not isinstance(epoch, int) or isinstance(index, bool) or isinstance(epoch, bool):
         return None
     kind = last.get("type")
     return index, epoch, kind if isinstance(kind, str) else None
@@ -478,7 +479,7 @@ def _open(f: ChangelogFile, s3) -> IO[bytes]:
         body = s3.client().get_object(Bucket=bucket, Key=key)["Body"]
     except Exception as exc:
         raise StoreError(f"cannot read {f.uri} via {s3.describe()}: {exc}") from None
-    return _ClosingBody(body)
+    return cast("IO[bytes]", _ClosingBody(body))
 
 
 class _ClosingBody(io.RawIOBase):
@@ -1508,7 +1509,7 @@ def run_ingest(
             # a skipped file's closing EPOCH still counts for the closure
             for f in fl[: len(fl) - len(files[server])]:
                 tail = tails[f.uri]
-                if tail[2] == "EPOCH" and tail[1] > skipped_closed.get(server, -1):
+                if tail is not None and tail[2] == "EPOCH" and tail[1] > skipped_closed.get(server, -1):
                     skipped_closed[server] = tail[1]
     tasks: list[list[ChangelogFile]] = []
     if any(files.values()):

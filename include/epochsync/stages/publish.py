@@ -56,6 +56,7 @@ import re
 import sys
 import time
 from datetime import UTC, datetime
+from typing import Any
 
 from epochsync.core.config import Config, TargetConfig, load_config
 from epochsync.core.errors import EpochError
@@ -546,7 +547,7 @@ def consumer_status(cfg, target, name: str | None = None, *, now: float | None =
     purged = purged_through(store)
     files = [e for e in published_epochs(store) if e <= published]
     consumers = [_consumer(cfg, tcfg, store, name)] if name else read_consumers(store)
-    out = {
+    out: dict[str, Any] = {
         "feed": tcfg.name,
         "where": store.describe(),
         "format": tcfg.format,

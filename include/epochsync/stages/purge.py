@@ -27,7 +27,7 @@ import os
 import shutil
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 
 from epochsync.core.config import Config, SourceConfig
 from epochsync.core.errors import EpochsyncError
@@ -147,7 +147,7 @@ class ChangelogStore:
             import io
 
             bucket, _, key = file[len("s3://") :].partition("/")
-            stream = io.BytesIO(self._s3_client().get_object(Bucket=bucket, Key=key)["Body"].read())
+            stream: IO[bytes] = io.BytesIO(self._s3_client().get_object(Bucket=bucket, Key=key)["Body"].read())
         else:
             stream = open(file, "rb")
         last = None

@@ -161,7 +161,7 @@ def source_objects(fid: str, row: dict, store: dict) -> dict:
             "objects": [{"key": store["unstriped_key"].format(fid=fid, ost="", oid=fid), "version": version}],
         }
     versions = {(o.get("ost"), o.get("oid")): o.get("version") for o in objects}
-    out = []
+    out: list[dict | None] = []
     for i in range(int(layout["stripe_count"])):
         lo = layout.get("objects") or []
         if i >= len(lo):
@@ -204,7 +204,9 @@ def data_ranges(entry: dict) -> tuple[bool, list[tuple[int, int]], int, int]:
     new_size = int(new.get("size") or 0)
     existed = bool(entry["old_paths"]) and old is not None and old.get("type") == FILE
     if not existed or ch.get("whole_file"):
-        return True, ([(0, new_size)] if new_size else []), new_size, 0 if not existed else int(old.get("size") or 0)
+        old_len = int(old.get("size") or 0) if existed and old is not None else 0
+        return True, ([(0, new_size)] if new_size else []), new_size, old_len
+    assert old is not None  # existed
     old_size = int(old.get("size") or 0)
     rs = [(int(r["offset"]), int(r["length"])) for r in ch.get("ranges") or []]
     rs = [(o, min(n, new_size - o)) for o, n in rs if o < new_size and n > 0]
@@ -368,11 +370,13 @@ def _plan_root(e: dict, target: dict, plan: dict) -> None:
 
 def _verify_items(entries: list[dict], store: dict) -> dict:
     """What verify checks: every path the epoch touched, as it must be at E."""
-    present, gone = [], set()
+    present: list[dict] = []
+    gone: set[str] = set()
     new_all = {p for e in entries for p in e["new_paths"]}
     for e in entries:
         new = e.get("new")
         for p in e["new_paths"]:
+            assert new is not None  # a fid with names at E has its row at E
             item = {"path": p, "attrs": attrs_of(e["fid"], new)}
             if new.get("type") == FILE:
                 item["source"] = source_objects(e["fid"], new, store)
@@ -759,7 +763,7 @@ def directory_paths(dir_links, root_fid: str, *, max_depth: int = 4096) -> dict[
             parent[fid] = (pfid, name)
     paths: dict[str, str | None] = {root_fid: ""}
     for fid in parent:
-        chain = []
+        chain: list[str] = []
         cur = fid
         while cur not in paths and cur in parent and len(chain) <= max_depth:
             chain.append(cur)
