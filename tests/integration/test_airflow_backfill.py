@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from airflow_stack import replica, scheduler_stack_fixture, truth
+from support.airflow_stack import replica, scheduler_stack_fixture, truth
 
 # each epoch run is a few spark-submits: minutes on two shared cores, more than the default timeout
 pytestmark = [

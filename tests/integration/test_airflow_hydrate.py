@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from airflow_stack import airflow_env, dagtest, replica, simulate, truth
+from support.airflow_stack import airflow_env, dagtest, replica, simulate, truth
 
 # each epoch run is a few spark-submits: minutes on two shared cores, more than the default timeout
 pytestmark = [

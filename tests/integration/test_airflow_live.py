@@ -21,7 +21,7 @@ import uuid
 from datetime import UTC, datetime
 
 import pytest
-from airflow_stack import ROOT, airflow_env, replica, truth
+from support.airflow_stack import ROOT, airflow_env, replica, truth
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1800)]
 

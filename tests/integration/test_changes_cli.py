@@ -11,19 +11,16 @@ asking for it is an error naming the snapshots kept.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from support.histories import simulate, truth
 
 from epochsync.cli import main
 from epochsync.core.config import load_config
 from epochsync.core.errors import EpochError
 from epochsync.report.changes import apply_to_listing, changes_between, to_json_line, to_text
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_replicate_e2e import simulate, truth  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -16,6 +16,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.histories import (
+    assert_equals_truth,
+    ingest_epoch,
+    merge_once,
+    replicate_epoch,
+    simulate,
+)
 
 from epochsync.core.errors import EpochsyncError
 from epochsync.journal.undo import journal_dir, journal_exists, read_json
@@ -25,15 +32,6 @@ from epochsync.stages.rollback import rollback_target
 from epochsync.stages.translate import run_translate
 from epochsync.stages.verify import run_verify
 from epochsync.targets import open_target
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_replicate_e2e import (  # noqa: E402
-    assert_equals_truth,
-    ingest_epoch,
-    merge_once,
-    replicate_epoch,
-    simulate,
-)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TARGETS = ("local", "s3")

@@ -12,19 +12,15 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import uuid
-from pathlib import Path
 
 import pytest
 import yaml
+from support.histories import assert_equals_truth, truth
 
 from epochsync.cli import main
 from epochsync.core.config import load_config
 from epochsync.targets import open_target
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_replicate_e2e import assert_equals_truth, truth  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

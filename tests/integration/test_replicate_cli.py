@@ -9,18 +9,14 @@ epoch, then a rerun that succeeds; ``rollback`` on a target with an unfinished e
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
+from support.histories import assert_equals_truth, simulate
 
 from epochsync.cli import main
 from epochsync.journal.undo import journal_dir, journal_exists, read_json
 from epochsync.targets import open_target
 from epochsync.warehouse.paths import Warehouse, local_path
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_replicate_e2e import assert_equals_truth, simulate  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 
 import pytest
-from airflow_stack import ROOT, replica, scheduler_stack_fixture, truth
-from cdp import Chromium, chromium_binary
+from support.airflow_stack import ROOT, replica, scheduler_stack_fixture, truth
+from support.cdp import Chromium, chromium_binary
 
 # each epoch run is a few spark-submits: minutes on two shared cores, more than the default timeout
 pytestmark = [

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -72,12 +71,10 @@ def stage(spark, tmp_path_factory):
 
 def test_app_then_window_match_the_oracle(spark, stage, capsys):
     hist, cfg_path, wh, records = stage
-    sys.path.insert(0, str(ROOT / "spark_apps"))
-    try:
-        import merge as merge_app  # spark_apps/merge.py
-    finally:
-        sys.path.pop(0)
-    assert merge_app.main(["--config", str(cfg_path), "--target", "t", "--epoch", "1"]) == 0
+    import runpy
+
+    merge_app_main = runpy.run_path(str(ROOT / "spark_apps" / "merge.py"))["main"]
+    assert merge_app_main(["--config", str(cfg_path), "--target", "t", "--epoch", "1"]) == 0
     stats = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert stats["epoch"] == 1 and stats["changes"] > 0 and stats["created"] > 0
     assert stats["snapshot_fids"] == len(hist.at(1).snapshot)
