@@ -346,7 +346,7 @@ def replicate_demo(args, env: dict, workdir: Path, logs: Path, state: dict) -> N
     """The replica part: simulate a striped source, two chains of DAG runs (posix, s3), verify each epoch."""
     from epochsync.core.config import load_config
     from epochsync.journal.undo import read_json
-    from epochsync.stages.ingest import INGEST_MARKER
+    from epochsync.stages.ingest.commit import INGEST_MARKER
     from epochsync.warehouse.events import ROLLED_BACK, read_events
     from epochsync.warehouse.paths import Warehouse, local_path
 

@@ -51,6 +51,7 @@ def calls(monkeypatch):
     import epochsync.spark
     import epochsync.stages.apply
     import epochsync.stages.ingest
+    import epochsync.stages.ingest.commit
     import epochsync.stages.merge
     import epochsync.stages.translate
     import epochsync.stages.verify
@@ -66,7 +67,7 @@ def calls(monkeypatch):
 
     monkeypatch.setattr(epochsync.spark, "prepare_session", recorder("prepare_session", None))
     monkeypatch.setattr(epochsync.stages.ingest, "run_ingest", recorder("run_ingest", {"records": 7}))
-    monkeypatch.setattr(epochsync.stages.ingest, "ingest_is_current", recorder("ingest_is_current", None))
+    monkeypatch.setattr(epochsync.stages.ingest.commit, "ingest_is_current", recorder("ingest_is_current", None))
     monkeypatch.setattr(epochsync.stages.merge, "run_merge", recorder("run_merge", {"changes": 3}))
     monkeypatch.setattr(epochsync.stages.translate, "run_translate", recorder("run_translate", {"namespace_ops": 1}))
     monkeypatch.setattr(epochsync.stages.apply, "run_apply", recorder("run_apply", {"bytes_pulled": 5}))
@@ -175,8 +176,9 @@ def test_dry_run_skips_apply_and_verify(dag, calls):
 
 def test_ingest_is_skipped_when_the_epoch_is_already_ingested(dag, calls, monkeypatch):
     import epochsync.stages.ingest
+    import epochsync.stages.ingest.commit
 
-    monkeypatch.setattr(epochsync.stages.ingest, "ingest_is_current", lambda *a: "already ingested from the same files")
+    monkeypatch.setattr(epochsync.stages.ingest.commit, "ingest_is_current", lambda *a: "already ingested from the same files")
     spark = FakeSpark()
     assert run(dag, "ingest", epochs(4, 4), spark=spark) == {"skipped": "already ingested from the same files"}
     assert not [c for c in calls if c[0] == "run_ingest"] and spark.tags == []

@@ -10,7 +10,8 @@ from pyspark.testing import assertDataFrameEqual
 from epochsync.core.config import config_from_dict
 from epochsync.core.errors import EpochError, StoreError
 from epochsync.core.schema import Record, record_struct_type
-from epochsync.stages.ingest import missing_epoch_servers, read_records, run_ingest
+from epochsync.stages.ingest import read_records, run_ingest
+from epochsync.stages.ingest.closure import missing_epoch_servers
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ from epochsync.core.config import EpochConfig
 @pytest.mark.parametrize("interval_s", [300.0, 0.5, 7.25])
 def test_every_view_of_an_epoch_agrees(start, interval_s):
     from epochsync.airflow.timetable import epoch_window
-    from epochsync.stages.ingest import _epoch_grid, _epoch_of_time
+    from epochsync.stages.ingest.executor import _epoch_grid, _epoch_of_time
 
     cfg = EpochConfig(interval_s=interval_s, start=start)
     by_record_time = _epoch_of_time(*_epoch_grid(type("Src", (), {"epoch": cfg})()))

@@ -13,24 +13,23 @@ from epochsync.core.config import config_from_dict
 from epochsync.core.errors import EpochError, ParseError
 from epochsync.core.schema import Record
 from epochsync.formats import ParseOptions, parse_stream
-from epochsync.stages.ingest import (
-    ChangelogFile,
-    IndexSpan,
+from epochsync.stages.ingest.closure import (
+    check_epoch_closed,
+    closure_of_records,
+    epoch_closure,
+    latest_closed_epoch,
+    missing_epoch_servers,
+)
+from epochsync.stages.ingest.cursors import IndexSpan, find_index_gaps, parse_cursor, read_cursor_indexes
+from epochsync.stages.ingest.executor import (
     IngestJob,
     _arrow_schemas,
     _fast_chunk,
     _finish_fast,
     _records_to_batch,
     _Sink,
-    check_epoch_closed,
-    closure_of_records,
-    epoch_closure,
-    find_index_gaps,
-    latest_closed_epoch,
-    missing_epoch_servers,
-    parse_cursor,
-    read_cursor_indexes,
 )
+from epochsync.stages.ingest.files import ChangelogFile
 
 # --------------------------------------------------------------------------- closure
 
@@ -383,7 +382,7 @@ def test_fast_path_leaves_every_line_the_importer_rejects_to_the_importer(bad):
 
 
 def _run_file(path, server="M", first=1, last=1, after=None):
-    from epochsync.stages.ingest import _ingest_jsonl_file
+    from epochsync.stages.ingest.executor import _ingest_jsonl_file
 
     out, read = _arrow_schemas()
     job = IngestJob(
@@ -404,7 +403,7 @@ def test_gap_inside_a_file_names_server_and_range(tmp_path):
 
 
 def test_importer_takes_over_mid_file_with_absolute_line_numbers(tmp_path, monkeypatch):
-    import epochsync.stages.ingest as ingest
+    import epochsync.stages.ingest.executor as ingest
 
     monkeypatch.setattr(ingest, "CHUNK_BYTES", 200)  # several chunks: the bad line is in a later one
     lines = [_jsonl("M", i, 1 if i < 8 else 2) for i in range(1, 12)]
@@ -486,7 +485,7 @@ def test_many_small_files_are_packed_into_a_few_balanced_tasks():
 
 
 def test_files_before_the_run_and_below_the_cursor_are_not_read_again(tmp_path):
-    from epochsync.stages.ingest import file_tail, settled_files
+    from epochsync.stages.ingest.files import file_tail, settled_files
 
     d = tmp_path / "M"
     d.mkdir()
@@ -569,7 +568,7 @@ def test_the_same_records_give_the_same_parquet_bytes_however_they_are_batched(t
     """What lets a re-ingest leave the committed files in place: fixed row groups, one chunk each."""
     import pyarrow.parquet as pq
 
-    import epochsync.stages.ingest as ingest
+    import epochsync.stages.ingest.executor as ingest
 
     monkeypatch.setattr(ingest, "ROW_GROUP_ROWS", 5)
     out, _ = _arrow_schemas()
@@ -599,7 +598,7 @@ def test_fast_path_reads_keys_that_first_appear_after_the_sample_like_the_import
     appear later are inferred and must still give exactly the importer's records."""
     import pyarrow as pa
 
-    from epochsync.stages.ingest import JSON_SAMPLE_BYTES
+    from epochsync.stages.ingest.executor import JSON_SAMPLE_BYTES
 
     head = []
     i = 0

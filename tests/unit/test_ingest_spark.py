@@ -12,7 +12,8 @@ from epochsync.core.errors import EpochError, StoreError
 from epochsync.core.schema import Record, record_struct_type
 from epochsync.formats import ParseOptions, parse_stream
 from epochsync.formats.common import ParseContext
-from epochsync.stages.ingest import closure_of_dataframe, read_records, run_ingest
+from epochsync.stages.ingest import read_records, run_ingest
+from epochsync.stages.ingest.closure import closure_of_dataframe
 
 FIXTURES_SAMPLES = "tests/fixtures/samples"
 
@@ -270,7 +271,7 @@ def test_two_ingests_of_one_epoch_at_once_never_disturb_a_reader(spark, tmp_path
 
 def test_a_second_ingest_of_an_unchanged_window_is_reported_current(spark, tmp_path):
     """What lets the Airflow ingest task of a second target skip its spark-submit."""
-    from epochsync.stages.ingest import INGEST_MARKER, ingest_is_current
+    from epochsync.stages.ingest.commit import INGEST_MARKER, ingest_is_current
 
     write_changelogs(tmp_path, {"MDT0000/a.jsonl": MDT, "OST0000/a.jsonl": OST})
     cfg = config(tmp_path)

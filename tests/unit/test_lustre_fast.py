@@ -24,7 +24,8 @@ from epochsync.core.errors import ParseError
 from epochsync.formats import ParseOptions, parse_stream
 from epochsync.formats.common import ParseContext
 from epochsync.formats.lustre_fast import parse_lustre_chunk
-from epochsync.stages.ingest import ChangelogFile, IngestJob, _arrow_schemas, _records_to_batch, _Sink
+from epochsync.stages.ingest.executor import IngestJob, _arrow_schemas, _records_to_batch, _Sink
+from epochsync.stages.ingest.files import ChangelogFile
 
 SAMPLES = Path(__file__).parents[1] / "fixtures" / "samples" / "lustre"
 OUT, _ = _arrow_schemas()
@@ -292,7 +293,7 @@ def test_mutated_sample_lines_are_parsed_exactly_or_left_to_the_importer(edits):
 
 
 def test_ingest_names_a_bad_line_in_a_later_chunk_by_file_and_line(tmp_path, monkeypatch):
-    import epochsync.stages.ingest as ingest
+    import epochsync.stages.ingest.executor as ingest
     from epochsync.formats.common import ParseContext
 
     monkeypatch.setattr(ingest, "CHUNK_BYTES", 4096)

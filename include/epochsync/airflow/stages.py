@@ -68,7 +68,7 @@ def run_stage_task(
         raise AirflowSkipException(f"dry run: {stage} skipped ({stops})")
     cfg = load_config(config_path)
     if stage == "ingest" and not params.get("reingest"):
-        from epochsync.stages.ingest import ingest_is_current
+        from epochsync.stages.ingest.commit import ingest_is_current
 
         reason = ingest_is_current(cfg, source, first, through, target)
         if reason:

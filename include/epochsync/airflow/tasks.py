@@ -70,7 +70,7 @@ def resolve_run_epochs(
 
 def missing_epoch_servers(config: Config, source: str, epoch: int) -> list[str]:
     """Servers of ``source`` that have not yet written an ``EPOCH`` record for ``epoch`` or later."""
-    from epochsync.stages.ingest import missing_epoch_servers as missing
+    from epochsync.stages.ingest.closure import missing_epoch_servers as missing
 
     return sorted(missing(config, source, epoch))
 

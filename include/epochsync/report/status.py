@@ -47,7 +47,7 @@ def read_stats_rows(cfg: Config, target: str) -> list[dict]:
 def latest_closed_epoch(cfg: Config, source: str) -> int | None:
     """The highest epoch every server of ``source`` has closed, or None if unknown."""
     try:
-        from epochsync.stages.ingest import latest_closed_epoch as closed
+        from epochsync.stages.ingest.closure import latest_closed_epoch as closed
     except ImportError:
         return None
     return closed(cfg, source)

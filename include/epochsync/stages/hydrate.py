@@ -92,7 +92,7 @@ def hydrate_target(
     """Seed ``target`` from the dump at ``epoch`` (default: the latest dump); returns the commit's stats row."""
     from epochsync.core.model import change_struct_type
     from epochsync.stages import apply, commit, context, rollback, translate, verify
-    from epochsync.stages.ingest import missing_epoch_servers
+    from epochsync.stages.ingest.closure import missing_epoch_servers
     from epochsync.warehouse.snapshots import load_namespace_dump, read_snapshot, write_snapshot
     from epochsync.warehouse.tables import conform, write_table
 

@@ -26,7 +26,7 @@ from epochsync.warehouse.events import FAILED, record_event
 
 def _missing_servers(cfg: Config, source: str, epoch: int) -> list[str]:
     """The servers of ``source`` whose changelogs have not closed ``epoch`` yet (sorted)."""
-    from epochsync.stages.ingest import missing_epoch_servers
+    from epochsync.stages.ingest.closure import missing_epoch_servers
 
     return sorted(missing_epoch_servers(cfg, source, epoch))
 

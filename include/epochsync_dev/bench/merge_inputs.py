@@ -659,7 +659,7 @@ def _records_table(np, c, type_names, type_of, time_ns, index, total, *, lay, ro
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from epochsync.stages.ingest import _arrow_schemas
+    from epochsync.stages.ingest.executor import _arrow_schemas
 
     schema, _ = _arrow_schemas()
     counts, first, stripe = lay
