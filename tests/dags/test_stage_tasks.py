@@ -269,7 +269,7 @@ def test_a_feed_target_gets_ingest_merge_publish(tmp_path, calls):
 def test_make_airflow_shows_a_feed_dag_next_to_the_replicas(tmp_path, monkeypatch):
     from epochsync.airflow.dags import dags_from_env
     from epochsync_dev.devstack import add_feed_target
-    from epochsync_dev.simulate import write_config
+    from epochsync_dev.simulate.verb import write_config
 
     config = write_config(tmp_path, bucket="b", conn_id="source_s3", servers=("MDT0000",), root_fid="[0x1:0x1:0x0]")
     add_feed_target(config)

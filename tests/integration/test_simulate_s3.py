@@ -11,7 +11,7 @@ from epochsync.cli import main
 from epochsync.core.model import FILE
 from epochsync.core.schema import Record
 from epochsync_dev.oracle import snapshot_row_from_json
-from epochsync_dev.simulate import read_file_at
+from epochsync_dev.simulate.workload import read_file_at
 
 pytestmark = pytest.mark.integration
 

@@ -17,7 +17,7 @@ from epochsync.core.schema import Extent, Layout, LayoutObject, ObjectRef, Recor
 from epochsync_dev.bench import merge as bench_merge
 from epochsync_dev.bench.merge_inputs import SERVERS, generate_epoch
 from epochsync_dev.oracle import replay, snapshot_row_from_json
-from epochsync_dev.simulate import ROOT_FID
+from epochsync_dev.simulate.workload import ROOT_FID
 
 
 def _record(row: dict) -> Record:

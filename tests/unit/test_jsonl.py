@@ -162,7 +162,7 @@ def test_the_simulators_changelogs_pass_the_importers_checks_file_after_file():
     from collections import defaultdict
 
     from epochsync.formats.common import ParseContext
-    from epochsync_dev.simulate import fast_record_json, simulate_history
+    from epochsync_dev.simulate.workload import fast_record_json, simulate_history
 
     history = simulate_history(seed=3, epochs=3, files=40, mdts=2, osts=2, data=False)
     ctx = ParseContext()

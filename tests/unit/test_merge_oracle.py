@@ -31,7 +31,7 @@ from pyspark.testing import assertDataFrameEqual
 from epochsync.core.model import SNAPSHOT_FIELDS, change_struct_type, snapshot_struct_type
 from epochsync.core.schema import Record, record_struct_type
 from epochsync_dev.oracle import replay
-from epochsync_dev.simulate import simulate_history
+from epochsync_dev.simulate.workload import simulate_history
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from epochsync.core.model import SNAPSHOT_FIELDS, snapshot_struct_type
 from epochsync.core.schema import Record, record_struct_type
 from epochsync.warehouse.paths import Warehouse
 from epochsync_dev.oracle import replay
-from epochsync_dev.simulate import ROOT_FID, simulate_history
+from epochsync_dev.simulate.workload import ROOT_FID, simulate_history
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -482,7 +482,7 @@ def test_any_clock_skew_gives_the_true_namespace(seed, mdts, osts, ops, skew_us,
     """Per-server clock offsets up to ``skew_us`` and clocks of ``tick_us`` resolution (ties):
     the replay never refuses the history and ends in the true namespace (which fid holds which
     name); values may differ only where no operation links the servers (issue 16)."""
-    from epochsync_dev.simulate import simulate_history
+    from epochsync_dev.simulate.workload import simulate_history
 
     hist = simulate_history(seed, 2, 8, mdts=mdts, osts=osts, ops_per_epoch=ops, data=False)
     rng = random.Random(seed)

@@ -19,7 +19,7 @@ from epochsync.core.model import DIR, FILE
 from epochsync.core.schema import Record, record_to_json
 from epochsync.formats.common import ParseOptions, RecordChecker
 from epochsync_dev.oracle import replay, snapshot_row_from_json
-from epochsync_dev.simulate import (
+from epochsync_dev.simulate.workload import (
     EPOCH_INTERVAL_S,
     EPOCH_START,
     ROOT_FID,

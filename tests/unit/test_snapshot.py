@@ -22,7 +22,7 @@ from epochsync.warehouse.snapshots import (
     write_snapshot,
 )
 from epochsync_dev.oracle import FsModel, snapshot_row_to_json
-from epochsync_dev.simulate import simulate_history
+from epochsync_dev.simulate.workload import simulate_history
 
 R = "[0x200000007:0x1:0x0]"
 

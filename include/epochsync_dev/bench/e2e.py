@@ -127,10 +127,10 @@ QUICK = {  # the same shapes, small: the test suite's correctness run
 
 
 def scenario_workload(scenario: Scenario, sink):
-    """A :class:`~epochsync_dev.simulate.Workload` whose epoch 2 is the scenario's change."""
+    """A :class:`~epochsync_dev.simulate.workload.Workload` whose epoch 2 is the scenario's change."""
     import math
 
-    from epochsync_dev.simulate import SimConfig, Workload
+    from epochsync_dev.simulate.workload import SimConfig, Workload
 
     class ScenarioWorkload(Workload):
         def _size(self, lo: int) -> int:
@@ -160,7 +160,7 @@ def scenario_workload(scenario: Scenario, sink):
                 self.write(fid, 0, self._size(lo))
 
         def scripted_epoch(self, epoch: int) -> None:
-            from epochsync_dev.simulate import _NS, EPOCH_INTERVAL_S, EPOCH_START
+            from epochsync_dev.simulate.workload import _NS, EPOCH_INTERVAL_S, EPOCH_START
 
             self.epoch = epoch
             self.clock = max(self.clock, (int(EPOCH_START.timestamp()) + (epoch - 1) * EPOCH_INTERVAL_S) * _NS)
@@ -287,7 +287,7 @@ def generate_source(scenario: Scenario, out: Path, store, rclone_bin: str | None
 def write_bench_config(out: Path, scenario: Scenario, servers, root_fid: str, replica_bucket: str) -> Path:
     import yaml
 
-    from epochsync_dev.simulate import EPOCH_INTERVAL_S, EPOCH_START, STRIPED_KEY, UNSTRIPED_KEY
+    from epochsync_dev.simulate.workload import EPOCH_INTERVAL_S, EPOCH_START, STRIPED_KEY, UNSTRIPED_KEY
 
     cfg = {
         "warehouse": f"file://{out / 'warehouse'}",
@@ -518,7 +518,7 @@ def run_scenario(
     from epochsync.stores.connections import S3Settings
     from epochsync_dev.embedded import S3Endpoint
     from epochsync_dev.s3proxy import S3ProxyProcess
-    from epochsync_dev.simulate import SourceStore
+    from epochsync_dev.simulate.store import SourceStore
     from epochsync_dev.truth import compare_with_truth, load_truth, truth_path
 
     slug = _slug(scenario)

@@ -75,7 +75,7 @@ def generate(work: Path, records: int, seed: int = SEED) -> float:
 
 def _config(work: Path):
     from epochsync.core.config import config_from_dict
-    from epochsync_dev.simulate import ROOT_FID
+    from epochsync_dev.simulate.workload import ROOT_FID
 
     servers = sorted(p.name.split("=", 1)[1] for p in (work / "sim" / "records").iterdir())
     return config_from_dict(

@@ -35,7 +35,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from epochsync_dev.simulate import EPOCH_INTERVAL_S, EPOCH_START, OP_WEIGHTS, ROOT_FID, STRIPE_SIZES
+from epochsync_dev.simulate.workload import EPOCH_INTERVAL_S, EPOCH_START, OP_WEIGHTS, ROOT_FID, STRIPE_SIZES
 
 MDTS = ("MDT0000", "MDT0001")
 OSTS = ("OST0000", "OST0001", "OST0002", "OST0003")

@@ -1,88 +1,53 @@
-"""The source simulator: a seeded random workload → changelogs, stripe objects, ground truth.
-
-Two entry points, one engine (:class:`Workload`):
-
-``simulate_history(seed, epochs, files, ...) -> History`` (in memory, no S3; for property tests)
-    ``History.epochs[i]`` (epoch ``i+1``) has ``records`` (every server's records in true
-    order, each server's ``EPOCH`` record at the end), ``truth`` (ground-truth rows, see
-    below), ``contents`` (``{fid: bytes}`` of every file), ``snapshot`` (the oracle's snapshot
-    rows, :mod:`epochsync_dev.oracle` format) at the end of the epoch. ``History.snapshot_before(E)``
-    is snapshot E-1 (epoch 0: the root alone). Object versions are fake (``v<n>``).
-
-``epochsync simulate --out DIR ...`` (the CLI verb) writes the layout of docs/INTERNALS.md
-"Simulator output": ``DIR/changelogs/<server>/<EEEEEE>.jsonl``, ``DIR/truth/epoch=E.jsonl``,
-``DIR/snapshot/epoch=E/part-0.jsonl``, ``DIR/epochsync.yaml``, and the file data in a
-versioned S3 bucket (``WRITE`` records carry the real ``VersionId``). ``--no-data`` writes
-records only, with fake versions, streaming (for merge benchmarks of millions of records).
-
-Examples::
-
-    # a demo source: 2 MDTs, 4 OSTs, 2000 files, 6 epochs, data in a versioned bucket
-    export AIRFLOW_CONN_SOURCE_S3='{"conn_type": "aws", "login": "KEY", "password": "SECRET",
-                                    "extra": {"endpoint_url": "http://127.0.0.1:8333"}}'
-    epochsync simulate --out var/sim --seed 1 --epochs 6 --files 2000 --mdts 2 --osts 4
-    # a merge benchmark input: records only, an epoch of 10 million records, 70% WRITE
-    epochsync simulate --out var/bench --no-data --epochs 2 --files 100000 --records-per-epoch 10000000 --write-share 0.7
-
-The source being simulated: MDTs ``MDT0000..`` and OSTs ``OST0000..``; root fid
-:data:`ROOT_FID`; Lustre-like fids ``[0x<seq>:0x<n>:0x0]`` with one sequence per MDT.
-Namespace and attribute records go to the MDT owning the parent directory (entry
-operations) or the fid (attribute operations); a directory lives on a random MDT. Regular
-files get a RAID-0 layout (stripe size 4/16/64 KiB, 1-4 objects ``{ost, oid}`` with key
-``{ost}/{oid}``) or, with ``unstriped_ratio``, none: the file is then one object
-``data/{fid}`` whose ``WRITE`` records name ``{ost: <the OST that logs it>, oid: <fid>}``
-with file offsets. Every write logs one ``WRITE`` per object touched (object offsets, the
-object's version after the write), sometimes then an ``MTIME`` on the MDT; the records of
-one operation that span several servers share a ``cookie`` (``op-<n>``). A truncate that shrinks an
-object re-stores it and logs a ``WRITE`` without extents carrying the new version, so the
-latest version of an object in an epoch never holds bytes past the file's size (a pull of
-``[min size, final size)`` reads zeros, not stale bytes). The objects a file loses with its
-last link are deleted (a delete marker; old versions stay readable). Every record gets a
-strictly increasing ``time_ns`` inside its epoch's window (``2026-01-01T00:00:00Z`` + 5 min
-per epoch), so time order is the true order; per-server indexes start at 1 and have no gap.
-
-Ground-truth rows (``truth``), one per path, sorted by path: ``path`` (relative to the
-root, no leading ``/``), ``type`` (file, dir, symlink, other), ``size`` (files; None
-otherwise), ``sha256`` (files, hex; None with ``--no-data``), ``mode`` (st_mode with the
-type bits), ``uid``, ``gid``, ``symlink`` (target), ``xattrs`` (``{name: base64 value}``),
-plus ``fid`` and ``mtime_ns``. Hard links appear once per path.
-"""
+"""The seeded workload: a striped file system's operations epoch by epoch, its changelogs and ground truth."""
 
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import random
-import shutil
 import stat
-import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-from epochsync.core.errors import EpochsyncError, StoreError
+from epochsync.core.errors import EpochsyncError
 from epochsync.core.layout import gather_object, layout_file_range_to_objects, object_size
 from epochsync.core.model import DIR, FILE
 from epochsync.core.schema import Extent, Layout, LayoutObject, ObjectRef, Record, record_to_json
-from epochsync_dev.oracle import FsModel, Node, snapshot_row_to_json
+from epochsync_dev.oracle import FsModel, Node
+
+#: The simulated source's root directory fid (Lustre's well-known root).
+
 
 #: The simulated source's root directory fid (Lustre's well-known root).
 ROOT_FID = "[0x200000007:0x1:0x0]"
+
+
 #: Epoch 1 starts here; every epoch is :data:`EPOCH_INTERVAL_S` long.
 EPOCH_START = datetime(2026, 1, 1, tzinfo=UTC)
+
+
 EPOCH_INTERVAL_S = 300
+
+
 STRIPE_SIZES = (4096, 16384, 65536)
+
+
 #: key templates of the simulated store (the config's defaults)
 STRIPED_KEY = "{ost}/{oid}"
+
+
 UNSTRIPED_KEY = "data/{fid}"
 
+
 _NS = 1_000_000_000
+
+
 _RANDOM = object()  # "choose at random" default
+
+
 _TICK_NS = 1000  # time between two records: room for 3e8 records per epoch
+
 
 #: relative weights of the operations after epoch 1's initial tree
 OP_WEIGHTS: dict[str, int] = {
@@ -947,7 +912,6 @@ def fast_record_json(r: Record) -> str:
     tokens: no quotes, backslashes or control characters); other records go through
     :func:`epochsync.core.schema.record_to_json`. A unit test checks both give the same text.
     """
-    from epochsync.core.schema import record_to_json
 
     head = f'{{"server":"{r.server}","index":{r.index},"epoch":{r.epoch},"type":"{r.type}","time_ns":{r.time_ns}'
     if r.type == "WRITE" and r.object is not None and r.flags is None and r.mtime_ns is None:
@@ -965,395 +929,3 @@ def fast_record_json(r: Record) -> str:
     if r.type == "EPOCH":
         return head + "}"
     return record_to_json(r)
-
-
-# --------------------------------------------------------------------------- the S3 source store
-
-
-class SourceStore:
-    """The simulated source's versioned bucket: stores object versions with a thread pool.
-
-    Versions of one key are stored in order by one thread (so the newest version is the
-    last write); different keys go in parallel.
-    """
-
-    def __init__(self, settings: Any, bucket: str, *, threads: int = 16):
-        from epochsync.stores.s3 import make_client
-
-        self.bucket = bucket
-        self.where = settings.describe()
-        self.threads = max(1, threads)
-        self.client = make_client(settings, pool=self.threads + 4)
-
-    def _fail(self, what: str, exc: Exception) -> StoreError:
-        return StoreError(f"source store {self.where}, bucket {self.bucket!r}: {what}: {exc}")
-
-    def ensure_versioned_bucket(self) -> None:
-        """Create the bucket if needed and enable versioning (checked, not assumed)."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
-            try:
-                self.client.create_bucket(Bucket=self.bucket)
-            except ClientError as exc:
-                if exc.response.get("Error", {}).get("Code") not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
-                    raise
-            self.client.put_bucket_versioning(Bucket=self.bucket, VersioningConfiguration={"Status": "Enabled"})
-            status = self.client.get_bucket_versioning(Bucket=self.bucket).get("Status")
-        except (BotoCoreError, ClientError) as exc:
-            raise self._fail("cannot create or version the bucket", exc) from None
-        if status != "Enabled":
-            raise StoreError(f"source store {self.where}: bucket {self.bucket!r} did not enable versioning ({status})")
-
-    def put_versions(self, uploads: list[Upload], progress: Callable[[str], None] | None = None) -> dict[str, str]:
-        """Store every upload; returns ``{token: VersionId}``. ``progress`` gets a line every 10 s."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        by_key: dict[str, list[Upload]] = {}
-        for u in uploads:
-            by_key.setdefault(u.key, []).append(u)
-
-        def put_all(items: list[Upload]) -> list[tuple[str, str]]:
-            out = []
-            for u in items:
-                try:
-                    resp = self.client.put_object(Bucket=self.bucket, Key=u.key, Body=u.data)
-                except (BotoCoreError, ClientError) as exc:
-                    raise self._fail(f"PUT {u.key}", exc) from None
-                version = resp.get("VersionId")
-                if not version or version == "null":
-                    raise StoreError(f"source store {self.where}: PUT {u.key} returned no version id (not versioned?)")
-                out.append((u.token, version))
-            return out
-
-        versions: dict[str, str] = {}
-        started = last = time.monotonic()
-        with ThreadPoolExecutor(self.threads) as pool:
-            for pairs in pool.map(put_all, by_key.values()):
-                versions.update(pairs)
-                if progress and time.monotonic() - last > 10:
-                    last = time.monotonic()
-                    rate = len(versions) / (last - started)
-                    progress(f"stored {len(versions):,}/{len(uploads):,} object versions ({rate:,.0f}/s)")
-        return versions
-
-    def delete(self, keys: list[str]) -> None:
-        """Delete keys (a delete marker each; their versions stay readable)."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        for i in range(0, len(keys), 1000):
-            chunk = keys[i : i + 1000]
-            try:
-                resp = self.client.delete_objects(
-                    Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in chunk], "Quiet": True}
-                )
-            except (BotoCoreError, ClientError) as exc:
-                raise self._fail(f"DELETE {len(chunk)} keys", exc) from None
-            if resp.get("Errors"):
-                err = resp["Errors"][0]
-                raise StoreError(f"source store {self.where}: DELETE {err.get('Key')}: {err.get('Message')}")
-
-
-# --------------------------------------------------------------------------- the CLI verb
-
-
-#: ``--cache``: the master's own layout (a striped s3 target), different from the cache's
-MASTER_STRIPE_SIZE, MASTER_STRIPE_COUNT = 64 * 1024, 4
-
-
-def write_config(
-    out: Path,
-    *,
-    bucket: str,
-    conn_id: str,
-    servers: tuple[str, ...],
-    root_fid: str,
-    start: datetime = EPOCH_START,
-    interval_s: float = EPOCH_INTERVAL_S,
-    cache: bool = False,
-) -> Path:
-    """``DIR/epochsync.yaml``: source ``sim``, a posix target ``local`` and an s3 target ``s3``.
-
-    ``cache``: the history is a write-back cache's (docs/reintegration.md): source ``cache``
-    and one target, ``master``, striped with the master's own layout.
-    """
-    import yaml
-
-    cfg = {
-        "warehouse": f"file://{out / 'warehouse'}",
-        "sources": [
-            {
-                "name": "sim",
-                "root_fid": root_fid,
-                "servers": list(servers),
-                "changelogs": {"uri": f"file://{out / 'changelogs'}/", "format": "jsonl"},
-                "store": {"conn_id": conn_id, "bucket": bucket, "key": STRIPED_KEY, "unstriped_key": UNSTRIPED_KEY},
-                "epoch": {"interval": f"{interval_s:g}s", "start": start.strftime("%Y-%m-%dT%H:%M:%SZ")},
-            }
-        ],
-        "targets": [
-            {"name": "local", "source": "sim", "kind": "posix", "path": str(out / "replica")},
-            {
-                "name": "s3",
-                "source": "sim",
-                "kind": "s3",
-                "conn_id": "replica_s3",
-                "bucket": "replica",
-                "prefix": "sim/",
-            },
-        ],
-    }
-    if cache:
-        cfg["sources"][0]["name"] = "cache"
-        cfg["targets"] = [
-            {
-                "name": "master",
-                "source": "cache",
-                "kind": "s3",
-                "conn_id": "replica_s3",
-                "bucket": "master",
-                "prefix": "",
-                "stripe_size": MASTER_STRIPE_SIZE,
-                "stripe_count": MASTER_STRIPE_COUNT,
-            }
-        ]
-    path = out / "epochsync.yaml"
-    header = (
-        "# Written by `epochsync simulate`. Keys come from AIRFLOW_CONN_SOURCE_S3 and\n"
-        "# AIRFLOW_CONN_REPLICA_S3 (or Airflow connections), never from this file.\n"
-    )
-    path.write_text(header + yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True))
-    return path
-
-
-def configure_simulate(parser) -> None:
-    """Options of ``epochsync simulate``."""
-    from epochsync.core.config import parse_size
-
-    parser.add_argument("--out", required=True, metavar="DIR", help="output directory (changelogs, truth, config)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (same seed, same history)")
-    parser.add_argument("--epochs", type=int, default=6, help="number of epochs (default 6)")
-    parser.add_argument("--files", type=int, default=200, help="files created in epoch 1 (default 200)")
-    parser.add_argument("--mdts", type=int, default=1, help="metadata servers (default 1)")
-    parser.add_argument("--osts", type=int, default=4, help="object servers (default 4)")
-    parser.add_argument("--records", type=int, help="target record count over all epochs (sets the ops per epoch)")
-    parser.add_argument(
-        "--records-per-epoch",
-        type=int,
-        help="records of each epoch after the first (epoch 1: the initial tree plus --ops-per-epoch operations)",
-    )
-    parser.add_argument("--ops-per-epoch", type=int, help="operations per epoch (default files/2)")
-    parser.add_argument(
-        "--write-share", type=float, help="steer each epoch to this share of WRITE records (e.g. 0.7 for benchmarks)"
-    )
-    parser.add_argument("--no-data", action="store_true", help="records only, fake object versions, nothing stored")
-    where = parser.add_mutually_exclusive_group()
-    where.add_argument("--endpoint", metavar="URL", help="S3 endpoint of the source store (keys from AWS_* env)")
-    where.add_argument(
-        "--conn-id", default=None, help="connection of the source store (AIRFLOW_CONN_<ID>; default source_s3)"
-    )
-    parser.add_argument("--bucket", default="sim-source", help="source data bucket (default sim-source)")
-    parser.add_argument("--threads", type=int, default=16, help="parallel uploads (default 16)")
-    parser.add_argument(
-        "--unstriped-ratio",
-        type=float,
-        default=None,
-        help="share of files with no layout (default 0.1; 1.0 with --cache)",
-    )
-    parser.add_argument(
-        "--cache",
-        action="store_true",
-        help="a write-back cache's history for reintegration: every file unstriped (unless "
-        "--unstriped-ratio says otherwise), config with source cache and a striped s3 "
-        "target master (docs/reintegration.md)",
-    )
-    parser.add_argument(
-        "--max-file-size", type=parse_size, default=256 * 1024, help="files stay below this size (default 256KiB)"
-    )
-    parser.add_argument(
-        "--live",
-        action="store_true",
-        help="produce the epochs in real time: epoch E's changelogs appear (closed) at the end of its window",
-    )
-    parser.add_argument("--interval", default=None, help="epoch length (default 5m; 30s with --live)")
-    parser.add_argument(
-        "--start", default=None, help="start of epoch 1, ISO time (default: 2026-01-01; with --live the next boundary)"
-    )
-
-
-def _epoch_grid_of(args, live: bool) -> tuple[datetime, float]:
-    """Start of epoch 1 and the epoch length: as given, else 2026-01-01 and 5 minutes, or, live,
-    30 s epochs from the next whole interval at least 10 s away."""
-    from epochsync.core.config import parse_datetime, parse_duration
-
-    interval_s = (
-        parse_duration(args.interval) if getattr(args, "interval", None) else (30.0 if live else EPOCH_INTERVAL_S)
-    )
-    if getattr(args, "start", None):
-        start = parse_datetime(args.start)
-    elif live:
-        now = time.time() + 10
-        start = datetime.fromtimestamp((int(now // interval_s) + 1) * interval_s, tz=UTC)
-    else:
-        start = EPOCH_START
-    return start, interval_s
-
-
-def _sleep_until(when: float) -> None:
-    while (left := when - time.time()) > 0:
-        time.sleep(min(left, 1.0))
-
-
-def run_simulate(args) -> int:
-    """Run the simulator and write the on-disk layout; progress on stderr, summary on stdout."""
-    from epochsync.stores.connections import S3Settings, resolve_s3
-
-    out = Path(args.out).resolve()
-    live = bool(getattr(args, "live", False))
-    if live and args.no_data:
-        raise EpochsyncError("simulate: --live writes a source with data; drop --no-data")
-    start, interval_s = _epoch_grid_of(args, live)
-    cfg = SimConfig(
-        seed=args.seed,
-        epochs=args.epochs,
-        files=args.files,
-        mdts=args.mdts,
-        osts=args.osts,
-        ops_per_epoch=args.ops_per_epoch,
-        records=args.records,
-        records_per_epoch=args.records_per_epoch,
-        data=not args.no_data,
-        unstriped_ratio=args.unstriped_ratio if args.unstriped_ratio is not None else (1.0 if args.cache else 0.1),
-        max_file_size=args.max_file_size,
-        write_share=args.write_share,
-    )
-    conn_id = args.conn_id or "source_s3"
-    store = None
-    if cfg.data:
-        if args.endpoint:
-            settings = S3Settings(
-                conn_id="--endpoint",
-                endpoint_url=args.endpoint,
-                access_key=os.environ.get("AWS_ACCESS_KEY_ID"),
-                secret_key=os.environ.get("AWS_SECRET_ACCESS_KEY"),
-                region=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
-            )
-        else:
-            settings = resolve_s3(conn_id)
-        store = SourceStore(settings, args.bucket, threads=args.threads)
-        store.ensure_versioned_bucket()
-
-    # this run owns these folders: a rerun replaces them, never mixes two histories
-    stale = [p for p in (out / "warehouse", out / "replica") if p.exists()]
-    if stale:
-        print(
-            f"simulate: note: {', '.join(map(str, stale))} hold an earlier replication; remove them to start afresh",
-            file=sys.stderr,
-        )
-    for sub in ("changelogs", "truth", "snapshot"):
-        shutil.rmtree(out / sub, ignore_errors=True)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "truth").mkdir()
-    for server in cfg.servers:
-        (out / "changelogs" / server).mkdir(parents=True)
-
-    collected: list[Record] = []
-    handles: dict[str, Any] = {}
-    progress_every = 1_000_000
-
-    def stream(rec: Record) -> None:
-        handles[rec.server].write(fast_record_json(rec) + "\n")
-        if w.records_total % progress_every == 0:
-            print(f"simulate: {w.records_total:,} records...", file=sys.stderr, flush=True)
-
-    w = Workload(cfg, collected.append if cfg.data else stream)
-    started = time.monotonic()
-    stored_bytes = stored_versions = 0
-    if live:
-        # the config first: a scheduler reads the epoch grid before the first epoch closes
-        config = write_config(
-            out,
-            bucket=args.bucket,
-            conn_id=conn_id,
-            servers=cfg.servers,
-            root_fid=cfg.root_fid,
-            start=start,
-            interval_s=interval_s,
-        )
-        print(
-            f"simulate: live: config {config}; epoch 1 starts {start.isoformat()}, every {interval_s:g}s",
-            file=sys.stderr,
-            flush=True,
-        )
-        _sleep_until(start.timestamp())
-    for e in range(1, cfg.epochs + 1):
-        t0 = time.monotonic()
-        name = f"{e:06d}.jsonl"
-        if not cfg.data:
-            handles = {s: open(out / "changelogs" / s / name, "w", encoding="utf-8") for s in cfg.servers}
-        collected.clear()
-        try:
-            w.run_epoch(e)
-        finally:
-            for h in handles.values():
-                h.close()
-        n_records = w.epoch_records
-        if store is not None:
-            versions = store.put_versions(w.uploads, lambda m: print(f"simulate: {m}", file=sys.stderr, flush=True))
-            store.delete(w.deletes)
-            stored_versions += len(w.uploads)
-            stored_bytes += sum(len(u.data) for u in w.uploads)
-            w.remap_versions(versions, collected)
-            by_server: dict[str, list[Record]] = {s: [] for s in cfg.servers}
-            for r in collected:
-                by_server[r.server].append(r)
-            if live:  # the epoch closes at the end of its window, not before
-                _sleep_until(start.timestamp() + e * interval_s)
-            for s, recs in by_server.items():
-                # whole or not at all: a reader listing the folder never sees half a file
-                tmp = out / "changelogs" / s / f".{name}.tmp"
-                with open(tmp, "w", encoding="utf-8") as f:
-                    for r in recs:
-                        f.write(record_to_json(r) + "\n")
-                os.replace(tmp, out / "changelogs" / s / name)
-        n_paths = 0
-        with open(out / "truth" / f"epoch={e}.jsonl", "w", encoding="utf-8") as f:
-            for row in w.iter_truth():
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
-                n_paths += 1
-        snap_dir = out / "snapshot" / f"epoch={e}"
-        snap_dir.mkdir(parents=True)
-        with open(snap_dir / "part-0.jsonl", "w", encoding="utf-8") as f:
-            for row in w.model.iter_snapshot_rows():
-                f.write(json.dumps(snapshot_row_to_json(row), ensure_ascii=False) + "\n")
-        if live:
-            with open(out / "closed.jsonl", "a", encoding="utf-8") as f:
-                f.write(json.dumps({"epoch": e, "closed_at": time.time()}) + "\n")
-        uploaded = f", {len(w.uploads)} object versions stored, {len(w.deletes)} deleted" if store else ""
-        print(
-            f"simulate: epoch {e}/{cfg.epochs}: {n_records:,} records, {n_paths:,} paths{uploaded} "
-            f"({time.monotonic() - t0:.1f}s)",
-            file=sys.stderr,
-            flush=True,
-        )
-        w.finish_epoch()
-    config = write_config(
-        out,
-        bucket=args.bucket,
-        conn_id=conn_id,
-        servers=cfg.servers,
-        root_fid=cfg.root_fid,
-        start=start,
-        interval_s=interval_s,
-        cache=args.cache,
-    )
-    data = (
-        f"; {stored_versions:,} object versions ({stored_bytes / 1e6:.1f} MB) in bucket {args.bucket}" if store else ""
-    )
-    print(
-        f"simulated {cfg.epochs} epochs, {w.records_total:,} records{data} in {time.monotonic() - started:.1f}s; "
-        f"config {config}"
-    )
-    return 0
