@@ -24,7 +24,10 @@ DEBUG_ENV = "EPOCHSYNC_DEBUG"
 #: verb -> (owning module, one-line help)
 VERBS: dict[str, tuple[str, str]] = {
     "parse": ("epochsync.formats.cli", "convert changelogs (lustre, gluster, jsonl) to canonical JSON Lines"),
-    "simulate": ("epochsync_dev.simulate.verb", "generate a seeded source workload: changelogs, data objects, ground truth"),
+    "simulate": (
+        "epochsync_dev.simulate.verb",
+        "generate a seeded source workload: changelogs, data objects, ground truth",
+    ),
     "replicate": ("epochsync.stages.replicate", "run ingest, merge, translate, apply, verify, commit for a target"),
     "rollback": ("epochsync.stages.rollback", "roll a target back to its last committed epoch"),
     "relocate": ("epochsync.stages.replicate", "move a target's control directory to its configured control_dir"),

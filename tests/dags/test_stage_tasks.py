@@ -178,7 +178,9 @@ def test_ingest_is_skipped_when_the_epoch_is_already_ingested(dag, calls, monkey
     import epochsync.stages.ingest
     import epochsync.stages.ingest.commit
 
-    monkeypatch.setattr(epochsync.stages.ingest.commit, "ingest_is_current", lambda *a: "already ingested from the same files")
+    monkeypatch.setattr(
+        epochsync.stages.ingest.commit, "ingest_is_current", lambda *a: "already ingested from the same files"
+    )
     spark = FakeSpark()
     assert run(dag, "ingest", epochs(4, 4), spark=spark) == {"skipped": "already ingested from the same files"}
     assert not [c for c in calls if c[0] == "run_ingest"] and spark.tags == []
