@@ -1,199 +1,89 @@
 """The YAML configuration of DESIGN section 7, loaded and validated once.
 
-Every mistake is a :class:`ConfigError` naming the file and the key path
-(``targets[1].verify.sample``), so an operator can fix it without reading code.
+The file is described by pydantic models that refuse unknown keys (``extra="forbid"``);
+``python -m epochsync.core.config --schema`` prints their JSON Schema, published as
+``docs/config.schema.json``. Every mistake is a :class:`ConfigError` naming the file, the key
+path (``targets[1].verify.sample``) and what was expected, so an operator can fix it without
+reading code (pydantic's own report never reaches the user).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import functools
 import os
 import re
-from dataclasses import dataclass, field
+import typing
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal, NoReturn, overload
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StringConstraints,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    WithJsonSchema,
+    model_validator,
+)
+from pydantic.dataclasses import dataclass
+from pydantic.json_schema import GenerateJsonSchema
+from pydantic_core import PydanticCustomError
 
 from epochsync.core.errors import ConfigError
 
 ENV_VAR = "EPOCHSYNC_CONFIG"
 
-FORMATS = ("jsonl", "lustre", "gluster")
-EPOCH_SOURCES = ("records", "mark", "time")
-TARGET_KINDS = ("s3", "posix", "feed")
+FormatName = Literal["jsonl", "lustre", "gluster"]
+EpochSource = Literal["records", "mark", "time"]
+TargetKindName = Literal["s3", "posix", "feed"]
+FeedFormatName = Literal["jsonl", "parquet"]
+FeedEventName = Literal["create", "delete", "rename", "data", "attrs", "xattrs"]
+OnBadRecordName = Literal["fail", "quarantine"]
+
+FORMATS: tuple[str, ...] = typing.get_args(FormatName)
+EPOCH_SOURCES: tuple[str, ...] = typing.get_args(EpochSource)
+#: ``changelogs.epochs_from`` when absent: JSON Lines carry their epoch, a Lustre MARK closes
+#: one, a Gluster rollover file falls in one window of ``epoch``
+DEFAULT_EPOCHS_FROM = {"jsonl": "records", "lustre": "mark", "gluster": "time"}
+TARGET_KINDS: tuple[str, ...] = typing.get_args(TargetKindName)
 #: a feed target's file format (``targets[].format``) and event mask (``targets[].events``)
-FEED_FORMATS = ("jsonl", "parquet")
-FEED_EVENTS = ("create", "delete", "rename", "data", "attrs", "xattrs")
+FEED_FORMATS: tuple[str, ...] = typing.get_args(FeedFormatName)
+FEED_EVENTS: tuple[FeedEventName, ...] = typing.get_args(FeedEventName)
+ON_BAD_RECORD: tuple[str, ...] = typing.get_args(OnBadRecordName)
 #: target keys of earlier versions that now stop the load with a way forward
 REMOVED_TARGET_KEYS = {
     "engine": "removed: Spark is the only engine of merge and translate; delete this key",
     "local_max_records": "removed with the local engine (Spark runs every epoch); delete this key",
 }
+#: keys only ``kind: s3`` targets take (a feed takes conn_id, bucket and prefix too)
+S3_ONLY_KEYS = ("conn_id", "bucket", "prefix", "stripe_size", "stripe_count")
 MIN_PART_SIZE = 5 * 1024 * 1024
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# one spelling each for the parser and the published schema (JSON Schema regexes take no flags)
 _DURATION_RE = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)?\s*$")
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB|K|M|G|T)?\s*$", re.IGNORECASE)
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*([Bb]|[KkMmGgTt](?:[Ii]?[Bb])?)?\s*$")
 _UNITS_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 _UNITS_B = {
-    None: 1,
-    "b": 1,
-    "k": 1024,
-    "kib": 1024,
-    "m": 1024**2,
-    "mib": 1024**2,
-    "g": 1024**3,
-    "gib": 1024**3,
-    "t": 1024**4,
-    "tib": 1024**4,
-    "kb": 1000,
-    "mb": 1000**2,
-    "gb": 1000**3,
+    None: 1, "b": 1, "k": 1024, "kib": 1024, "m": 1024**2, "mib": 1024**2, "g": 1024**3,
+    "gib": 1024**3, "t": 1024**4, "tib": 1024**4, "kb": 1000, "mb": 1000**2, "gb": 1000**3,
     "tb": 1000**4,
-}
+}  # fmt: skip
 
 
-@dataclass(frozen=True)
-class ChangelogConfig:
-    uri: str
-    format: str = "jsonl"
-    #: where epochs come from: the records' own ``epoch``/EPOCH records, Lustre MARK
-    #: records, or the time windows of ``epoch``.
-    epochs_from: str = "records"
-    #: connection for an ``s3://`` changelog URI (defaults to the store's).
-    conn_id: str | None = None
-
-
-@dataclass(frozen=True)
-class StoreConfig:
-    conn_id: str
-    bucket: str
-    key: str = "{ost}/{oid}"
-    unstriped_key: str = "data/{fid}"
-
-
-@dataclass(frozen=True)
-class EpochConfig:
-    interval_s: float
-    start: datetime
-
-    def window(self, epoch: int) -> tuple[datetime, datetime]:
-        """Epoch E covers [start + (E-1)*interval, start + E*interval) (:mod:`epochsync.core.epochs`)."""
-        from epochsync.core.epochs import window
-
-        return window(self.start, self.interval_s, epoch)
-
-    def epoch_of(self, when_ns: int) -> int:
-        """The epoch whose window holds ``when_ns`` (ns since 1970)."""
-        from epochsync.core.epochs import epoch_of_ns, grid
-
-        return epoch_of_ns(*grid(self.start, self.interval_s), when_ns)
-
-
-@dataclass(frozen=True)
-class RetentionConfig:
-    #: keep ingested changelogs and records this many epochs below the min cursor
-    epochs: int = 10
-    #: a consumer whose cursor has not moved for this long is reported idle
-    idle_limit_s: float = 86400.0
-
-
-@dataclass(frozen=True)
-class SourceConfig:
-    name: str
-    root_fid: str
-    servers: tuple[str, ...]
-    changelogs: ChangelogConfig
-    store: StoreConfig
-    epoch: EpochConfig
-    on_bad_record: str = "fail"
-    retention: RetentionConfig = field(default_factory=RetentionConfig)
-
-
-@dataclass(frozen=True)
-class VerifyConfig:
-    sample: float = 1.0
-
-
-@dataclass(frozen=True)
-class FeedRetentionConfig:
-    """How long a feed keeps its epoch files (``targets[].retention`` of a ``kind: feed`` target)."""
-
-    #: the newest epochs kept even when every registered consumer has acknowledged them
-    epochs: int = 10
-    #: epochs older than this many below the last published one go even if unacknowledged
-    #: (their consumers must hydrate); None keeps them until every consumer acknowledged
-    max_epochs: int | None = None
-    #: a consumer with unacknowledged epochs that has not acknowledged for this long is idle
-    idle_limit_s: float = 86400.0
-
-
-@dataclass(frozen=True)
-class TargetConfig:
-    name: str
-    source: str
-    kind: str
-    conn_id: str | None = None
-    bucket: str | None = None
-    prefix: str = ""
-    path: str | None = None
-    fileset: tuple[str, ...] = ()
-    verify: VerifyConfig = field(default_factory=VerifyConfig)
-    #: a striped s3 target: its own geometry (layout translation proper)
-    stripe_size: int | None = None
-    stripe_count: int | None = None
-    #: ranges of one object closer than this are fetched with one GET
-    coalesce_gap: int = 1024 * 1024
-    #: multipart part size for partial updates (>= 5 MiB)
-    part_size: int = 8 * 1024 * 1024
-    #: objects up to this size are patched in memory and put whole
-    small_object: int = 8 * 1024 * 1024
-    #: how many committed namespace snapshots to keep
-    snapshot_retention: int = 3
-    #: attempts per S3 request before a clear failure
-    max_attempts: int = 6
-    #: the replica's own directory at its root (manifest, scratch area, s3 stripes and
-    #: attribute sidecars); a source entry of that name at the root is refused
-    control_dir: str = ".epochsync"
-    #: feed targets: file format, event mask, retention of epoch files
-    format: str = "jsonl"
-    events: tuple[str, ...] = FEED_EVENTS
-    retention: FeedRetentionConfig = field(default_factory=FeedRetentionConfig)
-
-
-@dataclass(frozen=True)
-class Config:
-    file: str
-    warehouse: str
-    sources: tuple[SourceConfig, ...]
-    targets: tuple[TargetConfig, ...]
-    #: the Spark Connect server every stage uses (``spark.remote``); None: see epochsync.spark
-    spark_remote: str | None = None
-
-    def source(self, name: str) -> SourceConfig:
-        for s in self.sources:
-            if s.name == name:
-                return s
-        raise ConfigError(self.file, "sources", f"no source named {name!r} (have: {_names(self.sources)})")
-
-    def target(self, name: str) -> TargetConfig:
-        for t in self.targets:
-            if t.name == name:
-                return t
-        raise ConfigError(self.file, "targets", f"no target named {name!r} (have: {_names(self.targets)})")
-
-    def source_of(self, target: TargetConfig) -> SourceConfig:
-        return self.source(target.source)
-
-
-def _names(items) -> str:
-    return ", ".join(i.name for i in items) or "none"
-
-
-# --------------------------------------------------------------------------- parsing helpers
+# --------------------------------------------------------------------------- values
 
 
 def parse_duration(value: Any) -> float:
-    """``5m`` → 300.0; a bare number is seconds."""
+    """``5m`` → 300.0; a bare number is seconds. Returns seconds."""
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
         return float(value)
     m = _DURATION_RE.match(str(value)) if isinstance(value, str) else None
@@ -203,16 +93,17 @@ def parse_duration(value: Any) -> float:
 
 
 def parse_size(value: Any) -> int:
-    """``8MiB`` → 8388608; a bare integer is bytes."""
+    """``8MiB`` → 8388608; a bare integer is bytes. Returns bytes."""
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
     m = _SIZE_RE.match(value) if isinstance(value, str) else None
     if not m:
         raise ValueError(f"expected a byte size like 1048576 or 8MiB, got {value!r}")
-    return int(m.group(1)) * _UNITS_B[(m.group(2) or "b").lower() if m.group(2) else None]
+    return int(m.group(1)) * _UNITS_B[m.group(2).lower() if m.group(2) else None]
 
 
 def parse_datetime(value: Any) -> datetime:
+    """An ISO 8601 time (``Z`` allowed) or a datetime; returns it timezone-aware (UTC if naive)."""
     if isinstance(value, datetime):
         dt = value
     elif isinstance(value, str):
@@ -223,58 +114,6 @@ def parse_datetime(value: Any) -> datetime:
     else:
         raise ValueError(f"expected an ISO 8601 time, got {value!r}")
     return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
-
-
-class _Reader:
-    """Walks one mapping of the YAML, remembering the key path for errors."""
-
-    def __init__(self, file: str, path: str, data: Any):
-        self.file = file
-        self.path = path
-        if not isinstance(data, dict):
-            raise ConfigError(file, path or "(top level)", f"expected a mapping, got {_kind(data)}")
-        self.data = data
-        self.used: set[str] = set()
-
-    def key(self, name: str) -> str:
-        return f"{self.path}.{name}" if self.path else name
-
-    def fail(self, name: str, reason: str) -> NoReturn:
-        raise ConfigError(self.file, self.key(name), reason)
-
-    def get(self, name: str, conv=None, *, required: bool = False, default: Any = None):
-        self.used.add(name)
-        if name not in self.data or self.data[name] is None:
-            if required:
-                self.fail(name, "missing required key")
-            return default
-        value = self.data[name]
-        if conv is None:
-            return value
-        try:
-            return conv(value)
-        except (ValueError, TypeError) as exc:
-            self.fail(name, str(exc))
-
-    @overload
-    def sub(self, name: str, *, required: Literal[True]) -> _Reader: ...
-
-    @overload
-    def sub(self, name: str, *, required: bool = False) -> _Reader | None: ...
-
-    def sub(self, name: str, *, required: bool = False) -> _Reader | None:
-        self.used.add(name)
-        if name not in self.data or self.data[name] is None:
-            if required:
-                self.fail(name, "missing required key")
-            return None
-        return _Reader(self.file, self.key(name), self.data[name])
-
-    def done(self, allowed: tuple[str, ...] = ()):
-        unknown = sorted(set(self.data) - self.used - set(allowed))
-        if unknown:
-            known = ", ".join(sorted(self.used | set(allowed)))
-            self.fail(unknown[0], f"unknown key (known keys here: {known})")
 
 
 def _kind(v: Any) -> str:
@@ -313,13 +152,16 @@ def _int_range(lo: int, hi: int | None = None):
     return conv
 
 
-def _list_of(conv):
-    def inner(v: Any):
-        if not isinstance(v, list) or not v:
-            raise ValueError(f"expected a non-empty list, got {_kind(v)}")
-        return tuple(conv(x) for x in v)
+def _ratio(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
+        raise ValueError(f"expected a ratio from 0.0 to 1.0, got {v!r}")
+    return float(v)
 
-    return inner
+
+def _part_size(v: int) -> int:
+    if v < MIN_PART_SIZE:
+        raise ValueError(f"S3 parts are at least 5 MiB ({MIN_PART_SIZE} bytes), got {v}")
+    return v
 
 
 def _abs_subtree(v: Any) -> str:
@@ -350,11 +192,469 @@ def _key_template(v: Any) -> str:
     return v
 
 
+def _changelog_uri(v: str) -> str:
+    if not v.startswith(("s3://", "file://", "/")):
+        raise ValueError(f"expected s3://bucket/prefix/, file:///dir or an absolute path, got {v!r}")
+    return v
+
+
+def _spark_remote(v: Any) -> str:
+    if not isinstance(v, str) or not v.startswith("sc://"):
+        raise ValueError(f"expected a Spark Connect URL like sc://host:15002, got {v!r}")
+    return v
+
+
+def _key_prefix(example: str):
+    """A relative key prefix, ending in ``/`` unless empty."""
+
+    def conv(v: Any) -> str:
+        p = str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+        if not isinstance(p, str) or p.startswith("/") or ".." in p.split("/"):
+            raise ValueError(f"expected a relative key prefix like {example!r}, got {v!r}")
+        return p if not p or p.endswith("/") else p + "/"
+
+    return conv
+
+
+def _distinct(what: str):
+    def check(v: tuple) -> tuple:
+        if len(set(v)) != len(v):
+            raise ValueError(f"duplicate {what}")
+        return v
+
+    return check
+
+
+def _feed_order(v: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(e for e in FEED_EVENTS if e in v)
+
+
+def _config_dir(info: ValidationInfo) -> Path:
+    """The directory relative paths in the file are taken from (the loader passes it)."""
+    return (info.context or {}).get("dir") or Path.cwd()
+
+
+def _local_path(v: str, info: ValidationInfo) -> str:
+    return v if v.startswith("/") else str((_config_dir(info) / v).resolve())
+
+
+def _warehouse_uri(v: str, info: ValidationInfo) -> str:
+    return (v if "://" in v else f"file://{(_config_dir(info) / v).resolve()}").rstrip("/")
+
+
+# The types of the file's values. A BeforeValidator parses and checks, with the one-line
+# wording of the function it names; the constraint it wraps gives the published schema.
+Name = Annotated[str, StringConstraints(pattern=_NAME_RE.pattern), BeforeValidator(_name)]
+Text = Annotated[str, StringConstraints(min_length=1), BeforeValidator(_text)]
+LocalPath = Annotated[Text, AfterValidator(_local_path)]
+_UNITS_DOC = {
+    "duration": "a whole number and a unit: ms, s, m, h, d (5m)",
+    "size": "a whole number and a unit: B, K or KiB, M or MiB, G or GiB, T or TiB (powers of 1024), KB, MB, GB, TB (of 1000)",
+}
+Duration = Annotated[
+    float,
+    BeforeValidator(parse_duration),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "number", "exclusiveMinimum": 0, "description": "seconds"},
+                {"type": "string", "pattern": _DURATION_RE.pattern, "description": _UNITS_DOC["duration"]},
+            ]
+        }
+    ),
+]
+Size = Annotated[
+    int,
+    BeforeValidator(parse_size),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "integer", "minimum": 0, "description": "bytes"},
+                {"type": "string", "pattern": _SIZE_RE.pattern, "description": _UNITS_DOC["size"]},
+            ]
+        }
+    ),
+]
+When = Annotated[datetime, BeforeValidator(parse_datetime)]
+Ratio = Annotated[float, Field(ge=0.0, le=1.0), BeforeValidator(_ratio)]
+Format = Annotated[FormatName, BeforeValidator(_choice(FORMATS))]
+EpochsFrom = Annotated[EpochSource, BeforeValidator(_choice(EPOCH_SOURCES))]
+OnBadRecord = Annotated[OnBadRecordName, BeforeValidator(_choice(ON_BAD_RECORD))]
+TargetKind = Annotated[TargetKindName, BeforeValidator(_choice(TARGET_KINDS))]
+FeedFormat = Annotated[FeedFormatName, BeforeValidator(_choice(FEED_FORMATS))]
+FeedEvent = Annotated[FeedEventName, BeforeValidator(_choice(FEED_EVENTS))]
+Epochs = Annotated[int, Field(ge=0), BeforeValidator(_int_range(0))]
+AtLeastOne = Annotated[int, Field(ge=1), BeforeValidator(_int_range(1))]
+StripeCount = Annotated[int, Field(ge=1, le=65535), BeforeValidator(_int_range(1, 65535))]
+Attempts = Annotated[int, Field(ge=1, le=100), BeforeValidator(_int_range(1, 100))]
+PartSize = Annotated[Size, AfterValidator(_part_size)]
+FilesetPath = Annotated[str, StringConstraints(pattern="^/"), BeforeValidator(_abs_subtree)]
+ControlDir = Annotated[str, StringConstraints(min_length=1), BeforeValidator(_control_dir)]
+KeyTemplate = Annotated[str, StringConstraints(min_length=1), BeforeValidator(_key_template)]
+ChangelogUri = Annotated[Text, AfterValidator(_changelog_uri)]
+SparkRemote = Annotated[str, StringConstraints(pattern="^sc://"), BeforeValidator(_spark_remote)]
+Servers = Annotated[tuple[Name, ...], Field(min_length=1), AfterValidator(_distinct("server names"))]
+Fileset = Annotated[tuple[FilesetPath, ...], Field(min_length=1)]
+FeedEvents = Annotated[tuple[FeedEvent, ...], Field(min_length=1), AfterValidator(_feed_order)]
+
+
+def _key_error(key: str, reason: str) -> PydanticCustomError:
+    """A rule across keys, reported at ``key`` (relative to the mapping it is raised in)."""
+    return PydanticCustomError("config_key", "{reason}", {"key": key, "reason": reason})
+
+
+_C = typing.TypeVar("_C", bound=type)
+
+
+def _constructed(cls: _C) -> _C:
+    """Built in Python (``TargetConfig(...)``, ``dataclasses.replace``), a bad value is a
+    :class:`ConfigError` naming the class and the field, like one in the file."""
+    init: Callable[..., None] = vars(cls)["__init__"]  # pydantic's, defined on cls itself
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        try:
+            init(self, *args, **kwargs)
+        except ValidationError as exc:
+            raise _config_error(cls.__name__, cls, exc) from None
+
+    setattr(cls, "__init__", __init__)  # noqa: B010 (mypy refuses assigning a method)
+    return cls
+
+
+#: every mapping of the file: unknown keys are errors; the YAML spellings (aliases:
+#: ``interval``, ``idle_limit``) are the keys of the file, the Python names build objects in code
+_KEYS = ConfigDict(extra="forbid", validate_by_alias=True, validate_by_name=True, use_attribute_docstrings=True)
+
+
+# --------------------------------------------------------------------------- sources
+
+
+@_constructed
+@dataclass(frozen=True, config=_KEYS)
+class ChangelogConfig:
+    """Where a source's changelogs are and how to read them (``sources[].changelogs``)."""
+
+    uri: ChangelogUri
+    """s3://bucket/prefix/, file:///dir or an absolute path: one directory per server below it"""
+    format: Format = "jsonl"
+    epochs_from: EpochsFrom = "records"
+    """where epochs come from: the records' own ``epoch``/EPOCH records, Lustre MARK records, or
+    the time windows of ``epoch``; default by format: jsonl records, lustre mark, gluster time"""
+    conn_id: Text | None = None
+    """connection for an ``s3://`` changelog URI (defaults to the store's)"""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _epochs_from_by_format(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "epochs_from" not in data:
+            fmt = data.get("format", "jsonl")
+            if isinstance(fmt, str) and fmt in DEFAULT_EPOCHS_FROM:
+                return {**data, "epochs_from": DEFAULT_EPOCHS_FROM[fmt]}
+        return data
+
+
+@_constructed
+@dataclass(frozen=True, config=_KEYS)
+class StoreConfig:
+    """The S3 bucket holding the source's file data (``sources[].store``)."""
+
+    conn_id: Text
+    bucket: Text
+    key: KeyTemplate = "{ost}/{oid}"
+    """object key of a striped file's stripe object, from {ost}, {oid}, {fid}"""
+    unstriped_key: KeyTemplate = "data/{fid}"
+    """object key of a file without stripes"""
+
+
+@_constructed
+@dataclass(frozen=True, config=_KEYS)
+class EpochConfig:
+    """The epoch grid (``sources[].epoch``)."""
+
+    interval_s: Annotated[Duration, Field(alias="interval")]
+    """length of one epoch"""
+    start: When
+    """start of epoch 1 (ISO 8601; UTC if no zone is given)"""
+
+    def window(self, epoch: int) -> tuple[datetime, datetime]:
+        """Epoch E covers [start + (E-1)*interval, start + E*interval) (:mod:`epochsync.core.epochs`)."""
+        from epochsync.core.epochs import window
+
+        return window(self.start, self.interval_s, epoch)
+
+    def epoch_of(self, when_ns: int) -> int:
+        """The epoch whose window holds ``when_ns`` (ns since 1970)."""
+        from epochsync.core.epochs import epoch_of_ns, grid
+
+        return epoch_of_ns(*grid(self.start, self.interval_s), when_ns)
+
+
+@_constructed
+@dataclass(frozen=True, config=_KEYS)
+class RetentionConfig:
+    """How long ingested changelogs and records stay (``sources[].retention``)."""
+
+    epochs: Epochs = 10
+    """keep ingested changelogs and records this many epochs below the min cursor"""
+    idle_limit_s: Annotated[Duration, Field(alias="idle_limit")] = 86400.0
+    """a consumer whose cursor has not moved for this long is reported idle"""
+
+
+@_constructed
+@dataclass(frozen=True, config=_KEYS)
+class SourceConfig:
+    """One replicated file system (``sources[]``)."""
+
+    name: Name
+    root_fid: Text
+    """FID of the replicated root"""
+    servers: Servers
+    """the servers (MDTs, OSTs, bricks) whose changelogs make up the source"""
+    changelogs: ChangelogConfig
+    store: StoreConfig
+    epoch: EpochConfig
+    on_bad_record: OnBadRecord = "fail"
+    """fail the epoch, or quarantine the line and go on"""
+    retention: RetentionConfig = dataclasses.field(default_factory=RetentionConfig)
+
+
+# --------------------------------------------------------------------------- targets
+
+
+@_constructed
+@dataclass(frozen=True, config=_KEYS)
+class VerifyConfig:
+    """What verify checks after apply (``targets[].verify``)."""
+
+    sample: Ratio = 1.0
+    """share of changed files whose bytes are compared"""
+
+
+@_constructed
+@dataclass(frozen=True, config=_KEYS)
+class FeedRetentionConfig:
+    """How long a feed keeps its epoch files (``targets[].retention`` of a ``kind: feed`` target)."""
+
+    epochs: Epochs = 10
+    """the newest epochs kept even when every registered consumer has acknowledged them"""
+    max_epochs: AtLeastOne | None = None
+    """epochs older than this many below the last published one go even if unacknowledged
+    (their consumers must hydrate); none: kept until every consumer acknowledged"""
+    idle_limit_s: Annotated[Duration, Field(alias="idle_limit")] = 86400.0
+    """a consumer with unacknowledged epochs that has not acknowledged for this long is idle"""
+
+
+@dataclass(frozen=True, config=_KEYS, kw_only=True)
+class _TargetKeys:
+    """The keys every kind of target takes (described with Field: the subclasses that
+    inherit them would not see attribute docstrings)."""
+
+    name: Name = Field(description="the target's name (in DAG ids, pools and the warehouse)")
+    source: Name = Field(description="name of the source this target replicates")
+    kind: TargetKind = Field(description="s3, posix or feed: the keys below depend on it")
+    fileset: Fileset = Field(default=(), description="subtrees to replicate (absolute paths); default: everything")
+    verify: VerifyConfig = Field(default_factory=VerifyConfig)
+    coalesce_gap: Size = Field(
+        default=1024 * 1024, description="ranges of one object closer than this are fetched with one GET"
+    )
+    part_size: PartSize = Field(
+        default=8 * 1024 * 1024, description="multipart part size for partial updates (at least 5 MiB)"
+    )
+    small_object: Size = Field(
+        default=8 * 1024 * 1024, description="objects up to this size are patched in memory and put whole"
+    )
+    snapshot_retention: AtLeastOne = Field(default=3, description="how many committed namespace snapshots to keep")
+    max_attempts: Attempts = Field(default=6, description="attempts per S3 request before a clear failure")
+    control_dir: ControlDir = Field(
+        default=".epochsync",
+        description="the replica's own directory at its root (manifest, scratch area, s3 stripes and attribute "
+        "sidecars); a source entry of that name at the root is refused",
+    )
+
+
+@dataclass(frozen=True, config=_KEYS, kw_only=True)
+class S3TargetKeys(_TargetKeys):
+    """A replica in an S3 bucket (``kind: s3``)."""
+
+    kind: Literal["s3"]
+    conn_id: Text
+    bucket: Text
+    prefix: Annotated[str, BeforeValidator(_key_prefix("lustre1/"))] = ""
+    """key prefix of the replica in the bucket (relative; a '/' is added)"""
+    stripe_size: Size | None = None
+    """a striped s3 target: its own stripe size (needs stripe_count)"""
+    stripe_count: StripeCount | None = None
+    """a striped s3 target: its own stripe count (needs stripe_size)"""
+
+    @model_validator(mode="after")
+    def _both_stripe_keys(self) -> S3TargetKeys:
+        if (self.stripe_size is None) != (self.stripe_count is None):
+            missing = "stripe_count" if self.stripe_count is None else "stripe_size"
+            raise _key_error(missing, "a striped target needs both stripe_size and stripe_count")
+        return self
+
+
+@dataclass(frozen=True, config=_KEYS, kw_only=True)
+class PosixTargetKeys(_TargetKeys):
+    """A replica in a directory (``kind: posix``)."""
+
+    kind: Literal["posix"]
+    path: LocalPath
+    """the replica's directory (relative: to the config file's directory)"""
+
+
+@dataclass(frozen=True, config=_KEYS, kw_only=True)
+class FeedTargetKeys(_TargetKeys):
+    """A change feed (``kind: feed``): one file per epoch, to a directory (path) or an S3
+    prefix (conn_id, bucket, prefix)."""
+
+    kind: Literal["feed"]
+    path: LocalPath | None = None
+    """the feed's directory (relative: to the config file's directory)"""
+    conn_id: Text | None = None
+    bucket: Text | None = None
+    prefix: Annotated[str, BeforeValidator(_key_prefix("feeds/audit/"))] | None = None
+    format: FeedFormat = "jsonl"
+    events: FeedEvents = FEED_EVENTS
+    """the events published"""
+    retention: FeedRetentionConfig = dataclasses.field(default_factory=FeedRetentionConfig)
+
+    @model_validator(mode="after")
+    def _directory_or_bucket(self) -> FeedTargetKeys:
+        s3 = {"conn_id": self.conn_id, "bucket": self.bucket, "prefix": self.prefix}
+        if self.path is not None:
+            for key, value in s3.items():
+                if value is not None:
+                    raise _key_error(
+                        key, "a feed goes to a directory (path) or to an S3 prefix (conn_id, bucket, prefix), not both"
+                    )
+        elif self.conn_id is None and self.bucket is None:
+            raise _key_error("path", "a feed needs a directory (path) or an S3 prefix (conn_id, bucket, prefix)")
+        else:
+            for key in ("conn_id", "bucket"):
+                if s3[key] is None:
+                    raise _key_error(key, "missing required key")
+        return self
+
+
+#: keys a kind of target refuses with a reason of their own rather than "unknown key"
+_REFUSED_KEYS: dict[type, dict[str, str]] = {
+    S3TargetKeys: REMOVED_TARGET_KEYS,
+    PosixTargetKeys: {**REMOVED_TARGET_KEYS, **dict.fromkeys(S3_ONLY_KEYS, "only s3 targets take this key")},
+    FeedTargetKeys: {**REMOVED_TARGET_KEYS, **dict.fromkeys(S3_ONLY_KEYS[3:], "only s3 targets take this key")},
+}
+
+TargetKeys = Annotated[S3TargetKeys | PosixTargetKeys | FeedTargetKeys, Discriminator("kind")]
+
+
+@_constructed
+@dataclass(frozen=True, config=_KEYS, kw_only=True)
+class TargetConfig(_TargetKeys):
+    """One target as the stages see it, whatever its kind; keys a kind does not take hold
+    their defaults (``None``)."""
+
+    conn_id: str | None = None
+    bucket: str | None = None
+    prefix: str = ""
+    path: str | None = None
+    fileset: tuple[str, ...] = ()
+    #: a striped s3 target: its own geometry (layout translation proper)
+    stripe_size: int | None = None
+    stripe_count: int | None = None
+    #: feed targets: file format, event mask, retention of epoch files
+    format: str = "jsonl"
+    events: tuple[str, ...] = FEED_EVENTS
+    retention: FeedRetentionConfig = dataclasses.field(default_factory=FeedRetentionConfig)
+
+    @classmethod
+    def of(cls, keys: S3TargetKeys | PosixTargetKeys | FeedTargetKeys) -> TargetConfig:
+        """The target of one validated ``targets[]`` entry."""
+        values = {f.name: getattr(keys, f.name) for f in dataclasses.fields(keys)}
+        if values.get("prefix") is None:
+            values.pop("prefix", None)
+        return cls(**values)
+
+
+# --------------------------------------------------------------------------- the file
+
+
+@dataclass(frozen=True, config=_KEYS)
+class SparkKeys:
+    """How stages reach Spark (``spark``)."""
+
+    remote: SparkRemote | None = None
+    """the Spark Connect server every stage uses (sc://host:15002); none: see epochsync.spark"""
+
+
+@dataclass(frozen=True, config=ConfigDict(**_KEYS, title="epochsync configuration"), kw_only=True)
+class ConfigFile:
+    """The epochsync YAML file (path in $EPOCHSYNC_CONFIG or --config). Connections (keys,
+    endpoints) never live here: they come from Airflow or AIRFLOW_CONN_<ID> variables."""
+
+    warehouse: Annotated[Text, AfterValidator(_warehouse_uri)] | None = None
+    """where Spark keeps records, snapshots, plans, journals: a URI, or a path (relative: to
+    the config file's directory); default: warehouse/ beside the config file"""
+    sources: Annotated[tuple[SourceConfig, ...], Field(min_length=1)]
+    targets: tuple[TargetKeys, ...] = ()
+    spark: SparkKeys | None = None
+
+    @model_validator(mode="after")
+    def _names_resolve(self) -> ConfigFile:
+        for key, items in (("sources", self.sources), ("targets", self.targets)):
+            seen: set[str] = set()
+            for i, item in enumerate(items):
+                if item.name in seen:
+                    raise _key_error(f"{key}[{i}].name", f"duplicate name {item.name!r}")
+                seen.add(item.name)
+        names = [s.name for s in self.sources]
+        for i, t in enumerate(self.targets):
+            if t.source not in names:
+                have = ", ".join(sorted(names))
+                raise _key_error(f"targets[{i}].source", f"no source named {t.source!r} (have: {have})")
+        return self
+
+
+@_constructed
+@dataclass(frozen=True, config=_KEYS)
+class Config:
+    """A loaded config: its file, the warehouse URI, sources and targets."""
+
+    file: str
+    warehouse: str
+    sources: tuple[SourceConfig, ...]
+    targets: tuple[TargetConfig, ...]
+    #: the Spark Connect server every stage uses (``spark.remote``); None: see epochsync.spark
+    spark_remote: str | None = None
+
+    def source(self, name: str) -> SourceConfig:
+        """The source called ``name``; a ConfigError names the ones there are."""
+        for s in self.sources:
+            if s.name == name:
+                return s
+        raise ConfigError(self.file, "sources", f"no source named {name!r} (have: {_names(self.sources)})")
+
+    def target(self, name: str) -> TargetConfig:
+        """The target called ``name``; a ConfigError names the ones there are."""
+        for t in self.targets:
+            if t.name == name:
+                return t
+        raise ConfigError(self.file, "targets", f"no target named {name!r} (have: {_names(self.targets)})")
+
+    def source_of(self, target: TargetConfig) -> SourceConfig:
+        """The source ``target`` replicates."""
+        return self.source(target.source)
+
+
+def _names(items) -> str:
+    return ", ".join(i.name for i in items) or "none"
+
+
 # --------------------------------------------------------------------------- loading
 
 
 def load_config(path: str | os.PathLike | None = None) -> Config:
-    """Load and validate the config at ``path`` (default: ``$EPOCHSYNC_CONFIG``)."""
+    """Load and validate the config at ``path`` (default: ``$EPOCHSYNC_CONFIG``); returns it."""
     import yaml
 
     if path is None:
@@ -376,203 +676,210 @@ def load_config(path: str | os.PathLike | None = None) -> Config:
 
 
 def config_from_dict(data: Any, *, file: str = "(config)") -> Config:
-    top = _Reader(file, "", data)
+    """Validate the parsed YAML ``data`` of ``file`` (relative paths are taken from its
+    directory; the working directory for a ``(name)``); returns the :class:`Config`."""
     base = Path(file).resolve().parent if file and not file.startswith("(") else Path.cwd()
-    warehouse = top.get("warehouse", _text, default=f"file://{base / 'warehouse'}")
-    if "://" not in warehouse:
-        warehouse = f"file://{(base / warehouse).resolve()}"
-    src_list = top.get("sources", required=True)
-    tgt_list = top.get("targets", default=[])
-    spark_remote = None
-    spark = top.sub("spark")
-    if spark is not None:
-        spark_remote = spark.get("remote", _spark_remote)
-        spark.done()
-    top.done()
-    if not isinstance(src_list, list) or not src_list:
-        top.fail("sources", "expected a non-empty list of sources")
-    if not isinstance(tgt_list, list):
-        top.fail("targets", "expected a list of targets")
-
-    sources = tuple(_load_source(file, i, s) for i, s in enumerate(src_list))
-    _unique(file, "sources", [s.name for s in sources])
-    targets = tuple(_load_target(file, i, t, base) for i, t in enumerate(tgt_list))
-    _unique(file, "targets", [t.name for t in targets])
-    names = {s.name for s in sources}
-    for i, t in enumerate(targets):
-        if t.source not in names:
-            raise ConfigError(
-                file, f"targets[{i}].source", f"no source named {t.source!r} (have: {', '.join(sorted(names))})"
-            )
+    try:
+        keys = _file_adapter().validate_python(
+            _without_nulls(data), by_alias=True, by_name=False, context={"dir": base}
+        )
+    except ValidationError as exc:
+        raise _config_error(file, ConfigFile, exc) from None
     return Config(
-        file=file, warehouse=warehouse.rstrip("/"), sources=sources, targets=targets, spark_remote=spark_remote
+        file=file,
+        warehouse=keys.warehouse or f"file://{base / 'warehouse'}",
+        sources=keys.sources,
+        targets=tuple(TargetConfig.of(t) for t in keys.targets),
+        spark_remote=keys.spark.remote if keys.spark else None,
     )
 
 
-def _spark_remote(v: Any) -> str:
-    if not isinstance(v, str) or not v.startswith("sc://"):
-        raise ValueError(f"expected a Spark Connect URL like sc://host:15002, got {v!r}")
-    return v
+def _without_nulls(data: Any) -> Any:
+    """A key set to nothing (``key:`` or ``key: null``) is a key left out: its default applies."""
+    if isinstance(data, dict):
+        return {k: _without_nulls(v) for k, v in data.items() if v is not None}
+    if isinstance(data, list):
+        return [_without_nulls(v) for v in data]
+    return data
 
 
-def _unique(file: str, key: str, names: list[str]):
-    seen = set()
-    for i, n in enumerate(names):
-        if n in seen:
-            raise ConfigError(file, f"{key}[{i}].name", f"duplicate name {n!r}")
-        seen.add(n)
+@functools.cache
+def _file_adapter() -> TypeAdapter[ConfigFile]:
+    return TypeAdapter(ConfigFile)
 
 
-def _load_source(file: str, i: int, data: Any) -> SourceConfig:
-    r = _Reader(file, f"sources[{i}]", data)
-    name = r.get("name", _name, required=True)
-    root_fid = r.get("root_fid", _text, required=True)
-    servers = r.get("servers", _list_of(_name), required=True)
-    if len(set(servers)) != len(servers):
-        r.fail("servers", "duplicate server names")
-
-    c = r.sub("changelogs", required=True)
-    fmt = c.get("format", _choice(FORMATS), default="jsonl")
-    default_epochs = {"jsonl": "records", "lustre": "mark", "gluster": "time"}[fmt]
-    changelogs = ChangelogConfig(
-        uri=c.get("uri", _text, required=True),
-        format=fmt,
-        epochs_from=c.get("epochs_from", _choice(EPOCH_SOURCES), default=default_epochs),
-        conn_id=c.get("conn_id", _text),
-    )
-    c.done()
-    if not (changelogs.uri.startswith(("s3://", "file://", "/"))):
-        c.fail("uri", f"expected s3://bucket/prefix/, file:///dir or an absolute path, got {changelogs.uri!r}")
-
-    s = r.sub("store", required=True)
-    store = StoreConfig(
-        conn_id=s.get("conn_id", _text, required=True),
-        bucket=s.get("bucket", _text, required=True),
-        key=s.get("key", _key_template, default="{ost}/{oid}"),
-        unstriped_key=s.get("unstriped_key", _key_template, default="data/{fid}"),
-    )
-    s.done()
-
-    e = r.sub("epoch", required=True)
-    epoch = EpochConfig(
-        interval_s=e.get("interval", parse_duration, required=True),
-        start=e.get("start", parse_datetime, required=True),
-    )
-    e.done()
-
-    on_bad = r.get("on_bad_record", _choice(("fail", "quarantine")), default="fail")
-    rt = r.sub("retention")
-    retention = RetentionConfig()
-    if rt is not None:
-        retention = RetentionConfig(
-            epochs=rt.get("epochs", _int_range(0), default=retention.epochs),
-            idle_limit_s=rt.get("idle_limit", parse_duration, default=retention.idle_limit_s),
-        )
-        rt.done()
-    r.done()
-    return SourceConfig(name, root_fid, servers, changelogs, store, epoch, on_bad, retention)
+# --------------------------------------------------------------------------- errors
 
 
-def _load_target(file: str, i: int, data: Any, base: Path) -> TargetConfig:
-    r = _Reader(file, f"targets[{i}]", data)
-    name = r.get("name", _name, required=True)
-    source = r.get("source", _name, required=True)
-    kind = r.get("kind", _choice(TARGET_KINDS), required=True)
-    kw: dict[str, Any] = {}
-    if kind == "s3":
-        kw["conn_id"] = r.get("conn_id", _text, required=True)
-        kw["bucket"] = r.get("bucket", _text, required=True)
-        prefix = r.get("prefix", str, default="")
-        if prefix.startswith("/") or ".." in prefix.split("/"):
-            r.fail("prefix", f"expected a relative key prefix like 'lustre1/', got {prefix!r}")
-        kw["prefix"] = prefix if not prefix or prefix.endswith("/") else prefix + "/"
-        kw["stripe_size"] = r.get("stripe_size", parse_size)
-        kw["stripe_count"] = r.get("stripe_count", _int_range(1, 65535))
-        if (kw["stripe_size"] is None) != (kw["stripe_count"] is None):
-            r.fail(
-                "stripe_count" if kw["stripe_count"] is None else "stripe_size",
-                "a striped target needs both stripe_size and stripe_count",
-            )
-    elif kind == "feed":
-        kw.update(_load_feed(r, base))
+#: pydantic's error types for a key the mapping does not take
+_UNKNOWN_KEY = ("extra_forbidden", "unexpected_keyword_argument")
+_MAPPING = ("dataclass_type", "dataclass_args_type", "model_type", "model_attributes_type", "dict_type")
+_LIST = ("list_type", "tuple_type", "iterable_type")
+
+
+def _config_error(file: str, root: type, exc: ValidationError) -> ConfigError:
+    """The one line a person reads for pydantic's report: file, key path, what was expected.
+
+    The first problem is told (an unknown key before the others: a misspelt key is also a
+    missing one); fixing it shows the next."""
+    errors = sorted(exc.errors(include_url=False), key=lambda e: e["type"] not in _UNKNOWN_KEY)
+    err = errors[0]
+    kind, ctx, value = err["type"], err.get("ctx") or {}, err.get("input")
+    path, mapping = _key_path(root, err["loc"])
+    last = str(err["loc"][-1]) if err["loc"] else ""
+    if kind == "config_key":
+        path = _join(path, ctx["key"])
+        reason = ctx["reason"]
+    elif kind in _UNKNOWN_KEY:
+        hint = _REFUSED_KEYS.get(mapping, {}).get(last) if mapping else None
+        reason = hint or _unknown_key(last, _keys_of(mapping))
+    elif kind in ("missing", "union_tag_not_found"):
+        if kind == "union_tag_not_found":
+            path = _join(path, str(ctx.get("discriminator", "kind")).strip("'"))
+        reason = "missing required key"
+    elif kind == "union_tag_invalid":
+        path = _join(path, str(ctx.get("discriminator", "kind")).strip("'"))
+        reason = f"expected one of {ctx.get('expected_tags', '').replace(chr(39), '')}, got {ctx.get('tag')!r}"
+    elif kind == "value_error":
+        reason = str(ctx.get("error", err["msg"]))
+    elif kind in _MAPPING:
+        reason = f"expected a mapping, got {_kind(value)}"
+    elif kind in _LIST:
+        reason = f"expected a list, got {_kind(value)}"
+    elif kind == "too_short":
+        reason = "expected a non-empty list"
+    elif kind == "string_type":
+        reason = f"expected a string, got {value!r}"
     else:
-        path = r.get("path", _text, required=True)
-        kw["path"] = str((base / path).resolve()) if not path.startswith("/") else path
-        for k in ("conn_id", "bucket", "prefix", "stripe_size", "stripe_count"):
-            if k in r.data:
-                r.fail(k, "only s3 targets take this key")
-    fileset = r.get("fileset", _list_of(_abs_subtree), default=())
-    v = r.sub("verify")
-    verify = VerifyConfig()
-    if v is not None:
-
-        def ratio(x: Any) -> float:
-            if isinstance(x, bool) or not isinstance(x, (int, float)) or not 0.0 <= x <= 1.0:
-                raise ValueError(f"expected a ratio from 0.0 to 1.0, got {x!r}")
-            return float(x)
-
-        verify = VerifyConfig(sample=v.get("sample", ratio, default=1.0))
-        v.done()
-    d = TargetConfig(name=name, source=source, kind=kind)
-    for key, why in REMOVED_TARGET_KEYS.items():
-        if key in r.data:
-            r.fail(key, why)
-    part_size = r.get("part_size", parse_size, default=d.part_size)
-    if part_size < MIN_PART_SIZE:
-        r.fail("part_size", f"S3 parts are at least 5 MiB ({MIN_PART_SIZE} bytes), got {part_size}")
-    t = TargetConfig(
-        name=name,
-        source=source,
-        kind=kind,
-        fileset=fileset,
-        verify=verify,
-        coalesce_gap=r.get("coalesce_gap", parse_size, default=d.coalesce_gap),
-        part_size=part_size,
-        small_object=r.get("small_object", parse_size, default=d.small_object),
-        snapshot_retention=r.get("snapshot_retention", _int_range(1), default=d.snapshot_retention),
-        max_attempts=r.get("max_attempts", _int_range(1, 100), default=d.max_attempts),
-        control_dir=r.get("control_dir", _control_dir, default=d.control_dir),
-        **kw,
-    )
-    r.done()
-    return t
+        reason = f"{err['msg'][0].lower()}{err['msg'][1:]}, got {value!r}"
+    return ConfigError(file, path or "(top level)", reason)
 
 
-def _load_feed(r: _Reader, base: Path) -> dict[str, Any]:
-    """The keys of a ``kind: feed`` target: where (a directory, or an S3 prefix), format, events, retention."""
-    kw: dict[str, Any] = {}
-    if "path" in r.data:
-        path = r.get("path", _text)
-        kw["path"] = str((base / path).resolve()) if not path.startswith("/") else path
-        for k in ("conn_id", "bucket", "prefix"):
-            if k in r.data:
-                r.fail(k, "a feed goes to a directory (path) or to an S3 prefix (conn_id, bucket, prefix), not both")
-    else:
-        if "bucket" not in r.data and "conn_id" not in r.data:
-            r.fail("path", "a feed needs a directory (path) or an S3 prefix (conn_id, bucket, prefix)")
-        kw["conn_id"] = r.get("conn_id", _text, required=True)
-        kw["bucket"] = r.get("bucket", _text, required=True)
-        prefix = r.get("prefix", str, default="")
-        if prefix.startswith("/") or ".." in prefix.split("/"):
-            r.fail("prefix", f"expected a relative key prefix like 'feeds/audit/', got {prefix!r}")
-        kw["prefix"] = prefix if not prefix or prefix.endswith("/") else prefix + "/"
-    for k in ("stripe_size", "stripe_count"):
-        if k in r.data:
-            r.fail(k, "only s3 targets take this key")
-    kw["format"] = r.get("format", _choice(FEED_FORMATS), default="jsonl")
+def _join(path: str, key: str) -> str:
+    if not path:
+        return key
+    return path + key if key.startswith("[") else f"{path}.{key}"
 
-    def events(v: Any) -> tuple[str, ...]:
-        got = _list_of(_choice(FEED_EVENTS))(v)
-        return tuple(e for e in FEED_EVENTS if e in got)
 
-    kw["events"] = r.get("events", events, default=FEED_EVENTS)
-    rt = r.sub("retention")
-    d = FeedRetentionConfig()
-    if rt is not None:
-        kw["retention"] = FeedRetentionConfig(
-            epochs=rt.get("epochs", _int_range(0), default=d.epochs),
-            max_epochs=rt.get("max_epochs", _int_range(1), default=d.max_epochs),
-            idle_limit_s=rt.get("idle_limit", parse_duration, default=d.idle_limit_s),
-        )
-        rt.done()
-    return kw
+def _key_path(root: type, loc: tuple) -> tuple[str, type | None]:
+    """``targets[1].verify.sample`` for pydantic's location ``('targets', 1, 'posix', 'verify',
+    'sample')`` (a union's tag is no key of the file), and the class of the mapping holding
+    the last key."""
+    path, tp, mapping = "", root, None  # type: tuple[str, Any, type | None]
+    for part in loc:
+        tp = _unwrap(tp)
+        members = _tagged(tp)
+        if members and part in members:
+            tp = members[part]
+            continue
+        mapping = tp if _keys_of(tp) else None
+        if isinstance(part, int) and not mapping:
+            path += f"[{part}]"
+            args = typing.get_args(tp)
+            tp = args[0] if args else None
+        else:
+            path = _join(path, str(part))
+            fields = getattr(tp, "__pydantic_fields__", {})
+            tp = next((f.annotation for n, f in fields.items() if (f.alias or n) == part or n == part), None)
+    return path, mapping
+
+
+def _unwrap(tp: Any) -> Any:
+    """The type under ``Annotated[...]`` and ``X | None``."""
+    while True:
+        if typing.get_origin(tp) is Annotated:
+            tp = typing.get_args(tp)[0]
+            continue
+        args = typing.get_args(tp)
+        if typing.get_origin(tp) in (typing.Union, _UnionType) and type(None) in args:
+            rest = [a for a in args if a is not type(None)]
+            if len(rest) == 1:
+                tp = rest[0]
+                continue
+        return tp
+
+
+_UnionType = type(int | None)
+
+
+def _tagged(tp: Any) -> dict[str, type]:
+    """The members of a union told apart by ``kind``, by tag."""
+    if typing.get_origin(tp) not in (typing.Union, _UnionType):
+        return {}
+    out = {}
+    for member in typing.get_args(tp):
+        field = getattr(member, "__pydantic_fields__", {}).get("kind")
+        for tag in typing.get_args(field.annotation) if field is not None else ():
+            out[tag] = member
+    return out
+
+
+def _keys_of(tp: Any) -> list[str]:
+    """The keys a mapping of the file takes (its YAML spellings)."""
+    fields = getattr(tp, "__pydantic_fields__", None) or {}
+    return [f.alias or n for n, f in fields.items()]
+
+
+def _unknown_key(key: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(key, known, n=1)
+    mean = f"did you mean {close[0]!r}? " if close else ""
+    return f"unknown key ({mean}known keys here: {', '.join(sorted(known))})"
+
+
+# --------------------------------------------------------------------------- the schema
+
+
+class _Schema(GenerateJsonSchema):
+    """JSON Schema without a generated title on every key (the descriptions say more)."""
+
+    def field_title_should_be_set(self, schema) -> bool:
+        return False
+
+
+def config_schema() -> dict[str, Any]:
+    """The JSON Schema of the YAML file (``docs/config.schema.json``), for editors and checks."""
+    schema = _file_adapter().json_schema(by_alias=True, schema_generator=_Schema)
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **_plain_descriptions(schema)}
+
+
+def _plain_descriptions(node: Any) -> Any:
+    """Docstrings as one line of plain text (no line breaks, no reST ````literal```` marks)."""
+    if isinstance(node, dict):
+        return {
+            k: " ".join(v.replace("``", "").split())
+            if k == "description" and isinstance(v, str)
+            else _plain_descriptions(v)
+            for k, v in node.items()
+        }
+    if isinstance(node, list):
+        return [_plain_descriptions(v) for v in node]
+    return node
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m epochsync.core.config --schema``: print the JSON Schema; ``FILE``: check one."""
+    import argparse
+    import json
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m epochsync.core.config", description=main.__doc__)
+    parser.add_argument("--schema", action="store_true", help="print the config's JSON Schema")
+    parser.add_argument("file", nargs="?", help="a config file to check")
+    args = parser.parse_args(argv)
+    if args.schema:
+        print(json.dumps(config_schema(), indent=2))
+    if args.file:
+        try:
+            cfg = load_config(args.file)
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        print(f"{cfg.file}: {len(cfg.sources)} source(s), {len(cfg.targets)} target(s)")
+    if not args.schema and not args.file:
+        parser.print_usage(sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
