@@ -1,8 +1,22 @@
+import dataclasses
+import json
 import textwrap
+from pathlib import Path
 
+import jsonschema
 import pytest
+import yaml
 
-from epochsync.core.config import config_from_dict, load_config, parse_duration, parse_size
+from epochsync.core.config import (
+    Config,
+    EpochConfig,
+    TargetConfig,
+    config_from_dict,
+    load_config,
+    main,
+    parse_duration,
+    parse_size,
+)
 from epochsync.core.errors import ConfigError
 
 GOOD = """
@@ -121,3 +135,178 @@ def test_epoch_windows():
     assert (end - start).total_seconds() == 300
     assert ep.epoch_of(int(start.timestamp() * 1e9)) == 1
     assert ep.epoch_of(int(end.timestamp() * 1e9)) == 2
+
+
+def load_error(tmp_path, text) -> ConfigError:
+    p = write(tmp_path, text)
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    assert str(e.value).startswith(f"{p}: {e.value.key}: "), "one line: file, key path, reason"
+    assert "\n" not in str(e.value) and "pydantic" not in str(e.value), "never pydantic's own report"
+    return e.value
+
+
+@pytest.mark.parametrize(
+    "old,new,key,reason",
+    [
+        # an unknown key, at the top and nested, names itself and the keys that exist there
+        (
+            "warehouse:",
+            "colour: blue\nwarehouse:",
+            "colour",
+            "unknown key (known keys here: sources, spark, targets, warehouse)",
+        ),
+        (
+            "start: 2026",
+            "zone: UTC, start: 2026",
+            "sources[0].epoch.zone",
+            "unknown key (known keys here: interval, start)",
+        ),
+        ("bucket: replica\n", "buckit: replica\n", "targets[0].buckit", "did you mean 'bucket'?"),
+        # the Python name of a key is not its name in the file
+        ("interval: 5m", "interval_s: 300", "sources[0].epoch.interval_s", "did you mean 'interval'?"),
+        # wrong types, with the key path down to a list item
+        (
+            "servers: [MDT0000, OST0000, OST0001]",
+            "servers: MDT0000",
+            "sources[0].servers",
+            "expected a list, got a string",
+        ),
+        ("OST0000, OST0001]", "OST 0000, OST0001]", "sources[0].servers[1]", "expected a name of letters"),
+        ("verify: {sample: 1.0}", "verify: all", "targets[0].verify", "expected a mapping, got a string"),
+        (
+            "prefix: lustre1/",
+            "prefix: lustre1/\n    stripe_size: lots\n    stripe_count: 2",
+            "targets[0].stripe_size",
+            "expected a byte size like 1048576 or 8MiB, got 'lots'",
+        ),
+        (
+            "prefix: lustre1/",
+            "prefix: lustre1/\n    stripe_size: 1MiB",
+            "targets[0].stripe_count",
+            "needs both stripe_size and stripe_count",
+        ),
+        (
+            "prefix: lustre1/",
+            "prefix: lustre1/\n    max_attempts: '3'",
+            "targets[0].max_attempts",
+            "expected a whole number from 1 to 100, got '3'",
+        ),
+        (
+            "fileset: [/projects/cam1, /projects/cam2]",
+            "fileset: [/projects/cam1, projects]",
+            "targets[0].fileset[1]",
+            "absolute paths",
+        ),
+        ("path: replica-tree", "path: replica-tree\n    part_size: 1MiB", "targets[1].part_size", "at least 5 MiB"),
+        # the kind of a target decides its keys
+        ("    kind: s3\n", "", "targets[0].kind", "missing required key"),
+        ("kind: s3", "kind: nfs", "targets[0].kind", "expected one of s3, posix, feed, got 'nfs'"),
+        ("kind: posix\n    path: replica-tree", "kind: posix", "targets[1].path", "missing required key"),
+        ("path: replica-tree", "path: replica-tree\n    stripe_count: 2", "targets[1].stripe_count", "only s3 targets"),
+        (
+            "path: replica-tree",
+            "path: replica-tree\n    engine: local",
+            "targets[1].engine",
+            "removed: Spark is the only engine",
+        ),
+        (
+            "kind: posix\n    path: replica-tree",
+            "kind: feed",
+            "targets[1].path",
+            "a feed needs a directory (path) or an S3 prefix",
+        ),
+        (
+            "kind: posix\n    path: replica-tree",
+            "kind: feed\n    path: f\n    bucket: b",
+            "targets[1].bucket",
+            "not both",
+        ),
+        (
+            "kind: posix\n    path: replica-tree",
+            "kind: feed\n    path: f\n    events: [data, mkdir]",
+            "targets[1].events[1]",
+            "expected one of create, delete",
+        ),
+        # rules across keys
+        ("  - name: local\n", "  - name: dr\n", "targets[1].name", "duplicate name 'dr'"),
+        ("sources:\n", "spark: {remote: 'http://h:15002'}\nsources:\n", "spark.remote", "expected a Spark Connect URL"),
+    ],
+)
+def test_bad_config_names_key_path_and_expectation(tmp_path, old, new, key, reason):
+    assert old in GOOD
+    err = load_error(tmp_path, GOOD.replace(old, new, 1))
+    assert (err.key, reason in err.reason) == (key, True), err
+
+
+def test_top_level_must_be_a_mapping(tmp_path):
+    err = load_error(tmp_path, "- sources\n")
+    assert (err.key, err.reason) == ("(top level)", "expected a mapping, got a list")
+
+
+def test_a_key_set_to_nothing_takes_its_default(tmp_path):
+    text = GOOD.replace("prefix: lustre1/", "prefix:\n    max_attempts: null").replace(
+        "warehouse: file:///tmp/wh", "warehouse:"
+    )
+    cfg = load_config(write(tmp_path, text))
+    assert (cfg.target("dr").prefix, cfg.target("dr").max_attempts) == ("", 6)
+    assert cfg.warehouse == f"file://{tmp_path / 'warehouse'}"
+
+
+def test_defaults_and_normalization(tmp_path):
+    text = GOOD.replace("warehouse: file:///tmp/wh", "warehouse: wh/").replace("prefix: lustre1/", "prefix: lustre1")
+    text = text.replace("format: jsonl}", "format: lustre}")
+    cfg = load_config(write(tmp_path, text))
+    assert cfg.warehouse == f"file://{tmp_path / 'wh'}"
+    assert cfg.source("lustre1").changelogs.epochs_from == "mark"  # by format
+    dr = cfg.target("dr")
+    assert (dr.prefix, dr.path, dr.part_size, dr.events, dr.retention.idle_limit_s) == (
+        "lustre1/",
+        None,
+        8 * 1024 * 1024,
+        ("create", "delete", "rename", "data", "attrs", "xattrs"),
+        86400.0,
+    )
+    feed = GOOD.replace(
+        "kind: posix\n    path: replica-tree",
+        "kind: feed\n    conn_id: c\n    bucket: b\n    events: [data, create, data]\n    retention: {idle_limit: 2h}",
+    )
+    f = load_config(write(tmp_path, feed)).target("local")
+    assert (f.kind, f.path, f.prefix, f.events, f.retention.idle_limit_s) == (
+        "feed",
+        None,
+        "",
+        ("create", "data"),
+        7200.0,
+    )
+
+
+def test_objects_built_in_code_are_checked_and_replaceable():
+    t = TargetConfig(name="t", source="s", kind="posix", path="/replica")
+    assert dataclasses.replace(t, control_dir=".ctl").control_dir == ".ctl"
+    with pytest.raises(ConfigError, match=r"^TargetConfig: control_dir: .*contains '/'"):
+        dataclasses.replace(t, control_dir="a/b")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        t.name = "u"
+    cfg = Config("x.yaml", "/tmp/wh", (), (t,))
+    assert cfg.target("t") is t and hash(cfg) == hash(Config("x.yaml", "/tmp/wh", (), (t,)))
+    assert EpochConfig(interval_s=300, start="2026-01-01T00:00:00Z").interval_s == 300.0
+
+
+SCHEMA = Path(__file__).resolve().parents[2] / "docs" / "config.schema.json"
+
+
+def test_published_schema_is_the_models(capsys):
+    assert main(["--schema"]) == 0
+    assert SCHEMA.read_text() == capsys.readouterr().out, (
+        "docs/config.schema.json is stale: python -m epochsync.core.config --schema > docs/config.schema.json"
+    )
+
+
+def test_published_schema_checks_a_file(tmp_path):
+    schema = json.loads(SCHEMA.read_text())
+    good = json.loads(json.dumps(yaml.safe_load(GOOD), default=lambda d: d.isoformat()))
+    jsonschema.validate(good, schema)
+    good["targets"][0]["colour"] = "blue"
+    with pytest.raises(jsonschema.ValidationError, match="colour"):
+        jsonschema.validate(good, schema)

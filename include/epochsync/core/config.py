@@ -73,10 +73,21 @@ _DURATION_RE = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)?\s*$")
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([Bb]|[KkMmGgTt](?:[Ii]?[Bb])?)?\s*$")
 _UNITS_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
 _UNITS_B = {
-    None: 1, "b": 1, "k": 1024, "kib": 1024, "m": 1024**2, "mib": 1024**2, "g": 1024**3,
-    "gib": 1024**3, "t": 1024**4, "tib": 1024**4, "kb": 1000, "mb": 1000**2, "gb": 1000**3,
+    None: 1,
+    "b": 1,
+    "k": 1024,
+    "kib": 1024,
+    "m": 1024**2,
+    "mib": 1024**2,
+    "g": 1024**3,
+    "gib": 1024**3,
+    "t": 1024**4,
+    "tib": 1024**4,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
     "tb": 1000**4,
-}  # fmt: skip
+}
 
 
 # --------------------------------------------------------------------------- values
@@ -247,10 +258,6 @@ def _warehouse_uri(v: str, info: ValidationInfo) -> str:
 Name = Annotated[str, StringConstraints(pattern=_NAME_RE.pattern), BeforeValidator(_name)]
 Text = Annotated[str, StringConstraints(min_length=1), BeforeValidator(_text)]
 LocalPath = Annotated[Text, AfterValidator(_local_path)]
-_UNITS_DOC = {
-    "duration": "a whole number and a unit: ms, s, m, h, d (5m)",
-    "size": "a whole number and a unit: B, K or KiB, M or MiB, G or GiB, T or TiB (powers of 1024), KB, MB, GB, TB (of 1000)",
-}
 Duration = Annotated[
     float,
     BeforeValidator(parse_duration),
@@ -258,7 +265,11 @@ Duration = Annotated[
         {
             "anyOf": [
                 {"type": "number", "exclusiveMinimum": 0, "description": "seconds"},
-                {"type": "string", "pattern": _DURATION_RE.pattern, "description": _UNITS_DOC["duration"]},
+                {
+                    "type": "string",
+                    "pattern": _DURATION_RE.pattern,
+                    "description": "a whole number and a unit: ms, s, m, h, d (5m)",
+                },
             ]
         }
     ),
@@ -270,7 +281,12 @@ Size = Annotated[
         {
             "anyOf": [
                 {"type": "integer", "minimum": 0, "description": "bytes"},
-                {"type": "string", "pattern": _SIZE_RE.pattern, "description": _UNITS_DOC["size"]},
+                {
+                    "type": "string",
+                    "pattern": _SIZE_RE.pattern,
+                    "description": "a whole number and a unit: B, K or KiB, M or MiB, G or GiB, T or TiB (powers "
+                    "of 1024), KB, MB, GB, TB (powers of 1000)",
+                },
             ]
         }
     ),
@@ -712,7 +728,7 @@ def _file_adapter() -> TypeAdapter[ConfigFile]:
 
 
 #: pydantic's error types for a key the mapping does not take
-_UNKNOWN_KEY = ("extra_forbidden", "unexpected_keyword_argument")
+_UNKNOWN_KEY = ("extra_forbidden", "unexpected_keyword_argument", "invalid_key")
 _MAPPING = ("dataclass_type", "dataclass_args_type", "model_type", "model_attributes_type", "dict_type")
 _LIST = ("list_type", "tuple_type", "iterable_type")
 
@@ -724,22 +740,25 @@ def _config_error(file: str, root: type, exc: ValidationError) -> ConfigError:
     missing one); fixing it shows the next."""
     errors = sorted(exc.errors(include_url=False), key=lambda e: e["type"] not in _UNKNOWN_KEY)
     err = errors[0]
-    kind, ctx, value = err["type"], err.get("ctx") or {}, err.get("input")
-    path, mapping = _key_path(root, err["loc"])
-    last = str(err["loc"][-1]) if err["loc"] else ""
+    kind, ctx, value, loc = err["type"], err.get("ctx") or {}, err.get("input"), err["loc"]
+    if kind == "invalid_key":  # YAML reads `on:`, `yes:`, `1:` as keys that are no strings
+        loc = (*loc[:-1], str(value))
+    path, mapping = _key_path(root, loc)
+    last = str(loc[-1]) if loc else ""
+    tag = str(ctx.get("discriminator", "kind")).strip("'")
     if kind == "config_key":
         path = _join(path, ctx["key"])
         reason = ctx["reason"]
     elif kind in _UNKNOWN_KEY:
         hint = _REFUSED_KEYS.get(mapping, {}).get(last) if mapping else None
         reason = hint or _unknown_key(last, _keys_of(mapping))
-    elif kind in ("missing", "union_tag_not_found"):
-        if kind == "union_tag_not_found":
-            path = _join(path, str(ctx.get("discriminator", "kind")).strip("'"))
+    elif kind == "missing":
         reason = "missing required key"
+    elif kind == "union_tag_not_found":
+        path, reason = _join(path, tag), "missing required key"
     elif kind == "union_tag_invalid":
-        path = _join(path, str(ctx.get("discriminator", "kind")).strip("'"))
-        reason = f"expected one of {ctx.get('expected_tags', '').replace(chr(39), '')}, got {ctx.get('tag')!r}"
+        options = str(ctx.get("expected_tags", "")).replace("'", "")
+        path, reason = _join(path, tag), f"expected one of {options}, got {value.get(tag)!r}"
     elif kind == "value_error":
         reason = str(ctx.get("error", err["msg"]))
     elif kind in _MAPPING:
@@ -773,6 +792,8 @@ def _key_path(root: type, loc: tuple) -> tuple[str, type | None]:
             tp = members[part]
             continue
         mapping = tp if _keys_of(tp) else None
+        if isinstance(part, int) and mapping and part < len(_keys_of(mapping)):
+            part = list(mapping.__pydantic_fields__)[part]  # a positional argument of a constructor
         if isinstance(part, int) and not mapping:
             path += f"[{part}]"
             args = typing.get_args(tp)
@@ -821,7 +842,7 @@ def _keys_of(tp: Any) -> list[str]:
 
 
 def _unknown_key(key: str, known: list[str]) -> str:
-    close = difflib.get_close_matches(key, known, n=1)
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
     mean = f"did you mean {close[0]!r}? " if close else ""
     return f"unknown key ({mean}known keys here: {', '.join(sorted(known))})"
 
