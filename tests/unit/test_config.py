@@ -310,3 +310,13 @@ def test_published_schema_checks_a_file(tmp_path):
     good["targets"][0]["colour"] = "blue"
     with pytest.raises(jsonschema.ValidationError, match="colour"):
         jsonschema.validate(good, schema)
+
+
+def test_check_a_file_from_the_command_line(tmp_path, capsys):
+    assert main([str(write(tmp_path, GOOD))]) == 0
+    assert capsys.readouterr().out == f"{tmp_path / 'epochsync.yaml'}: 1 source(s), 2 target(s)\n"
+    bad = write(tmp_path, GOOD.replace("sample: 1.0", "sample: 2"))
+    assert main([str(bad)]) == 1
+    assert (
+        capsys.readouterr().err == f"error: {bad}: targets[0].verify.sample: expected a ratio from 0.0 to 1.0, got 2\n"
+    )
