@@ -344,7 +344,7 @@ def test_feed_config_errors_name_the_key(tmp_path):
     cases = [
         ({}, r"targets\[0\]\.path: a feed needs a directory \(path\) or an S3 prefix"),
         ({"path": "/f", "bucket": "b"}, r"targets\[0\]\.bucket: a feed goes to a directory .* not both"),
-        ({"path": "/f", "events": ["create", "chmod"]}, r"targets\[0\]\.events: expected one of create, delete"),
+        ({"path": "/f", "events": ["create", "chmod"]}, r"targets\[0\]\.events\[1\]: expected one of create, delete"),
         ({"path": "/f", "format": "csv"}, r"targets\[0\]\.format: expected one of jsonl, parquet"),
         ({"path": "/f", "retention": {"max_epochs": 0}}, r"targets\[0\]\.retention\.max_epochs"),
         ({"path": "/f", "stripe_size": 1}, r"targets\[0\]\.stripe_size: only s3 targets"),
