@@ -14,6 +14,7 @@ import difflib
 import functools
 import os
 import re
+import types
 import typing
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -782,8 +783,8 @@ def _join(path: str, key: str) -> str:
 
 def _key_path(root: type, loc: tuple) -> tuple[str, type | None]:
     """``targets[1].verify.sample`` for pydantic's location ``('targets', 1, 'posix', 'verify',
-    'sample')`` (a union's tag is no key of the file), and the class of the mapping holding
-    the last key."""
+    'sample')`` (a union's tag is not a key of the file), and the class of the mapping that
+    holds the last key."""
     path, tp, mapping = "", root, None  # type: tuple[str, Any, type | None]
     for part in loc:
         tp = _unwrap(tp)
@@ -812,7 +813,7 @@ def _unwrap(tp: Any) -> Any:
             tp = typing.get_args(tp)[0]
             continue
         args = typing.get_args(tp)
-        if typing.get_origin(tp) in (typing.Union, _UnionType) and type(None) in args:
+        if typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in args:
             rest = [a for a in args if a is not type(None)]
             if len(rest) == 1:
                 tp = rest[0]
@@ -820,12 +821,9 @@ def _unwrap(tp: Any) -> Any:
         return tp
 
 
-_UnionType = type(int | None)
-
-
 def _tagged(tp: Any) -> dict[str, type]:
     """The members of a union told apart by ``kind``, by tag."""
-    if typing.get_origin(tp) not in (typing.Union, _UnionType):
+    if typing.get_origin(tp) not in (typing.Union, types.UnionType):
         return {}
     out = {}
     for member in typing.get_args(tp):
