@@ -265,7 +265,8 @@ def stop_demo(weed, cfg, threads: list[threading.Thread], targets: tuple[str, ..
     whatever session they run in, then roll back a target a killed run left mid-epoch while
     SeaweedFS still runs (``cfg``'s ``targets``, and ``also``: more (config, targets) pairs,
     the reintegration's master); one phrase."""
-    from epochsync.core.shutdown import descendants, settle_targets, stop_processes
+    from epochsync.core.shutdown import descendants, stop_processes
+    from epochsync.stages.rollback import settle_targets
 
     keep = {weed.proc.pid} if weed.proc is not None else set()
     parts = [f"{stop_processes(descendants(), keep=keep)} processes stopped"]

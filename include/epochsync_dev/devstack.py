@@ -428,7 +428,8 @@ def _main(argv: list[str] | None) -> int:
 def stop_stack(stack: AirflowStandalone | None, weed, config: Path | None, conns: dict[str, str]) -> str:
     """Stop every process of the stack (task processes in sessions of their own too), then roll
     back any target a killed task left mid-epoch while the store still runs; one phrase."""
-    from epochsync.core.shutdown import descendants, settle_targets, stop_processes
+    from epochsync.core.shutdown import descendants, stop_processes
+    from epochsync.stages.rollback import settle_targets
 
     keep = {weed.proc.pid} if weed.proc is not None else set()
     n = stop_processes(descendants(), keep=keep)  # the whole tree first: a killed parent orphans its children

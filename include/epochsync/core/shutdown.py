@@ -5,12 +5,17 @@ The entry points (the ``epochsync`` verbs, ``make demo``, ``make airflow``) run 
 ``KeyboardInterrupt``) in the main thread, so ``finally`` blocks and context managers run
 (leases released, servers stopped) instead of the process vanishing mid-write.
 
-- ``epochsync replicate`` rolls back the epoch it was applying (:func:`rollback_on_interrupt`)
-  and exits 130 (SIGINT) or 143 (SIGTERM) with one line saying where the target is.
+- ``epochsync replicate`` rolls back the epoch it was applying
+  (:func:`epochsync.stages.rollback.rollback_on_interrupt`) and exits 130 (SIGINT) or 143
+  (SIGTERM) with one line saying where the target is.
 - ``make demo`` and ``make airflow`` stop every process they started, including those in
   sessions of their own (``weed mini``, ``airflow standalone`` and its task processes,
   ``dag.test`` runs, the Spark Connect server: :func:`stop_processes` on the whole tree),
-  then roll back any target left mid-epoch (:func:`settle_targets`) and say so in one line.
+  then roll back any target left mid-epoch (:func:`epochsync.stages.rollback.settle_targets`)
+  and say so in one line.
+
+This module knows signals and processes only; the rollbacks live with the rollback stage,
+which imports this module (never the other way round).
 """
 
 from __future__ import annotations
@@ -19,13 +24,10 @@ import contextlib
 import os
 import signal
 import threading
-import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
-    from collections.abc import Callable, Iterable, Iterator
-
-    from epochsync.core.config import Config, TargetConfig
+    from collections.abc import Iterable, Iterator
 
 #: set by the first SIGTERM/SIGINT; threads that wait (a stalled fault) look at it
 INTERRUPTED = threading.Event()
@@ -140,63 +142,3 @@ def stop_processes(procs: Iterable, *, grace: float = 10.0, keep: Iterable[int] 
             p.kill()
     psutil.wait_procs(alive, timeout=5)
     return len(victims)
-
-
-def settle_targets(cfg: Config, targets: Iterable[str]) -> list[str]:
-    """Roll back every target left mid-epoch (undo journal replayed, no Spark check); one phrase each."""
-    from epochsync.core.errors import EpochsyncError
-    from epochsync.stages.rollback import rollback_target
-
-    out = []
-    for name in targets:
-        try:
-            r = rollback_target(cfg, name, check=False)
-        except (EpochsyncError, OSError) as exc:
-            out.append(
-                f"target {name}: rollback failed ({exc}); run 'epochsync rollback --config {cfg.file} --target {name}'"
-            )
-            continue
-        if r["rolled_back"]:
-            out.append(f"target {name} rolled back to epoch {r['committed']}")
-        else:
-            out.append(f"target {name} at committed epoch {r['committed']}")
-    return out
-
-
-@contextlib.contextmanager
-def rollback_on_interrupt(cfg: Config, tcfg: TargetConfig, spark_of: Callable[[], Any], progress=None):
-    """On SIGTERM/SIGINT in the block: roll back the unfinished epoch, then re-raise with the outcome.
-
-    The check against the snapshot runs only if Spark is already up (``spark_of()``): a
-    signal usually comes with a deadline. A second signal during the rollback stops it;
-    the next run resumes it (undo is idempotent).
-    """
-    try:
-        yield
-    except KeyboardInterrupt as exc:
-        sig = Interrupted.of(exc)
-        from epochsync.stages.rollback import rollback_target
-
-        t0 = time.monotonic()
-        try:
-            spark = spark_of()
-            r = rollback_target(cfg, tcfg, spark, check=spark is not None, progress=progress)
-            if r["rolled_back"]:
-                epochs = ", ".join(map(str, r["rolled_back"]))
-                sig.outcome = (
-                    f"epoch {epochs} rolled back in {time.monotonic() - t0:.1f}s; target {tcfg.name} is "
-                    f"at epoch {r['committed']}"
-                )
-            else:
-                sig.outcome = f"target {tcfg.name} is at committed epoch {r['committed']}"
-        except KeyboardInterrupt:
-            sig.outcome = (
-                f"the rollback of target {tcfg.name} was interrupted too; run 'epochsync rollback "
-                f"--config {cfg.file} --target {tcfg.name}'"
-            )
-        except Exception as rexc:
-            sig.outcome = (
-                f"the rollback of target {tcfg.name} failed ({rexc}); run 'epochsync rollback "
-                f"--config {cfg.file} --target {tcfg.name}'"
-            )
-        raise sig from None

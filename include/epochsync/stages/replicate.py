@@ -7,7 +7,6 @@ import time
 from epochsync.core.config import Config, TargetConfig, load_config
 from epochsync.core.errors import EpochError, EpochsyncError
 from epochsync.core.jsonable import scalars
-from epochsync.core.shutdown import rollback_on_interrupt
 from epochsync.journal.lease import target_lease
 from epochsync.journal.undo import (
     manifest_epoch,
@@ -17,7 +16,7 @@ from epochsync.journal.undo import (
 from epochsync.stages.apply import run_apply
 from epochsync.stages.commit import run_commit
 from epochsync.stages.context import _config, _target_cfg, check_preconditions, committed_epoch, unfinished_epochs
-from epochsync.stages.rollback import rollback_target
+from epochsync.stages.rollback import rollback_on_interrupt, rollback_target
 from epochsync.stages.translate import run_translate
 from epochsync.stages.verify import run_verify
 from epochsync.targets import open_target

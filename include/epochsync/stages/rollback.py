@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from epochsync.core.config import Config, TargetConfig
-from epochsync.core.errors import EpochError
+from epochsync.core.errors import EpochError, EpochsyncError
+from epochsync.core.shutdown import Interrupted
 from epochsync.journal.lease import holds_target_lease
 from epochsync.journal.undo import (
     UndoneLog,
@@ -139,3 +142,58 @@ def run_rollback(cfg_or_args, target=None, spark=None) -> Any:
     r = rollback_target(args.config, args.target, check=not args.no_check, progress=lambda s: print(s, flush=True))
     print(r["message"] + (f" ({r['undone']} journal entries undone)" if r["rolled_back"] else ""))
     return 0
+
+
+def settle_targets(cfg: Config, targets: Iterable[str]) -> list[str]:
+    """Roll back every target left mid-epoch (undo journal replayed, no Spark check); one phrase each."""
+    out = []
+    for name in targets:
+        try:
+            r = rollback_target(cfg, name, check=False)
+        except (EpochsyncError, OSError) as exc:
+            out.append(
+                f"target {name}: rollback failed ({exc}); run 'epochsync rollback --config {cfg.file} --target {name}'"
+            )
+            continue
+        if r["rolled_back"]:
+            out.append(f"target {name} rolled back to epoch {r['committed']}")
+        else:
+            out.append(f"target {name} at committed epoch {r['committed']}")
+    return out
+
+
+@contextlib.contextmanager
+def rollback_on_interrupt(cfg: Config, tcfg: TargetConfig, spark_of: Callable[[], Any], progress=None):
+    """On SIGTERM/SIGINT in the block: roll back the unfinished epoch, then re-raise with the outcome.
+
+    The check against the snapshot runs only if Spark is already up (``spark_of()``): a
+    signal usually comes with a deadline. A second signal during the rollback stops it;
+    the next run resumes it (undo is idempotent).
+    """
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        sig = Interrupted.of(exc)
+        t0 = time.monotonic()
+        try:
+            spark = spark_of()
+            r = rollback_target(cfg, tcfg, spark, check=spark is not None, progress=progress)
+            if r["rolled_back"]:
+                epochs = ", ".join(map(str, r["rolled_back"]))
+                sig.outcome = (
+                    f"epoch {epochs} rolled back in {time.monotonic() - t0:.1f}s; target {tcfg.name} is "
+                    f"at epoch {r['committed']}"
+                )
+            else:
+                sig.outcome = f"target {tcfg.name} is at committed epoch {r['committed']}"
+        except KeyboardInterrupt:
+            sig.outcome = (
+                f"the rollback of target {tcfg.name} was interrupted too; run 'epochsync rollback "
+                f"--config {cfg.file} --target {tcfg.name}'"
+            )
+        except Exception as rexc:
+            sig.outcome = (
+                f"the rollback of target {tcfg.name} failed ({rexc}); run 'epochsync rollback "
+                f"--config {cfg.file} --target {tcfg.name}'"
+            )
+        raise sig from None
