@@ -26,10 +26,10 @@ import shutil
 import threading
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 
 from epochsync.core.errors import EpochsyncError
 from epochsync.journal.faults import FaultCounter, FaultSpec
+from epochsync.warehouse.fs import read_json, write_json_atomic
 from epochsync.warehouse.paths import Warehouse, local_path
 
 PHASE_NAMESPACE, PHASE_DATA, PHASE_POST = 1, 2, 3
@@ -352,34 +352,6 @@ def manifest_epoch(doc: dict | None) -> int:
 
 
 # --------------------------------------------------------------------------- files in the warehouse
-
-
-#: documents up to this size are written indented, for people; larger ones (the plan of a
-#: big epoch) compact: json's C encoder only runs without ``indent``, 6x faster
-PRETTY_JSON_MAX = 64 * 1024
-
-
-def write_json_atomic(path: str, doc) -> None:
-    """Write ``doc`` to ``path`` so a reader sees the old or the new file, never half."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
-    if len(text) <= PRETTY_JSON_MAX:
-        text = json.dumps(doc, indent=1, sort_keys=True)
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def read_json(path: str, default=None):
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        return default
 
 
 def advance_cursor(warehouse: str, source: str, consumer: str, epoch: int, servers: dict[str, int]) -> dict:

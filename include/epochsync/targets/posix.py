@@ -30,6 +30,7 @@ from epochsync.targets.base import (
     moved_control_dir_error,
     safe_relpath,
 )
+from epochsync.warehouse.fs import write_json_atomic
 
 XATTR_NAMESPACE = "user."
 
@@ -140,8 +141,6 @@ class PosixTarget(Target):
 
     def write_manifest(self, doc: dict) -> None:
         os.makedirs(self.control, exist_ok=True)
-        from epochsync.journal.undo import write_json_atomic
-
         write_json_atomic(os.path.join(self.control, "manifest.json"), doc)
         _fsync_dir(self.control)
 
