@@ -22,6 +22,7 @@ The policy (docs/INTERNALS.md, "S3 clients"):
 
 from __future__ import annotations
 
+import urllib.parse
 from typing import Any
 
 MAX_ATTEMPTS = 5
@@ -65,3 +66,24 @@ def make_client(
         region_name=settings.region,
         config=client_config(counted=counted, max_attempts=max_attempts, pool=pool),
     )
+
+
+def decode_listing(resp: dict) -> dict:
+    """URL-decode, in place, the keys and markers of a listing asked for with ``EncodingType=url``.
+
+    Every listing asks for it: a key may hold characters XML 1.0 cannot carry (a file name
+    with ``\x01``), which breaks the answer's parsing or comes back altered. Stores that
+    honour it say so (``EncodingType: url``); an answer without it is left as sent.
+    """
+    if resp.get("EncodingType") != "url":
+        return resp
+    for field in ("Prefix", "Delimiter", "Marker", "NextMarker", "KeyMarker", "NextKeyMarker", "StartAfter"):
+        if resp.get(field):
+            resp[field] = urllib.parse.unquote_plus(resp[field])
+    for group in ("Contents", "Versions", "DeleteMarkers"):
+        for item in resp.get(group) or []:
+            item["Key"] = urllib.parse.unquote_plus(item["Key"])
+    for item in resp.get("CommonPrefixes") or []:
+        item["Prefix"] = urllib.parse.unquote_plus(item["Prefix"])
+    resp.pop("EncodingType")
+    return resp

@@ -167,20 +167,3 @@ def moved_control_dir_error(target: Target, move_hint: str) -> EpochsyncError:
         f"target {target.name}: control_dir is {target.control_dir!r} but the manifest is still under "
         f"{CONTROL_DIR!r}; move that directory first ({move_hint}), with no epoch in flight, then run again"
     )
-
-
-def open_target(cfg: TargetConfig) -> Target:
-    """The backend for ``cfg.kind``."""
-    if cfg.kind == "posix":
-        from epochsync.targets.posix import PosixTarget
-
-        return PosixTarget(cfg)
-    if cfg.kind == "s3":
-        from epochsync.targets.s3 import S3Target
-
-        return S3Target(cfg)
-    if cfg.kind == "feed":
-        from epochsync.targets.feed import FeedTarget
-
-        return FeedTarget(cfg)
-    raise EpochsyncError(f"target {cfg.name}: unknown kind {cfg.kind!r}")

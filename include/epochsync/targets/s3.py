@@ -31,6 +31,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from epochsync.core.errors import EpochsyncError, StoreError
+from epochsync.stores.s3 import decode_listing
 from epochsync.targets.base import (
     CONTROL_DIR,
     Entry,
@@ -349,27 +350,6 @@ def decode_meta(meta: dict[str, str]) -> dict:
     out["stripe"] = m.get("stripe")
     out["attrs"] = m.get("attrs")  # the sha256 of the attribute sidecar holding xattrs and symlink
     return out
-
-
-def decode_listing(resp: dict) -> dict:
-    """URL-decode, in place, the keys and markers of a listing asked for with ``EncodingType=url``.
-
-    Every listing asks for it: a key may hold characters XML 1.0 cannot carry (a file name
-    with ``\x01``), which breaks the answer's parsing or comes back altered. Stores that
-    honour it say so (``EncodingType: url``); an answer without it is left as sent.
-    """
-    if resp.get("EncodingType") != "url":
-        return resp
-    for field in ("Prefix", "Delimiter", "Marker", "NextMarker", "KeyMarker", "NextKeyMarker", "StartAfter"):
-        if resp.get(field):
-            resp[field] = urllib.parse.unquote_plus(resp[field])
-    for group in ("Contents", "Versions", "DeleteMarkers"):
-        for item in resp.get(group) or []:
-            item["Key"] = urllib.parse.unquote_plus(item["Key"])
-    for item in resp.get("CommonPrefixes") or []:
-        item["Prefix"] = urllib.parse.unquote_plus(item["Prefix"])
-    resp.pop("EncodingType")
-    return resp
 
 
 _XML_FORBIDDEN = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff\ud800-\udfff]")

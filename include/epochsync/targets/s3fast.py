@@ -46,6 +46,8 @@ import xml.etree.ElementTree as ET
 from datetime import UTC, datetime
 from typing import Any
 
+from epochsync.stores.s3 import decode_listing
+
 #: ``EPOCHSYNC_S3_CLIENT=botocore`` sends every request through botocore
 ENV_SWITCH = "EPOCHSYNC_S3_CLIENT"
 _S3_NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
@@ -383,8 +385,6 @@ class FastClient:
         if prefixes:
             out["CommonPrefixes"] = prefixes
         if EncodingType is None:
-            from epochsync.targets.s3 import decode_listing
-
             decode_listing(out)
         return out
 
