@@ -140,8 +140,7 @@ def gather_entries(
     from pyspark.sql import functions as F
 
     from epochsync.core.model import change_struct_type
-    from epochsync.stages.translate import resolve_links, visible
-    from epochsync.warehouse.snapshots import read_snapshot
+    from epochsync.warehouse.snapshots import read_snapshot, resolve_links, visible
 
     src = cfg.source_of(tcfg)
     wh = Warehouse(cfg.warehouse)
@@ -353,11 +352,12 @@ def apply_to_listing(listing: dict[str, str], records: list[dict]) -> dict[str, 
 
 def changes_between(cfg, target, e1: int, e2: int, spark=None) -> list[dict]:
     """The change records between committed epochs ``e1`` and ``e2`` of ``target``."""
-    from epochsync.stages import context
+    from epochsync.journal.undo import manifest_epoch
+    from epochsync.targets import open_target
 
     cfg = cfg if isinstance(cfg, Config) else load_config(cfg)
     tcfg = target if isinstance(target, TargetConfig) else cfg.target(target)
-    committed = context.committed_epoch(cfg, tcfg)
+    committed = manifest_epoch(open_target(tcfg).read_manifest())
     windows = committed_windows(cfg, tcfg, e1, e2, committed)
     check_inputs(cfg, tcfg, e1, e2, windows)
     if spark is None:

@@ -389,8 +389,7 @@ def write_dump(cfg: Config, tcfg: TargetConfig, store: FeedStore, epoch: int, sp
         return name
     from pyspark.sql import functions as F
 
-    from epochsync.stages.translate import resolve_links, visible
-    from epochsync.warehouse.snapshots import read_snapshot
+    from epochsync.warehouse.snapshots import read_snapshot, resolve_links, visible
 
     if spark is None:
         from epochsync.spark import spark_session

@@ -246,3 +246,72 @@ def resolve_paths(snapshot: DataFrame, root_fid: str, *, max_depth: int = MAX_DE
 def paths_at(spark: SparkSession, wh: Warehouse, target: str, epoch: int, root_fid: str) -> DataFrame:
     """:func:`resolve_paths` of snapshot ``epoch`` of ``target``."""
     return resolve_paths(read_snapshot(spark, wh, target, epoch, root_fid), root_fid)
+
+
+def resolve_links(snapshot, root_fid: str, *, max_depth: int = 4096):
+    """Every reachable link of a snapshot with its replica path: (fid, pfid, name, path).
+
+    Directory paths are resolved on the driver from the directories' links alone
+    (one collect: directories are a small share of a namespace), walking up with a
+    depth bound so hostile cycles cannot loop; a directory with several links uses
+    its first. Then every link (files included) joins its parent's path in Spark.
+    Links under unreachable parents are dropped.
+    """
+    from pyspark.sql import functions as F
+
+    spark = snapshot.sparkSession
+    links = snapshot.select("fid", "type", F.explode("links").alias("l")).select(
+        "fid", "type", F.col("l.pfid").alias("pfid"), F.col("l.name").alias("name")
+    )
+    dirs = links.filter(F.col("type") == DIR).select("fid", "pfid", "name").collect()
+    paths = directory_paths(((r["fid"], r["pfid"], r["name"]) for r in dirs), root_fid, max_depth=max_depth)
+    rows = [(f, p) for f, p in paths.items() if p is not None]
+    parents = spark.createDataFrame(rows, "pfid string, ppath string")
+    return links.join(F.broadcast(parents), "pfid").select(
+        "fid",
+        "pfid",
+        "name",
+        F.when(F.col("ppath") == "", F.col("name")).otherwise(F.concat_ws("/", "ppath", "name")).alias("path"),
+    )
+
+
+def directory_paths(dir_links, root_fid: str, *, max_depth: int = 4096) -> dict[str, str | None]:
+    """fid → replica path of every directory, from its links ``(fid, pfid, name)`` (the
+    root is ``""``; None for one under no reachable parent). A directory with several
+    links uses its first; the walk up is depth-bounded so hostile cycles cannot loop."""
+    parent: dict[str, tuple[str, str]] = {}
+    for fid, pfid, name in dir_links:
+        if fid not in parent or (pfid, name) < parent[fid]:
+            parent[fid] = (pfid, name)
+    paths: dict[str, str | None] = {root_fid: ""}
+    for fid in parent:
+        chain: list[str] = []
+        cur = fid
+        while cur not in paths and cur in parent and len(chain) <= max_depth:
+            chain.append(cur)
+            cur = parent[cur][0]
+            if cur in chain:
+                break
+        base = paths.get(cur) if cur not in chain else None
+        for f in reversed(chain):
+            if base is None:
+                paths[f] = None
+                continue
+            name = parent[f][1]
+            base = name if base == "" else f"{base}/{name}"
+            paths[f] = base
+    return paths
+
+
+def visible(links_df, fileset):
+    """Links inside the fileset's subtrees (all of them without a fileset)."""
+    from pyspark.sql import functions as F
+
+    if not fileset or any(not sub.strip("/") for sub in fileset):
+        return links_df
+    cond = None
+    for sub in fileset:
+        s = sub.strip("/")
+        c = (F.col("path") == s) | F.col("path").startswith(s + "/")
+        cond = c if cond is None else (cond | c)
+    return links_df.filter(cond)
