@@ -1,8 +1,9 @@
-"""The package's layout: folders by stage, no import cycles at import time, dev tools never shipped."""
+"""The package's layout: folders by stage, no import cycles (not even inside functions), layers, dev tools never shipped."""
 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 INCLUDE = Path(__file__).resolve().parents[2] / "include"
@@ -20,16 +21,82 @@ def _modules(top: str) -> dict[str, Path]:
 
 
 def _imports(path: Path, *, module_level: bool) -> set[str]:
+    return set(_import_lines(path, module_level=module_level))
+
+
+def _import_lines(path: Path, *, module_level: bool) -> dict[str, int]:
+    """Returns every name an ``import`` of ``path`` may load (``from a import b``: ``a`` and ``a.b``),
+    with the line of its first import; all of them, inside functions too, unless ``module_level``.
+
+    ``importlib.import_module("...")`` and ``__import__("...")`` with a literal string count too.
+    """
     tree = ast.parse(path.read_text())
     nodes = tree.body if module_level else list(ast.walk(tree))
-    found = set()
+    found: dict[str, int] = {}
     for n in nodes:
+        names: list[str] = []
         if isinstance(n, ast.ImportFrom) and n.module:
-            found.add(n.module)
-            found.update(f"{n.module}.{a.name}" for a in n.names)
+            names = [n.module, *(f"{n.module}.{a.name}" for a in n.names)]
         elif isinstance(n, ast.Import):
-            found.update(a.name for a in n.names)
+            names = [a.name for a in n.names]
+        elif isinstance(n, ast.Call) and _call_name(n.func) in {"import_module", "__import__"}:
+            if n.args and isinstance(n.args[0], ast.Constant) and isinstance(n.args[0].value, str):
+                names = [n.args[0].value]
+        for name in names:
+            found.setdefault(name, n.lineno)
     return found
+
+
+def _call_name(func: ast.expr) -> str | None:
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return func.id if isinstance(func, ast.Name) else None
+
+
+def _import_graph(top: str, *, module_level: bool) -> dict[str, dict[str, int]]:
+    """Returns module → {module of the same package it imports: line}.
+
+    A package's ``__init__`` importing its own modules is how packages work, not an edge;
+    a module importing its package (or any other module) is one.
+    """
+    mods = _modules(top)
+    graph = {}
+    for m, p in mods.items():
+        found = _import_lines(p, module_level=module_level)
+        graph[m] = {t: line for t, line in found.items() if t in mods and t != m and not t.startswith(m + ".")}
+    return graph
+
+
+def _find_cycle(graph: dict[str, dict[str, int]]) -> list[str] | None:
+    """Returns the modules of one import cycle, first module repeated at the end, or None."""
+    state: dict[str, int] = {}
+
+    def visit(m: str, path: list[str]) -> list[str] | None:
+        state[m] = 1
+        for t in sorted(graph[m]):
+            if state.get(t) == 1:
+                return [*path[path.index(t) :], t]
+            if t not in state:
+                found = visit(t, [*path, t])
+                if found:
+                    return found
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state:
+            found = visit(m, [m])
+            if found:
+                return found
+    return None
+
+
+def _describe(cycle: list[str], graph: dict[str, dict[str, int]], top: str) -> str:
+    mods = _modules(top)
+    steps = [
+        f"{a} -> {b} ({mods[a].relative_to(INCLUDE)}:{graph[a][b]})" for a, b in zip(cycle, cycle[1:], strict=False)
+    ]
+    return "import cycle: " + " -> ".join(cycle) + "\n  " + "\n  ".join(steps)
 
 
 def test_every_module_lives_in_a_stage_folder():
@@ -41,24 +108,76 @@ def test_every_module_lives_in_a_stage_folder():
 
 
 def test_no_import_cycle_at_import_time():
+    graph = _import_graph("epochsync", module_level=True)
+    cycle = _find_cycle(graph)
+    assert cycle is None, _describe(cycle, graph, "epochsync")
+
+
+def test_no_import_cycle_even_inside_functions():
+    """A function-level import in a cycle still ties the two modules together: neither can be
+    understood, moved or tested without the other (docs/INTERNALS.md, "Imports")."""
+    graph = _import_graph("epochsync", module_level=False)
+    cycle = _find_cycle(graph)
+    assert cycle is None, _describe(cycle, graph, "epochsync")
+
+
+def test_the_cycle_finder_sees_imports_inside_functions(tmp_path, monkeypatch):
+    pkg = tmp_path / "pkg"
+    (pkg / "low").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "low" / "__init__.py").write_text("from pkg.low import a\n")  # its own module: not a cycle
+    (pkg / "low" / "a.py").write_text("import os\n\ndef f():\n    from pkg.high import b\n")
+    (pkg / "high.py").write_text("import importlib\n\nfrom pkg.low.a import f\n")
+    monkeypatch.setattr(sys.modules[__name__], "INCLUDE", tmp_path)
+    assert _find_cycle(_import_graph("pkg", module_level=True)) is None
+    graph = _import_graph("pkg", module_level=False)
+    assert _find_cycle(graph) == ["pkg.high", "pkg.low.a", "pkg.high"]
+    assert "pkg/low/a.py:4" in _describe(["pkg.high", "pkg.low.a", "pkg.high"], graph, "pkg")
+    (pkg / "low" / "a.py").write_text("import importlib\n\ndef f():\n    importlib.import_module('pkg.high')\n")
+    assert _find_cycle(_import_graph("pkg", module_level=False)) == ["pkg.high", "pkg.low.a", "pkg.high"]
+
+
+#: who may import whom: a module imports only from its own layer or those before it (the
+#: longest prefix names a module's layer). ``report.changes`` (the change records between
+#: two committed epochs) sits below the stages because the feed's publish stage uses it;
+#: ``report.status`` reads the stages' state, so the rest of ``report`` sits above them.
+LAYERS = [
+    "core",
+    "formats",
+    "warehouse stores",
+    "targets",
+    "journal",
+    "spark",
+    "report.changes",
+    "stages",
+    "report",
+    "airflow",
+    "cli",
+]
+
+
+def _layer(module: str) -> int | None:
+    rel = module.removeprefix("epochsync.")
+    best = None
+    for i, names in enumerate(LAYERS):
+        for name in names.split():
+            if (rel == name or rel.startswith(name + ".")) and (best is None or len(name) > len(best[1])):
+                best = (i, name)
+    return None if best is None else best[0]
+
+
+def test_packages_import_only_from_lower_layers():
+    graph = _import_graph("epochsync", module_level=False)
     mods = _modules("epochsync")
-    graph = {m: {t for t in _imports(p, module_level=True) if t in mods and t != m} for m, p in mods.items()}
-    # a package's __init__ importing its own modules is how packages work, not a cycle
-    graph = {m: {t for t in ts if not t.startswith(m + ".")} for m, ts in graph.items()}
-    state: dict[str, int] = {}
-
-    def visit(m: str, path: list[str]) -> None:
-        state[m] = 1
-        for t in sorted(graph[m]):
-            if state.get(t) == 1:
-                raise AssertionError("import cycle: " + " -> ".join([*path[path.index(t) :], t]))
-            if t not in state:
-                visit(t, [*path, t])
-        state[m] = 2
-
-    for m in sorted(graph):
-        if m not in state:
-            visit(m, [m])
+    wrong = []
+    for a, targets in graph.items():
+        if a == "epochsync":
+            continue
+        assert _layer(a) is not None, f"{a} is in no layer of LAYERS"
+        for b, line in targets.items():
+            if b != "epochsync" and _layer(b) > _layer(a):
+                wrong.append(f"{a} imports {b} ({mods[a].relative_to(INCLUDE)}:{line})")
+    assert not wrong, "imports against the layering " + " < ".join(LAYERS) + ":\n  " + "\n  ".join(sorted(wrong))
 
 
 def test_the_shipped_package_never_imports_the_dev_tools():
