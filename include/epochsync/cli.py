@@ -58,6 +58,7 @@ def _available() -> dict[str, tuple[str, str]]:
 
 
 def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
+    """Returns the ``epochsync`` parser; the options of ``verb`` are added only when it is named (its module is imported then)."""
     verbs = _available()
     parser = argparse.ArgumentParser(
         prog="epochsync",
@@ -73,6 +74,7 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one verb; returns the exit status (0, 1 with one ``error:`` line, or 128 + the signal)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     verb = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(verb if verb in VERBS else None)

@@ -29,14 +29,17 @@ TRANSIENT_STAGES = ("ingest", "merge", "translate")
 
 
 def epoch_dag_id(source: str, target: str) -> str:
+    """Returns the id of the epoch DAG of ``source`` into ``target``: ``epochsync__<source>__<target>``."""
     return f"epochsync__{source}__{target}"
 
 
 def hydrate_dag_id(target: str) -> str:
+    """Returns the id of ``target``'s hydrate DAG: ``epochsync_hydrate__<target>``."""
     return f"epochsync_hydrate__{target}"
 
 
 def purge_dag_id(source: str) -> str:
+    """Returns the id of ``source``'s purge DAG: ``epochsync_purge__<source>``."""
     return f"epochsync_purge__{source}"
 
 

@@ -80,6 +80,7 @@ def ensure_pools(config_path: str | None = None) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one epoch of a DAG with ``dag.test()`` and print ``DAGTEST_RESULT {...}``; returns 0 if the run succeeded, else 1."""
     p = argparse.ArgumentParser(prog="python -m epochsync.airflow.dagtest", description=__doc__.split("\n\n")[0])
     p.add_argument("--dag-id", required=True)
     p.add_argument("--epoch", type=int, required=True)

@@ -32,6 +32,7 @@ class RunEpochs:
     whole_file: bool = False
 
     def as_xcom(self) -> dict[str, Any]:
+        """Returns the XCom the sensor pushes: ``{"first", "through", "dry_run", "whole_file"}``."""
         return asdict(self)
 
 
@@ -101,6 +102,7 @@ class EpochClosedSensor(BaseSensorOperator):
         self._epochs: RunEpochs | None = None
 
     def poke(self, context) -> PokeReturnValue:
+        """Returns done, with the run's epochs as XCom, once the last of them is closed on every server."""
         config = load_config(self.config_path)
         src = config.source(self.source)
         params = dict(context["params"])
@@ -145,6 +147,7 @@ class EpochClosedSensor(BaseSensorOperator):
         return PokeReturnValue(is_done=True, xcom_value=epochs.as_xcom())
 
     def execute(self, context):
+        """Wait like any sensor; returns what the sensor pushes, and a timeout names the servers still missing their EPOCH record."""
         from airflow.sdk.exceptions import AirflowSensorTimeout
 
         try:

@@ -86,6 +86,7 @@ class EpochTimetable(Timetable):
         return hash((self.start, self.interval_s, str(self.schedule_from)))
 
     def serialize(self) -> dict[str, Any]:
+        """Returns the timetable as the JSON Airflow stores."""
         sf = self.schedule_from
         return {
             "start": self.start.isoformat(),
@@ -95,10 +96,12 @@ class EpochTimetable(Timetable):
 
     @classmethod
     def deserialize(cls, data: dict[str, Any]) -> EpochTimetable:
+        """Returns the timetable :meth:`serialize` wrote."""
         return cls(datetime.fromisoformat(data["start"]), float(data["interval_s"]), data.get("schedule_from"))
 
     @property
     def summary(self) -> str:
+        """Returns one line for the UI: the epoch length, the start and when scheduling begins."""
         base = f"epochs of {_human(self.interval_s)} from {self.start.isoformat()}"
         if self.schedule_from == NEVER:
             return base + " (manual and backfill only)"
@@ -107,6 +110,7 @@ class EpochTimetable(Timetable):
         return base
 
     def validate(self) -> None:
+        """Raise ``AirflowTimetableInvalid`` unless the epoch interval is positive."""
         if not self.interval_s > 0:
             from airflow.exceptions import AirflowTimetableInvalid
 
@@ -114,10 +118,12 @@ class EpochTimetable(Timetable):
 
     # -- the epoch arithmetic
     def window(self, epoch: int) -> DataInterval:
+        """Returns the data interval of ``epoch``: ``[start + (E-1)*interval, start + E*interval)``."""
         begin, end = epoch_window(self.start, self.interval_s, epoch)
         return DataInterval(begin, end)
 
     def epoch_of(self, data_interval: DataInterval) -> int:
+        """Returns the epoch whose window ends at ``data_interval``'s end."""
         return epoch_of_interval(self.start, self.interval_s, data_interval.end)
 
     # -- the Timetable protocol
@@ -136,6 +142,7 @@ class EpochTimetable(Timetable):
         last_automated_data_interval: DataInterval | None,
         restriction,
     ) -> DagRunInfo | None:
+        """Returns the next epoch to schedule (its window and run date), or None to hold the scheduler back."""
         if last_automated_data_interval is not None:
             # the epoch after the last scheduled one; realigned in case the interval changed
             epoch = last_closed_epoch(self.start, self.interval_s, last_automated_data_interval.end) + 1

@@ -38,6 +38,7 @@ class ParseError(EpochsyncError):
         super().__init__(self.location() + ": " + reason)
 
     def location(self) -> str:
+        """Returns where the error is: ``FILE:LINE``, ``FILE:@OFFSET`` (a binary format) or the file alone."""
         if self.line is not None:
             return f"{self.file}:{self.line}"
         if self.offset is not None:

@@ -65,6 +65,7 @@ CHANGE_FIELDS = (
 
 
 def snapshot_struct_type():
+    """Returns the Spark schema of a snapshot row (:data:`SNAPSHOT_FIELDS`, in that order)."""
     from pyspark.sql.types import ArrayType, BinaryType, LongType, StringType, StructField, StructType
 
     from epochsync.core.schema import record_struct_type
@@ -93,6 +94,7 @@ def snapshot_struct_type():
 
 
 def change_struct_type():
+    """Returns the Spark schema of a change-set row (:data:`CHANGE_FIELDS`, in that order)."""
     from pyspark.sql.types import ArrayType, BooleanType, LongType, StringType, StructField, StructType
 
     extent = StructType([StructField("offset", LongType(), False), StructField("length", LongType(), False)])

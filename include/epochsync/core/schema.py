@@ -66,6 +66,8 @@ FLAG_RENAME_OVERWROTE_LAST = 0x1
 
 @dataclass(slots=True, frozen=True)
 class LayoutObject:
+    """One object of a file's layout: its OST and object id."""
+
     ost: str
     oid: str
 
@@ -90,6 +92,8 @@ class ObjectRef:
 
 @dataclass(slots=True, frozen=True)
 class Extent:
+    """A byte range ``[offset, offset + length)`` a record says was written."""
+
     offset: int
     length: int
 
@@ -216,6 +220,7 @@ class Record:
         return cls(**kwargs)
 
     def replace(self, **changes: Any) -> Record:
+        """Returns a copy of the record with ``changes`` applied."""
         return dataclasses.replace(self, **changes)
 
 
@@ -326,6 +331,7 @@ def _raise(exc: Exception) -> Any:
 
 
 def record_to_json(record: Record) -> str:
+    """Returns the record as one compact JSON line (no newline), null fields left out."""
     return json.dumps(record.to_dict(), separators=(",", ":"), ensure_ascii=False)
 
 

@@ -43,14 +43,17 @@ class Interrupted(KeyboardInterrupt):
 
     @property
     def name(self) -> str:
+        """Returns the signal's name (``SIGTERM``, ``SIGINT``)."""
         return signal.Signals(self.signum).name
 
     @property
     def exit_code(self) -> int:
+        """Returns the process's exit status for this signal: 128 + its number."""
         return 128 + self.signum
 
     @classmethod
     def of(cls, exc: BaseException) -> Interrupted:
+        """Returns ``exc`` if it is an :class:`Interrupted`, else an :class:`Interrupted` for SIGINT (a plain Ctrl-C)."""
         return exc if isinstance(exc, Interrupted) else cls(signal.SIGINT)
 
 

@@ -67,6 +67,8 @@ class ParseContext:
 class ParseOptions:
     #: server name for records whose format does not carry one (Lustre text: default
     #: ``MDT0000``; Gluster: default ``brick0``); JSON Lines: only fills a missing server
+    """How an importer reads a stream: defaults the format lacks (server, epoch), error handling, continuity."""
+
     server: str | None = None
     #: fixed epoch for every record (``--epoch N``); overrides the other sources
     epoch: int | None = None
@@ -114,6 +116,7 @@ class RecordChecker:
         return self.last_index.get(server, 0) + 1
 
     def check(self, r: Record) -> Record:
+        """Returns ``r`` once it is a valid record that continues its server's index order; raises :class:`RecordError` otherwise."""
         if r.type not in RECORD_TYPES:
             raise RecordError(f"unknown record type {r.type!r}")
         if r.index < 0:

@@ -70,6 +70,7 @@ class ChunkState:
     mark_epoch: int | None
 
     def apply(self, opts: ParseOptions) -> None:
+        """Carry this chunk's state into ``opts.context`` (a no-op without one)."""
         ctx = opts.context
         if ctx is None:
             return

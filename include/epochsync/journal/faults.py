@@ -53,6 +53,8 @@ MODES = ("raise", "kill", "stall")
 
 @dataclass(frozen=True)
 class FaultSpec:
+    """Where and how to inject a failure: after K mutations (or at a fraction), in which stage, epoch, target and mode."""
+
     after: int
     epoch: int | None = None
     target: str | None = None
@@ -99,6 +101,7 @@ class FaultSpec:
         return spec
 
     def to_text(self) -> str:
+        """Returns the spec in the form :meth:`parse` reads (for messages and fired markers)."""
         parts = [f"after={self.after}" if self.at is None else f"at={self.at:g}"]
         if self.stage != "apply":
             parts.append(f"stage={self.stage}")
@@ -112,6 +115,7 @@ class FaultSpec:
         return ",".join(parts)
 
     def applies(self, target: str, epoch: int, stage: str = "apply") -> bool:
+        """Returns whether the spec is for this target, epoch and stage."""
         return (
             self.stage == stage
             and (self.epoch is None or self.epoch == epoch)
@@ -146,6 +150,7 @@ class FaultCounter:
 
     @property
     def armed(self) -> bool:
+        """Returns whether the counter can still fire: a spec is set and has not fired (or repeats)."""
         return self.spec is not None and (self.spec.repeat or not os.path.exists(self.fired_file))
 
     def tick(self, what: str) -> None:

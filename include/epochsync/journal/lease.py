@@ -172,6 +172,7 @@ def owner_doc(token: str) -> dict:
 
 
 def describe_owner(owner: dict) -> str:
+    """Returns who holds a lease, from its owner record, for messages."""
     if not owner or not owner.get("pid"):
         return "another process (its owner record is not readable yet)"
     return f"pid {owner['pid']} on host {owner.get('host', '?')} (run {owner.get('run_id') or '?'})"
@@ -199,6 +200,7 @@ def _now_iso(t: float | None = None) -> str:
 
 
 def ttl_seconds() -> float:
+    """Returns the s3 lease's time to live in seconds (``$EPOCHSYNC_LEASE_TTL_S``, at least 3)."""
     try:
         return max(3.0, float(os.environ.get(TTL_ENV) or DEFAULT_TTL_S))
     except ValueError:
@@ -229,6 +231,7 @@ class PosixLease:
         return {}
 
     def acquire(self) -> None:
+        """Take the lock and write our owner record; raises :class:`TargetBusyError` if a live process holds it."""
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
@@ -267,6 +270,7 @@ class PosixLease:
         """A held flock cannot be lost while the process lives."""
 
     def release(self) -> None:
+        """Empty the owner record and unlock (idempotent)."""
         if self.fd is None:
             return
         fd, self.fd = self.fd, None
@@ -355,6 +359,7 @@ class S3Lease:
 
     # -- the lease
     def acquire(self) -> None:
+        """Create the lease object, or take over a stale one, then renew it in the background; raises :class:`TargetBusyError` if a live owner holds it."""
         self.ensure_bucket()
         self.doc = {**owner_doc(self.token), "since": _now_iso(), "target": self.target}
         for _ in range(10):
@@ -423,6 +428,7 @@ class S3Lease:
                 log.warning("target %s: lease renewal failed (%s); retrying", self.target, exc)
 
     def renew(self) -> None:
+        """Extend the lease with a conditional PUT; raises :class:`LeaseLostError` if another owner has it now."""
         try:
             self.etag = self._put("renew", IfMatch=self.etag)
         except Exception as exc:
@@ -438,10 +444,12 @@ class S3Lease:
             ) from None
 
     def check(self) -> None:
+        """Raise :class:`LeaseLostError` if a renewal found the lease taken over."""
         if self.lost:
             raise LeaseLostError(self.lost)
 
     def release(self) -> None:
+        """Stop renewing and delete the lease if it is still ours (then its old versions); a failure is logged, the lease then expires."""
         self._stop.set()
         if self._renewer is not None and self._renewer is not threading.current_thread():
             self._renewer.join(timeout=30)

@@ -40,10 +40,12 @@ RUN_FILE = "RUN"
 
 
 def journal_dir(warehouse: str, target: str, epoch: int) -> str:
+    """Returns the local folder of ``target``'s undo journal for ``epoch``."""
     return local_path(Warehouse(warehouse).undo(target, epoch))
 
 
 def plan_dir(warehouse: str, target: str, epoch: int) -> str:
+    """Returns the local plan folder of ``target``'s ``epoch``."""
     return local_path(Warehouse(warehouse).plan(target, epoch))
 
 
@@ -148,6 +150,7 @@ class UndoJournal:
         return path
 
     def close(self) -> None:
+        """Close the writer's journal file."""
         self._f.close()
 
     def __enter__(self):
@@ -215,6 +218,7 @@ class UndoneLog:
         return (entry["writer"], entry["seq"]) in self.done
 
     def add(self, entry: dict) -> None:
+        """Record ``entry`` as undone, durably, before the next one is replayed."""
         if self._f is None:
             self._f = open(self.path, "a", encoding="utf-8")
         self._f.write(f"{entry['writer']} {entry['seq']}\n")
@@ -223,11 +227,13 @@ class UndoneLog:
         self.done.add((entry["writer"], entry["seq"]))
 
     def close(self) -> None:
+        """Close the log file, if one was opened."""
         if self._f is not None:
             self._f.close()
 
 
 def mark_aborted(directory: str) -> None:
+    """Write the ``ABORTED`` marker (durably): writers still running see it and stop."""
     path = os.path.join(directory, ABORT_MARKER)
     with open(path, "w") as f:
         f.write(f"{time.time()}\n")
@@ -263,6 +269,7 @@ def wait_for_writers(directory: str, timeout: float = 300.0) -> None:
 
 
 def journal_exists(directory: str) -> bool:
+    """Returns whether ``directory`` holds any writer's journal file."""
     return os.path.isdir(directory) and any(n.endswith(".jsonl") for n in os.listdir(directory))
 
 
@@ -287,6 +294,7 @@ def start_run(directory: str) -> str:
 
 
 def remove_journal(directory: str) -> None:
+    """Remove an undo journal folder and everything in it (missing is fine)."""
     shutil.rmtree(directory, ignore_errors=True)
 
 
@@ -388,6 +396,7 @@ def mark_closed_seen(warehouse: str, target: str, epoch: int) -> float:
 
 
 def read_stage_stats(warehouse: str, target: str, epoch: int) -> dict[str, dict]:
+    """Returns stage name → figures of each stage that ran for ``target``'s ``epoch`` (``stages/<stage>.json``)."""
     d = os.path.join(plan_dir(warehouse, target, epoch), "stages")
     out = {}
     if os.path.isdir(d):

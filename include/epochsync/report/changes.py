@@ -401,6 +401,7 @@ def to_json_line(rec: dict) -> str:
 
 
 def configure_changes(parser) -> None:
+    """Add the ``changes`` verb's options to ``parser``."""
     parser.add_argument("--config", required=True, metavar="FILE", help="epochsync YAML config")
     parser.add_argument("--target", required=True, metavar="NAME", help="target whose committed states to compare")
     parser.add_argument(
@@ -421,6 +422,7 @@ def configure_changes(parser) -> None:
 
 
 def run_changes(args) -> int:
+    """The ``changes`` verb: print the change records between two committed epochs; returns 0."""
     records = changes_between(args.config, args.target, args.from_epoch, args.to_epoch)
     write = to_json_line if args.format == "jsonl" else to_text
     out = sys.stdout

@@ -19,6 +19,8 @@ LEGEND_ITEM = 180
 
 @dataclass(frozen=True)
 class Bar:
+    """One bar of a chart, in viewBox coordinates, with its tooltip."""
+
     x: float
     y: float
     w: float
@@ -29,6 +31,8 @@ class Bar:
 
 @dataclass(frozen=True)
 class Label:
+    """One axis label of a chart, in viewBox coordinates."""
+
     x: float
     y: float
     text: str

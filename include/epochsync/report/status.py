@@ -223,6 +223,7 @@ def format_table(rows: list[dict]) -> str:
 
 
 def configure_status(parser) -> None:
+    """Add the ``status`` verb's options to ``parser``."""
     parser.add_argument("--config", help="the YAML config (default: $EPOCHSYNC_CONFIG)")
     parser.add_argument("--target", action="append", help="only this target (repeatable)")
     parser.add_argument("--format", choices=("table", "json"), default="table")
@@ -230,6 +231,7 @@ def configure_status(parser) -> None:
 
 
 def run_status(args) -> int:
+    """The ``status`` verb; returns 1 if a target is Faulty or Unreachable, else 0."""
     cfg = load_config(args.config)
     targets = [cfg.target(t) for t in args.target] if args.target else list(cfg.targets)
     if not targets:
@@ -401,16 +403,19 @@ def build_report(cfg: Config, targets: list[TargetConfig]) -> str:
 
 
 def report_path(cfg: Config) -> str:
+    """Returns the default place of the HTML report: ``<warehouse>/report/index.html``."""
     return os.path.join(local_path(cfg.warehouse), "report", "index.html")
 
 
 def configure_report(parser) -> None:
+    """Add the ``report`` verb's options to ``parser``."""
     parser.add_argument("--config", help="the YAML config (default: $EPOCHSYNC_CONFIG)")
     parser.add_argument("--target", action="append", help="only this target (repeatable)")
     parser.add_argument("--out", help="HTML file to write (default: <warehouse>/report/index.html)")
 
 
 def run_report(args) -> int:
+    """The ``report`` verb: write the HTML report and print its path; returns 0."""
     cfg = load_config(args.config)
     targets = [cfg.target(t) for t in args.target] if args.target else list(cfg.targets)
     out = args.out or report_path(cfg)

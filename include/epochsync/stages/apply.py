@@ -46,6 +46,7 @@ class Pulled:
 
     @classmethod
     def fetch(cls, op: dict, source_io, bucket: str) -> Pulled:
+        """Returns the bytes of ``op``'s pulls, read from the source store as file offsets (striped objects mapped back)."""
         out = cls()
         layout = op.get("src_layout")
         for pull in op["pulls"]:
@@ -63,6 +64,7 @@ class Pulled:
         return out
 
     def read(self, offset: int, length: int) -> bytes:
+        """Returns ``length`` file bytes from ``offset``: what was pulled there, zeros elsewhere."""
         buf = bytearray(length)
         end = offset + length
         for fo, data in self.chunks:

@@ -26,6 +26,7 @@ def _target_cfg(cfg: Config, target: str | TargetConfig) -> TargetConfig:
 
 
 def source_access(cfg: Config, tcfg: TargetConfig):
+    """Returns ``(S3Access, bucket)`` of the source store of ``tcfg``, with the target's retry bound."""
     from epochsync.stores.connections import resolve_s3
     from epochsync.targets.s3 import S3Access
 
@@ -114,6 +115,7 @@ def _store_dict(cfg: Config, tcfg: TargetConfig) -> dict:
 
 
 def plan_path(cfg: Config, target: str, epoch: int) -> str:
+    """Returns the local path of ``target``'s plan for ``epoch`` (``plan.json``)."""
     return os.path.join(plan_dir(cfg.warehouse, target, epoch), "plan.json")
 
 
@@ -133,6 +135,7 @@ def _records_in(wh: Warehouse, source: str, first: int, last: int) -> int:
 
 
 def load_plan(cfg: Config, target: str, epoch: int) -> dict:
+    """Returns the plan translate wrote for ``target``'s ``epoch``; raises :class:`EpochError` if there is none."""
     plan = read_json(plan_path(cfg, target, epoch))
     if plan is None:
         raise EpochError(f"no plan for target {target} epoch {epoch}: run the translate stage first")

@@ -783,6 +783,8 @@ def _change_type():
 
 @dataclass(frozen=True)
 class MergeOutputs:
+    """Where one merge wrote its three tables: snapshot, change set and cookie groups (warehouse URIs)."""
+
     snapshot: str
     changes: str
     cookie_groups: str

@@ -106,6 +106,7 @@ def epoch_file(epoch: int, fmt: str) -> str:
 
 
 def dump_file(epoch: int, fmt: str) -> str:
+    """Returns the name of the namespace dump at ``epoch`` in a feed: ``dumps/0000000042.<suffix>``."""
     return f"{DUMPS_DIR}/{epoch:010d}.{_suffix(fmt)}"
 
 
@@ -422,6 +423,7 @@ def _consumer_doc_name(name: str) -> str:
 
 
 def read_consumers(store: FeedStore) -> list[dict]:
+    """Returns every registered consumer's document in the feed, sorted by name."""
     out = []
     for n in store.list(CONSUMERS_DIR):
         if n.endswith(".json"):
@@ -432,6 +434,7 @@ def read_consumers(store: FeedStore) -> list[dict]:
 
 
 def purged_through(store: FeedStore) -> int:
+    """Returns the last epoch whose files were purged from the feed (0: none)."""
     return int((store.read_json(PURGED_DOC) or {}).get("through") or 0)
 
 
@@ -482,6 +485,7 @@ def hydrate_consumer(cfg, target, name: str, spark=None) -> dict:
 
 
 def unregister_consumer(cfg, target, name: str) -> dict:
+    """Remove consumer ``name`` from the feed; returns its document as it was."""
     cfg = _config(cfg)
     tcfg = _feed_cfg(cfg, target)
     store = open_feed_store(tcfg)
@@ -640,6 +644,7 @@ def purge_feed(cfg, target, *, dry_run: bool = False, log=print, now: float | No
 
 
 def configure_feed(parser) -> None:
+    """Add the ``feed`` verb's options to ``parser``."""
     parser.add_argument(
         "action",
         choices=("register", "ack", "status", "hydrate", "unregister"),
@@ -654,6 +659,7 @@ def configure_feed(parser) -> None:
 
 
 def run_feed(args) -> int:
+    """The ``feed`` verb: register, ack, show, hydrate or unregister a consumer; returns 0."""
     cfg = load_config(args.config)
     if args.action != "status" and not args.consumer:
         raise FeedError(f"feed {args.action} needs --consumer NAME")

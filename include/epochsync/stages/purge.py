@@ -40,6 +40,8 @@ class PurgeBlocked(EpochsyncError):
 
 @dataclass
 class Consumer:
+    """Where one consumer of a source is: its committed epoch, per-server indexes and idle time."""
+
     name: str
     epoch: int
     servers: dict[str, int]
@@ -48,6 +50,8 @@ class Consumer:
 
 @dataclass
 class PurgePlan:
+    """What a purge of a source would drop, and why not more (idle or lagging consumers)."""
+
     source: str
     consumers: list[Consumer]
     min_epoch: int
@@ -160,6 +164,7 @@ class ChangelogStore:
         return last
 
     def delete(self, file: str) -> None:
+        """Delete one changelog file (local or ``s3://``)."""
         if file.startswith("s3://"):
             bucket, _, key = file[len("s3://") :].partition("/")
             self._s3_client().delete_object(Bucket=bucket, Key=key)

@@ -182,6 +182,7 @@ def _fmt(o, key) -> str:
 
 
 def configure_replicate(parser) -> None:
+    """Add the ``replicate`` verb's options to ``parser``."""
     parser.add_argument("--config", required=True, metavar="FILE", help="epochsync YAML config")
     parser.add_argument("--target", required=True, metavar="NAME", help="target to replicate into")
     which = parser.add_mutually_exclusive_group(required=True)
@@ -194,6 +195,7 @@ def configure_replicate(parser) -> None:
 
 
 def run_replicate(args) -> int:
+    """The ``replicate`` verb: one line per epoch replicated; returns 0."""
     cfg = load_config(args.config)
 
     def progress(line: str) -> None:
@@ -227,6 +229,7 @@ def run_replicate(args) -> int:
 
 
 def configure_relocate(parser) -> None:
+    """Add the ``relocate`` verb's options to ``parser``."""
     parser.add_argument("--config", required=True, metavar="FILE", help="epochsync YAML config")
     parser.add_argument("--target", required=True, metavar="NAME", help="target whose control directory moves")
     parser.add_argument(

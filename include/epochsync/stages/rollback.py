@@ -129,6 +129,7 @@ def _fileset_ancestors(tcfg: TargetConfig) -> set[str]:
 
 
 def configure_rollback(parser) -> None:
+    """Add the ``rollback`` verb's options to ``parser``."""
     parser.add_argument("--config", required=True, metavar="FILE", help="epochsync YAML config")
     parser.add_argument("--target", required=True, metavar="NAME", help="target to roll back")
     parser.add_argument("--no-check", action="store_true", help="skip the final check against the snapshot")

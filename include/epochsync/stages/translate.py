@@ -53,6 +53,7 @@ PLAN_VERSION = 1
 
 
 def depth(path: str) -> int:
+    """Returns the number of components of a plan path."""
     return path.count("/") + 1
 
 
@@ -215,6 +216,7 @@ def data_ranges(entry: dict) -> tuple[bool, list[tuple[int, int]], int, int]:
 
 
 def needs_data(entry: dict) -> bool:
+    """Returns whether a plan entry must write file data: a new file, or one whose data or size changed."""
     new = entry.get("new")
     if not entry["new_paths"] or new is None or new.get("type") != FILE:
         return False
@@ -226,6 +228,7 @@ def needs_data(entry: dict) -> bool:
 
 
 def attrs_changed(entry: dict) -> bool:
+    """Returns whether a plan entry's attributes or xattrs changed."""
     ch = entry.get("change") or {}
     if ch.get("attrs_changed") or ch.get("xattrs_changed"):
         return True
@@ -295,6 +298,7 @@ class ReservedNameError(UnsafePathError):
 
 
 def control_dir_of(target: dict) -> str:
+    """Returns the control directory's name of a plan's target (default ``.epochsync``)."""
     return target.get("control_dir") or CONTROL_DIR
 
 

@@ -32,6 +32,7 @@ class S3Settings:
         return make_client(self, **kwargs)
 
     def describe(self) -> str:
+        """Returns the connection id and endpoint, for messages."""
         return f"{self.conn_id} ({self.endpoint_url or 'AWS default endpoint'})"
 
 

@@ -104,15 +104,19 @@ class Target:
 
     # -- identity and manifest
     def describe(self) -> str:
+        """Returns the target's place for messages (``posix:/path``, ``s3://bucket/prefix``)."""
         raise NotImplementedError
 
     def read_manifest(self) -> dict | None:
+        """Returns the manifest document (the committed epoch and its facts), or None for a target never committed."""
         raise NotImplementedError
 
     def write_manifest(self, doc: dict) -> None:
+        """Replace the manifest with ``doc`` atomically: the commit point of an epoch."""
         raise NotImplementedError
 
     def fence_time_ns(self) -> int | None:
+        """Returns the fence instant (ns): the later of the last commit and the last rollback, None if neither happened."""
         raise NotImplementedError
 
     def mark_rollback(self, epoch: int) -> None:
@@ -121,12 +125,15 @@ class Target:
 
     # -- reading
     def walk(self, *, hashes: bool = True) -> Iterator[Entry]:
+        """Returns an iterator over every entry of the replica (the control directory left out); ``hashes``: with content hashes."""
         raise NotImplementedError
 
     def read_file(self, path: str) -> bytes:
+        """Returns the whole contents of the file at replica path ``path``."""
         raise NotImplementedError
 
     def stat(self, path: str, type_hint: str | None = None) -> Entry | None:
+        """Returns the entry at replica path ``path``, or None when there is none."""
         raise NotImplementedError
 
     # -- write fence
@@ -139,12 +146,15 @@ class Target:
         """Create what an apply of ``epoch`` needs (scratch area, parents of the fileset)."""
 
     def run_namespace_op(self, op: dict, journal, state: dict) -> None:
+        """Run one namespace operation of a plan, its undo entry journaled before the change."""
         raise NotImplementedError
 
     def run_post_op(self, op: dict, journal, state: dict) -> None:
+        """Run one post operation of a plan (links, attributes, deletes), its undo entry journaled before the change."""
         raise NotImplementedError
 
     def undo(self, entry: dict, journal_dir: str) -> None:
+        """Reverse one undo journal entry (idempotent: an entry already undone changes nothing)."""
         raise NotImplementedError
 
     def move_control_dir(self, old: str) -> str:

@@ -23,7 +23,10 @@ FEED_DOC = "_feed.json"
 
 
 class FeedStore:
+    """Where a feed's files live: a folder or an S3 prefix; names are relative to its root."""
+
     def describe(self) -> str:
+        """Returns the feed's root for messages (ends with ``/``)."""
         raise NotImplementedError
 
     def read(self, name: str) -> bytes | None:
@@ -39,9 +42,11 @@ class FeedStore:
         raise NotImplementedError
 
     def delete(self, name: str) -> None:
+        """Remove ``name`` (missing is fine)."""
         raise NotImplementedError
 
     def read_json(self, name: str) -> dict | None:
+        """Returns the JSON document ``name``, or None when it does not exist; raises if it is not JSON."""
         data = self.read(name)
         if data is None:
             return None
@@ -51,6 +56,7 @@ class FeedStore:
             raise EpochsyncError(f"{self.describe()}{name} is not valid JSON") from None
 
     def write_json(self, name: str, doc: dict) -> None:
+        """Replace ``name`` with ``doc`` as indented JSON."""
         self.write(name, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
 
 
@@ -62,16 +68,20 @@ def _check(name: str) -> str:
 
 
 class PosixFeedStore(FeedStore):
+    """A feed in a local or shared folder."""
+
     def __init__(self, root: str):
         self.root = root
 
     def describe(self) -> str:
+        """Returns the feed folder, with a trailing ``/``."""
         return self.root.rstrip("/") + "/"
 
     def _path(self, name: str) -> str:
         return os.path.join(self.root, _check(name))
 
     def read(self, name: str) -> bytes | None:
+        """Returns the bytes of ``name``, or None when it does not exist."""
         try:
             with open(self._path(name), "rb") as f:
                 return f.read()
@@ -79,6 +89,7 @@ class PosixFeedStore(FeedStore):
             return None
 
     def write(self, name: str, data: bytes) -> None:
+        """Replace ``name`` with ``data`` through a temporary file and a rename, fsynced with its folder."""
         path = self._path(name)
         folder = os.path.dirname(path)
         os.makedirs(folder, exist_ok=True)
@@ -99,12 +110,14 @@ class PosixFeedStore(FeedStore):
             os.close(fd)
 
     def list(self, folder: str) -> list[str]:
+        """Returns the names of the visible files in ``folder`` (no sub-folders, no hidden names), sorted."""
         path = os.path.join(self.root, _check(folder))
         if not os.path.isdir(path):
             return []
         return sorted(n for n in os.listdir(path) if not n.startswith(".") and os.path.isfile(os.path.join(path, n)))
 
     def delete(self, name: str) -> None:
+        """Remove ``name`` (missing is fine)."""
         try:
             os.unlink(self._path(name))
         except FileNotFoundError:
@@ -112,6 +125,8 @@ class PosixFeedStore(FeedStore):
 
 
 class S3FeedStore(FeedStore):
+    """A feed under an S3 prefix."""
+
     def __init__(self, settings, bucket: str, prefix: str, *, max_attempts: int = 6):
         from epochsync.targets.s3 import S3Access
 
@@ -121,12 +136,14 @@ class S3FeedStore(FeedStore):
         self._bucket_checked = False
 
     def describe(self) -> str:
+        """Returns ``s3://bucket/prefix``."""
         return f"s3://{self.bucket}/{self.prefix}"
 
     def _key(self, name: str) -> str:
         return self.prefix + _check(name)
 
     def read(self, name: str) -> bytes | None:
+        """Returns the bytes of ``name``, or None when it (or the bucket) does not exist."""
         from epochsync.targets.s3 import error_code
 
         try:
@@ -149,11 +166,13 @@ class S3FeedStore(FeedStore):
         self._bucket_checked = True
 
     def write(self, name: str, data: bytes) -> None:
+        """Replace ``name`` with ``data`` in one PUT (the bucket is created if needed)."""
         self._ensure_bucket()
         key = self._key(name)
         self.io.call(f"PUT {key}", lambda c: c.put_object(Bucket=self.bucket, Key=key, Body=data))
 
     def list(self, folder: str) -> list[str]:
+        """Returns the names of the visible objects right under ``folder`` (none without the bucket), sorted."""
         from epochsync.targets.s3 import error_code
 
         base = self.prefix + _check(folder) + "/"
@@ -172,6 +191,7 @@ class S3FeedStore(FeedStore):
         return sorted(names)
 
     def delete(self, name: str) -> None:
+        """Remove ``name``."""
         key = self._key(name)
         self.io.call(f"DELETE {key}", lambda c: c.delete_object(Bucket=self.bucket, Key=key))
 
@@ -197,10 +217,13 @@ class FeedTarget(Target):
         self.store = store or open_feed_store(cfg)
 
     def describe(self) -> str:
+        """Returns the feed store's root."""
         return self.store.describe()
 
     def read_manifest(self) -> dict | None:
+        """Returns the feed's ``_feed.json`` (its manifest), or None for a feed never published."""
         return self.store.read_json(FEED_DOC)
 
     def write_manifest(self, doc: dict) -> None:
+        """Replace the feed's ``_feed.json`` with ``doc``."""
         self.store.write_json(FEED_DOC, doc)

@@ -54,6 +54,8 @@ def _fsync_dir(path: str) -> None:
 
 
 class PosixTarget(Target):
+    """A replica as a directory tree; its control directory sits at the top of it."""
+
     kind = "posix"
 
     def __init__(self, cfg):
@@ -65,6 +67,7 @@ class PosixTarget(Target):
         self.as_root = os.geteuid() == 0
 
     def describe(self) -> str:
+        """Returns ``posix:<root>``."""
         return f"posix:{self.root}"
 
     # ------------------------------------------------------------------ paths
@@ -117,6 +120,7 @@ class PosixTarget(Target):
             return None
 
     def tmp_dir(self, epoch: int) -> str:
+        """Returns the scratch folder of ``epoch`` (moved-aside originals until the commit)."""
         return os.path.join(self.control, "tmp", str(int(epoch)))
 
     def _tmp_abs(self, ref: str) -> str:
@@ -128,6 +132,7 @@ class PosixTarget(Target):
 
     # ------------------------------------------------------------------ manifest
     def read_manifest(self) -> dict | None:
+        """Returns the manifest, or None when there is none; raises if the control directory moved without it."""
         try:
             with open(os.path.join(self.control, "manifest.json"), encoding="utf-8") as f:
                 return json.load(f)
@@ -140,11 +145,13 @@ class PosixTarget(Target):
             raise StoreError(f"{self.describe()}: manifest unreadable: {exc}") from None
 
     def write_manifest(self, doc: dict) -> None:
+        """Replace the manifest atomically and fsync its folder."""
         os.makedirs(self.control, exist_ok=True)
         write_json_atomic(os.path.join(self.control, "manifest.json"), doc)
         _fsync_dir(self.control)
 
     def fence_time_ns(self) -> int | None:
+        """Returns the later mtime of the manifest and the rollback marker (ns), None if neither exists."""
         times = []
         for name in ("manifest.json", "rollback.json"):
             try:
@@ -154,6 +161,7 @@ class PosixTarget(Target):
         return max(times) if times else None
 
     def mark_rollback(self, epoch: int) -> None:
+        """Write ``rollback.json`` atomically: its mtime is the new fence instant."""
         os.makedirs(self.control, exist_ok=True)
         path = os.path.join(self.control, "rollback.json")
         with open(path + ".tmp", "w") as f:
@@ -195,6 +203,7 @@ class PosixTarget(Target):
         return {n: os.getxattr(path, n, follow_symlinks=False) for n in names if n.startswith(XATTR_NAMESPACE)}
 
     def walk(self, *, hashes: bool = True):
+        """Returns an iterator over every entry under the root, depth first, without the control directory."""
         if not os.path.isdir(self.root):
             return
         stack = [""]
@@ -213,6 +222,7 @@ class PosixTarget(Target):
                     stack.append(rel)
 
     def read_file(self, path: str) -> bytes:
+        """Returns the bytes of the file at ``path``."""
         with open(self._abs(path), "rb") as f:
             return f.read()
 
@@ -223,6 +233,7 @@ class PosixTarget(Target):
 
     # ------------------------------------------------------------------ fence
     def fence_check(self, expect: list[dict], since_ns: int | None) -> tuple[list[str], dict[str, Any]]:
+        """Returns one problem line per fenced path that differs from the last commit (type, size, ctime), and no state."""
         problems = []
         for item in expect:
             rel = item["path"]
@@ -251,6 +262,7 @@ class PosixTarget(Target):
 
     # ------------------------------------------------------------------ mutations
     def prepare(self, epoch: int) -> None:
+        """Create the epoch's scratch folder and the parents of the fileset's subtrees."""
         os.makedirs(self.tmp_dir(epoch), exist_ok=True)
         # parents of the fileset's subtrees are scaffolding, not replicated entries
         for sub in self.cfg.fileset:
@@ -260,6 +272,7 @@ class PosixTarget(Target):
                 os.makedirs(os.path.join(self.root, parent), exist_ok=True)
 
     def run_namespace_op(self, op: dict, journal, state: dict) -> None:
+        """Run one namespace operation (rename, mkdir, symlink, mknod, ...), journaled first."""
         kind = op["op"]
         if kind == "rename":
             src, dst = self._abs(op["src"]), self._abs(op["dst"])
@@ -291,6 +304,7 @@ class PosixTarget(Target):
             raise EpochsyncError(f"posix target: unknown namespace operation {kind!r}")
 
     def run_post_op(self, op: dict, journal, state: dict) -> None:
+        """Run one post operation (hard link, attributes, delete), journaled first."""
         kind = op["op"]
         if kind == "link":
             path, existing = self._abs(op["path"]), self._abs(op["existing"])
@@ -433,6 +447,7 @@ class PosixTarget(Target):
             raise EpochsyncError(f"posix target: unknown undo entry {op!r}")
 
     def finish_commit(self, epoch: int) -> None:
+        """Drop the epoch's scratch folder, then touch the manifest so the fence instant passes the cleanup."""
         shutil.rmtree(self.tmp_dir(epoch), ignore_errors=False) if os.path.exists(self.tmp_dir(epoch)) else None
         if os.path.isdir(os.path.dirname(self.tmp_dir(epoch))):
             _fsync_dir(os.path.dirname(self.tmp_dir(epoch)))
@@ -444,6 +459,7 @@ class PosixTarget(Target):
             os.utime(manifest)
 
     def move_control_dir(self, old: str) -> str:
+        """Move the control directory from ``old`` to ``control_dir``; returns a line saying what moved."""
         src = os.path.join(self.root, old)
         if old == self.control_dir:
             raise EpochsyncError(f"target {self.name}: the control directory is already {old!r}")
@@ -458,4 +474,5 @@ class PosixTarget(Target):
         return f"moved {src} to {self.control}"
 
     def finish_rollback(self, epoch: int) -> None:
+        """Remove the epoch's scratch folder, if any is left."""
         shutil.rmtree(self.tmp_dir(epoch), ignore_errors=True)

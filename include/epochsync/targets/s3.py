@@ -94,6 +94,7 @@ class Counters:
         self._lock = threading.Lock()
 
     def attach(self, client) -> None:
+        """Count every request ``client`` sends and the bytes its GETs return."""
         client.meta.events.register("before-send.s3", self._before_send)
         client.meta.events.register("after-call.s3.GetObject", self._after_get)
 
@@ -121,6 +122,7 @@ class Counters:
             self.bytes_sent += nbytes
 
     def received(self, nbytes: int) -> None:
+        """Count ``nbytes`` received (a client that bypasses botocore reports its own)."""
         with self._lock:
             self.bytes_received += nbytes
 
@@ -131,6 +133,7 @@ class Counters:
             self.retries += retries
 
     def as_dict(self) -> dict:
+        """Returns the figures: requests by operation, their total, bytes sent, received and copied, retries."""
         return {
             "requests": dict(self.requests),
             "total_requests": sum(self.requests.values()),
@@ -141,6 +144,7 @@ class Counters:
         }
 
     def add(self, other: dict) -> None:
+        """Add another counter's :meth:`as_dict` (an executor's) to these."""
         for k, v in (other.get("requests") or {}).items():
             self.requests[k] += v
         self.bytes_sent += other.get("bytes_sent", 0)
@@ -176,6 +180,7 @@ def is_retryable(exc: BaseException) -> bool:
 
 
 def error_code(exc: BaseException) -> str | None:
+    """Returns the S3 error code of a botocore ``ClientError`` (``NoSuchKey``, ``404``, ...), None for any other exception."""
     resp = getattr(exc, "response", None)
     return resp.get("Error", {}).get("Code") if isinstance(resp, dict) else None
 
@@ -211,6 +216,7 @@ class S3Access:
 
     @property
     def client(self):
+        """Returns the counted client, built on first use (``s3fast.FastClient`` over botocore when eligible)."""
         if self._client is None:
             from epochsync.stores.s3 import CONNECT_TIMEOUT, READ_TIMEOUT, make_client
 
@@ -268,6 +274,8 @@ class S3Access:
         return data + bytes(length - len(data))
 
     def get_all(self, bucket: str, key: str, version: str | None = None) -> bytes:
+        """Returns the whole body of ``key`` (at ``version`` if given), with retries."""
+
         def fetch(c):
             kw = {"Bucket": bucket, "Key": key}
             if version:
@@ -336,6 +344,7 @@ def encode_meta(attrs: dict) -> dict[str, str]:
 
 
 def decode_meta(meta: dict[str, str]) -> dict:
+    """Returns the entry attributes an object's ``es-*`` metadata encodes (type, mode, ids, times, size, fid, symlink, xattrs, stripe)."""
     m = {k[len(META_PREFIX) :]: v for k, v in (meta or {}).items() if k.startswith(META_PREFIX)}
     out: dict[str, Any] = {"type": m.get("type")}
     for k in ("mode", "uid", "gid", "mtime", "size"):
@@ -437,6 +446,8 @@ def _both_versions(current: dict | None, history: list[dict], since_ns: int | No
 
 
 class S3Target(Target):
+    """A replica as objects under a bucket prefix (one per path, or striped); versioned bucket required."""
+
     kind = "s3"
 
     def __init__(self, cfg, settings=None):
@@ -455,6 +466,7 @@ class S3Target(Target):
         self._written: dict[str, dict] = {}
 
     def describe(self) -> str:
+        """Returns ``s3://bucket/prefix``."""
         return f"s3://{self.bucket}/{self.prefix}"
 
     # ------------------------------------------------------------------ keys
@@ -480,6 +492,7 @@ class S3Target(Target):
         return f"{self.prefix}{control_dir or self.control_dir}/{name}"
 
     def read_manifest(self) -> dict | None:
+        """Returns the manifest object's document, or None when it (or the bucket) does not exist."""
         try:
             data = self.io.get_all(self.bucket, self._control_key("manifest.json"))
         except Exception as exc:
@@ -496,6 +509,7 @@ class S3Target(Target):
 
     def write_manifest(self, doc: dict) -> None:
         # one PUT is atomic: a reader sees the old or the new manifest
+        """Replace the manifest object in one PUT."""
         body = (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
         self.io.call(
             "PUT manifest",
@@ -512,10 +526,12 @@ class S3Target(Target):
         return int(h["LastModified"].astimezone(UTC).timestamp() * 1e9)
 
     def fence_time_ns(self) -> int | None:
+        """Returns the later LastModified of the manifest and the rollback marker (ns), None if neither exists."""
         times = [t for n in ("manifest.json", "rollback.json") if (t := self._last_modified_ns(self._control_key(n)))]
         return max(times) if times else None
 
     def mark_rollback(self, epoch: int) -> None:
+        """PUT the rollback marker: its LastModified is the new fence instant."""
         body = json.dumps({"rolled_back_epoch": epoch}).encode()
         self.io.call(
             "PUT rollback marker",
@@ -538,6 +554,7 @@ class S3Target(Target):
             token = resp["NextContinuationToken"]
 
     def head(self, rel_key: str) -> dict | None:
+        """Returns the HEAD answer for ``rel_key`` under the prefix, or None when there is no such object."""
         key = self._full(rel_key)
         try:
             return self.io.call(f"HEAD {key}", lambda c: c.head_object(Bucket=self.bucket, Key=key))
@@ -551,6 +568,7 @@ class S3Target(Target):
     WALK_THREADS = 8
 
     def walk(self, *, hashes: bool = True):
+        """Returns the entries of every object under the prefix (control directory and root marker left out), by key."""
         rels = [
             rel
             for rel in (o["Key"][len(self.prefix) :] for o in sorted(self.list_keys(), key=lambda o: o["Key"]))
@@ -620,6 +638,7 @@ class S3Target(Target):
         return {"xattrs": {k: base64.b64decode(v) for k, v in doc["xattrs"].items()}, "symlink": doc["symlink"]}
 
     def read_file(self, path: str, head: dict | None = None) -> bytes:
+        """Returns the bytes of the file at ``path`` (its stripes assembled for a striped target)."""
         h = head or self.head(self.key_of(path, "file"))
         if h is None:
             raise StoreError(f"{self.describe()}: no object for {path}")
@@ -951,6 +970,7 @@ class S3Target(Target):
         self._wrote(rel_key, resp, meta, int(src["current"].get("size") or 0))
 
     def put(self, journal, state: dict, rel_key: str, body: bytes, meta: dict) -> None:
+        """PUT ``body`` with ``meta`` at ``rel_key``, journaled first; the version written is kept as a fact."""
         self.check_meta(rel_key, meta)
         self._journal_key(journal, "put", rel_key, state)
         resp = self.io.call(
@@ -960,6 +980,7 @@ class S3Target(Target):
         self._wrote(rel_key, resp, meta, len(body))
 
     def delete(self, journal, state: dict, rel_key: str) -> None:
+        """DELETE ``rel_key``, journaled first."""
         self._journal_key(journal, "delete", rel_key, state)
         self._written.pop(rel_key, None)
         self.io.call(f"DELETE {rel_key}", lambda c: c.delete_object(Bucket=self.bucket, Key=self._full(rel_key)))
@@ -1068,6 +1089,7 @@ class S3Target(Target):
         return ({op["src"]} if op["op"] == "copy" else set()), {op["key"]}
 
     def run_namespace_op(self, op: dict, journal, state: dict) -> None:
+        """Run one namespace operation (delete, copy, put_empty, put_attrs), journaled first."""
         kind = op["op"]
         if kind == "delete":
             self.delete(journal, state, op["key"])
@@ -1084,6 +1106,7 @@ class S3Target(Target):
             raise EpochsyncError(f"s3 target: unknown namespace operation {kind!r}")
 
     def run_post_op(self, op: dict, journal, state: dict) -> None:
+        """Run one post operation (a delete, or a namespace-like operation), journaled first."""
         if op["op"] == "delete":
             self.delete(journal, state, op["key"])
         else:
@@ -1115,6 +1138,7 @@ class S3Target(Target):
 
     # ------------------------------------------------------------------ undo
     def undo(self, entry: dict, journal_dir: str) -> None:
+        """Reverse one undo entry: abort its multipart upload, or delete the key's versions written since (the earlier one is current again)."""
         op = entry["op"]
         if op == "mpu":
             key = self._full(entry["key"])

@@ -243,6 +243,7 @@ class FastClient:
 
     # ------------------------------------------------------------------ the calls
     def get_object(self, *, Bucket: str, Key: str, Range: str | None = None, VersionId: str | None = None, **kw):  # noqa: N803
+        """Returns botocore's GetObject answer (the fields epochsync reads, ``Body`` in memory); other arguments go to botocore."""
         if kw:
             return self._boto.get_object(Bucket=Bucket, Key=Key, **_given(Range=Range, VersionId=VersionId), **kw)
         _, headers, data = self._send("GetObject", "GET", Bucket, Key, _version(VersionId), _given(range=Range))
@@ -253,12 +254,14 @@ class FastClient:
         return out
 
     def head_object(self, *, Bucket: str, Key: str, VersionId: str | None = None, **kw):  # noqa: N803
+        """Returns botocore's HeadObject answer (the fields epochsync reads); other arguments go to botocore."""
         if kw:
             return self._boto.head_object(Bucket=Bucket, Key=Key, **_given(VersionId=VersionId), **kw)
         _, headers, _ = self._send("HeadObject", "HEAD", Bucket, Key, _version(VersionId))
         return self._object_fields(headers)
 
     def put_object(self, *, Bucket: str, Key: str, Body: bytes = b"", Metadata: dict | None = None, **kw):  # noqa: N803
+        """Returns botocore's PutObject answer (``ETag``, ``VersionId``); a streamed body or other arguments go to botocore."""
         if kw or not isinstance(Body, (bytes, bytearray)):
             return self._boto.put_object(Bucket=Bucket, Key=Key, Body=Body, **_given(Metadata=Metadata), **kw)
         body = bytes(Body)
@@ -268,6 +271,7 @@ class FastClient:
         return {k: v for k, v in (("ETag", headers.get("ETag")), ("VersionId", headers.get("x-amz-version-id"))) if v}
 
     def delete_object(self, *, Bucket: str, Key: str, VersionId: str | None = None, **kw):  # noqa: N803
+        """Returns botocore's DeleteObject answer (``DeleteMarker``, ``VersionId``); other arguments go to botocore."""
         if kw:
             return self._boto.delete_object(Bucket=Bucket, Key=Key, **_given(VersionId=VersionId), **kw)
         _, headers, _ = self._send("DeleteObject", "DELETE", Bucket, Key, _version(VersionId))
@@ -286,6 +290,7 @@ class FastClient:
         Metadata: dict | None = None,
         **kw,
     ):
+        """Returns botocore's CopyObject answer (``CopyObjectResult``, ``VersionId``); other arguments go to botocore."""
         if kw or not isinstance(CopySource, dict) or set(CopySource) - {"Bucket", "Key", "VersionId"}:
             extra = _given(MetadataDirective=MetadataDirective, Metadata=Metadata)
             return self._boto.copy_object(Bucket=Bucket, Key=Key, CopySource=CopySource, **extra, **kw)

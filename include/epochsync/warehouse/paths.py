@@ -13,6 +13,8 @@ from urllib.parse import urlparse
 
 
 class Warehouse:
+    """Every location in the warehouse at ``uri``; each method returns a URI under it (nothing is read or written)."""
+
     def __init__(self, uri: str):
         self.uri = uri.rstrip("/")
 
@@ -26,6 +28,7 @@ class Warehouse:
         return base if epoch is None else f"{base}/epoch={epoch}"
 
     def quarantine(self, source: str, epoch: int) -> str:
+        """Returns where ingest puts the lines of ``source``'s epoch it could not parse (quarantine)."""
         return self._join("quarantine", f"source={source}", f"epoch={epoch}")
 
     def cursors(self, source: str) -> str:
@@ -33,13 +36,16 @@ class Warehouse:
         return self._join("cursors", f"source={source}")
 
     def cursor(self, source: str, consumer: str) -> str:
+        """Returns the JSON file of one consumer's cursor over ``source``."""
         return f"{self.cursors(source)}/{consumer}.json"
 
     # --- target side
     def snapshot(self, target: str, epoch: int) -> str:
+        """Returns the snapshot of ``target`` at ``epoch`` (Parquet)."""
         return self._join("snapshots", f"target={target}", f"epoch={epoch}")
 
     def snapshots(self, target: str) -> str:
+        """Returns the folder of every snapshot of ``target`` (partitions ``epoch=``)."""
         return self._join("snapshots", f"target={target}")
 
     def changes(self, target: str, epoch: int) -> str:
@@ -51,15 +57,19 @@ class Warehouse:
         return self._join("cookies", f"target={target}", f"epoch={epoch}")
 
     def plan(self, target: str, epoch: int) -> str:
+        """Returns the plan folder of ``target``'s epoch (``plan.json``, stage figures, ``verify.json``)."""
         return self._join("plans", f"target={target}", f"epoch={epoch}")
 
     def undo(self, target: str, epoch: int) -> str:
+        """Returns the undo journal folder of ``target``'s epoch."""
         return self._join("undo", f"target={target}", f"epoch={epoch}")
 
     def stats(self, target: str, epoch: int) -> str:
+        """Returns the stats row of ``target``'s committed epoch (JSON)."""
         return self._join("stats", f"target={target}", f"epoch={epoch}.json")
 
     def stats_dir(self, target: str) -> str:
+        """Returns the folder of ``target``'s stats rows."""
         return self._join("stats", f"target={target}")
 
     def events(self, target: str) -> str:

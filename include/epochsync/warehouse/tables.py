@@ -42,6 +42,7 @@ def conform(df: DataFrame, schema) -> DataFrame:
 
 
 def nullable_type(dt):
+    """Returns ``dt`` with every nested field and array element nullable (what a cast can target)."""
     from pyspark.sql.types import ArrayType, StructField, StructType
 
     if isinstance(dt, StructType):

@@ -30,9 +30,11 @@ class Closure:
 
     @property
     def closed(self) -> bool:
+        """Returns whether every server has closed ``epoch``."""
         return not self.waiting
 
     def describe(self) -> str:
+        """Returns one sentence: the epoch is closed, or which servers it waits for and how far each got."""
         what = f"epoch {self.epoch}" + (f" of source {self.source!r}" if self.source else "")
         if self.closed:
             return f"{what} is closed"

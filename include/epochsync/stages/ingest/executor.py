@@ -82,6 +82,7 @@ class FileReport:
     write_seconds: float = 0.0
 
     def span(self) -> IndexSpan:
+        """Returns the file's in-scope index span, for the continuity checks."""
         return IndexSpan(
             self.server,
             self.file,
