@@ -58,7 +58,8 @@ def _available() -> dict[str, tuple[str, str]]:
 
 
 def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
-    """Returns the ``epochsync`` parser; the options of ``verb`` are added only when it is named (its module is imported then)."""
+    """Returns the ``epochsync`` parser; the options of ``verb`` are added only when it is named (its
+    module is imported then)."""
     verbs = _available()
     parser = argparse.ArgumentParser(
         prog="epochsync",

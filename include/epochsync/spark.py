@@ -270,7 +270,8 @@ SHIPPED_CONF = "epochsync.package"
 
 
 def ship_package(spark) -> str:
-    """Add the package zip to a Connect session's Python path (executors import it); once per session.
+    """Add the package zip to a Connect session's Python path (executors import it), once per session;
+    returns the zip's path.
 
     The session remembers what it holds in :data:`SHIPPED_CONF`, so a second process on the
     same session (the next task of a DAG run) neither uploads the zip again nor starts new

@@ -57,7 +57,8 @@ def run_epoch(dag_id: str, epoch: int, *, dags_folder: str | None = None, conf: 
 
 
 def ensure_pools(config_path: str | None = None) -> list[str]:
-    """Create the one-slot pool of every target of ``$EPOCHSYNC_CONFIG`` in this Airflow database.
+    """Create the one-slot pool of every target of ``$EPOCHSYNC_CONFIG`` in this Airflow database;
+    returns their names, sorted.
 
     ``dag.test()`` itself ignores pools (it runs one task at a time and never looks at pool
     slots, even for a pool that does not exist); a scheduler started on the same database
@@ -80,7 +81,8 @@ def ensure_pools(config_path: str | None = None) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one epoch of a DAG with ``dag.test()`` and print ``DAGTEST_RESULT {...}``; returns 0 if the run succeeded, else 1."""
+    """Run one epoch of a DAG with ``dag.test()`` and print ``DAGTEST_RESULT {...}``; returns 0 if the
+    run succeeded, else 1."""
     p = argparse.ArgumentParser(prog="python -m epochsync.airflow.dagtest", description=__doc__.split("\n\n")[0])
     p.add_argument("--dag-id", required=True)
     p.add_argument("--epoch", type=int, required=True)

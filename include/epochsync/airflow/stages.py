@@ -181,7 +181,8 @@ class EpochStageOperator(PySparkOperator):
         self.stage = stage
 
     def execute(self, context):
-        """Open the DAG run's shared Connect session (:func:`epochsync.spark.run_session_remote`)."""
+        """Open the DAG run's shared Connect session (:func:`epochsync.spark.run_session_remote`);
+        returns what the stage returns."""
         from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
         from airflow.providers.common.compat.sdk import BaseHook
 

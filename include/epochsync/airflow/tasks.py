@@ -147,7 +147,8 @@ class EpochClosedSensor(BaseSensorOperator):
         return PokeReturnValue(is_done=True, xcom_value=epochs.as_xcom())
 
     def execute(self, context):
-        """Wait like any sensor; returns what the sensor pushes, and a timeout names the servers still missing their EPOCH record."""
+        """Wait like any sensor; returns what the sensor pushes, and a timeout names the servers still
+        missing their EPOCH record."""
         from airflow.sdk.exceptions import AirflowSensorTimeout
 
         try:

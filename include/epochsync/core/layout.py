@@ -144,7 +144,7 @@ def gather_object(layout: Layout | None, index: int, content: bytes | bytearray)
 
 
 def assemble_file(layout: Layout | None, size: int, objects: list[bytes | None]) -> bytes:
-    """Rebuild ``size`` bytes of a file from its objects' bytes (``None`` = never written).
+    """Returns the ``size`` bytes of a file, rebuilt from its objects' bytes (``None`` = never written).
 
     ``objects[i]`` is object ``i`` of the layout (one object when unstriped). Bytes past
     an object's end are zeros.

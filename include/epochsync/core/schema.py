@@ -200,7 +200,7 @@ class Record:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Record:
-        """Build a record from a JSON object, checking keys and types.
+        """Returns the record a JSON object holds, its keys and types checked.
 
         Raises :class:`RecordError` (no location; the caller adds file and line).
         """

@@ -92,7 +92,8 @@ def raise_on_signals() -> None:
 
 @contextlib.contextmanager
 def signals_deferred() -> Iterator[list[int]]:
-    """Record SIGTERM/SIGINT instead of raising (a clean-up that must not be cut short)."""
+    """Record SIGTERM/SIGINT instead of raising (a clean-up that must not be cut short); yields the
+    list of signal numbers received."""
     got: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield got

@@ -20,7 +20,7 @@ __all__ = ["FORMATS", "ParseOptions", "RecordChecker", "parse_file", "parse_stre
 
 
 def parse_stream(fmt: str, stream: IO[bytes], file: str, opts: ParseOptions | None = None) -> Iterator[Record]:
-    """Parse a binary stream of format ``fmt``; ``file`` names it in errors."""
+    """Returns an iterator over the records of a binary stream of format ``fmt``; ``file`` names it in errors."""
     opts = opts or ParseOptions()
     if fmt == "jsonl":
         from epochsync.formats.jsonl import parse_jsonl
@@ -38,6 +38,6 @@ def parse_stream(fmt: str, stream: IO[bytes], file: str, opts: ParseOptions | No
 
 
 def parse_file(fmt: str, path: str, opts: ParseOptions | None = None) -> Iterator[Record]:
-    """Parse a local file; the file is closed when the iterator is exhausted or closed."""
+    """Yields the records of a local file; the file is closed when the iterator is exhausted or closed."""
     with open(path, "rb") as fh:
         yield from parse_stream(fmt, fh, path, opts)

@@ -116,7 +116,8 @@ class RecordChecker:
         return self.last_index.get(server, 0) + 1
 
     def check(self, r: Record) -> Record:
-        """Returns ``r`` once it is a valid record that continues its server's index order; raises :class:`RecordError` otherwise."""
+        """Returns ``r`` once it is a valid record that continues its server's index order; raises
+        :class:`RecordError` otherwise."""
         if r.type not in RECORD_TYPES:
             raise RecordError(f"unknown record type {r.type!r}")
         if r.index < 0:

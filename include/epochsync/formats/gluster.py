@@ -115,7 +115,7 @@ def rollover_time(file: str) -> int | None:
 
 
 def parse_gluster(stream: IO[bytes], file: str, opts: ParseOptions) -> Iterator[Record]:
-    """Parse one Gluster changelog file; see the module docstring for the mapping."""
+    """Yields the records of one Gluster changelog file; see the module docstring for the mapping."""
     data = stream.read()
     server = opts.server or DEFAULT_SERVER
     checker = RecordChecker(opts)

@@ -19,7 +19,7 @@ from epochsync.formats.common import ParseOptions, RecordChecker, iter_lines, re
 
 
 def parse_jsonl(stream: IO[bytes], file: str, opts: ParseOptions) -> Iterator[Record]:
-    """Parse canonical JSON Lines; a bad line raises ParseError or is quarantined."""
+    """Yields the records of canonical JSON Lines; a bad line raises ParseError or is quarantined."""
     checker = RecordChecker(opts)
     offset = 0
     for lineno, raw in enumerate(iter_lines(stream), 1):

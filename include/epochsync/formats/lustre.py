@@ -89,7 +89,7 @@ _TYPE_NUMBERS = {name: num for num, name in LUSTRE_TYPES.items()}
 
 
 def parse_lustre(stream: IO[bytes], file: str, opts: ParseOptions) -> Iterator[Record]:
-    """Parse ``lfs changelog`` text; see the module docstring for the mapping.
+    """Yields the records of ``lfs changelog`` text; see the module docstring for the mapping.
 
     Raises :class:`ParseError` (``FILE:LINE: reason``) on the first bad line, or hands it
     to ``opts.on_error`` and goes on.

@@ -53,7 +53,8 @@ MODES = ("raise", "kill", "stall")
 
 @dataclass(frozen=True)
 class FaultSpec:
-    """Where and how to inject a failure: after K mutations (or at a fraction), in which stage, epoch, target and mode."""
+    """Where and how to inject a failure: after K mutations (or at a fraction), in which stage, epoch,
+    target and mode."""
 
     after: int
     epoch: int | None = None

@@ -359,7 +359,8 @@ class S3Lease:
 
     # -- the lease
     def acquire(self) -> None:
-        """Create the lease object, or take over a stale one, then renew it in the background; raises :class:`TargetBusyError` if a live owner holds it."""
+        """Create the lease object, or take over a stale one, then renew it in the background; raises
+        :class:`TargetBusyError` if a live owner holds it."""
         self.ensure_bucket()
         self.doc = {**owner_doc(self.token), "since": _now_iso(), "target": self.target}
         for _ in range(10):
@@ -449,7 +450,8 @@ class S3Lease:
             raise LeaseLostError(self.lost)
 
     def release(self) -> None:
-        """Stop renewing and delete the lease if it is still ours (then its old versions); a failure is logged, the lease then expires."""
+        """Stop renewing and delete the lease if it is still ours (then its old versions); a failure is
+        logged, the lease then expires."""
         self._stop.set()
         if self._renewer is not None and self._renewer is not threading.current_thread():
             self._renewer.join(timeout=30)
@@ -531,7 +533,8 @@ def open_lease(tcfg: TargetConfig) -> tuple[str, PosixLease | S3Lease]:
 
 @contextlib.contextmanager
 def target_lease(cfg: Config, tcfg: TargetConfig) -> Iterator[object]:
-    """Hold ``tcfg``'s lease for the block (re-entrant within a process); see the module docstring.
+    """Hold ``tcfg``'s lease for the block (re-entrant within a process), yielding the lease object;
+    see the module docstring.
 
     Raises :class:`TargetBusyError` when another live writer holds it, before anything changed.
     """
@@ -567,7 +570,7 @@ def check_lease(tcfg: TargetConfig) -> None:
 
 
 def holds_target_lease(fn: Callable) -> Callable:
-    """Decorate a stage ``fn(cfg, target, ...)``: it runs holding the target's lease.
+    """Returns stage ``fn(cfg, target, ...)`` wrapped to run holding the target's lease.
 
     ``cfg`` is a :class:`~epochsync.core.config.Config` or a config file path, ``target`` a
     target name or :class:`~epochsync.core.config.TargetConfig`; both are passed on unchanged.

@@ -82,7 +82,8 @@ class UndoJournal:
         self._lock = threading.Lock()
 
     def append(self, entry: dict) -> dict:
-        """Write ``entry`` durably, then give the fault injector its chance to fire.
+        """Write ``entry`` durably, then give the fault injector its chance to fire; returns the entry
+        with its writer and sequence number.
 
         Refuses once a rollback of this epoch has started (``ABORTED`` marker), so a
         straggling writer cannot mutate the target behind the rollback's back.
@@ -363,7 +364,7 @@ def manifest_epoch(doc: dict | None) -> int:
 
 
 def advance_cursor(warehouse: str, source: str, consumer: str, epoch: int, servers: dict[str, int]) -> dict:
-    """Move a consumer's cursor to ``epoch``; per-server indexes only ever grow."""
+    """Move a consumer's cursor to ``epoch``; per-server indexes only ever grow. Returns the cursor document written."""
     path = local_path(Warehouse(warehouse).cursor(source, consumer))
     old = read_json(path, {}) or {}
     merged = dict(old.get("servers") or {})

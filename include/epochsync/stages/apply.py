@@ -46,7 +46,8 @@ class Pulled:
 
     @classmethod
     def fetch(cls, op: dict, source_io, bucket: str) -> Pulled:
-        """Returns the bytes of ``op``'s pulls, read from the source store as file offsets (striped objects mapped back)."""
+        """Returns the bytes of ``op``'s pulls, read from the source store as file offsets (striped
+        objects mapped back)."""
         out = cls()
         layout = op.get("src_layout")
         for pull in op["pulls"]:
@@ -250,7 +251,7 @@ ORDERED_OPS_THREADS = 8
 
 
 def independent_batches(ops: list[dict], keys_of) -> list[list[dict]]:
-    """Cut ``ops`` (in plan order) into runs that may execute in any order.
+    """Returns ``ops`` (in plan order) cut into runs whose operations may execute in any order.
 
     ``keys_of(op)`` gives the keys an operation reads and writes. An operation starts a
     new batch when it writes a key the batch reads or writes, reads a key the batch

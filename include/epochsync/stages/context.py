@@ -1,4 +1,5 @@
-"""A target's state as the stages see it: config lookups, the committed epoch, unfinished epochs, preconditions, the plan's location."""
+"""A target's state as the stages see it: config lookups, the committed epoch, unfinished epochs,
+preconditions, the plan's location."""
 
 from __future__ import annotations
 

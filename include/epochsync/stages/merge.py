@@ -174,8 +174,7 @@ def causal_time(recs: DataFrame) -> DataFrame:
 
 
 def prepare_records(records: DataFrame) -> DataFrame:
-    """Add ``fid`` and ``ctime`` (over every record), keep the record types the merge reads,
-    add ``ord``; partitioned by ``fid``.
+    """Returns the records the merge reads, with ``fid`` and ``ord`` added; partitioned by ``fid``.
 
     ``fid`` is the fid a record is about: ``sfid`` for a rename, ``tfid`` otherwise.
     ``ord = (creator ? 0 : 1, ctime, server, index)``: the replay rank, a fid's creator first

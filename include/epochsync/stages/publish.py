@@ -476,7 +476,7 @@ def register_consumer(cfg, target, name: str, spark=None) -> dict:
 
 
 def hydrate_consumer(cfg, target, name: str, spark=None) -> dict:
-    """Start a registered consumer again from the dump at the last published epoch."""
+    """Start a registered consumer again from the dump at the last published epoch; returns its document."""
     cfg = _config(cfg)
     tcfg = _feed_cfg(cfg, target)
     store = open_feed_store(tcfg)
@@ -506,7 +506,8 @@ def _consumer(cfg: Config, tcfg: TargetConfig, store: FeedStore, name: str) -> d
 
 
 def ack_consumer(cfg, target, name: str, epoch: int) -> dict:
-    """Record that consumer ``name`` processed everything up to ``epoch`` (a published epoch)."""
+    """Record that consumer ``name`` processed everything up to ``epoch`` (a published epoch);
+    returns its document."""
     cfg = _config(cfg)
     tcfg = _feed_cfg(cfg, target)
     store = open_feed_store(tcfg)

@@ -207,7 +207,8 @@ def plan_purge(config: Config, source_name: str, *, now: float | None = None) ->
 
 
 def purge_source(config: Config, source_name: str, *, dry_run: bool = False, log=print) -> dict[str, Any]:
-    """Run a purge; raises :class:`PurgeBlocked` after logging when a consumer is idle past the limit."""
+    """Run a purge; returns its figures (what was, or with ``dry_run`` would be, dropped; feeds
+    too). Raises :class:`PurgeBlocked` after logging when a consumer is idle past the limit."""
     plan = plan_purge(config, source_name)
     source = config.source(source_name)
     for c in plan.consumers:

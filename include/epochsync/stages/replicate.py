@@ -1,4 +1,5 @@
-"""The ``replicate`` verb: every closed epoch after the committed one through ingest, merge, translate, apply, verify and commit (a failure after apply is rolled back); and ``relocate``."""
+"""The ``replicate`` verb: every closed epoch after the committed one through ingest, merge, translate,
+apply, verify and commit (a failure after apply is rolled back); and ``relocate``."""
 
 from __future__ import annotations
 

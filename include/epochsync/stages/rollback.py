@@ -1,4 +1,5 @@
-"""Rollback: the undo journal of an unfinished epoch replayed in reverse, then the target checked against its committed epoch; the ``rollback`` verb."""
+"""Rollback: the undo journal of an unfinished epoch replayed in reverse, then the target checked
+against its committed epoch; the ``rollback`` verb."""
 
 from __future__ import annotations
 
@@ -146,7 +147,8 @@ def run_rollback(cfg_or_args, target=None, spark=None) -> Any:
 
 
 def settle_targets(cfg: Config, targets: Iterable[str]) -> list[str]:
-    """Roll back every target left mid-epoch (undo journal replayed, no Spark check); one phrase each."""
+    """Roll back every target left mid-epoch (undo journal replayed, no Spark check); returns one
+    phrase per target."""
     out = []
     for name in targets:
         try:

@@ -775,7 +775,7 @@ def plan_entries(old_snapshot, new_snapshot, changes, *, root_fid: str, fileset=
 
 def finish_entry(d: dict) -> bool:
     """Add ``old_paths``, ``new_paths`` and ``type`` to a plan entry (both engines build
-    them so); False when the fid has no visible path on either side (nothing to do)."""
+    them so); returns False when the fid has no visible path on either side (nothing to do)."""
     d["old_paths"] = sorted({lk["path"] for lk in d["old_links"]})
     d["new_paths"] = sorted({lk["path"] for lk in d["new_links"]})
     d["type"] = (d.get("new") or d.get("old") or {}).get("type")

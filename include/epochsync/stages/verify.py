@@ -147,7 +147,7 @@ def verify_plan(plan: dict, target, source_io, bucket: str, *, sample: float = 1
 
 
 def compare_with_snapshot(target, expected: dict[str, dict], *, posix_xattrs: bool = True) -> list[str]:
-    """Namespace check (no contents): the target holds exactly ``expected`` (path → attrs)."""
+    """Returns the problems of a namespace check (no contents): the target holds exactly ``expected`` (path → attrs)."""
     problems = []
     seen = set()
     owners = target.kind != "posix" or getattr(target, "as_root", False)
@@ -184,7 +184,8 @@ def compare_with_snapshot(target, expected: dict[str, dict], *, posix_xattrs: bo
 
 @holds_target_lease
 def run_verify(cfg, target, epoch: int, spark=None, first_epoch: int | None = None) -> dict:
-    """Verify the applied epoch against the source; raises EpochError on any difference."""
+    """Verify the applied epoch against the source; returns the figures (also written to
+    ``verify.json``), raises EpochError on any difference."""
     from epochsync.stages.verify import verify_plan
 
     t0 = time.monotonic()

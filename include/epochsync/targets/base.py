@@ -116,7 +116,8 @@ class Target:
         raise NotImplementedError
 
     def fence_time_ns(self) -> int | None:
-        """Returns the fence instant (ns): the later of the last commit and the last rollback, None if neither happened."""
+        """Returns the fence instant (ns): the later of the last commit and the last rollback, None if
+        neither happened."""
         raise NotImplementedError
 
     def mark_rollback(self, epoch: int) -> None:
@@ -125,7 +126,8 @@ class Target:
 
     # -- reading
     def walk(self, *, hashes: bool = True) -> Iterator[Entry]:
-        """Returns an iterator over every entry of the replica (the control directory left out); ``hashes``: with content hashes."""
+        """Returns an iterator over every entry of the replica (the control directory left out);
+        ``hashes``: with content hashes."""
         raise NotImplementedError
 
     def read_file(self, path: str) -> bytes:

@@ -233,7 +233,8 @@ class PosixTarget(Target):
 
     # ------------------------------------------------------------------ fence
     def fence_check(self, expect: list[dict], since_ns: int | None) -> tuple[list[str], dict[str, Any]]:
-        """Returns one problem line per fenced path that differs from the last commit (type, size, ctime), and no state."""
+        """Returns one problem line per fenced path that differs from the last commit (type, size,
+        ctime), and no state."""
         problems = []
         for item in expect:
             rel = item["path"]

@@ -180,7 +180,8 @@ def is_retryable(exc: BaseException) -> bool:
 
 
 def error_code(exc: BaseException) -> str | None:
-    """Returns the S3 error code of a botocore ``ClientError`` (``NoSuchKey``, ``404``, ...), None for any other exception."""
+    """Returns the S3 error code of a botocore ``ClientError`` (``NoSuchKey``, ``404``, ...), None for
+    any other exception."""
     resp = getattr(exc, "response", None)
     return resp.get("Error", {}).get("Code") if isinstance(resp, dict) else None
 
@@ -344,7 +345,8 @@ def encode_meta(attrs: dict) -> dict[str, str]:
 
 
 def decode_meta(meta: dict[str, str]) -> dict:
-    """Returns the entry attributes an object's ``es-*`` metadata encodes (type, mode, ids, times, size, fid, symlink, xattrs, stripe)."""
+    """Returns the entry attributes an object's ``es-*`` metadata encodes (type, mode, ids, times,
+    size, fid, symlink, xattrs, stripe)."""
     m = {k[len(META_PREFIX) :]: v for k, v in (meta or {}).items() if k.startswith(META_PREFIX)}
     out: dict[str, Any] = {"type": m.get("type")}
     for k in ("mode", "uid", "gid", "mtime", "size"):
@@ -1114,7 +1116,8 @@ class S3Target(Target):
 
     def move_control_dir(self, old: str) -> str:
         """Server-side copies of every current object under ``old/`` (the manifest last), then the
-        deletes (the manifest first): a move killed half way is finished by running it again."""
+        deletes (the manifest first): a move killed half way is finished by running it again.
+        Returns a line saying what moved."""
         if old == self.control_dir:
             raise EpochsyncError(f"target {self.name}: the control directory is already {old!r}")
         rels = sorted(o["Key"][len(self.prefix) + len(old) + 1 :] for o in self.list_keys(old + "/"))
@@ -1138,7 +1141,8 @@ class S3Target(Target):
 
     # ------------------------------------------------------------------ undo
     def undo(self, entry: dict, journal_dir: str) -> None:
-        """Reverse one undo entry: abort its multipart upload, or delete the key's versions written since (the earlier one is current again)."""
+        """Reverse one undo entry: abort its multipart upload, or delete the key's versions written
+        since (the earlier one is current again)."""
         op = entry["op"]
         if op == "mpu":
             key = self._full(entry["key"])

@@ -243,7 +243,8 @@ class FastClient:
 
     # ------------------------------------------------------------------ the calls
     def get_object(self, *, Bucket: str, Key: str, Range: str | None = None, VersionId: str | None = None, **kw):  # noqa: N803
-        """Returns botocore's GetObject answer (the fields epochsync reads, ``Body`` in memory); other arguments go to botocore."""
+        """Returns botocore's GetObject answer (the fields epochsync reads, ``Body`` in memory); other
+        arguments go to botocore."""
         if kw:
             return self._boto.get_object(Bucket=Bucket, Key=Key, **_given(Range=Range, VersionId=VersionId), **kw)
         _, headers, data = self._send("GetObject", "GET", Bucket, Key, _version(VersionId), _given(range=Range))
@@ -261,7 +262,8 @@ class FastClient:
         return self._object_fields(headers)
 
     def put_object(self, *, Bucket: str, Key: str, Body: bytes = b"", Metadata: dict | None = None, **kw):  # noqa: N803
-        """Returns botocore's PutObject answer (``ETag``, ``VersionId``); a streamed body or other arguments go to botocore."""
+        """Returns botocore's PutObject answer (``ETag``, ``VersionId``); a streamed body or other
+        arguments go to botocore."""
         if kw or not isinstance(Body, (bytes, bytearray)):
             return self._boto.put_object(Bucket=Bucket, Key=Key, Body=Body, **_given(Metadata=Metadata), **kw)
         body = bytes(Body)

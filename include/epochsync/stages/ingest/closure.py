@@ -100,7 +100,7 @@ def _require_epochs(src) -> None:
 
 
 def check_epoch_closed(cfg, source: str, epoch: int) -> Closure:
-    """Read the raw changelogs of ``source`` (driver side, no Spark) and say whether ``epoch`` is closed.
+    """Returns the :class:`Closure` of ``epoch``, from the raw changelogs of ``source`` (driver side, no Spark).
 
     This is what the Airflow sensor asks. Bad lines are skipped here (ingest reports
     them); only EPOCH records (and, for time-window epochs, record times) count.

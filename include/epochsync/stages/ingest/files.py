@@ -119,7 +119,7 @@ def settled_files(
     first: int,
     after_index: Mapping[str, int] | None,
 ) -> dict[str, list[ChangelogFile]]:
-    """Drop the leading files of each server that cannot hold anything this run judges.
+    """Returns the files without the leading ones of each server that cannot hold anything this run judges.
 
     JSON Lines epochs never go down along a server's files (a late record is an error)
     and indexes only go up, so a file whose last record is of an epoch before ``first``
