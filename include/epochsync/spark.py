@@ -198,14 +198,26 @@ def spark_profile(master: str) -> str:
     return "small" if master.startswith("local") else "default"
 
 
+#: inputs below this many rows are planned for one partition without broadcast joins
+TINY_INPUT_ROWS = 20_000
+
+
 def size_partitions(spark, rows: int, *, per_partition: int = 200_000, most: int | None = None) -> int:
     """Set the session's shuffle partitions for an input of about ``rows`` rows; returns the number.
 
-    Small epochs want one or two partitions (each costs a task); large ones enough that
-    a partition stays in memory.
+    A tiny input (below :data:`TINY_INPUT_ROWS`) gets one partition and no broadcast joins:
+    on a warm server its cost is Spark's per-job and per-task overhead, not data, and a
+    broadcast is a job of its own (measured on a 1,700-record merge: 25 jobs and 51 stages
+    became 7 jobs and 24 stages, about 5 s to 3-4 s; docs/INTERNALS.md). Larger inputs get
+    enough partitions that each stays in memory, and the server's broadcast threshold.
     """
     most = most or int(os.environ.get("EPOCHSYNC_MAX_SHUFFLE_PARTITIONS", "64"))
-    n = max(2, min(most, -(-max(rows, 1) // per_partition)))
+    if rows < TINY_INPUT_ROWS:
+        n = 1
+        spark.conf.set("spark.sql.autoBroadcastJoinThreshold", "-1")
+    else:
+        n = max(2, min(most, -(-max(rows, 1) // per_partition)))
+        spark.conf.unset("spark.sql.autoBroadcastJoinThreshold")
     spark.conf.set("spark.sql.shuffle.partitions", str(n))
     return n
 

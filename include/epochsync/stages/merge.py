@@ -908,16 +908,10 @@ def cache_min_rows() -> int:
 
 def _input_rows(wh, target: str, source: str, first: int, last: int) -> int:
     """Rows of the merge's input (records of the window + snapshot first-1), from Parquet footers."""
-    import pyarrow.dataset as ds
+    from epochsync.warehouse.tables import table_rows
 
-    from epochsync.warehouse import fs as warehouse_fs
-    from epochsync.warehouse.paths import local_path
-
-    rows = 0
-    for uri in [wh.records(source, e) for e in range(first, last + 1)] + [wh.snapshot(target, first - 1)]:
-        if warehouse_fs.exists(uri):
-            rows += ds.dataset(local_path(uri), format="parquet", partitioning="hive").count_rows()
-    return rows
+    uris = [wh.records(source, e) for e in range(first, last + 1)] + [wh.snapshot(target, first - 1)]
+    return sum(table_rows(uri) for uri in uris)
 
 
 def _table_counts(out: MergeOutputs, records_uri: str, first: int, last: int) -> dict:

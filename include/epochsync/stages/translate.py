@@ -815,8 +815,10 @@ def run_translate(
 def _translate_entries_spark(cfg: Config, tcfg: TargetConfig, first: int, epoch: int, spark, whole_file: bool):
     from pyspark.sql import functions as F
 
+    from epochsync.spark import size_partitions
     from epochsync.stages.translate import plan_entries
     from epochsync.warehouse.snapshots import path_exists, read_snapshot
+    from epochsync.warehouse.tables import table_rows
 
     src = cfg.source_of(tcfg)
     wh = Warehouse(cfg.warehouse)
@@ -824,6 +826,8 @@ def _translate_entries_spark(cfg: Config, tcfg: TargetConfig, first: int, epoch:
     new = read_snapshot(spark, wh, tcfg.name, epoch, src.root_fid)
     if not path_exists(spark, wh.changes(tcfg.name, epoch)):
         raise EpochError(f"no change set for target {tcfg.name} epoch {epoch}: run the merge stage first")
+    # one partition and no broadcast jobs for a small epoch (its cost is Spark's per-job overhead)
+    size_partitions(spark, table_rows(wh.snapshot(tcfg.name, epoch)) + table_rows(wh.changes(tcfg.name, epoch)))
     changes = spark.read.parquet(wh.changes(tcfg.name, epoch))
     if whole_file:
         changes = changes.withColumn("whole_file", F.col("data_changed"))
