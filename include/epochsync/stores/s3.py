@@ -30,7 +30,9 @@ READ_TIMEOUT = 60.0
 POOL_CONNECTIONS = 16
 
 
-def client_config(*, counted: bool = False, max_attempts: int = MAX_ATTEMPTS, pool: int = POOL_CONNECTIONS):
+def client_config(
+    *, counted: bool = False, max_attempts: int = MAX_ATTEMPTS, pool: int = POOL_CONNECTIONS, lean: bool = False
+):
     """The botocore ``Config`` of every epochsync S3 client.
 
     ``counted``: the caller retries (and counts) itself; botocore then sends each request
@@ -40,7 +42,15 @@ def client_config(*, counted: bool = False, max_attempts: int = MAX_ATTEMPTS, po
     from botocore.config import Config
 
     retries = {"total_max_attempts": 1 if counted else max_attempts, "mode": "standard"}
+    extra = {}
+    if lean:
+        extra = dict(
+            parameter_validation=False,
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        )
     return Config(
+        **extra,
         s3={"addressing_style": "path"},
         retries=retries,
         connect_timeout=CONNECT_TIMEOUT,
@@ -50,18 +60,39 @@ def client_config(*, counted: bool = False, max_attempts: int = MAX_ATTEMPTS, po
 
 
 def make_client(
-    settings: Any, *, counted: bool = False, max_attempts: int = MAX_ATTEMPTS, pool: int = POOL_CONNECTIONS
+    settings: Any,
+    *,
+    counted: bool = False,
+    max_attempts: int = MAX_ATTEMPTS,
+    pool: int = POOL_CONNECTIONS,
+    lean: bool = False,
 ):
     """A boto3 S3 client for ``settings`` (anything with ``endpoint_url``, ``access_key``,
     ``secret_key`` and ``region``: :class:`~epochsync.stores.connections.S3Settings`, an
     embedded server's endpoint); returns the client."""
     import boto3
 
-    return boto3.client(
+    client = boto3.client(
         "s3",
         endpoint_url=settings.endpoint_url,
         aws_access_key_id=settings.access_key,
         aws_secret_access_key=settings.secret_key,
         region_name=settings.region,
-        config=client_config(counted=counted, max_attempts=max_attempts, pool=pool),
+        config=client_config(counted=counted, max_attempts=max_attempts, pool=pool, lean=lean),
     )
+    if lean:
+        client.meta.events.register("before-parameter-build.s3.PutObject", _content_md5)
+        client.meta.events.register("before-parameter-build.s3.UploadPart", _content_md5)
+    return client
+
+
+def _content_md5(params, **kwargs):
+    """``Content-MD5`` on a PUT of bytes that has no checksum of its own: the store refuses a body
+    damaged on the way (botocore adds none when ``request_checksum_calculation`` is
+    ``when_required``)."""
+    body = params.get("Body")
+    if isinstance(body, (bytes, bytearray)) and not params.get("ContentMD5") and not params.get("ChecksumAlgorithm"):
+        import base64
+        import hashlib
+
+        params["ContentMD5"] = base64.b64encode(hashlib.md5(body).digest()).decode()

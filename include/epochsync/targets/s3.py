@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import random
 import re
 import threading
@@ -198,6 +199,8 @@ class S3Access:
         self.max_delay = max_delay
         self._client = None
         self.counters = Counters()
+        # measurement (issue 14): chosen where the object is made (the driver), so executors follow
+        self.client_kind = os.environ.get("EPOCHSYNC_S3_CLIENT", "fast").strip().lower() or "fast"
 
     def __getstate__(self):
         d = dict(self.__dict__)
@@ -215,11 +218,16 @@ class S3Access:
 
             st = self.settings
             # counted: botocore sends each request once; every retry is ours, counted and bounded
-            client = make_client(st, counted=True)
+            kind = self.client_kind
+            client = make_client(st, counted=True, lean=kind in ("botocore-lean", "obstore"))
             self.counters.attach(client)
             from epochsync.targets import s3fast
 
-            if s3fast.eligible(st):  # the data-path calls skip botocore's per-request cost
+            if kind == "obstore":
+                from epochsync.targets.s3obstore import ObstoreClient
+
+                client = ObstoreClient(client, st, self.counters)
+            elif kind == "fast" and s3fast.eligible(st):  # the data-path calls skip botocore's per-request cost
                 client = s3fast.FastClient(
                     client, st, self.counters, connect_timeout=CONNECT_TIMEOUT, read_timeout=READ_TIMEOUT
                 )
