@@ -61,6 +61,21 @@ def test_put_get_head_delete_of_versions_and_what_is_counted(store, key):
     assert counts["bytes_sent"] == 103 and counts["bytes_received"] == 10 + 3 + 2 + 3
 
 
+def test_a_body_that_does_not_match_its_content_md5_is_refused(seaweed, bucket_name):
+    """What the Content-MD5 every PUT carries is for: the store refuses a body damaged on the way
+    (SeaweedFS checks it, as AWS does; moto does not)."""
+    import base64
+    import hashlib
+
+    admin = seaweed.client()
+    admin.create_bucket(Bucket=bucket_name)
+    access, bucket = S3Access(S3Settings("t", seaweed.url, seaweed.access_key, seaweed.secret_key)), bucket_name
+    other = base64.b64encode(hashlib.md5(b"what was meant").digest()).decode()
+    exc = _raises(lambda: access.client.put_object(Bucket=bucket, Key="k", Body=b"what arrived", ContentMD5=other))
+    assert error_code(exc) in ("BadDigest", "InvalidDigest") and not is_retryable(exc)
+    assert error_code(_raises(lambda: admin.head_object(Bucket=bucket, Key="k"))) == "404"
+
+
 def test_copy_of_a_pinned_version_with_new_metadata(store):
     access, admin, bucket = store
     c = access.client
@@ -149,6 +164,12 @@ def test_one_client_per_access_shared_by_threads(store):
         )
     assert access.client is first
     assert access.counters.as_dict()["requests"] == {"PutObject": 32}
+    # shipped to a Spark task: it builds its own client there and counts afresh
+    import pickle
+
+    shipped = pickle.loads(pickle.dumps(access))
+    assert shipped.get_all(bucket, "t/1") == b"x" and shipped.client is not first
+    assert shipped.counters.as_dict()["requests"] == {"GetObject": 1}
 
 
 def _raises(fn) -> BaseException:

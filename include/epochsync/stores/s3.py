@@ -18,19 +18,20 @@ The policy (docs/INTERNALS.md, "S3 clients"):
   share one client); a caller with more threads asks for more.
 - Path-style addressing (MinIO, SeaweedFS, Ceph and AWS all accept it), and the CA
   bundle from ``AWS_CA_BUNDLE`` as botocore reads it.
-- **Integrity**: a PUT or UploadPart of bytes carries ``Content-MD5`` (every S3 store checks
-  it and refuses a body damaged on the way); botocore's own checksums are asked for only
+- **Integrity**: a PUT or UploadPart of bytes carries ``Content-MD5`` (AWS and SeaweedFS check
+  it and refuse a body damaged on the way; moto does not); botocore's own checksums are asked for only
   where an operation requires one (``request_checksum_calculation="when_required"``, e.g.
   DeleteObjects), and answers are not checksummed a second time
   (``response_checksum_validation="when_required"``).
 - **Listings** a store sends with characters XML 1.0 cannot carry (a key with ``\\x01``,
   from a store that ignores ``encoding-type=url``) are read with U+FFFD in their place, as
   stores written in Go send them (:func:`epochsync.targets.s3.listed_key_is` matches them).
-- **Per-request CPU**: botocore costs about 2 ms of CPU per request on this machine (issue 14,
-  ``bench/results/s3clients.json``); the data path's clients (``counted=True``) skip
-  parameter validation (their calls are the package's own, covered by the tests), and each
-  :class:`~epochsync.targets.s3.S3Access` builds its client once and shares it between
-  threads. No request is signed by hand: every request goes through botocore.
+- **Per-request CPU**: botocore spends about 2 ms of CPU per request on this machine
+  (s3fast, the hand-signing client it replaced, 0.4 ms; issue 14,
+  ``bench/results/s3clients.json``), in its request pipeline (events, the user-agent
+  string, endpoint rules, signing, parsing); turning parameter validation off or the
+  checksums down saved nothing measurable. Each :class:`~epochsync.targets.s3.S3Access`
+  builds its client once and shares it between threads. No request is signed by hand.
 """
 
 from __future__ import annotations
@@ -48,8 +49,7 @@ def client_config(*, counted: bool = False, max_attempts: int = MAX_ATTEMPTS, po
     """The botocore ``Config`` of every epochsync S3 client.
 
     ``counted``: the caller retries (and counts) itself; botocore then sends each request
-    once (``total_max_attempts=1``) and skips parameter validation (the data path's calls).
-    Otherwise botocore's ``standard`` retry mode makes at most ``max_attempts`` attempts.
+    once (``total_max_attempts=1``). Otherwise botocore's ``standard`` retry mode makes at most ``max_attempts`` attempts.
     """
     from botocore.config import Config
 
@@ -58,7 +58,6 @@ def client_config(*, counted: bool = False, max_attempts: int = MAX_ATTEMPTS, po
         s3={"addressing_style": "path"},
         request_checksum_calculation="when_required",
         response_checksum_validation="when_required",
-        parameter_validation=not counted,
         retries=retries,
         connect_timeout=CONNECT_TIMEOUT,
         read_timeout=READ_TIMEOUT,
