@@ -116,7 +116,7 @@ class Counters:
             self.received(int(parsed.get("ContentLength") or 0))
 
     def sent(self, op: str, nbytes: int) -> None:
-        """One request sent (botocore's, seen by events, or :class:`~epochsync.targets.s3fast.FastClient`'s)."""
+        """One request sent (botocore's ``before-send`` event: every attempt is one)."""
         with self._lock:
             self.requests[op] += 1
             self.bytes_sent += nbytes
@@ -187,11 +187,10 @@ def error_code(exc: BaseException) -> str | None:
 
 
 class S3Access:
-    """A boto3 client (made lazily, one per process) with bounded retries and counters.
-
-    With an ``endpoint_url`` and static keys, the client is a
-    :class:`~epochsync.targets.s3fast.FastClient` in front of boto3's: the data-path
-    calls (GET, HEAD, PUT, DELETE, copy, version listing) cost a quarter of botocore's CPU.
+    """A boto3 client (made lazily, once, shared by the threads of its process) with bounded
+    retries and counters: the data path's S3 access (target writes, the source reads of apply
+    and verify). Every request goes through botocore (:func:`epochsync.stores.s3.make_client`
+    with ``counted=True``).
 
     botocore's own retries are off: every attempt, including reading the body of a
     ranged GET, goes through :meth:`call`, which backs off exponentially (with
@@ -204,34 +203,32 @@ class S3Access:
         self.base_delay = base_delay
         self.max_delay = max_delay
         self._client = None
+        self._lock = threading.Lock()
         self.counters = Counters()
 
     def __getstate__(self):
         d = dict(self.__dict__)
         d["_client"] = None
         d["counters"] = Counters()
+        d.pop("_lock", None)
         return d
 
     def __setstate__(self, d):
         self.__dict__.update(d)
+        self._lock = threading.Lock()
 
     @property
     def client(self):
-        """Returns the counted client, built on first use (``s3fast.FastClient`` over botocore when eligible)."""
+        """Returns the counted botocore client, built once on first use and shared by the threads."""
         if self._client is None:
-            from epochsync.stores.s3 import CONNECT_TIMEOUT, READ_TIMEOUT, make_client
+            with self._lock:  # threads that ask at once share one client
+                if self._client is None:
+                    from epochsync.stores.s3 import make_client
 
-            st = self.settings
-            # counted: botocore sends each request once; every retry is ours, counted and bounded
-            client = make_client(st, counted=True)
-            self.counters.attach(client)
-            from epochsync.targets import s3fast
-
-            if s3fast.eligible(st):  # the data-path calls skip botocore's per-request cost
-                client = s3fast.FastClient(
-                    client, st, self.counters, connect_timeout=CONNECT_TIMEOUT, read_timeout=READ_TIMEOUT
-                )
-            self._client = client
+                    # counted: botocore sends each request once; every retry is ours, counted and bounded
+                    client = make_client(self.settings, counted=True)
+                    self.counters.attach(client)
+                    self._client = client
         return self._client
 
     def call(self, what: str, fn, *args, **kwargs):

@@ -1,0 +1,195 @@
+"""The data path's S3 access (``S3Access``: one botocore client, retries and counters of its own)
+on a real S3 server and on moto: what the targets and the apply rely on."""
+
+import pytest
+from botocore.exceptions import ClientError
+
+from epochsync.core.errors import StoreError
+from epochsync.stores.connections import S3Settings
+from epochsync.targets.s3 import Counters, S3Access, error_code, is_retryable
+
+pytestmark = pytest.mark.integration
+
+KEYS = ["plain/file.txt", "sp ace/ü nï+cödé%20~'()!*=,;@$&[].bin", "deep/a/b/c/d/e/f"]
+
+
+@pytest.fixture(params=["seaweed", "moto"])
+def store(request, bucket_name):
+    ep = request.getfixturevalue("seaweed") if request.param == "seaweed" else request.getfixturevalue("moto_s3")
+    settings = S3Settings("t", ep.url, ep.access_key, ep.secret_key)
+    admin = ep.client()
+    admin.create_bucket(Bucket=bucket_name)
+    admin.put_bucket_versioning(Bucket=bucket_name, VersioningConfiguration={"Status": "Enabled"})
+    access = S3Access(settings, max_attempts=2, base_delay=0.01)
+    return access, admin, bucket_name
+
+
+def _sent_headers(client) -> list[dict]:
+    """The headers of every request ``client`` sends from now on (botocore's ``before-send`` event)."""
+    seen: list[dict] = []
+    client.meta.events.register("before-send.s3", lambda request=None, **kw: seen.append(dict(request.headers)))
+    return seen
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_put_get_head_delete_of_versions_and_what_is_counted(store, key):
+    access, admin, bucket = store
+    c = access.client
+    sent = _sent_headers(c)
+    meta = {"es-type": "file", "es-mode": "33188", "es-fid": "%5B0x1%3A0x2%3A0x0%5D"}
+    v1 = access.call("PUT", lambda c: c.put_object(Bucket=bucket, Key=key, Body=b"0123456789" * 10, Metadata=meta))
+    v2 = c.put_object(Bucket=bucket, Key=key, Body=b"abc", Metadata={"es-type": "file"})
+    assert v1["VersionId"] != v2["VersionId"] and v1["ETag"] and v2["ETag"]  # verify takes its facts from these
+    # every PUT carries Content-MD5: the store refuses a body damaged on the way
+    puts = [h for h in sent if "Content-MD5" in h]
+    assert len(puts) == 2 == len(sent)
+    head = c.head_object(Bucket=bucket, Key=key, VersionId=v1["VersionId"])
+    assert (head["ContentLength"], head["Metadata"], head["ETag"]) == (100, meta, v1["ETag"])
+    got = c.get_object(Bucket=bucket, Key=key, VersionId=v1["VersionId"], Range="bytes=5-14")
+    assert got["Body"].read() == b"5678901234" and got["ContentLength"] == 10 and got["Metadata"] == meta
+    assert access.get_all(bucket, key) == b"abc"
+    assert access.get_range(bucket, key, v1["VersionId"], 98, 4) == b"89\0\0"  # past the end: zeros
+    # a delete puts a marker; deleting the marker's version brings the object back
+    marker = c.delete_object(Bucket=bucket, Key=key)
+    assert marker["DeleteMarker"] is True
+    assert error_code(_raises(lambda: c.get_object(Bucket=bucket, Key=key))) == "NoSuchKey"
+    c.delete_object(Bucket=bucket, Key=key, VersionId=marker["VersionId"])
+    assert c.get_object(Bucket=bucket, Key=key)["Body"].read() == b"abc"
+    counts = access.counters.as_dict()
+    assert counts["requests"]["PutObject"] == 2 and counts["requests"]["GetObject"] == 5
+    assert counts["requests"]["HeadObject"] == 1 and counts["requests"]["DeleteObject"] == 2
+    assert counts["bytes_sent"] == 103 and counts["bytes_received"] == 10 + 3 + 2 + 3
+
+
+def test_a_body_that_does_not_match_its_content_md5_is_refused(seaweed, bucket_name):
+    """What the Content-MD5 every PUT carries is for: the store refuses a body damaged on the way
+    (SeaweedFS checks it, as AWS does; moto does not)."""
+    import base64
+    import hashlib
+
+    admin = seaweed.client()
+    admin.create_bucket(Bucket=bucket_name)
+    access, bucket = S3Access(S3Settings("t", seaweed.url, seaweed.access_key, seaweed.secret_key)), bucket_name
+    other = base64.b64encode(hashlib.md5(b"what was meant").digest()).decode()
+    exc = _raises(lambda: access.client.put_object(Bucket=bucket, Key="k", Body=b"what arrived", ContentMD5=other))
+    assert error_code(exc) in ("BadDigest", "InvalidDigest") and not is_retryable(exc)
+    assert error_code(_raises(lambda: admin.head_object(Bucket=bucket, Key="k"))) == "404"
+
+
+def test_copy_of_a_pinned_version_with_new_metadata(store):
+    access, admin, bucket = store
+    c = access.client
+    key = KEYS[1]
+    v1 = c.put_object(Bucket=bucket, Key=key, Body=b"first")["VersionId"]
+    c.put_object(Bucket=bucket, Key=key, Body=b"second")
+    out = c.copy_object(
+        Bucket=bucket,
+        Key="copied/" + key,
+        CopySource={"Bucket": bucket, "Key": key, "VersionId": v1},
+        MetadataDirective="REPLACE",
+        Metadata={"es-type": "file", "es-size": "5"},
+    )
+    assert out["CopyObjectResult"]["ETag"] and out["VersionId"]
+    got = admin.get_object(Bucket=bucket, Key="copied/" + key)
+    assert got["Body"].read() == b"first" and got["Metadata"] == {"es-type": "file", "es-size": "5"}
+    assert access.counters.as_dict()["requests"]["CopyObject"] == 1
+
+
+def test_errors_carry_their_codes(store):
+    access, admin, bucket = store
+    c = access.client
+    c.put_object(Bucket=bucket, Key="k", Body=b"abc")
+    assert error_code(_raises(lambda: c.get_object(Bucket=bucket, Key="missing"))) == "NoSuchKey"
+    assert error_code(_raises(lambda: c.head_object(Bucket=bucket, Key="missing"))) == "404"
+    assert error_code(_raises(lambda: c.get_object(Bucket=bucket, Key="k", Range="bytes=10-20"))) == "InvalidRange"
+    exc = _raises(lambda: c.get_object(Bucket="no-such-bucket-x", Key="k"))
+    assert error_code(exc) == "NoSuchBucket" and not is_retryable(exc)
+    # get_range keeps its contract: past the end (or no object) reads as zeros
+    assert access.get_range(bucket, "k", None, 1, 4) == b"bc\0\0"
+    assert access.get_range(bucket, "missing", None, 0, 2) == b"\0\0"
+    # a refused precondition (the lease's conditional PUT) is an error, never retried
+    exc = _raises(
+        lambda: access.call("PUT", lambda c: c.put_object(Bucket=bucket, Key="k", Body=b"x", IfNoneMatch="*"))
+    )
+    assert error_code(exc) in ("PreconditionFailed", "412") and not is_retryable(exc)
+    assert access.counters.retries == 0
+
+
+def test_a_wrong_secret_is_refused_clearly(seaweed, bucket_name):
+    seaweed.client().create_bucket(Bucket=bucket_name)
+    access = S3Access(S3Settings("bad", seaweed.url, seaweed.access_key, "not-the-secret"), max_attempts=2)
+    exc = _raises(lambda: access.call("GET k", lambda c: c.get_object(Bucket=bucket_name, Key="k")))
+    assert isinstance(exc, ClientError) and exc.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+    assert not is_retryable(exc)
+
+
+def test_an_unreachable_endpoint_fails_after_the_retries_naming_it():
+    from epochsync_dev.embedded import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"
+    access = S3Access(S3Settings("gone", url, "a", "b"), max_attempts=3, base_delay=0.01)
+    with pytest.raises(StoreError, match=rf"GET x: failed after 3 attempts against gone \({url}\)"):
+        access.call("GET x", lambda c: c.get_object(Bucket="b", Key="x"))
+    assert access.counters.retries == 2
+    assert access.counters.as_dict()["requests"] == {"GetObject": 3}  # botocore sends each attempt once
+
+
+def test_a_dropped_connection_and_a_503_are_retried_and_counted(seaweed, bucket_name):
+    from epochsync_dev.s3proxy import S3Proxy
+
+    seaweed.client().create_bucket(Bucket=bucket_name)
+    with S3Proxy(seaweed.url) as proxy:
+        access = S3Access(S3Settings("p", proxy.url, seaweed.access_key, seaweed.secret_key), base_delay=0.01)
+        access.call("PUT k", lambda c: c.put_object(Bucket=bucket_name, Key="k", Body=b"abc"))
+        proxy.add_fault("reset", method="GET", times=2)
+        proxy.add_fault("503", method="HEAD")
+        assert access.get_all(bucket_name, "k") == b"abc"
+        assert access.call("HEAD k", lambda c: c.head_object(Bucket=bucket_name, Key="k"))["ContentLength"] == 3
+        at_proxy = proxy.snapshot()[bucket_name]["requests"]
+    assert access.counters.retries == 3  # two resets, one 503: each attempt ours, none botocore's
+    assert access.counters.as_dict()["requests"] == {"PutObject": 1, "GetObject": 3, "HeadObject": 2}
+    assert at_proxy == {"PUT": 1, "GET": 1, "HEAD": 1}  # the faulted attempts never reached the store
+
+
+def test_one_client_per_access_shared_by_threads(store):
+    from concurrent.futures import ThreadPoolExecutor
+
+    access, admin, bucket = store
+    first = access.client
+    with ThreadPoolExecutor(8) as pool:
+        list(
+            pool.map(
+                lambda i: access.call("PUT", lambda c: c.put_object(Bucket=bucket, Key=f"t/{i}", Body=b"x")), range(32)
+            )
+        )
+    assert access.client is first
+    assert access.counters.as_dict()["requests"] == {"PutObject": 32}
+    # shipped to a Spark task: it builds its own client there and counts afresh
+    import pickle
+
+    shipped = pickle.loads(pickle.dumps(access))
+    assert shipped.get_all(bucket, "t/1") == b"x" and shipped.client is not first
+    assert shipped.counters.as_dict()["requests"] == {"GetObject": 1}
+
+
+def _raises(fn) -> BaseException:
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - the test inspects it
+        return exc
+    raise AssertionError("no exception")
+
+
+def test_counters_add_and_report():
+    c = Counters()
+    c.sent("GetObject", 0)
+    c.received(10)
+    c.count(copied=5, retries=1)
+    assert c.as_dict() == {
+        "requests": {"GetObject": 1},
+        "total_requests": 1,
+        "bytes_sent": 0,
+        "bytes_received": 10,
+        "bytes_copied": 5,
+        "retries": 1,
+    }
