@@ -6,7 +6,8 @@ executor partition, ``post`` = the driver's links, attributes and deletes). Each
 is made durable (flush + fsync) BEFORE the mutation it describes, and says how to
 reverse it. ``preimages/`` holds saved bytes of overwritten ranges (posix).
 
-Rollback replays every entry in reverse journal order (phase, then sequence), and
+Rollback replays every entry in reverse journal order (phase, then sequence; the s3 target
+keeps that order per key and replays different keys in threads: ``S3Target.undo_all``), and
 every undo step is idempotent, so a rollback killed half way simply runs again; it logs
 each entry it undid (``undone.txt``, :class:`UndoneLog`) and a rerun skips those.
 Entries of one phase written by different partitions touch disjoint paths, so their
@@ -214,23 +215,27 @@ class UndoneLog:
         except FileNotFoundError:
             pass
         self._f = None
+        # the s3 target replays keys in threads (S3Target.undo_all), each reporting here
+        self._lock = threading.Lock()
 
     def __contains__(self, entry: dict) -> bool:
         return (entry["writer"], entry["seq"]) in self.done
 
     def add(self, entry: dict) -> None:
-        """Record ``entry`` as undone, durably, before the next one is replayed."""
-        if self._f is None:
-            self._f = open(self.path, "a", encoding="utf-8")
-        self._f.write(f"{entry['writer']} {entry['seq']}\n")
-        self._f.flush()
-        os.fsync(self._f.fileno())
-        self.done.add((entry["writer"], entry["seq"]))
+        """Record ``entry`` as undone, durably, before the next one is replayed (thread-safe)."""
+        with self._lock:
+            if self._f is None:
+                self._f = open(self.path, "a", encoding="utf-8")
+            self._f.write(f"{entry['writer']} {entry['seq']}\n")
+            self._f.flush()
+            os.fsync(self._f.fileno())
+            self.done.add((entry["writer"], entry["seq"]))
 
     def close(self) -> None:
         """Close the log file, if one was opened."""
-        if self._f is not None:
-            self._f.close()
+        with self._lock:
+            if self._f is not None:
+                self._f.close()
 
 
 def mark_aborted(directory: str) -> None:

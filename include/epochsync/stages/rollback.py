@@ -62,7 +62,8 @@ def rollback_target(cfg, target, spark=None, *, check: bool = True, progress=Non
         wait_for_writers(jdir)
         # replay until the journal stops growing: a writer that was mid-entry when the
         # marker appeared has at most one more durable entry, and undo is idempotent;
-        # entries a killed rollback already undid are skipped (UndoneLog)
+        # entries a killed rollback already undid are skipped (UndoneLog); an entry is logged
+        # only once its undo finished, also when the target replays keys in threads
         done = UndoneLog(jdir)
         entries: list[dict] = []
         try:
@@ -70,11 +71,13 @@ def rollback_target(cfg, target, spark=None, *, check: bool = True, progress=Non
                 fresh = [x for x in read_journal(jdir) if x not in done]
                 if not fresh:
                     break
-                for entry in reversed(fresh):
-                    fault(f"undo {entry.get('op')}")
-                    tgt.undo(entry, jdir)
-                    done.add(entry)
-                    undone += 1
+                undone += tgt.undo_all(
+                    list(reversed(fresh)),
+                    jdir,
+                    done.add,
+                    before=_fault_hook(fault),
+                    progress=_epoch_progress(progress, e),
+                )
                 entries += fresh
                 time.sleep(0.2)
         finally:
@@ -118,6 +121,19 @@ def rollback_target(cfg, target, spark=None, *, check: bool = True, progress=Non
         "seconds": round(time.monotonic() - t0, 3),
         "message": f"target {tcfg.name} is back at epoch {committed}",
     }
+
+
+def _fault_hook(fault: Callable[[str], None]) -> Callable[[dict], None]:
+    def before(entry: dict) -> None:
+        fault(f"undo {entry.get('op')}")  # one rollback step per undo entry (stage=rollback)
+
+    return before
+
+
+def _epoch_progress(progress: Callable[[str], None] | None, epoch: int) -> Callable[[str], None] | None:
+    if progress is None:
+        return None
+    return lambda line: progress(f"rollback: epoch {epoch}: {line}")
 
 
 def _fileset_ancestors(tcfg: TargetConfig) -> set[str]:

@@ -10,6 +10,10 @@ A target holds one replica. The data plane talks to it only through this contrac
 - ``run_namespace_op`` / ``run_data_op`` / ``run_post_op``: mutate the replica, each
   mutation preceded by an undo entry made durable in the :class:`UndoJournal` given.
 - ``undo(entry)``: reverse one journal entry; idempotent, so a rollback can resume.
+- ``undo_all(entries, ...)``: reverse entries given in replay order (the journal reversed),
+  each reported done only once its undo has finished; sequential by default (posix undo
+  entries restore pre-images and their order matters), the s3 target runs independent keys
+  in threads.
 - ``walk()``: every entry of the replica with its content hash, excluding
   ``.epochsync/``: what tests and the rollback check compare.
 - ``finish_commit(epoch)`` / ``finish_rollback(epoch)``: drop or clean the epoch's
@@ -21,6 +25,8 @@ could address something outside the replica, whatever names a changelog holds.
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -28,9 +34,12 @@ from epochsync.core.errors import EpochsyncError, RecordError
 from epochsync.core.names import check_relative_path
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator, Sequence
 
     from epochsync.core.config import TargetConfig
+
+#: seconds between two progress lines of a long undo replay (:class:`UndoProgress`)
+UNDO_PROGRESS_EVERY_S = 5.0
 
 #: The replica's own area (manifest, scratch) by default (``targets[].control_dir``); never
 #: a replicated path.
@@ -159,6 +168,29 @@ class Target:
         """Reverse one undo journal entry (idempotent: an entry already undone changes nothing)."""
         raise NotImplementedError
 
+    def undo_all(
+        self,
+        entries: Sequence[dict],
+        journal_dir: str,
+        on_done: Callable[[dict], None],
+        before: Callable[[dict], None] | None = None,
+        progress: Callable[[str], None] | None = None,
+    ) -> int:
+        """Reverse ``entries`` one at a time in the order given (a journal reversed), calling
+        ``before(entry)`` (the fault-injection hook) before each undo and ``on_done(entry)`` after
+        it; returns how many were undone. ``progress`` gets a line every few seconds.
+
+        The first error stops the replay there: the entry that failed is not reported done.
+        """
+        tracker = UndoProgress(len(entries), progress)
+        for entry in entries:
+            if before is not None:
+                before(entry)
+            self.undo(entry, journal_dir)
+            on_done(entry)
+            tracker.step()
+        return len(entries)
+
     def move_control_dir(self, old: str) -> str:
         """Move the control directory from ``old`` to this target's ``control_dir`` (no epoch in
         flight; resumable); returns a line saying what was moved."""
@@ -169,6 +201,30 @@ class Target:
 
     def finish_rollback(self, epoch: int) -> None:
         """Remove what is left of the epoch's scratch area after a rollback."""
+
+
+class UndoProgress:
+    """Counts undone entries (from any thread) and passes ``progress`` a line at most every
+    :data:`UNDO_PROGRESS_EVERY_S` seconds; silent without a callback or for a quick replay."""
+
+    def __init__(self, total: int, progress: Callable[[str], None] | None, every_s: float | None = None):
+        self.total = total
+        self.progress = progress
+        self.every_s = UNDO_PROGRESS_EVERY_S if every_s is None else every_s
+        self.done = 0
+        self.t0 = self.last = time.monotonic()
+        self._lock = threading.Lock()
+
+    def step(self) -> None:
+        """One more entry undone; prints a line when the interval has passed."""
+        with self._lock:
+            self.done += 1
+            now = time.monotonic()
+            if self.progress is None or now - self.last < self.every_s or self.done == self.total:
+                return
+            self.last = now
+            rate = self.done / max(now - self.t0, 1e-9)
+            self.progress(f"{self.done} of {self.total} journal entries undone ({rate:.0f}/s)")
 
 
 def moved_control_dir_error(target: Target, move_hint: str) -> EpochsyncError:

@@ -36,12 +36,18 @@ from epochsync.targets.base import (
     CONTROL_DIR,
     Entry,
     Target,
+    UndoProgress,
     UnsafePathError,
     moved_control_dir_error,
     safe_relpath,
 )
 
 META_PREFIX = "es-"
+#: threads of a rollback's undo replay (:meth:`S3Target.undo_all`): one key per thread at a
+#: time; each undo is a version listing and DELETEs, mostly waiting on the store
+UNDO_THREADS = 16
+#: the undo entries :meth:`S3Target.undo` knows, each touching only ``entry["key"]``
+UNDO_OPS = ("put", "delete", "mpu")
 #: A directory is an empty object ``<path>/.epochsync-dir`` holding its attributes: a
 #: ``path/`` marker cannot carry metadata or versions on SeaweedFS (its filer turns it
 #: into a real directory), and this keeps one versioned, rollback-able object per path.
@@ -1137,6 +1143,64 @@ class S3Target(Target):
         return f"moved {len(rels)} object(s) from {self.describe()}{old}/ to {self.describe()}{self.control_dir}/"
 
     # ------------------------------------------------------------------ undo
+    def undo_all(self, entries, journal_dir, on_done, before=None, progress=None) -> int:
+        """Reverse ``entries`` (replay order: the journal reversed) with keys in parallel; returns how
+        many were undone.
+
+        Every entry touches only its own key: ``put``/``delete`` delete the versions of
+        ``entry["key"]`` not in ``known`` (a copy's source is another key with an entry of its
+        own), ``mpu`` aborts an upload of that key. So the entries are grouped by key, each
+        group replayed in the order given by one of :data:`UNDO_THREADS` threads. ``on_done``
+        is called (from those threads) only after an entry's undo finished. The first error,
+        including an injected fault from ``before``, stops the other groups at their next
+        entry; the replay waits for the running undos, then raises that error: what is not
+        reported done is left for the next rollback (undo is idempotent).
+        """
+        entries = list(entries)
+        groups: dict[str, list[dict]] = {}
+        for entry in entries:
+            groups.setdefault(entry.get("key"), []).append(entry)
+        if len(groups) < 2 or any(e.get("op") not in UNDO_OPS or not e.get("key") for e in entries):
+            # one key, or an entry this replay does not know to be confined to its key: in order
+            return super().undo_all(entries, journal_dir, on_done, before, progress)
+        from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+
+        tracker = UndoProgress(len(entries), progress)
+        stop = threading.Event()
+        first: list[BaseException] = []  # the error that stopped the replay, in time order
+        first_lock = threading.Lock()
+
+        def replay(group: list[dict]) -> None:
+            for entry in group:
+                if stop.is_set():
+                    return
+                try:
+                    if before is not None:
+                        before(entry)
+                    self.undo(entry, journal_dir)
+                    on_done(entry)
+                except BaseException as exc:
+                    with first_lock:
+                        first.append(exc)
+                    stop.set()
+                    raise
+                tracker.step()
+
+        _ = self.io.client  # made once, before the threads share it (boto3 clients are thread-safe)
+        pool = ThreadPoolExecutor(min(UNDO_THREADS, len(groups)), thread_name_prefix="s3-undo")
+        try:
+            futures = [pool.submit(replay, g) for g in groups.values()]
+            wait(futures, return_when=FIRST_EXCEPTION)
+        finally:
+            # an error or a signal (Interrupted, in this thread): no new entry starts; the
+            # running ones finish (each is short) before this returns or raises
+            stop.set()
+            pool.shutdown(wait=True, cancel_futures=True)
+        if first:
+            # others may have failed at the same moment: the first one is the cause
+            raise first[0]
+        return tracker.done
+
     def undo(self, entry: dict, journal_dir: str) -> None:
         """Reverse one undo entry: abort its multipart upload, or delete the key's versions written
         since (the earlier one is current again)."""
