@@ -1,6 +1,7 @@
 """Benchmarks (``make bench``): each writes ``bench/results/<name>.json``.
 
-Sub-modules register one benchmark each: ``ingest``, ``merge``, ``e2e``, ``warm``. Every result
+Sub-modules register one benchmark each: ``ingest``, ``merge``, ``e2e``, ``warm``,
+``rollback``. Every result
 row is measured in the run that writes it; nothing here is an estimate.
 """
 
@@ -17,6 +18,7 @@ BENCHMARKS = {
     "merge": "epochsync_dev.bench.merge",
     "e2e": "epochsync_dev.bench.e2e",
     "warm": "epochsync_dev.bench.warm",
+    "rollback": "epochsync_dev.bench.rollback",
 }
 
 
