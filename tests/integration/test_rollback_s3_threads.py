@@ -313,3 +313,39 @@ def test_s3_replay_keeps_each_keys_entries_in_order_and_reports_done_after_the_u
         assert mine == sorted(mine, reverse=True)  # reversed journal order within a key
     for q in range(400):
         assert events.index(("undo", q)) < events.index(("done", q))
+
+
+def test_s3_signal_while_a_replay_thread_stalls_stops_the_replay_and_a_rerun_converges(world, monkeypatch):
+    """A rollback stalled in one replay thread (``mode=stall``) and stopped by SIGTERM: the signal
+    reaches the main thread, the other threads stop, the stalled one returns, and the rollback
+    raises :class:`Interrupted`; the next rollback finishes the journal."""
+    import signal
+
+    from epochsync.core.shutdown import INTERRUPTED, Interrupted, signals_raise
+    from epochsync.journal.undo import plan_dir
+
+    before = _two_epochs(world)
+    target, cfg, name = world["target"], world["cfg"], world["name"]
+    stalled = os.path.join(plan_dir(cfg.warehouse, name, 2), "fault-rollback.fired.stalled")
+    monkeypatch.setenv("EPOCHSYNC_INJECT_FAILURE", "after=30,stage=rollback,epoch=2,mode=stall")
+
+    def signal_once_stalled():
+        for _ in range(600):
+            if os.path.exists(stalled):
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            threading.Event().wait(0.05)
+
+    killer = threading.Thread(target=signal_once_stalled)
+    try:
+        with signals_raise(), pytest.raises(Interrupted):
+            killer.start()
+            rollback_target(cfg, name, check=False)
+    finally:
+        killer.join()
+        INTERRUPTED.clear()  # process-wide: later tests must not see this signal
+    assert os.path.exists(stalled)
+    assert [t.name for t in threading.enumerate() if t.name.startswith("s3-undo")] == []
+    monkeypatch.delenv("EPOCHSYNC_INJECT_FAILURE")
+    assert rollback_target(cfg, name, check=False)["rolled_back"] == [2]
+    assert _tree(target) == before

@@ -44,7 +44,8 @@ from epochsync.targets.base import (
 
 META_PREFIX = "es-"
 #: threads of a rollback's undo replay (:meth:`S3Target.undo_all`): one key per thread at a
-#: time; each undo is a version listing and DELETEs, mostly waiting on the store
+#: time; each undo is a version listing and DELETEs, mostly waiting on the store (no more
+#: than the shared client's connection pool, ``stores.s3.POOL_CONNECTIONS``)
 UNDO_THREADS = 16
 #: the undo entries :meth:`S3Target.undo` knows, each touching only ``entry["key"]``
 UNDO_OPS = ("put", "delete", "mpu")
