@@ -204,14 +204,15 @@ class AirflowStandalone:
         except OSError:
             return ""
 
-    def stop(self) -> None:
-        """SIGTERM to the whole process group (scheduler, API server, task processes), then SIGKILL."""
+    def stop(self, grace: float = 30) -> None:
+        """SIGINT to the whole process group (scheduler, API server, task processes), ``grace``
+        seconds to exit, then SIGTERM, then SIGKILL."""
         if self.proc is None or self.proc.poll() is not None:
             self.proc = None
             return
         try:
             os.killpg(self.proc.pid, signal.SIGINT)
-            self.proc.wait(timeout=30)
+            self.proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             pass
         try:
