@@ -13,6 +13,7 @@ import time
 import uuid
 
 import pytest
+from support.plans import entry, row
 
 from epochsync.core.config import TargetConfig
 from epochsync.journal.undo import read_journal
@@ -41,35 +42,6 @@ class Source:
 
     def put(self, fid: str, data: bytes) -> str:
         return self.client.put_object(Bucket=self.bucket, Key=f"data/{fid}", Body=data)["VersionId"]
-
-
-def row(
-    type_, *, size=0, mode=0o644, version=None, fid=None, symlink=None, xattrs=None, mtime=1_700_000_000_000_000_000
-):
-    return {
-        "type": type_,
-        "mode": mode,
-        "uid": 0,
-        "gid": 0,
-        "size": size,
-        "atime_ns": mtime,
-        "mtime_ns": mtime,
-        "xattrs": [{"name": k, "value": v} for k, v in sorted((xattrs or {}).items())],
-        "symlink": symlink,
-        "layout": None,
-        "objects": [{"ost": "OST0000", "oid": fid, "version": version}] if version else [],
-    }
-
-
-def entry(fid, old=None, new=None, old_paths=(), new_paths=(), change=None):
-    return {
-        "fid": fid,
-        "old": old,
-        "new": new,
-        "old_paths": sorted(old_paths),
-        "new_paths": sorted(new_paths),
-        "change": change,
-    }
 
 
 def change(ranges=None, whole=False, data=True):

@@ -13,6 +13,7 @@ import threading
 import uuid
 
 import pytest
+from support.plans import entry, row
 
 from epochsync.core.config import config_from_dict
 from epochsync.journal.faults import InjectedFailure
@@ -28,33 +29,6 @@ from epochsync.targets.s3 import S3Access, S3Target
 pytestmark = pytest.mark.integration
 
 FILES = 160  # epoch 2 journals about 2 entries per file: several hundred entries in all
-
-
-def _row(type_, *, size=0, mode=0o644, version=None, fid=None):
-    return {
-        "type": type_,
-        "mode": mode,
-        "uid": 0,
-        "gid": 0,
-        "size": size,
-        "atime_ns": 1_700_000_000_000_000_000,
-        "mtime_ns": 1_700_000_000_000_000_000,
-        "xattrs": [],
-        "symlink": None,
-        "layout": None,
-        "objects": [{"ost": "OST0000", "oid": fid, "version": version}] if version else [],
-    }
-
-
-def _entry(fid, old=None, new=None, old_paths=(), new_paths=(), change=None):
-    return {
-        "fid": fid,
-        "old": old,
-        "new": new,
-        "old_paths": sorted(old_paths),
-        "new_paths": sorted(new_paths),
-        "change": change,
-    }
 
 
 @pytest.fixture()
@@ -119,20 +93,20 @@ def _two_epochs(world) -> dict:
     committed): a/ renamed to z/, every third file rewritten, a new file at each old name
     under b/ whose file moved to c/ (a delete and a put on one key), and new files."""
     put, apply, target = world["put"], world["apply"], world["target"]
-    d = _row("dir", mode=0o755)
+    d = row("dir", mode=0o755)
     files, contents = {}, {}
-    e1 = [_entry("DA", new=d, new_paths=["a"]), _entry("DB", new=d, new_paths=["b"])]
+    e1 = [entry("DA", new=d, new_paths=["a"]), entry("DB", new=d, new_paths=["b"])]
     for i in range(FILES):
         data = contents[i] = os.urandom(2000 + i)
-        files[i] = _row("file", size=len(data), version=put(f"F{i}", data), fid=f"F{i}")
+        files[i] = row("file", size=len(data), version=put(f"F{i}", data), fid=f"F{i}")
         parent = "a" if i % 2 == 0 else "b"
-        e1.append(_entry(f"F{i}", new=files[i], new_paths=[f"{parent}/f{i}"]))
+        e1.append(entry(f"F{i}", new=files[i], new_paths=[f"{parent}/f{i}"]))
     apply(e1, 1)
     target.write_manifest({"epoch": 1})
     before = _tree(target)
     e2 = [
-        _entry("DA", old=d, new=d, old_paths=["a"], new_paths=["z"]),
-        _entry("DC", new=d, new_paths=["c"]),
+        entry("DA", old=d, new=d, old_paths=["a"], new_paths=["z"]),
+        entry("DC", new=d, new_paths=["c"]),
     ]
     for i in range(FILES):
         old = files[i]
@@ -140,14 +114,14 @@ def _two_epochs(world) -> dict:
         change = None
         if i % 3 == 0:
             data = os.urandom(300 + i)
-            new = _row("file", size=len(data), version=put(f"F{i}", data), fid=f"F{i}")
+            new = row("file", size=len(data), version=put(f"F{i}", data), fid=f"F{i}")
             change = {"data_changed": True, "whole_file": True, "ranges": []}
         elif i % 4 == 1:  # a range rewritten in place: a multipart upload and a put on one key
             data = bytearray(contents[i])
             data[100:150] = os.urandom(50)
-            new = _row("file", size=len(data), version=put(f"F{i}", bytes(data)), fid=f"F{i}")
+            new = row("file", size=len(data), version=put(f"F{i}", bytes(data)), fid=f"F{i}")
             e2.append(
-                _entry(
+                entry(
                     f"F{i}",
                     old=old,
                     new=new,
@@ -158,12 +132,12 @@ def _two_epochs(world) -> dict:
             )
             continue
         if i % 2 == 0:
-            e2.append(_entry(f"F{i}", old=old, new=new, old_paths=[f"a/f{i}"], new_paths=[f"z/f{i}"], change=change))
+            e2.append(entry(f"F{i}", old=old, new=new, old_paths=[f"a/f{i}"], new_paths=[f"z/f{i}"], change=change))
         else:
-            e2.append(_entry(f"F{i}", old=old, new=new, old_paths=[f"b/f{i}"], new_paths=[f"c/f{i}"], change=change))
+            e2.append(entry(f"F{i}", old=old, new=new, old_paths=[f"b/f{i}"], new_paths=[f"c/f{i}"], change=change))
             data = os.urandom(100)
-            g = _row("file", size=100, version=put(f"G{i}", data), fid=f"G{i}")
-            e2.append(_entry(f"G{i}", new=g, new_paths=[f"b/f{i}"]))
+            g = row("file", size=100, version=put(f"G{i}", data), fid=f"G{i}")
+            e2.append(entry(f"G{i}", new=g, new_paths=[f"b/f{i}"]))
     apply(e2, 2)
     return before
 

@@ -15,6 +15,8 @@ import os
 import uuid
 
 import pytest
+from support import plans
+from support.plans import entry, row
 
 from epochsync.core.config import TargetConfig
 from epochsync.stages.apply import apply_plan
@@ -29,34 +31,7 @@ from epochsync_dev.s3proxy import S3Proxy
 pytestmark = pytest.mark.integration
 
 ROOT = "ROOT"
-MTIME = 1_700_000_000_000_000_000
-
-
-def row(type_, *, size=0, mode=0o644, version=None, fid=None):
-    return {
-        "type": type_,
-        "mode": mode,
-        "uid": 0,
-        "gid": 0,
-        "size": size,
-        "atime_ns": MTIME,
-        "mtime_ns": MTIME,
-        "xattrs": [],
-        "symlink": None,
-        "layout": None,
-        "objects": [{"ost": "OST0000", "oid": fid, "version": version}] if version else [],
-    }
-
-
-def entry(fid, old=None, new=None, old_paths=(), new_paths=(), change=None):
-    return {
-        "fid": fid,
-        "old": old,
-        "new": new,
-        "old_paths": sorted(old_paths),
-        "new_paths": sorted(new_paths),
-        "change": change,
-    }
+MTIME = plans.MTIME
 
 
 @pytest.fixture(scope="module")
