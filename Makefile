@@ -15,7 +15,7 @@ export PIP_EXTRA_INDEX_URL :=
 
 PYTEST_ARGS ?=
 
-.PHONY: help venv test test-fast lint format demo airflow bench bench-ingest bench-merge bench-e2e bench-warm clean
+.PHONY: help venv test test-fast lint format demo airflow bench bench-ingest bench-merge bench-e2e bench-warm bench-rollback clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  make %-14s %s\n", $$1, $$2}'
@@ -65,6 +65,9 @@ bench-e2e: $(STAMP) ## epochsync vs aws s3 sync vs whole-file copy
 
 bench-warm: $(STAMP) ## small epochs on one warm Spark Connect server: a DAG run, replicate, a 100-epoch catch-up
 	$(BIN)/python -m epochsync_dev.bench warm
+
+bench-rollback: $(STAMP) ## roll back a 2,000-file directory rename on SeaweedFS, undo replayed one at a time and in threads (not part of make bench)
+	$(BIN)/python -m epochsync_dev.bench rollback --files 2000 --rounds 2
 
 clean: ## remove build output and test scratch (keeps .venv)
 	rm -rf build .pytest_cache .ruff_cache .mypy_cache dist spark-warehouse metastore_db derby.log
