@@ -169,6 +169,19 @@ def test_chart_ticks_are_round_and_cover_the_data():
     assert all(0 <= x and y <= c.height for x, y, _, _ in c.legend)
 
 
+def test_each_stage_keeps_its_colour_on_every_targets_chart():
+    from epochsync.report.charts import bar_chart
+    from epochsync.report.status import STAGE_COLORS
+
+    # a target whose rows have no ingest (another target ingested the epoch) keeps merge orange
+    with_ingest = bar_chart("t", "s", [1], {"ingest": [1.0], "merge": [2.0]}, stacked=True, colors=STAGE_COLORS)
+    without = bar_chart("t", "s", [1], {"merge": [2.0], "apply": [1.0]}, stacked=True, colors=STAGE_COLORS)
+    legend = {name: colour for c in (with_ingest, without) for _, _, colour, name in c.legend}
+    assert legend == {s: STAGE_COLORS[s] for s in ("ingest", "merge", "apply")}
+    assert {b.color for b in without.bars} == {STAGE_COLORS["merge"], STAGE_COLORS["apply"]}
+    assert len(set(STAGE_COLORS.values())) == len(STAGE_COLORS)
+
+
 def test_unknown_target_is_a_clear_error(cfg, capsys):
     assert main(["status", "--config", cfg.file, "--target", "nope"]) == 1
     assert "no target named 'nope'" in capsys.readouterr().err

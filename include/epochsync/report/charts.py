@@ -100,14 +100,18 @@ def bar_chart(
     stacked: bool = False,
     y_title: str | None = None,
     x_title: str = "epoch",
+    colors: dict[str, str] | None = None,
 ) -> Chart:
     """Grouped (or stacked) bars per x value (an epoch, by default); returns the chart's geometry.
 
     ``series`` maps a name to one value per x value (``None``: unknown). The y axis is
     labelled ``y_title`` with tick values in ``unit`` ("s", "bytes", "epochs", ...).
+    ``colors`` fixes a series' colour by name (the same stage in the same colour on every
+    target's chart); other series take :data:`COLORS` by position.
     """
     chart = Chart(title=title, y_title=y_title or unit, x_title=x_title)
     names = list(series)
+    palette = [(colors or {}).get(name, COLORS[j % len(COLORS)]) for j, name in enumerate(names)]
     n = max(1, len(epochs))
     if stacked:
         totals = [sum(v for v in (series[s][i] for s in names) if v is not None) for i in range(len(epochs))]
@@ -138,7 +142,7 @@ def bar_chart(
                     round(y, 1),
                     round(max(width - 1, 1), 1),
                     round(h, 1),
-                    COLORS[j % len(COLORS)],
+                    palette[j],
                     f"{x_title} {e} {name}: {fmt_value(v, unit)}",
                 )
             )
@@ -154,9 +158,7 @@ def bar_chart(
     per_row = max(1, (chart.width - chart.left) // LEGEND_ITEM)
     for j, name in enumerate(names):
         row, col = divmod(j, per_row)
-        chart.legend.append(
-            (chart.left + col * LEGEND_ITEM, chart.plot_bottom + 44 + row * 16, COLORS[j % len(COLORS)], name)
-        )
+        chart.legend.append((chart.left + col * LEGEND_ITEM, chart.plot_bottom + 44 + row * 16, palette[j], name))
     if unknown:
         chart.note = f"unknown for {x_title}" + ("s " if len(unknown) > 1 else " ") + ", ".join(map(str, unknown))
     return chart

@@ -251,6 +251,17 @@ def run_status(args) -> int:
 
 #: stages in the order a run spends time in them (the stacked chart's order)
 STAGE_ORDER = ("ingest", "merge", "translate", "apply", "verify", "publish", "commit")
+#: one colour per stage on every target's "time per stage" chart (a target without ingest rows
+#: keeps merge in merge's colour)
+STAGE_COLORS = {
+    "ingest": "#1f77b4",
+    "merge": "#ff7f0e",
+    "translate": "#2ca02c",
+    "apply": "#d62728",
+    "verify": "#9467bd",
+    "publish": "#e377c2",
+    "commit": "#8c564b",
+}
 
 
 def replication_delays(rows: list[dict]) -> list[float | None]:
@@ -308,6 +319,7 @@ def _report_target(cfg: Config, t: TargetConfig) -> dict:
             {s: [d.get(s) if isinstance(d.get(s), (int, float)) else None for d in durations] for s in stages},
             stacked=True,
             y_title="seconds",
+            colors=STAGE_COLORS,
         ),
         bar_chart(
             "lag at each commit: later epochs already seen closed",
