@@ -465,6 +465,24 @@ def _seed_buckets(
     shutil.rmtree(local, ignore_errors=True)
 
 
+def reset_replica(admin, bucket: str, before: dict[str, bytes], after: dict[str, bytes], spare: str) -> str:
+    """Put ``bucket`` (a replica brought to ``after``) back to ``before``; returns the bucket to use.
+
+    Only the keys the change touched are rewritten: files changed or removed get their
+    ``before`` bytes again, files the change created are deleted. One listing then checks
+    the whole bucket against ``before``; should it differ (a tool left it in a state the
+    reset cannot undo), a fresh bucket ``spare`` is seeded from ``before`` instead.
+    """
+    _put_tree(admin, bucket, {p: before[p] for p in whole_file_touched(before, after)})
+    _delete_keys(admin, bucket, sorted(set(after) - set(before)))
+    if _bucket_files(admin, bucket) == _expected_files(before):
+        return bucket
+    print(f"bench e2e:   {bucket} did not go back to epoch 1: seeding {spare} instead", file=sys.stderr, flush=True)
+    admin.create_bucket(Bucket=spare)
+    _put_tree(admin, spare, before, threads=32)
+    return spare
+
+
 def whole_file_touched(before: dict[str, bytes], after: dict[str, bytes]) -> set[str]:
     """Paths of ``before`` that :func:`whole_file_copy` replaces, deletes or copies from."""
     changed = {p for p, b in after.items() if p in before and before[p] != b}
@@ -512,7 +530,10 @@ def run_scenario(
 ) -> list[dict]:
     """Measure the tools on one scenario; returns one row per tool.
 
-    ``rclone_bin`` (see :func:`rclone_binary`): without it the rclone row says why it was not run.
+    ``spark``: a session, or a function returning a fresh one, called once the source and the
+    baselines are set up (at 100,000 files that takes longer than the server keeps an idle
+    session). ``rclone_bin`` (see :func:`rclone_binary`): without it the rclone row says why
+    it was not run.
     """
     from epochsync.stages.replicate import replicate
     from epochsync.stores.connections import S3Settings
@@ -545,7 +566,9 @@ def run_scenario(
             f"source generated in {time.monotonic() - t0:.0f}s ({len(contents[1]):,} files at epoch 1, "
             f"{sum(map(len, contents[1].values())) / MiB:,.0f} MiB)"
         )
-        baselines = [f"files-{slug}", f"sync-{slug}"] + ([f"rc-{slug}"] if rclone_bin else [])
+        # aws s3 sync and rclone take turns on one replica bucket: after the CLI's run it is put
+        # back to epoch 1 (only the keys the change touched), instead of a second full copy
+        baselines = [f"files-{slug}", f"sync-{slug}"]
         for b in [*baselines, f"whole-{slug}"]:
             admin.create_bucket(Bucket=b)
         t0 = time.monotonic()
@@ -558,6 +581,8 @@ def run_scenario(
         quiet = (
             (lambda msg: print(f"bench e2e:   {msg}", file=sys.stderr, flush=True)) if verbose else (lambda msg: None)
         )  # noqa: E731
+        if callable(spark) and not hasattr(spark, "range"):
+            spark = spark()
         t0 = time.monotonic()
         replicate(str(cfg_path), "replica", epoch=1, spark=spark, progress=quiet)
         say(f"epochsync replica at epoch 1 in {time.monotonic() - t0:.0f}s")
@@ -653,10 +678,13 @@ def run_scenario(
 
         # --- rclone sync
         if rclone_bin:
+            t = time.monotonic()
+            rc_bucket = reset_replica(admin, f"sync-{slug}", contents[1], contents[2], f"rc-{slug}")
+            say(f"replica put back to epoch 1 for rclone in {time.monotonic() - t:.0f}s ({rc_bucket})")
             renv = rclone_env(ep.url, ep.access_key, ep.secret_key)
             proxy.reset_counters()
             t = time.monotonic()
-            rclone(rclone_bin, renv, "sync", f"BENCH:files-{slug}", f"BENCH:rc-{slug}", *RCLONE_FLAGS)
+            rclone(rclone_bin, renv, "sync", f"BENCH:files-{slug}", f"BENCH:{rc_bucket}", *RCLONE_FLAGS)
             rows.append(
                 _row(
                     scenario,
@@ -664,12 +692,12 @@ def run_scenario(
                     time.monotonic() - t,
                     proxy.snapshot(),
                     f"files-{slug}",
-                    f"rc-{slug}",
+                    rc_bucket,
                     net,
                     flags="sync " + " ".join(RCLONE_FLAGS),
                 )
             )
-            rows[-1].update(_replica_check(admin, f"rc-{slug}", expected))
+            rows[-1].update(_replica_check(admin, rc_bucket, expected))
             say(f"rclone sync {rows[-1]['seconds']:.1f}s")
         else:
             rows.append(
@@ -891,8 +919,19 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     server = SparkConnectServer("local[2]", work_dir=work / "spark")
     print("bench e2e: starting the Spark Connect server (local[2]) ...", file=sys.stderr, flush=True)
-    spark = spark_session("epochsync-bench-e2e", remote=server.start())
-    spark.range(1).count()  # warm: the first query of a new server pays its start-up
+    url = server.start()
+    sessions: list = []
+
+    def fresh_session():
+        """A new session for the next scenario: the server closes one left idle for 10 minutes
+        (``defaultSessionTimeout``), and setting up a 100,000-file scenario takes longer."""
+        while sessions:
+            sessions.pop().stop()
+        sessions.append(spark_session("epochsync-bench-e2e", remote=url))
+        sessions[-1].range(1).count()  # warm: the first query of a new server pays its start-up
+        return sessions[-1]
+
+    fresh_session()
     name = args.results_name or ("e2e-quick" if args.quick else "e2e")
 
     def save(done: bool) -> Path:
@@ -926,7 +965,7 @@ def main(argv: list[str] | None = None) -> int:
                     run_scenario(
                         table[scen],
                         endpoint,
-                        spark,
+                        fresh_session,
                         work,
                         verbose=args.verbose,
                         profile=args.profile,
@@ -936,7 +975,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 save(done=False)
     finally:  # a failed scenario must not leave the Connect server running
-        spark.stop()
+        for session in sessions:
+            session.stop()
         server.stop()
     path = save(done=True)
     result = {"rows": rows, "checks": checks(rows)}
