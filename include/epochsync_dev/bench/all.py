@@ -24,8 +24,8 @@ import time
 PARTS = {
     "ingest": [],
     "merge": ["--event-log", "bench/scratch/merge/eventlog"],
-    "e2e": [],
     "warm": [],
+    "e2e": [],
 }
 
 
