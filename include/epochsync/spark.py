@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -196,6 +197,30 @@ def spark_profile(master: str) -> str:
     if forced:
         return forced
     return "small" if master.startswith("local") else "default"
+
+
+def executor_slots(spark) -> int:
+    """Task slots of the application: ``spark.default.parallelism`` when set, else the master's cores."""
+    try:
+        value = spark.conf.get("spark.default.parallelism", None)
+        if value:
+            return max(1, int(value))
+    except Exception:  # a Connect server may refuse to show a static setting
+        pass
+    m = re.fullmatch(r"local\[(\d+)\]", session_master(spark))
+    return int(m.group(1)) if m else 2
+
+
+def task_failure_cause(exc: BaseException) -> str:
+    """The last Python exception line inside a Spark task failure."""
+    text = str(exc)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if ("Error:" in ln or "Failure:" in ln or "Exception:" in ln) and not ln.startswith("at "):
+            if "py4j" in ln or "org.apache.spark" in ln:
+                continue
+            return ln
+    return lines[0] if lines else type(exc).__name__
 
 
 #: inputs below this many rows are planned for one partition without broadcast joins

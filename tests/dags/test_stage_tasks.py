@@ -101,12 +101,11 @@ def epochs(first, through, dry_run=False, whole_file=False):
 def test_spark_stages_are_pyspark_tasks_on_the_spark_connect_connection(dag):
     from airflow.providers.apache.spark.operators.spark_pyspark import PySparkOperator
 
-    for name in ("ingest", "merge", "translate", "apply", "rollback"):
+    for name in ("ingest", "merge", "translate", "apply", "verify", "rollback"):
         task = dag.get_task(name)
         assert isinstance(task, PySparkOperator), name
         assert task.conn_id == "spark_connect_default", name
-    # verify and commit read and write the target only: no Spark session
-    assert not isinstance(dag.get_task("verify"), PySparkOperator)
+    # commit writes the manifest and the cursors only: no Spark session
     assert not isinstance(dag.get_task("commit"), PySparkOperator)
 
 
@@ -135,19 +134,20 @@ def test_every_stage_task_of_a_run_opens_the_runs_session(dag, monkeypatch):
     class Run:
         dag_id, run_id = dag.dag_id, "manual__2026-11-23T00:00:00+00:00"
 
-    for name in ("ingest", "merge", "translate", "apply"):
+    for name in ("ingest", "merge", "translate", "apply", "verify"):
         dag.get_task(name).execute({"dag_run": Run})
     want = keyed_remote("sc://127.0.0.1:15002/", f"{Run.dag_id}/{Run.run_id}/{os.path.basename(package_zip())}")
     assert {name: kw["spark.remote"] for name, kw in seen.items()} == dict.fromkeys(seen, want)
-    assert len(seen) == 4
+    assert len(seen) == 5
 
 
-def test_ingest_merge_translate_apply_get_the_run_epochs(dag, calls, with_config):
+def test_ingest_merge_translate_apply_verify_get_the_run_epochs(dag, calls, with_config):
     spark = FakeSpark()
     assert run(dag, "ingest", epochs(3, 5), spark=spark) == {"records": 7}
     assert run(dag, "merge", epochs(3, 5), spark=spark) == {"changes": 3}
     run(dag, "translate", epochs(3, 5, whole_file=True), spark=spark)
     run(dag, "apply", epochs(3, 5), params={"inject_failure": "after=3"}, spark=spark)
+    run(dag, "verify", epochs(3, 5), spark=spark)
     by = {name: (args, kw) for name, args, kw in calls}
     args, kw = by["run_ingest"]
     assert args[1:] == ("lustre1", 3, 5, spark) and kw["consumer"] == "dr"
@@ -156,12 +156,16 @@ def test_ingest_merge_translate_apply_get_the_run_epochs(dag, calls, with_config
     assert args[1:] == ("dr", 5, spark) and kw == {"whole_file": True, "first_epoch": 3}
     args, kw = by["run_apply"]
     assert args[1:] == ("dr", 5, spark) and kw == {"inject": "after=3", "first_epoch": 3}
+    # verify's file contents are read on the executors of the run's session
+    args, kw = by["run_verify"]
+    assert args[1:] == ("dr", 5, spark) and kw == {"first_epoch": 3}
     # every stage's Spark jobs carry its tag (the Spark UI and the event log show them)
     assert spark.tags == [
         "epochsync-ingest-dr-e5",
         "epochsync-merge-dr-e5",
         "epochsync-translate-dr-e5",
         "epochsync-apply-dr-e5",
+        "epochsync-verify-dr-e5",
     ]
 
 

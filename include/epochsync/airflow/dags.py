@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from airflow.sdk import DAG, Param
 from airflow.task.trigger_rule import TriggerRule
 
-from epochsync.airflow.stages import EpochStageOperator, run_stage_task, spark_conn_id
+from epochsync.airflow.stages import EpochStageOperator, spark_conn_id
 from epochsync.airflow.tasks import EpochClosedSensor, commit_task, config_path_from_env, rollback_task
 from epochsync.airflow.timetable import NEVER, EpochTimetable
 from epochsync.core.config import Config, SourceConfig, TargetConfig, load_config
@@ -248,18 +248,12 @@ def build_epoch_dag(
             pool=pool,
             doc_md="Namespace operations here, data operations on the Spark executors, journaled first.",
         )
-        verify = PythonOperator(
-            task_id="verify",
-            python_callable=run_stage_task,
-            op_kwargs={
-                "stage": "verify",
-                "config_path": cfg,
-                "target": target.name,
-                "source": source.name,
-                "skip_in_dry_run": True,
-            },
+        verify = stage(
+            "verify",
+            skip_in_dry_run=True,
             pool=pool,
-            doc_md="Checks every touched path of the target against the source at the epoch.",
+            doc_md="Checks every touched path of the target against the source at the epoch (file contents on "
+            "the Spark executors).",
         )
         commit = PythonOperator(
             task_id="commit",

@@ -23,7 +23,7 @@ from epochsync.spark import SPARK_CONN_ID
 log = logging.getLogger("epochsync.stage")
 
 #: stages that run as Spark Connect clients
-SPARK_STAGES = ("ingest", "merge", "translate", "apply", "publish")
+SPARK_STAGES = ("ingest", "merge", "translate", "apply", "verify", "publish")
 
 
 def stage_tag(stage: str, target: str, epoch: int) -> str:
@@ -140,8 +140,8 @@ def _call_stage(stage: str, cfg, target: str, source: str, first: int, through: 
         from epochsync.stages.publish import publish_epoch
 
         return publish_epoch(cfg, target, first, through, spark, inject=params.get("inject_failure") or None)
-    if stage == "verify":  # no Spark: it reads the target and the source store
-        return verify.run_verify(cfg, target, through, first_epoch=first)
+    if stage == "verify":  # attributes here, file contents on the executors
+        return verify.run_verify(cfg, target, through, spark, first_epoch=first)
     raise ValueError(f"unknown stage {stage!r}")
 
 

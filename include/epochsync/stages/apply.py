@@ -14,7 +14,6 @@ fails with a clear error after ``max_attempts``.
 from __future__ import annotations
 
 import os
-import re
 import time
 
 from epochsync.core.errors import EpochError, EpochsyncError
@@ -32,6 +31,7 @@ from epochsync.journal.undo import (
     write_json_atomic,
     write_stage_stats,
 )
+from epochsync.spark import executor_slots, task_failure_cause
 from epochsync.stages.context import APPLIED_FACTS, _config, _target_cfg, check_preconditions, load_plan, source_access
 from epochsync.stages.rollback import run_rollback
 from epochsync.targets import open_target
@@ -404,7 +404,7 @@ def _apply_on_executors(spark, ops: list[dict], plan: dict, target, source_io, s
 
     # one task per slot, more only for plans large enough to balance (a task on a fresh
     # session pays a Python worker's start)
-    n = max(1, min(len(ops), _executor_slots(spark) * (2 if len(ops) > 2000 else 1)))
+    n = max(1, min(len(ops), executor_slots(spark) * (2 if len(ops) > 2000 else 1)))
     parts = [ops[i::n] for i in range(n)]
 
     def run(batches):
@@ -435,36 +435,12 @@ def _apply_on_executors(spark, ops: list[dict], plan: dict, target, source_io, s
             pass
         if not isinstance(exc, Exception):
             raise
-        raise EpochsyncError(f"apply of epoch {plan['epoch']} failed on an executor: {_root_cause(exc)}") from None
+        raise EpochsyncError(
+            f"apply of epoch {plan['epoch']} failed on an executor: {task_failure_cause(exc)}"
+        ) from None
     finally:
         spark.removeTag(tag)
     return [json.loads(r["report"]) for r in rows]
-
-
-def _executor_slots(spark) -> int:
-    """Task slots of the application: ``spark.default.parallelism`` when set, else the master's cores."""
-    from epochsync.spark import session_master
-
-    try:
-        value = spark.conf.get("spark.default.parallelism", None)
-        if value:
-            return max(1, int(value))
-    except Exception:  # a Connect server may refuse to show a static setting
-        pass
-    m = re.fullmatch(r"local\[(\d+)\]", session_master(spark))
-    return int(m.group(1)) if m else 2
-
-
-def _root_cause(exc: BaseException) -> str:
-    """The last Python exception line inside a Spark task failure."""
-    text = str(exc)
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    for ln in reversed(lines):
-        if ("Error:" in ln or "Failure:" in ln or "Exception:" in ln) and not ln.startswith("at "):
-            if "py4j" in ln or "org.apache.spark" in ln:
-                continue
-            return ln
-    return lines[0] if lines else type(exc).__name__
 
 
 # --------------------------------------------------------------------------- the stage function

@@ -1,8 +1,9 @@
 """Verify: every path an epoch touched is, in the target, what the source holds at E.
 
-Files: size and sha256 of the target's bytes against the source's bytes at E, read
-from the pinned versions of the source objects (the frozen state of the epoch) and
-reassembled through the source layout. Every path: type, permission bits, symlink
+Files: size, then the target's bytes compared byte for byte with the source's bytes at E,
+read from the pinned versions of the source objects (the frozen state of the epoch) and
+reassembled through the source layout; on the Spark executors when there are many
+(:func:`check_contents`). Every path: type, permission bits, symlink
 target, xattrs (the ones the target can hold) and, as root on posix, ownership.
 Paths the epoch removed must be gone. A sampling ratio (``verify.sample``) checks a
 deterministic subset of the files' contents (attributes are always checked).
@@ -11,10 +12,11 @@ deterministic subset of the files' contents (attributes are always checked).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import time
 
-from epochsync.core.errors import EpochError
+from epochsync.core.errors import EpochError, EpochsyncError
 from epochsync.core.layout import assemble_file, object_size
 from epochsync.core.schema import Layout
 from epochsync.journal.lease import holds_target_lease
@@ -54,21 +56,42 @@ def source_bytes(src: dict, size: int, source_io, bucket: str) -> bytes:
     return assemble_file(Layout(ss, sc), size, objs)
 
 
-#: target stats (HEADs on s3) in flight while verifying a plan of many paths
+#: paths checked at once in one process: target stats (HEADs on s3) on the driver, file contents
+#: in each content task (and on the driver when no Spark session is given)
 VERIFY_THREADS = 8
 
+#: below this many files to hash the contents are read on the driver, even with a Spark session:
+#: a Spark job of a warm session costs more than a few dozen source reads
+EXECUTOR_MIN_FILES = 64
 
-def verify_plan(plan: dict, target, source_io, bucket: str, *, sample: float = 1.0, facts: dict | None = None) -> dict:
+
+def verify_plan(
+    plan: dict,
+    target,
+    source_io,
+    bucket: str,
+    *,
+    sample: float = 1.0,
+    facts: dict | None = None,
+    spark=None,
+) -> dict:
     """Check the target against the plan's ``verify`` items; returns figures and problems.
 
-    Paths are checked in ``VERIFY_THREADS`` threads when there are many; problems are
-    reported in the plan's order. On s3 the entries come from ``target.stat_many``: one
-    version listing per directory, and for a key whose current version is the one the
-    apply wrote (``facts``, the apply's ``facts`` figure: version ids from its PUT
-    and copy responses) the metadata that write sent; any other key costs a HEAD. A key
-    rewritten by someone else after the apply has another version and is checked by its
-    HEAD, as before.
+    Attributes are checked here, paths in ``VERIFY_THREADS`` threads when there are many;
+    problems are reported in the plan's order. On s3 the entries come from
+    ``target.stat_many``: one version listing per directory, and for a key whose current
+    version is the one the apply wrote (``facts``, the apply's ``facts`` figure: version ids
+    from its PUT and copy responses) the metadata that write sent; any other key costs a
+    HEAD. A key rewritten by someone else after the apply has another version and is
+    checked by its HEAD, as before.
+
+    File contents (the sampled files whose size is right) are compared byte for byte with
+    the source's bytes at E (:func:`check_contents`): on the Spark executors when ``spark``
+    is given and at least ``EXECUTOR_MIN_FILES`` files are to be read (their botocore
+    requests are CPU-bound: one interpreter is one core), else here. Paths whose source
+    bytes are the same objects (hard links) share one read of them.
     """
+    t0 = time.monotonic()
     posix = target.kind == "posix"
     owners = not posix or getattr(target, "as_root", False)
     present, gone = plan["verify"]["present"], plan["verify"]["absent"]
@@ -87,13 +110,14 @@ def verify_plan(plan: dict, target, source_io, bucket: str, *, sample: float = 1
             return stats[(path, hint)]
         return target.stat(path, hint)
 
-    def check(item) -> tuple[list[str], int, int, int]:
+    def check(item) -> tuple[list[str], int, bool]:
+        """Problems of the item's attributes, 1 if its entry was checked, True if its contents are to be read."""
         path, want = item["path"], item["attrs"]
         have = stat(path, want["type"] if target.kind == "s3" else None)
         if have is None:
-            return [f"{path}: missing (expected a {want['type']})"], 0, 0, 0
+            return [f"{path}: missing (expected a {want['type']})"], 0, False
         if have.type != want["type"]:
-            return [f"{path}: is a {have.type}, expected a {want['type']}"], 0, 0, 0
+            return [f"{path}: is a {have.type}, expected a {want['type']}"], 0, False
         problems: list[str] = []
         if want["type"] != "symlink" and want.get("mode") is not None and have.mode != int(want["mode"]) & 0o7777:
             problems.append(f"{path}: mode {oct(have.mode or 0)}, expected {oct(int(want['mode']) & 0o7777)}")
@@ -108,19 +132,11 @@ def verify_plan(plan: dict, target, source_io, bucket: str, *, sample: float = 1
             if have.xattrs != wx:
                 problems.append(f"{path}: xattrs {sorted(have.xattrs)} differ from the source's {sorted(wx)}")
         if want["type"] != "file":
-            return problems, 1, 0, 0
+            return problems, 1, False
         size = int(want.get("size") or 0)
         if have.size != size:
-            return [*problems, f"{path}: size {have.size}, expected {size}"], 1, 0, 0
-        if not sampled(path, sample):
-            return problems, 1, 0, 0
-        expected = hashlib.sha256(source_bytes(item["source"], size, source_io, bucket)).hexdigest()
-        head = heads.get(path)
-        # the bytes of the version whose attributes were just checked (no second HEAD)
-        data = target.read_file(path, head=head) if head else target.read_file(path)
-        if hashlib.sha256(data).hexdigest() != expected:
-            problems.append(f"{path}: content differs from the source at epoch {plan['epoch']} (sha256)")
-        return problems, 1, 1, len(data)
+            return [*problems, f"{path}: size {have.size}, expected {size}"], 1, False
+        return problems, 1, sampled(path, sample)
 
     def absent(path: str) -> list[str]:
         there = exists[path] if path in exists else target.stat(path) is not None
@@ -135,15 +151,186 @@ def verify_plan(plan: dict, target, source_io, bucket: str, *, sample: float = 1
     else:
         results = [check(i) for i in present]
         missing = [absent(p) for p in gone]
-    problems = [p for r in results for p in r[0]] + [p for m in missing for p in m]
+
+    # the files whose contents are read, grouped by their source bytes (hard links share them)
+    groups: dict[str, dict] = {}
+    for index, (item, (_, _, read)) in enumerate(zip(present, results)):
+        if read:
+            size = int(item["attrs"].get("size") or 0)
+            key = json.dumps([item["source"], size], sort_keys=True)
+            group = groups.setdefault(key, {"source": item["source"], "size": size, "paths": []})
+            # the bytes of the version whose attributes were just checked (no second HEAD on s3)
+            group["paths"].append([index, item["path"], heads.get(item["path"])])
+    t1 = time.monotonic()
+    contents = check_contents(list(groups.values()), target, source_io, bucket, plan["epoch"], spark=spark)
+    t2 = time.monotonic()
+    late = contents.pop("problems")
+    problems = [p for index, r in enumerate(results) for p in r[0] + late.get(index, [])]
+    problems += [p for m in missing for p in m]
     return {
         "ok": not problems,
         "paths_checked": sum(r[1] for r in results),
-        "files_hashed": sum(r[2] for r in results),
-        "bytes_read_target": sum(r[3] for r in results),
+        **contents,
+        "durations": {"attributes": round(t1 - t0, 3), "contents": round(t2 - t1, 3)},
         "problems": problems[:200],
         "problem_count": len(problems),
     }
+
+
+def check_contents(groups: list[dict], target, source_io, bucket: str, epoch: int, *, spark=None) -> dict:
+    """Compare each group's target files with its source bytes at ``epoch``; returns the figures and
+    ``problems`` (``{path index: [problem]}``).
+
+    A group is ``{"source": plan source item, "size": n, "paths": [[index, path, head or None]]}``:
+    its source objects are read once (ranged GETs of the pinned versions, reassembled through
+    the source layout) and every path's bytes must equal them. On the executors (``spark``
+    given, ``EXECUTOR_MIN_FILES`` or more files): one Spark job, ``mapInArrow`` over task
+    numbers, each task reading its share of the groups with its own S3 client in
+    ``VERIFY_THREADS`` threads and returning one report row. ``source_requests`` counts
+    the requests of every task and of this process.
+    """
+    from epochsync.targets.s3 import Counters
+
+    files = sum(len(g["paths"]) for g in groups)
+    before = source_io.counters.as_dict()
+    if spark is not None and files >= EXECUTOR_MIN_FILES:
+        reports = _contents_on_executors(spark, groups, target, source_io, bucket, epoch)
+        where = "executors"
+    else:
+        reports = [contents_task(groups, target, source_io, bucket, epoch)]
+        reports[0]["source"] = {}  # counted by this process's counters, below
+        where = "driver"
+    total = Counters()  # this process's requests since ``before``, then every task's
+    total.add(source_io.counters.as_dict())
+    total.add({k: {op: -n for op, n in v.items()} if k == "requests" else -v for k, v in before.items()})
+    problems: dict[int, list[str]] = {}
+    for r in reports:
+        total.add(r["source"])
+        for index, problem in r["problems"]:
+            problems.setdefault(index, []).append(problem)
+    requests = total.as_dict()
+    requests["requests"] = {k: v for k, v in requests["requests"].items() if v}
+    requests["total_requests"] = sum(requests["requests"].values())
+    return {
+        "files_hashed": sum(r["files"] for r in reports),
+        "bytes_read_target": sum(r["bytes_read_target"] for r in reports),
+        "source_reads_shared": files - len(groups),
+        "contents_on": where,
+        "content_tasks": len(reports),
+        "source_requests": requests,
+        "problems": problems,
+    }
+
+
+def contents_task(groups: list[dict], target, source_io, bucket: str, epoch: int) -> dict:
+    """One task's share of :func:`check_contents` (an executor's, or the driver's): its report."""
+
+    def one(group: dict) -> tuple[list, int, int]:
+        paths = [p for _, p, _ in group["paths"]]
+        try:
+            expected = source_bytes(group["source"], group["size"], source_io, bucket)
+        except EpochsyncError:
+            raise
+        except Exception as exc:
+            keys = ", ".join(f"{o['key']}@{o['version']}" for o in group["source"]["objects"] if o)
+            raise EpochsyncError(
+                f"verify: {', '.join(paths)}: cannot read the source's bytes at epoch {epoch} "
+                f"(s3://{bucket}: {keys}): {type(exc).__name__}: {exc}"
+            ) from exc
+        found, read = [], 0
+        for index, path, head in group["paths"]:
+            try:
+                data = target.read_file(path, head=head) if head else target.read_file(path)
+            except EpochsyncError:
+                raise
+            except Exception as exc:
+                raise EpochsyncError(
+                    f"verify: {path}: cannot read the target's bytes: {type(exc).__name__}: {exc}"
+                ) from exc
+            read += len(data)
+            if data != expected:
+                where = _first_difference(data, expected)
+                found.append([index, f"{path}: content differs from the source at epoch {epoch} ({where})"])
+        return found, len(paths), read
+
+    if len(groups) >= 2:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _ = source_io.client  # made once, before the threads share it
+        with ThreadPoolExecutor(VERIFY_THREADS, thread_name_prefix="epochsync-verify-contents") as pool:
+            results = list(pool.map(one, groups))
+    else:
+        results = [one(g) for g in groups]
+    return {
+        "problems": [p for r in results for p in r[0]],
+        "files": sum(r[1] for r in results),
+        "bytes_read_target": sum(r[2] for r in results),
+        "source": source_io.counters.as_dict(),
+    }
+
+
+def _first_difference(data: bytes, expected: bytes) -> str:
+    """Where ``data`` departs from ``expected``, in words."""
+    if len(data) != len(expected):
+        return f"{len(data)} bytes, the source has {len(expected)}"
+    lo, hi = 0, len(data)
+    while hi - lo > 4096:  # halve on slices: bytes compare in C
+        mid = (lo + hi) // 2
+        if data[lo:mid] != expected[lo:mid]:
+            hi = mid
+        else:
+            lo = mid
+    offset = next(i for i in range(lo, hi) if data[i] != expected[i])
+    return f"first difference at byte {offset}"
+
+
+def _contents_on_executors(spark, groups: list[dict], target, source_io, bucket: str, epoch: int) -> list[dict]:
+    """:func:`contents_task` of each share of ``groups`` as one Spark job; returns the task reports.
+
+    The groups travel with the function; a task takes its share by its number. Shares are
+    balanced by their expected requests (source objects and target files). Verify writes
+    nothing, so a task Spark re-runs does no harm.
+    """
+    import heapq
+
+    from epochsync.spark import executor_slots, task_failure_cause
+
+    n = max(1, min(len(groups), executor_slots(spark)))
+    shares: list[list[dict]] = [[] for _ in range(n)]
+    load = [(0, i) for i in range(n)]
+    for g in sorted(groups, key=lambda g: -_group_cost(g)):
+        cost, i = heapq.heappop(load)
+        shares[i].append(g)
+        heapq.heappush(load, (cost + _group_cost(g), i))
+
+    def run(batches):
+        import pyarrow as pa
+
+        for b in batches:
+            for index in b.column(0).to_pylist():
+                r = contents_task(shares[index], target, source_io, bucket, epoch)
+                yield pa.RecordBatch.from_pydict({"report": [json.dumps(r)]})
+
+    tag = f"verify-contents-{epoch}-{os.getpid()}-{time.monotonic_ns()}"
+    spark.addTag(tag)
+    try:
+        rows = spark.range(0, n, 1, numPartitions=n).mapInArrow(run, "report string").collect()
+    except BaseException as exc:
+        try:
+            spark.interruptTag(tag)  # a signal here must not leave the job reading on the server
+        except Exception:  # the job is already over
+            pass
+        if not isinstance(exc, Exception):
+            raise
+        raise EpochsyncError(f"verify of epoch {epoch} failed on an executor: {task_failure_cause(exc)}") from None
+    finally:
+        spark.removeTag(tag)
+    return [json.loads(r["report"]) for r in rows]
+
+
+def _group_cost(group: dict) -> int:
+    """Requests a group costs, about: its source objects and its target files."""
+    return sum(1 for o in group["source"]["objects"] if o) + len(group["paths"])
 
 
 def compare_with_snapshot(target, expected: dict[str, dict], *, posix_xattrs: bool = True) -> list[str]:
@@ -195,9 +382,10 @@ def run_verify(cfg, target, epoch: int, spark=None, first_epoch: int | None = No
     tgt = open_target(tcfg)
     source_io, bucket = source_access(cfg, tcfg)
     applied = read_json(os.path.join(plan_dir(cfg.warehouse, tcfg.name, epoch), APPLIED_FACTS)) or {}
-    result = verify_plan(plan, tgt, source_io, bucket, sample=tcfg.verify.sample, facts=applied.get("facts"))
+    result = verify_plan(
+        plan, tgt, source_io, bucket, sample=tcfg.verify.sample, facts=applied.get("facts"), spark=spark
+    )
     result["seconds"] = round(time.monotonic() - t0, 3)
-    result["source_requests"] = source_io.counters.as_dict()
     write_json_atomic(os.path.join(plan_dir(cfg.warehouse, tcfg.name, epoch), "verify.json"), result)
     write_stage_stats(cfg.warehouse, tcfg.name, epoch, "verify", result)
     if not result["ok"]:
