@@ -58,7 +58,12 @@ def test_login_find_trigger_and_see_the_run_succeed(scheduler_stack, browser):
         f"location.pathname.endsWith('/dags/{DAG}') && document.body.innerText.includes('Latest Dag Version')",
         what="the DAG page",
     )
-    # the DAG's markdown doc, behind the "Dag Docs" button
+    # the DAG's markdown doc, behind the "Dag Docs" button (drawn after the page's first
+    # text, once the DAG's details have loaded: clicking at once failed on a busy machine)
+    b.wait_for(
+        "[...document.querySelectorAll('button')].some(e => e.innerText.trim() === 'Dag Docs' && e.offsetParent !== null)",
+        what="the Dag Docs button",
+    )
     assert b.click_text("Dag Docs")
     b.wait_for("document.body.innerText.includes('replicate one source into one target')", what="the DAG doc")
     shots.append(b.screenshot(OUTPUT / "00_dag_doc.png"))
