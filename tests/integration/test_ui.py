@@ -60,11 +60,18 @@ def test_login_find_trigger_and_see_the_run_succeed(scheduler_stack, browser):
     )
     # the DAG's markdown doc, behind the "Dag Docs" button (drawn after the page's first
     # text, once the DAG's details have loaded: clicking at once failed on a busy machine)
-    b.wait_for(
-        "[...document.querySelectorAll('button')].some(e => e.innerText.trim() === 'Dag Docs' && e.offsetParent !== null)",
-        what="the Dag Docs button",
+    docs_button = (
+        "[...document.querySelectorAll('button')].find(e => e.offsetParent !== null && "
+        "((e.textContent || '').trim() === 'Dag Docs' || e.getAttribute('aria-label') === 'Dag Docs'))"
     )
-    assert b.click_text("Dag Docs")
+    try:
+        b.wait_for(f"!!{docs_button}", what="the Dag Docs button")
+    except TimeoutError as exc:  # say what the header did show
+        buttons = b.js(
+            "[...document.querySelectorAll('button')].map(e => (e.textContent || e.getAttribute('aria-label') || '').trim()).filter(t => t).join(' | ')"
+        )
+        raise AssertionError(f"{exc}; the page's buttons: {buttons}") from None
+    assert b.js(f"(() => {{const e = {docs_button}; e.scrollIntoView(); e.click(); return true;}})()")
     b.wait_for("document.body.innerText.includes('replicate one source into one target')", what="the DAG doc")
     shots.append(b.screenshot(OUTPUT / "00_dag_doc.png"))
     b.goto(f"{stack.url}/dags/{DAG}")  # back to a page without the doc dialog
