@@ -223,6 +223,46 @@ def task_failure_cause(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
+def run_report_tasks(spark, n: int, task, *, tag: str, what: str) -> list[dict]:
+    """Run ``task(index)`` for every index below ``n`` as one Spark job of ``n`` tasks; returns
+    the dicts the tasks yielded.
+
+    ``mapInArrow`` over task numbers (``task`` and what it closes over travel with the job;
+    each dict comes back as a JSON row). The job carries the session tag ``tag``. On any exit
+    while it runs, a signal too (KeyboardInterrupt, the shutdown's exit), the tag is
+    interrupted: the job runs on the server, not in this process, and a task that had not
+    started yet would otherwise go on after the caller has moved on (after a rollback, for
+    apply). A task failure becomes one ``EpochsyncError`` line: ``<what> failed on an
+    executor: <cause>``.
+    """
+    import json
+
+    from epochsync.core.errors import EpochsyncError
+
+    def run(batches):
+        import pyarrow as pa
+
+        for b in batches:
+            for index in b.column(0).to_pylist():
+                for r in task(index):
+                    yield pa.RecordBatch.from_pydict({"report": [json.dumps(r)]})
+
+    spark.addTag(tag)
+    try:
+        rows = spark.range(0, n, 1, numPartitions=n).mapInArrow(run, "report string").collect()
+    except BaseException as exc:
+        try:
+            spark.interruptTag(tag)
+        except Exception:  # the job is already over; nothing left to interrupt
+            pass
+        if not isinstance(exc, Exception):
+            raise
+        raise EpochsyncError(f"{what} failed on an executor: {task_failure_cause(exc)}") from None
+    finally:
+        spark.removeTag(tag)
+    return [json.loads(r["report"]) for r in rows]
+
+
 #: inputs below this many rows are planned for one partition without broadcast joins
 TINY_INPUT_ROWS = 20_000
 

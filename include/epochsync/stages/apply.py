@@ -31,7 +31,7 @@ from epochsync.journal.undo import (
     write_json_atomic,
     write_stage_stats,
 )
-from epochsync.spark import executor_slots, task_failure_cause
+from epochsync.spark import executor_slots, run_report_tasks
 from epochsync.stages.context import APPLIED_FACTS, _config, _target_cfg, check_preconditions, load_plan, source_access
 from epochsync.stages.rollback import run_rollback
 from epochsync.targets import open_target
@@ -400,47 +400,27 @@ def _apply_on_executors(spark, ops: list[dict], plan: dict, target, source_io, s
     next journal entry once the rollback has written the ``ABORTED`` marker, and the
     rollback waits for every writer's journal lock (:func:`epochsync.journal.undo.wait_for_writers`).
     """
-    import json
 
     # one task per slot, more only for plans large enough to balance (a task on a fresh
     # session pays a Python worker's start)
     n = max(1, min(len(ops), executor_slots(spark) * (2 if len(ops) > 2000 else 1)))
     parts = [ops[i::n] for i in range(n)]
 
-    def run(batches):
-        import pyarrow as pa
+    def task(index: int):
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
         if ctx is not None and ctx.attemptNumber() > 0:
             raise EpochsyncError("apply: Spark re-ran a failed data task; the epoch is rolled back instead")
-        for b in batches:
-            for index in b.column(0).to_pylist():
-                for r in _data_partition(
-                    index, iter(parts[index]), target, source_io, source_bucket, jdir, faults, token
-                ):
-                    yield pa.RecordBatch.from_pydict({"report": [json.dumps(r)]})
+        yield from _data_partition(index, iter(parts[index]), target, source_io, source_bucket, jdir, faults, token)
 
-    tag = f"apply-data-{plan['target']}-{plan['epoch']}-{os.getpid()}-{time.monotonic_ns()}"
-    spark.addTag(tag)
-    try:
-        rows = spark.range(0, n, 1, numPartitions=n).mapInArrow(run, "report string").collect()
-    except BaseException as exc:
-        # A signal too (KeyboardInterrupt, the shutdown's exit): the job runs on the server,
-        # not in this process, and a task that had not started yet would otherwise write
-        # after the rollback that follows has found no writer to wait for.
-        try:
-            spark.interruptTag(tag)
-        except Exception:  # the job is already over; nothing left to interrupt
-            pass
-        if not isinstance(exc, Exception):
-            raise
-        raise EpochsyncError(
-            f"apply of epoch {plan['epoch']} failed on an executor: {task_failure_cause(exc)}"
-        ) from None
-    finally:
-        spark.removeTag(tag)
-    return [json.loads(r["report"]) for r in rows]
+    return run_report_tasks(
+        spark,
+        n,
+        task,
+        tag=f"apply-data-{plan['target']}-{plan['epoch']}-{os.getpid()}-{time.monotonic_ns()}",
+        what=f"apply of epoch {plan['epoch']}",
+    )
 
 
 # --------------------------------------------------------------------------- the stage function

@@ -293,7 +293,7 @@ def _contents_on_executors(spark, groups: list[dict], target, source_io, bucket:
     """
     import heapq
 
-    from epochsync.spark import executor_slots, task_failure_cause
+    from epochsync.spark import executor_slots, run_report_tasks
 
     n = max(1, min(len(groups), executor_slots(spark)))
     shares: list[list[dict]] = [[] for _ in range(n)]
@@ -303,29 +303,13 @@ def _contents_on_executors(spark, groups: list[dict], target, source_io, bucket:
         shares[i].append(g)
         heapq.heappush(load, (cost + _group_cost(g), i))
 
-    def run(batches):
-        import pyarrow as pa
-
-        for b in batches:
-            for index in b.column(0).to_pylist():
-                r = contents_task(shares[index], target, source_io, bucket, epoch)
-                yield pa.RecordBatch.from_pydict({"report": [json.dumps(r)]})
-
-    tag = f"verify-contents-{epoch}-{os.getpid()}-{time.monotonic_ns()}"
-    spark.addTag(tag)
-    try:
-        rows = spark.range(0, n, 1, numPartitions=n).mapInArrow(run, "report string").collect()
-    except BaseException as exc:
-        try:
-            spark.interruptTag(tag)  # a signal here must not leave the job reading on the server
-        except Exception:  # the job is already over
-            pass
-        if not isinstance(exc, Exception):
-            raise
-        raise EpochsyncError(f"verify of epoch {epoch} failed on an executor: {task_failure_cause(exc)}") from None
-    finally:
-        spark.removeTag(tag)
-    return [json.loads(r["report"]) for r in rows]
+    return run_report_tasks(
+        spark,
+        n,
+        lambda index: [contents_task(shares[index], target, source_io, bucket, epoch)],
+        tag=f"verify-contents-{epoch}-{os.getpid()}-{time.monotonic_ns()}",
+        what=f"verify of epoch {epoch}",
+    )
 
 
 def _group_cost(group: dict) -> int:
