@@ -173,8 +173,12 @@ def prepare_session(spark, *, shuffle_partitions: int | None = None, extra_conf:
     for k, v in (extra_conf or {}).items():
         if k.startswith("spark.sql."):
             conf[k] = v
-    for k, v in conf.items():
-        spark.conf.set(k, v)
+    set_all = getattr(spark.conf, "_set_all", None)  # Connect: every setting in one request
+    if set_all is not None:
+        set_all(conf, silent=False)
+    else:
+        for k, v in conf.items():
+            spark.conf.set(k, v)
     if is_connect(spark):
         ship_package(spark)
     return spark
@@ -342,7 +346,7 @@ def package_zip() -> str:
 
 
 #: session conf naming the package zip a Connect session already holds (sessions outlive
-#: processes: the tasks of one DAG run share one, see :func:`run_session_remote`)
+#: processes: the tasks of a DAG's runs share one, see :func:`keyed_remote`)
 SHIPPED_CONF = "epochsync.package"
 
 
@@ -407,10 +411,10 @@ def base_remote(spark) -> str:
 
 
 def run_session_remote(url: str, run_key: str) -> str:
-    """``url`` naming the Connect session of ``run_key`` (a DAG run): every task of the run
-    opens the same server-side session, so the package is shipped once and the Python
-    workers the first task started serve the next ones (a fresh session costs about 1 s
-    of worker start before its first Python step).
+    """``url`` naming the Connect session of ``run_key`` (a DAG and the package, through
+    :func:`keyed_remote`): every task of the DAG's runs opens the same server-side session,
+    so the package is shipped once and the Python workers the first task started serve the
+    next ones (a fresh session costs about 1 s of worker start before its first Python step).
 
     The session id is a UUID derived from ``run_key``; the server drops the session when it
     has been idle for ``spark.connect.session.manager.defaultSessionTimeout`` (the embedded
