@@ -13,6 +13,31 @@ FIXTURES = Path(__file__).parent / "fixtures"
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 
 
+#: the longest files (about 200 s each in one process), started first so they run on different workers
+LONGEST_FIRST = ("integration/test_demo.py", "integration/test_airflow_live.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist workers: the longest files first, then the other files with a ``slow``
+    test, then the rest (a stable sort: each file keeps its order). ``make test
+    TEST_WORKERS=2`` runs two workers with ``--dist loadfile --no-loadscope-reorder`` (xdist would otherwise put the files with the
+    most tests first, and these one-test files last): a worker takes the next file when it
+    is done, so starting the long ones first keeps one worker from ending the run alone on
+    a 200 s file."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # one process: the files' own order
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+
+    def rank(item) -> int:
+        path = item.path.as_posix()
+        for i, name in enumerate(LONGEST_FIRST):
+            if path.endswith("/tests/" + name):
+                return i
+        return len(LONGEST_FIRST) + (0 if item.path in slow else 1)
+
+    items.sort(key=rank)
+
+
 @pytest.fixture(scope="session")
 def spark_connect():
     """One Spark Connect server (local[2]) for the whole run, as `make demo` starts one; yields its URL.

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import collections
 import os
+import sys
 import threading
+import traceback
 import uuid
 
 import pytest
@@ -319,7 +321,11 @@ def test_s3_signal_while_a_replay_thread_stalls_stops_the_replay_and_a_rerun_con
         killer.join()
         INTERRUPTED.clear()  # process-wide: later tests must not see this signal
     assert os.path.exists(stalled)
-    assert [t.name for t in threading.enumerate() if t.name.startswith("s3-undo")] == []
+    left = [t for t in threading.enumerate() if t.name.startswith("s3-undo")]
+    frames = sys._current_frames()
+    assert left == [], "undo threads still running after the rollback raised:\n" + "\n".join(
+        f"{t.name}: {''.join(traceback.format_stack(frames[t.ident])[-3:]) if t.ident in frames else '-'}" for t in left
+    )
     monkeypatch.delenv("EPOCHSYNC_INJECT_FAILURE")
     assert rollback_target(cfg, name, check=False)["rolled_back"] == [2]
     assert _tree(target) == before
