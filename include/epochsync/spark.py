@@ -114,11 +114,14 @@ def spark_session(
                     f"(is it running? {REMOTE_ENV} or the config's spark.remote name it)"
                 ) from None
 
+        check_reachable(url)
         if not key or "session_id=" in url:
             session = connect(url)
+            exit_without_retries(session)
         else:
             session = connect(keyed_remote(url, key))
             session.release_session_on_close = False
+            exit_without_retries(session)
             try:
                 return prepare_session(session, shuffle_partitions=shuffle_partitions, extra_conf=extra_conf)
             except Exception as exc:
@@ -126,9 +129,68 @@ def spark_session(
                     raise
                 session = connect(keyed_remote(url, key, renew=True))
                 session.release_session_on_close = False
+                exit_without_retries(session)
     else:
         session = _classic_session(app_name, master, extra_conf)
     return prepare_session(session, shuffle_partitions=shuffle_partitions, extra_conf=extra_conf)
+
+
+def check_reachable(url: str, timeout: float = 5.0) -> None:
+    """Raise ``EpochsyncError`` at once when nothing listens at the Connect URL's host and port.
+
+    The client opens no connection before its first request and then retries for about 10
+    minutes: ``epochsync replicate`` against a server that is not running would hang that
+    long before saying so.
+    """
+    import socket
+    from urllib.parse import urlparse
+
+    from epochsync.core.errors import EpochsyncError
+
+    u = urlparse(url.split(";", 1)[0])
+    host, port = u.hostname or "localhost", u.port or 15002
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except OSError as exc:
+        raise EpochsyncError(
+            f"cannot reach the Spark Connect server {url.split(';', 1)[0]}: {exc.strerror or exc} "
+            f"(is it running? {REMOTE_ENV} or the config's spark.remote name it)"
+        ) from None
+
+
+def exit_without_retries(session) -> None:
+    """At interpreter exit, let ``session``'s client give up its requests after the try in hand.
+
+    A Connect client sends requests after a query (the release of its buffered results, in
+    threads) and at exit (its ML cache clean-up, a session release), each under a retry
+    policy of up to 15 tries over about 10 minutes. When the server has gone (stopped,
+    crashed, restarted) the process then hangs after its last line while those retries
+    wait: measured, more than 5 minutes, and ``epochsync replicate`` would hang so after
+    reporting the lost server. At exit this sets the client's retry policies to no more
+    tries, in place, so the release threads stop after the wait in hand (the interpreter
+    joins them before the ``atexit`` hooks run, hence ``threading``'s own exit hook, which
+    runs first) and the client's clean-up tries once. A live server still answers that try.
+    """
+    import threading
+
+    client = session.client
+
+    def no_retries() -> None:
+        import warnings
+
+        warnings.filterwarnings("ignore", message=r"\[RETRIES_EXCEEDED\]")  # one try is what this asks for
+        try:
+            for policy in client.get_retry_policies():  # the objects the running retries read
+                policy.max_retries = 0
+            client.set_retry_policies([])
+        except Exception:  # nothing to do on a client without them
+            pass
+
+    try:
+        threading._register_atexit(no_retries)  # type: ignore[attr-defined]
+    except (AttributeError, RuntimeError):  # another Python, or the interpreter is already exiting
+        pass
 
 
 def _classic_session(app_name: str, master: str | None, extra_conf: dict[str, str] | None):

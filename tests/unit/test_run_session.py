@@ -86,3 +86,54 @@ def test_replicate_runs_of_one_target_reopen_one_session(spark_connect):
     other.release_session_on_close = True
     other.stop()
     assert other.session_id != sid
+
+
+def test_a_server_that_is_not_running_is_reported_at_once():
+    """No Spark Connect server at the URL: one clear error within seconds, not the client's
+    10 minutes of retries."""
+    import time
+
+    import pytest
+
+    from epochsync.core.errors import EpochsyncError
+    from epochsync.spark import spark_session
+    from epochsync_dev.embedded import free_port
+
+    url = f"sc://127.0.0.1:{free_port()}"
+    t0 = time.monotonic()
+    with pytest.raises(
+        EpochsyncError, match=r"cannot reach the Spark Connect server sc://127\.0\.0\.1:\d+: .*is it running"
+    ):
+        spark_session("unreachable", remote=url, session_key="unreachable-test")
+    assert time.monotonic() - t0 < 30
+
+
+_GONE = """
+import sys, threading
+from pyspark.sql import SparkSession
+from epochsync.spark import exit_without_retries
+# a client whose server has gone: every request fails and is retried (about 10 minutes)
+spark = SparkSession.builder.remote(sys.argv[1]).create()
+exit_without_retries(spark)
+threading.Thread(target=lambda: spark.range(1).count(), name="query").start()
+print("exiting", flush=True)
+"""
+
+
+def test_a_process_whose_server_has_gone_exits_without_waiting_for_retries():
+    """The client's retries (a query in a thread, the clean-up at exit) stop at interpreter exit:
+    the process ends in seconds. Without ``exit_without_retries`` it ran into the timeout."""
+    import time
+
+    from epochsync_dev.embedded import free_port
+
+    t0 = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", _GONE, f"sc://127.0.0.1:{free_port()}"],
+        capture_output=True,
+        text=True,
+        env={**__import__("os").environ, "PYTHONPATH": ROOT_INCLUDE},
+        timeout=120,
+    )
+    assert "exiting" in done.stdout, done.stderr[-2000:]
+    assert time.monotonic() - t0 < 60, done.stderr[-2000:]
