@@ -408,7 +408,7 @@ def package_zip() -> str:
 
 
 #: session conf naming the package zip a Connect session already holds (sessions outlive
-#: processes: the tasks of a DAG's runs share one, see :func:`keyed_remote`)
+#: processes: the tasks of one DAG run share one, see :func:`run_session_remote`)
 SHIPPED_CONF = "epochsync.package"
 
 
@@ -473,10 +473,10 @@ def base_remote(spark) -> str:
 
 
 def run_session_remote(url: str, run_key: str) -> str:
-    """``url`` naming the Connect session of ``run_key`` (a DAG and the package, through
-    :func:`keyed_remote`): every task of the DAG's runs opens the same server-side session,
-    so the package is shipped once and the Python workers the first task started serve the
-    next ones (a fresh session costs about 1 s of worker start before its first Python step).
+    """``url`` naming the Connect session of ``run_key`` (a DAG run): every task of the run
+    opens the same server-side session, so the package is shipped once and the Python
+    workers the first task started serve the next ones (a fresh session costs about 1 s
+    of worker start before its first Python step).
 
     The session id is a UUID derived from ``run_key``; the server drops the session when it
     has been idle for ``spark.connect.session.manager.defaultSessionTimeout`` (the embedded

@@ -52,7 +52,7 @@ def run_stage_task(
 
     params = dict(params or {})
     if spark is not None and session_key and is_connect(spark):
-        # the session is the DAG's (EpochStageOperator.execute): the provider's stop()
+        # the session is the DAG run's (EpochStageOperator.execute): the provider's stop()
         # after this task, whatever way it ends, must close the client only, not release it
         spark.release_session_on_close = False
     epochs = ti.xcom_pull(task_ids=EPOCHS_TASK)
@@ -81,11 +81,11 @@ def run_stage_task(
         except Exception as exc:
             if not (session_key and is_session_closed(exc)):
                 raise
-            # the DAG's session was closed (idle past the server's timeout: the next run
-            # after a pause, a retry much later): the DAG moves to a new one
+            # the run's session was closed (idle past the server's timeout: a retry much
+            # later, a run cleared the next day): the run moves to a new one
             from pyspark.sql import SparkSession
 
-            log.info("the DAG's Spark Connect session was closed (idle); opening a new one")
+            log.info("the DAG run's Spark Connect session was closed; opening a new one for the run")
             spark = SparkSession.builder.remote(keyed_remote(base_remote(spark), session_key, renew=True)).create()
             spark.release_session_on_close = False
             prepare_session(spark)
@@ -181,8 +181,8 @@ class EpochStageOperator(PySparkOperator):
         self.stage = stage
 
     def execute(self, context):
-        """Open the DAG's shared Connect session (:func:`epochsync.spark.keyed_remote`, keyed by
-        the DAG and the package); returns what the stage returns."""
+        """Open the DAG run's shared Connect session (:func:`epochsync.spark.keyed_remote`, keyed by
+        the run and the package); returns what the stage returns."""
         from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
         from airflow.providers.common.compat.sdk import BaseHook
 
@@ -196,12 +196,12 @@ class EpochStageOperator(PySparkOperator):
         run = context["dag_run"]
         url = SparkConnectHook(self.conn_id).get_connection_url()
         own, own_args = self.config_kwargs, self.op_kwargs
-        # One session per DAG, not per run: the DAG's runs are serial (max_active_runs=1,
-        # one writer per target), and a session keeps its Python workers, so each run after
-        # the first finds them warm (a fresh session paid ~1 s of worker start in its first
-        # Spark task, and ~1 s more in apply). The package's hash is in the key: code that
-        # changed never shares a session (or its workers) with the old code.
-        key = f"{run.dag_id}/{os.path.basename(package_zip())}"
+        # One session per DAG run, its tasks sharing the package and the Python workers.
+        # (A session per DAG, kept across runs, made a bench-warm run 3.5 s faster, but a
+        # run after more than the server's idle timeout then failed: the provider opens the
+        # session, closed on the server, before run_stage_task can renew it. See INTERNALS.)
+        # The package's hash in the key: tasks of one run running different code never share workers.
+        key = f"{run.dag_id}/{run.run_id}/{os.path.basename(package_zip())}"
         self.config_kwargs = {**own, "spark.remote": keyed_remote(url, key)}
         self.op_kwargs = {**own_args, "session_key": key}
         try:
