@@ -127,6 +127,9 @@ def spark_session(
             except Exception as exc:
                 if not is_session_closed(exc):
                     raise
+                # close the client of the closed session: left open it stays the process's
+                # default session, which every later getOrCreate() returns, whatever its URL
+                session.stop()
                 session = connect(keyed_remote(url, key, renew=True))
                 session.release_session_on_close = False
                 exit_without_retries(session)
@@ -463,6 +466,49 @@ def keyed_remote(url: str, key: str, *, renew: bool = False) -> str:
         tmp.write_text(gen)
         os.replace(tmp, path)
     return run_session_remote(url, f"{key}/{gen}")
+
+
+def open_keyed_remote(url: str, key: str) -> str:
+    """:func:`keyed_remote` of ``key``, moved to a new generation first when the server has
+    closed that session (idle past ``defaultSessionTimeout``, or released).
+
+    For URLs handed to code that sets options on the session before any of ours runs: the
+    provider's ``PySparkOperator`` calls ``getOrCreate()`` with the task's conf, and on a
+    closed session that fails with ``SESSION_CLOSED`` before the stage could renew it. One
+    request (a conf read, which also creates the session on the server when it is new).
+    """
+    from pyspark.sql import SparkSession
+
+    check_reachable(url)
+    remote = keyed_remote(url, key)
+    probe = SparkSession.builder.remote(remote).create()
+    probe.release_session_on_close = False  # stop() closes this client only
+    exit_without_retries(probe)
+    try:
+        probe.conf.get("spark.sql.session.timeZone")
+    except Exception as exc:
+        if not is_session_closed(exc):
+            raise
+        remote = keyed_remote(url, key, renew=True)
+    finally:
+        probe.stop()
+    return remote
+
+
+def forget_default_session() -> None:
+    """Unset this process's default and active Spark Connect session (without stopping it).
+
+    ``SparkSession.builder.getOrCreate()`` returns the process's default session whatever
+    URL its conf names: one left behind by an earlier task of the process (``dag.test()``
+    runs every task in one) would silently take a stage onto another session or server.
+    """
+    try:
+        from pyspark.sql.connect.session import SparkSession as ConnectSession
+    except ImportError:  # no Connect client: nothing to forget
+        return
+    with ConnectSession._lock:
+        ConnectSession._default_session = None
+    ConnectSession._active_session.session = None
 
 
 def base_remote(spark) -> str:

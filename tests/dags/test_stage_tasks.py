@@ -118,14 +118,22 @@ def test_the_connection_names_the_connect_server(monkeypatch):
     assert SparkConnectHook("spark_connect_default").get_connection_url() == "sc://127.0.0.1:15002/"
 
 
-def test_every_stage_task_of_a_run_opens_the_runs_session(dag, monkeypatch):
-    """One Connect session per DAG run: each task's ``spark.remote`` names the run's session id."""
+def test_every_stage_task_of_every_run_opens_the_dags_session(dag, monkeypatch):
+    """One Connect session per DAG and config (its runs are serial): each task's ``spark.remote``
+    names the DAG's kept session, whatever the run, so a run finds the previous run's package
+    and Python workers warm. (The renewal of a closed one: tests/unit/test_run_session.py.)"""
     from airflow.providers.apache.spark.operators.spark_pyspark import PySparkOperator
 
+    import epochsync.spark
     from epochsync.airflow.stages import spark_connect_conn_json
     from epochsync.spark import keyed_remote, package_zip
 
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT_DEFAULT", spark_connect_conn_json("sc://127.0.0.1:15002"))
+    opened = []
+    # no server here: the check of the kept session returns its URL
+    monkeypatch.setattr(
+        epochsync.spark, "open_keyed_remote", lambda url, key: opened.append(key) or keyed_remote(url, key)
+    )
     seen = {}
     monkeypatch.setattr(
         PySparkOperator, "execute", lambda self, context: seen.setdefault(self.task_id, dict(self.config_kwargs))
@@ -134,11 +142,24 @@ def test_every_stage_task_of_a_run_opens_the_runs_session(dag, monkeypatch):
     class Run:
         dag_id, run_id = dag.dag_id, "manual__2026-11-23T00:00:00+00:00"
 
+    class Later:
+        dag_id, run_id = dag.dag_id, "scheduled__2026-11-24T00:00:00+00:00"
+
     for name in ("ingest", "merge", "translate", "apply", "verify"):
         dag.get_task(name).execute({"dag_run": Run})
-    want = keyed_remote("sc://127.0.0.1:15002/", f"{Run.dag_id}/{Run.run_id}/{os.path.basename(package_zip())}")
+    later = {}
+    monkeypatch.setattr(
+        PySparkOperator, "execute", lambda self, context: later.setdefault(self.task_id, dict(self.config_kwargs))
+    )
+    for name in ("ingest", "apply"):
+        dag.get_task(name).execute({"dag_run": Later})
+    config_path = dag.get_task("ingest").op_kwargs["config_path"]
+    key = f"{Run.dag_id}/{config_path}/{os.path.basename(package_zip())}"
+    want = keyed_remote("sc://127.0.0.1:15002/", key)
     assert {name: kw["spark.remote"] for name, kw in seen.items()} == dict.fromkeys(seen, want)
     assert len(seen) == 5
+    assert {name: kw["spark.remote"] for name, kw in later.items()} == dict.fromkeys(later, want)
+    assert opened == [key] * 7
 
 
 def test_ingest_merge_translate_apply_verify_get_the_run_epochs(dag, calls, with_config):

@@ -1,4 +1,4 @@
-"""The tasks of one DAG run share one Spark Connect session (epochsync.spark.run_session_remote)."""
+"""Kept Spark Connect sessions: the epoch DAG's (shared by its tasks and runs) and ``epochsync replicate``'s."""
 
 from __future__ import annotations
 
@@ -80,12 +80,60 @@ def test_replicate_runs_of_one_target_reopen_one_session(spark_connect):
     # key moves to a new session instead of failing with SESSION_CLOSED
     renewed = spark_session("b2", remote=spark_connect, session_key=key)
     assert renewed.session_id != sid and renewed.range(2).count() == 2
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    # the client of the closed session is not left as the process's default session (every
+    # later getOrCreate() would return it, and fail)
+    assert ConnectSession._default_session in (None, renewed)
     renewed.release_session_on_close = True
     renewed.stop()
     other = spark_session("c", remote=spark_connect, session_key=key + "-other")
     other.release_session_on_close = True
     other.stop()
     assert other.session_id != sid
+
+
+def test_a_closed_kept_session_is_renewed_before_the_provider_opens_it(spark_connect):
+    """The epoch DAG's session is kept across runs; a run after the server closed it (idle
+    timeout) must not fail: the provider's ``getOrCreate`` sets options on the session, which
+    fails on a closed one, so ``open_keyed_remote`` checks it and moves the key first."""
+    import pytest
+    from pyspark import SparkConf
+    from pyspark.sql import SparkSession
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    from epochsync.spark import open_keyed_remote
+
+    assert ConnectSession._default_session is None  # no client left behind by the tests before
+
+    def provider_session(remote: str):  # what PySparkOperator.execute_callable does
+        conf = SparkConf().set("spark.app.name", "epochsync__sim__dag-merge").set("spark.remote", remote)
+        return SparkSession.builder.config(conf=conf).getOrCreate()
+
+    key = f"epochsync__sim__dag/{uuid.uuid4()}/epochsync-test.zip"
+    first = open_keyed_remote(spark_connect, key)
+    assert open_keyed_remote(spark_connect, key) == first  # open: the same session, run after run
+    s = provider_session(first)
+    assert s.range(3).count() == 3
+    s.release_session_on_close = True  # the server closes it (as its idle timeout does)
+    s.stop()
+    with pytest.raises(Exception, match="SESSION_CLOSED|SESSION_NOT_FOUND"):
+        provider_session(first)  # what the provider did on a closed session: the task failed
+    # the failed getOrCreate left its client as the process's default session, which the next
+    # getOrCreate returns whatever its URL: close it (Airflow runs each task in a process of
+    # its own; in dag.test() the provider's stop() after a task does this)
+    for leftover in {ConnectSession.getActiveSession(), ConnectSession._default_session} - {None}:
+        leftover.release_session_on_close = False
+        leftover.stop()
+    renewed = open_keyed_remote(spark_connect, key)
+    assert renewed != first
+    s = provider_session(renewed)
+    try:
+        assert s.range(2).count() == 2
+        assert open_keyed_remote(spark_connect, key) == renewed  # the next runs use the new one
+    finally:
+        s.release_session_on_close = True
+        s.stop()
 
 
 def test_a_server_that_is_not_running_is_reported_at_once():
