@@ -83,8 +83,9 @@ def test_replicate_runs_of_one_target_reopen_one_session(spark_connect):
     from pyspark.sql.connect.session import SparkSession as ConnectSession
 
     # the client of the closed session is not left as the process's default session (every
-    # later getOrCreate() would return it, and fail)
-    assert ConnectSession._default_session in (None, renewed)
+    # later getOrCreate() would return it, and fail); another test's live session may be
+    default = ConnectSession._get_default_session()
+    assert default is None or default.session_id != sid
     renewed.release_session_on_close = True
     renewed.stop()
     other = spark_session("c", remote=spark_connect, session_key=key + "-other")
@@ -102,38 +103,42 @@ def test_a_closed_kept_session_is_renewed_before_the_provider_opens_it(spark_con
     from pyspark.sql import SparkSession
     from pyspark.sql.connect.session import SparkSession as ConnectSession
 
-    from epochsync.spark import open_keyed_remote
+    from epochsync.spark import forget_default_session, open_keyed_remote
 
-    assert ConnectSession._default_session is None  # no client left behind by the tests before
-
-    def provider_session(remote: str):  # what PySparkOperator.execute_callable does
+    def provider_session(remote: str):
+        """What EpochStageOperator.execute then PySparkOperator.execute_callable do."""
+        forget_default_session()  # (a test before may hold a default session: the fixture's)
         conf = SparkConf().set("spark.app.name", "epochsync__sim__dag-merge").set("spark.remote", remote)
         return SparkSession.builder.config(conf=conf).getOrCreate()
 
+    saved = ConnectSession._default_session, getattr(ConnectSession._active_session, "session", None)
     key = f"epochsync__sim__dag/{uuid.uuid4()}/epochsync-test.zip"
-    first = open_keyed_remote(spark_connect, key)
-    assert open_keyed_remote(spark_connect, key) == first  # open: the same session, run after run
-    s = provider_session(first)
-    assert s.range(3).count() == 3
-    s.release_session_on_close = True  # the server closes it (as its idle timeout does)
-    s.stop()
-    with pytest.raises(Exception, match="SESSION_CLOSED|SESSION_NOT_FOUND"):
-        provider_session(first)  # what the provider did on a closed session: the task failed
-    # the failed getOrCreate left its client as the process's default session, which the next
-    # getOrCreate returns whatever its URL: close it (Airflow runs each task in a process of
-    # its own; in dag.test() the provider's stop() after a task does this)
-    for leftover in {ConnectSession.getActiveSession(), ConnectSession._default_session} - {None}:
-        leftover.release_session_on_close = False
-        leftover.stop()
-    renewed = open_keyed_remote(spark_connect, key)
-    assert renewed != first
-    s = provider_session(renewed)
     try:
-        assert s.range(2).count() == 2
-        assert open_keyed_remote(spark_connect, key) == renewed  # the next runs use the new one
-    finally:
-        s.release_session_on_close = True
+        first = open_keyed_remote(spark_connect, key)
+        assert open_keyed_remote(spark_connect, key) == first  # open: the same session, run after run
+        s = provider_session(first)
+        assert s.session_id == first.split("session_id=")[1]
+        assert s.range(3).count() == 3
+        s.release_session_on_close = True  # the server closes it (as its idle timeout does)
         s.stop()
+        with pytest.raises(Exception, match="SESSION_CLOSED|SESSION_NOT_FOUND"):
+            provider_session(first)  # what the provider did on a closed session: the task failed
+        # the failed getOrCreate's client (left as the default session): close it
+        for leftover in {ConnectSession.getActiveSession(), ConnectSession._default_session} - {None}:
+            leftover.release_session_on_close = False
+            leftover.stop()
+        renewed = open_keyed_remote(spark_connect, key)
+        assert renewed != first
+        s = provider_session(renewed)
+        try:
+            assert s.session_id == renewed.split("session_id=")[1]
+            assert s.range(2).count() == 2
+            assert open_keyed_remote(spark_connect, key) == renewed  # the next runs use the new one
+        finally:
+            s.release_session_on_close = True
+            s.stop()
+    finally:  # the session another test holds stays the process's default
+        ConnectSession._default_session, ConnectSession._active_session.session = saved
 
 
 def test_a_server_that_is_not_running_is_reported_at_once():
