@@ -119,20 +119,10 @@ def spark_session(
             session = connect(url)
             exit_without_retries(session)
         else:
-            session = connect(keyed_remote(url, key))
+            # renewed first when the server has closed it (open_keyed_remote)
+            session = connect(open_keyed_remote(url, key))
             session.release_session_on_close = False
             exit_without_retries(session)
-            try:
-                return prepare_session(session, shuffle_partitions=shuffle_partitions, extra_conf=extra_conf)
-            except Exception as exc:
-                if not is_session_closed(exc):
-                    raise
-                # close the client of the closed session: left open it stays the process's
-                # default session, which every later getOrCreate() returns, whatever its URL
-                session.stop()
-                session = connect(keyed_remote(url, key, renew=True))
-                session.release_session_on_close = False
-                exit_without_retries(session)
     else:
         session = _classic_session(app_name, master, extra_conf)
     return prepare_session(session, shuffle_partitions=shuffle_partitions, extra_conf=extra_conf)
@@ -411,7 +401,7 @@ def package_zip() -> str:
 
 
 #: session conf naming the package zip a Connect session already holds (sessions outlive
-#: processes: the tasks of one DAG run share one, see :func:`run_session_remote`)
+#: processes: the tasks of a DAG's runs share one, see :func:`open_keyed_remote`)
 SHIPPED_CONF = "epochsync.package"
 
 
@@ -519,10 +509,10 @@ def base_remote(spark) -> str:
 
 
 def run_session_remote(url: str, run_key: str) -> str:
-    """``url`` naming the Connect session of ``run_key`` (a DAG run): every task of the run
-    opens the same server-side session, so the package is shipped once and the Python
-    workers the first task started serve the next ones (a fresh session costs about 1 s
-    of worker start before its first Python step).
+    """``url`` naming the Connect session of ``run_key`` (a key and its generation, through
+    :func:`keyed_remote`): every client of the key opens the same server-side session, so
+    the package is shipped once and the Python workers the first one started serve the
+    next ones (a fresh session costs about 1 s of worker start before its first Python step).
 
     The session id is a UUID derived from ``run_key``; the server drops the session when it
     has been idle for ``spark.connect.session.manager.defaultSessionTimeout`` (the embedded

@@ -271,7 +271,7 @@ def _stop_group(proc: subprocess.Popen | None, timeout: float = 20) -> None:
         proc.wait(timeout=10)
 
 
-#: idle time after which the server drops a Connect session (a DAG run's shared one)
+#: idle time after which the server drops a Connect session (a DAG's kept one)
 SESSION_IDLE_TIMEOUT = "10min"
 
 
@@ -332,8 +332,8 @@ class SparkConnectServer:
             "spark.log.level": os.environ.get("EPOCHSYNC_SPARK_LOG_LEVEL", "WARN"),
             # an apply task must not be re-run behind the driver's back (see epochsync.stages.apply)
             "spark.task.maxFailures": "1",
-            # the tasks of a DAG run share one session (epochsync.spark.run_session_remote);
-            # nobody releases it, so the server drops it once the run has been idle this long
+            # the tasks of a DAG's runs share one session (epochsync.spark.open_keyed_remote);
+            # nobody releases it, so the server drops it once the DAG has been idle this long
             "spark.connect.session.manager.defaultSessionTimeout": SESSION_IDLE_TIMEOUT,
         }
         if not self.master.startswith("local"):
