@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import pytest
-from support.airflow_stack import airflow_env, dagtest, replica, simulate, truth
+from support.airflow_stack import airflow_env, close_dagtest_processes, dagtest, replica, simulate, truth
 
-# each epoch run is a few spark-submits: minutes on two shared cores, more than the default timeout
+# four DAG runs in one kept dag.test process, on the session's Connect server
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.slow,
     pytest.mark.timeout(3600),
     pytest.mark.usefixtures("spark_connect"),
 ]
+
+
+@pytest.fixture(autouse=True)
+def _kept_dagtest_process():
+    yield
+    close_dagtest_processes()
 
 
 def test_hydrate_at_a_closed_epoch_then_the_next_epoch_replicates(seaweed, tmp_path):

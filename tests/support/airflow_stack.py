@@ -75,25 +75,31 @@ def with_prefix(config: Path, prefix: str) -> Path:
     return config
 
 
-def dagtest(env: dict[str, str], dag_id: str, epoch: int, *, conf: dict | None = None, timeout: float = 1200) -> dict:
-    """Run one epoch with dag.test() in a fresh interpreter; returns run and task states."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "epochsync.airflow.dagtest",
-        "--dag-id",
-        dag_id,
-        "--epoch",
-        str(epoch),
-        "--conf",
-        json.dumps(conf or {}),
-    ]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("DAGTEST_RESULT ")]
-    assert lines, f"dag.test produced no result (exit {done.returncode}):\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
-    result = json.loads(lines[-1].split(" ", 1)[1])
-    result["log"] = done.stdout + done.stderr
+def dagtest(env: dict[str, str], dag_id: str, epoch: int, *, conf: dict | None = None) -> dict:
+    """Run one epoch with dag.test() in the kept ``dagtest --serve`` process of ``env``'s Airflow home
+    (as the demo runs its epochs); returns run and task states, and the run's output as ``log``."""
+    import tempfile
+
+    from epochsync.airflow.dagtest import DagTestProcess
+
+    home = env["AIRFLOW_HOME"]
+    if home not in _DAGTEST:
+        _DAGTEST[home] = DagTestProcess(env, cwd=ROOT)
+    fd, log = tempfile.mkstemp(prefix=f"{dag_id}-e{epoch}-", suffix=".log", dir=os.path.dirname(home))
+    os.close(fd)
+    result = _DAGTEST[home].run(dag_id, epoch, log, conf=conf, env=env)
+    result["log"] = Path(log).read_text(errors="replace")
+    assert "DAGTEST_RESULT " in result["log"], f"dag.test produced no result:\n{result['log'][-6000:]}"
     return result
+
+
+#: the kept dag.test processes, by Airflow home (closed by close_dagtest_processes at the session's end)
+_DAGTEST: dict = {}
+
+
+def close_dagtest_processes() -> None:
+    while _DAGTEST:
+        _DAGTEST.popitem()[1].close()
 
 
 def truth(sim_dir: Path, epoch: int) -> dict[str, tuple]:
@@ -134,7 +140,18 @@ def run_env_for(env: dict[str, str]) -> dict[str, str]:
     return dict(env)
 
 
-__all__ = ["ROOT", "airflow_env", "simulate", "with_prefix", "dagtest", "truth", "replica", "run_env_for", "os"]
+__all__ = [
+    "ROOT",
+    "airflow_env",
+    "simulate",
+    "with_prefix",
+    "dagtest",
+    "truth",
+    "replica",
+    "run_env_for",
+    "close_dagtest_processes",
+    "os",
+]
 
 
 # --------------------------------------------------------------------------- a running `airflow standalone`

@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TextIO
 
 
 def run_epoch(dag_id: str, epoch: int, *, dags_folder: str | None = None, conf: dict | None = None) -> dict:
@@ -121,15 +124,189 @@ def ensure_pools(config_path: str | None = None) -> list[str]:
     return sorted(pools)
 
 
+#: what ``--serve`` prints on its protocol channel when a run has ended
+SERVED = "DAGTEST_SERVED "
+
+
+def serve(requests: Iterable[str], reply: TextIO) -> int:
+    """Run DAG runs one after another in this process, one per JSON request line; returns 0.
+
+    A request is ``{"dag_id", "epoch", "conf", "log", "env"}``. Each run's output (the task
+    logs, then ``DAGTEST_RESULT {...}``) goes to the file ``log``, as a fresh
+    ``python -m epochsync.airflow.dagtest`` would print it; ``env`` replaces the environment
+    for that run (a fault to inject, another config), but not ``AIRFLOW_HOME`` or the
+    metadata database, which the process took at its start. The result, with the run's
+    seconds, goes to ``reply`` as ``DAGTEST_SERVED {...}``.
+
+    What a kept process saves is Airflow's own start-up, paid by the first run only: the
+    imports, the execution API that ``dag.test()`` builds in-process (about 4 s here), the
+    database check and the first Spark Connect session with its Python workers.
+    """
+    import os
+
+    home = os.environ.get("AIRFLOW_HOME")
+    # Python's streams on descriptors 1 and 2 for the process's life (loggers keep the stream they
+    # were configured with): each run points the descriptors at its log, so writes through the
+    # streams and straight to the descriptors alike land there
+    streams = sys.stdout, sys.stderr
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 (restored below)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    try:
+        return _serve(requests, reply, home)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        sys.stdout, sys.stderr = streams
+
+
+def _serve(requests: Iterable[str], reply: TextIO, home: str | None) -> int:
+    import os
+    import time
+    import traceback
+
+    for line in requests:
+        if not line.strip():
+            continue
+        req = json.loads(line)
+        env = req.get("env")
+        if env is not None and env.get("AIRFLOW_HOME") != home:
+            raise SystemExit(f"dagtest --serve: this process runs AIRFLOW_HOME={home}, not {env.get('AIRFLOW_HOME')}")
+        t0 = time.monotonic()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        saved = os.dup(1), os.dup(2)
+        with open(req["log"], "ab", buffering=0) as out:
+            os.dup2(out.fileno(), 1)
+            os.dup2(out.fileno(), 2)
+        try:
+            if env is not None:
+                os.environ.clear()
+                os.environ.update(env)
+            try:
+                result = run_epoch(req["dag_id"], int(req["epoch"]), conf=req.get("conf") or {})
+            except Exception as exc:  # reported as a failed run, with the reason in its log
+                traceback.print_exc()
+                result = {
+                    "dag_id": req["dag_id"],
+                    "epoch": req["epoch"],
+                    "state": "failed",
+                    "tasks": {},
+                    "error": str(exc),
+                }
+            print("DAGTEST_RESULT " + json.dumps(result), flush=True)
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+        result["seconds"] = round(time.monotonic() - t0, 2)
+        reply.write(SERVED + json.dumps(result) + "\n")
+        reply.flush()
+    return 0
+
+
+class DagTestProcess:
+    """A kept ``python -m epochsync.airflow.dagtest --serve`` for one Airflow home: DAG runs one
+    after another, each as ``dag.test()`` would run it in a fresh process, without paying
+    Airflow's start-up again.
+
+    ``run`` returns the same result as the one-shot command (``state``, ``tasks``, ``tries``)
+    plus ``seconds`` and ``returncode`` (0 or 1 like the command; None if the process died,
+    which is then started again for the next run).
+    """
+
+    def __init__(self, env: dict[str, str], *, cwd: str | Path | None = None):
+        self.env = dict(env)
+        self.cwd = cwd
+        self.proc: subprocess.Popen | None = None
+
+    def _start(self) -> subprocess.Popen:
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "epochsync.airflow.dagtest", "--serve"],
+                env=self.env,
+                cwd=self.cwd,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
+        return self.proc
+
+    def run(
+        self,
+        dag_id: str,
+        epoch: int,
+        log: str | Path,
+        *,
+        conf: dict | None = None,
+        env: dict[str, str] | None = None,
+    ) -> dict:
+        """One DAG run; its output goes to ``log`` (truncated first)."""
+        Path(log).write_bytes(b"")
+        run_env = dict(env if env is not None else self.env)
+        if run_env.get("AIRFLOW_HOME") != self.env.get("AIRFLOW_HOME"):
+            raise ValueError(f"this process runs AIRFLOW_HOME={self.env.get('AIRFLOW_HOME')}")
+        proc = self._start()
+        request = {"dag_id": dag_id, "epoch": epoch, "conf": conf or {}, "log": str(log), "env": run_env}
+        try:
+            proc.stdin.write(json.dumps(request) + "\n")
+            proc.stdin.flush()
+            line = proc.stdout.readline()
+        except (BrokenPipeError, OSError):
+            line = ""
+        if not line.startswith(SERVED):  # the process died during the run (a fault of mode kill, a crash)
+            code = proc.wait()
+            with open(log, "a") as out:
+                out.write(f"dagtest --serve: the process ended (exit {code}) during the run\n")
+            return {"dag_id": dag_id, "epoch": epoch, "state": "failed", "tasks": {}, "returncode": None}
+        result = json.loads(line[len(SERVED) :])
+        result["returncode"] = 0 if result.get("state") == "success" else 1
+        return result
+
+    def close(self, timeout: float = 60) -> None:
+        """End the process (it finishes the run in progress first)."""
+        if self.proc is None:
+            return
+        proc, self.proc = self.proc, None
+        try:
+            proc.stdin.close()
+            proc.wait(timeout=timeout)
+        except (OSError, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait()
+
+    def __enter__(self) -> DagTestProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one epoch of a DAG with ``dag.test()`` and print ``DAGTEST_RESULT {...}``; returns 0 if the
-    run succeeded, else 1."""
+    run succeeded, else 1. ``--serve``: run requests from stdin in this process (:func:`serve`)."""
     p = argparse.ArgumentParser(prog="python -m epochsync.airflow.dagtest", description=__doc__.split("\n\n")[0])
-    p.add_argument("--dag-id", required=True)
-    p.add_argument("--epoch", type=int, required=True)
+    p.add_argument("--serve", action="store_true", help="run DAG runs requested as JSON lines on stdin")
+    p.add_argument("--dag-id")
+    p.add_argument("--epoch", type=int)
     p.add_argument("--conf", default="{}", help="extra run conf as JSON (params), e.g. '{\"dry_run\": true}'")
     p.add_argument("--dags-folder")
     args = p.parse_args(argv)
+    if args.serve:
+        import os
+
+        # the protocol channel is a copy of stdout; stdout itself goes nowhere between runs, so
+        # nothing printed outside a run (an import's warning) can corrupt a reply
+        reply = os.fdopen(os.dup(1), "w")
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+        os.close(null)
+        return serve(sys.stdin, reply)
+    if args.dag_id is None or args.epoch is None:
+        p.error("--dag-id and --epoch are required (or --serve)")
     result = run_epoch(args.dag_id, args.epoch, dags_folder=args.dags_folder, conf=json.loads(args.conf))
     print("DAGTEST_RESULT " + json.dumps(result), flush=True)
     return 0 if result["state"] == "success" else 1

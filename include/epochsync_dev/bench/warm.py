@@ -2,11 +2,15 @@
 
 One run, one machine, one server (``local[2]``), started once and warmed by epoch 1:
 
-- ``dag-run``: one Airflow DAG run (``dag.test()``, as the demo runs it) of a ~1,700-record
-  epoch (epoch 2 of a 2,000-file simulated source, 2 MDTs, 4 OSTs) into a posix target;
+- ``dag-run``: one Airflow DAG run (``dag.test()``, as the demo runs it: in the process kept
+  from the target's previous run) of a ~1,700-record epoch (epoch 2 of a 2,000-file
+  simulated source, 2 MDTs, 4 OSTs) into a posix target;
+- ``dag-run-fresh-process``: the same epoch into another posix target with
+  ``python -m epochsync.airflow.dagtest`` (Airflow's start-up included);
 - ``cli-replicate``: ``epochsync replicate`` of the same epoch into a second posix target;
 - ``catch-up-100``: 100 closed epochs of another source through the Airflow DAG, in runs of
-  ``max_epochs_per_run`` epochs (``--catchup-window``, default 25), into a posix target;
+  ``max_epochs_per_run`` epochs (``--catchup-window``, default 25), into a posix target,
+  in one kept ``dag.test()`` process;
 - ``server-peak-rss``: the Connect server's peak resident memory (JVM and Python workers)
   over the whole run.
 
@@ -19,6 +23,7 @@ Every replica is compared with the simulator's ground truth after its run. Rows 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -27,6 +32,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+from epochsync.airflow.dagtest import DagTestProcess
 
 
 class ServerSampler:
@@ -113,7 +120,15 @@ def _equals_truth(config: Path, target: str, epoch: int) -> bool:
     return not compare_with_truth(open_target(cfg.target(target)), load_truth(truth_path(config.parent, epoch)))
 
 
-def _dag_run(env: dict, dag_id: str, epoch: int, conf: dict | None = None) -> tuple[float, dict]:
+def _dag_run(
+    env: dict, dag_id: str, epoch: int, conf: dict | None = None, *, kept: DagTestProcess | None = None, log: Path
+) -> tuple[float, dict]:
+    """One ``dag.test()`` run: in ``kept`` (the demo's way: one process per Airflow home, Airflow's
+    start-up paid by its first run) or, without it, in a fresh process; its output goes to ``log``."""
+    t0 = time.monotonic()
+    if kept is not None:
+        result = kept.run(dag_id, epoch, log, conf=conf, env=env)
+        return time.monotonic() - t0, result
     cmd = [
         sys.executable,
         "-m",
@@ -125,11 +140,11 @@ def _dag_run(env: dict, dag_id: str, epoch: int, conf: dict | None = None) -> tu
         "--conf",
         json.dumps(conf or {}),
     ]
-    t0 = time.monotonic()
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    with open(log, "w") as out:
+        subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
     seconds = time.monotonic() - t0
-    lines = [x for x in done.stdout.splitlines() if x.startswith("DAGTEST_RESULT ")]
-    result = json.loads(lines[-1].split(" ", 1)[1]) if lines else {"state": "failed", "log": done.stdout[-3000:]}
+    lines = [x for x in Path(log).read_text(errors="replace").splitlines() if x.startswith("DAGTEST_RESULT ")]
+    result = json.loads(lines[-1].split(" ", 1)[1]) if lines else {"state": "failed"}
     return seconds, result
 
 
@@ -168,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         url = server.start()
         rows.append(_row("server-start", time.monotonic() - t0, note="spark-submit to a listening Connect server"))
         try:
-            with ServerSampler(server.proc.pid) as sampler:
+            with ServerSampler(server.proc.pid) as sampler, contextlib.ExitStack() as stack:
                 env = demo_environment(work, endpoint, url)
                 os.environ.update({k: v for k, v in env.items() if k.startswith(("AIRFLOW_CONN_", "EPOCHSYNC_SPARK"))})
                 say("simulating the 2,000-file source (3 epochs) ...")
@@ -181,18 +196,24 @@ def main(argv: list[str] | None = None) -> int:
                     bucket="warm-src",
                     extra=["--mdts", "2", "--osts", "4"],
                 )
-                _posix_targets(config, ["dag", "cli"])
+                _posix_targets(config, ["dag", "fresh", "cli"])
                 env["EPOCHSYNC_CONFIG"] = str(config)
                 tenv = target_environment(env, work, "dag")
-                subprocess.run(
-                    [sys.executable, "-m", "airflow", "db", "migrate"],
-                    env=tenv,
-                    check=True,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-                say("epoch 1 of both targets (warm-up, not measured) ...")
-                _dag_run(tenv, "epochsync__sim__dag", 1)
+                fenv = target_environment(env, work, "fresh")
+                for e in (tenv, fenv):
+                    subprocess.run(
+                        [sys.executable, "-m", "airflow", "db", "migrate"],
+                        env=e,
+                        check=True,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                    )
+                logs = work / "logs"
+                logs.mkdir()
+                kept = stack.enter_context(DagTestProcess(tenv))
+                say("epoch 1 of every target (warm-up, not measured) ...")
+                _dag_run(tenv, "epochsync__sim__dag", 1, kept=kept, log=logs / "dag-e1.log")
+                _dag_run(fenv, "epochsync__sim__fresh", 1, log=logs / "fresh-e1.log")
                 subprocess.run(
                     [
                         sys.executable,
@@ -213,8 +234,8 @@ def main(argv: list[str] | None = None) -> int:
                 from epochsync.journal.undo import read_json
                 from epochsync.warehouse.paths import Warehouse, local_path
 
-                say("epoch 2 through the Airflow DAG (dag.test()) ...")
-                seconds, result = _dag_run(tenv, "epochsync__sim__dag", 2)
+                say("epoch 2 through the Airflow DAG (dag.test() in the process kept from epoch 1, as the demo) ...")
+                seconds, result = _dag_run(tenv, "epochsync__sim__dag", 2, kept=kept, log=logs / "dag-e2.log")
                 wh = Warehouse(f"file://{work / 'sim' / 'warehouse'}")
                 records = (read_json(local_path(wh.stats("dag", 2))) or {}).get("records_in")
                 ok = result.get("state") == "success" and _equals_truth(config, "dag", 2)
@@ -226,6 +247,22 @@ def main(argv: list[str] | None = None) -> int:
                         equals_truth=ok,
                         stages=_stage_seconds(config, "dag", 2),
                         target_s=20,
+                        note="dag.test() in the kept process of the target's Airflow home (its second run)",
+                    )
+                )
+                say("epoch 2 through the Airflow DAG (dag.test() in a fresh process) ...")
+                seconds, result = _dag_run(fenv, "epochsync__sim__fresh", 2, log=logs / "fresh-e2.log")
+                ok = result.get("state") == "success" and _equals_truth(config, "fresh", 2)
+                rows.append(
+                    _row(
+                        "dag-run-fresh-process",
+                        seconds,
+                        records=records,
+                        equals_truth=ok,
+                        stages=_stage_seconds(config, "fresh", 2),
+                        target_s=20,
+                        note="python -m epochsync.airflow.dagtest: Airflow's start-up included; "
+                        "the epoch was already ingested by dag-run",
                     )
                 )
                 say("epoch 2 through epochsync replicate ...")
@@ -280,12 +317,20 @@ def main(argv: list[str] | None = None) -> int:
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
                 )
-                say(f"catching up {n} epochs through the Airflow DAG, {window} per run ...")
+                say(f"catching up {n} epochs through the Airflow DAG, {window} per run, in one dag.test process ...")
                 t0 = time.monotonic()
                 states = []
+                ckept = stack.enter_context(DagTestProcess(cenv))
                 for last in range(window, n + window, window):
                     last = min(last, n)
-                    _, result = _dag_run(cenv, "epochsync__sim__catchup", last, {"max_epochs_per_run": window})
+                    _, result = _dag_run(
+                        cenv,
+                        "epochsync__sim__catchup",
+                        last,
+                        {"max_epochs_per_run": window},
+                        kept=ckept,
+                        log=logs / f"catchup-{last}.log",
+                    )
                     states.append(result.get("state"))
                 seconds = time.monotonic() - t0
                 ok = all(s == "success" for s in states) and _equals_truth(cu, "catchup", n)
