@@ -25,10 +25,16 @@ def pytest_collection_modifyitems(config, items):
     is done, so starting the long ones first keeps one worker from ending the run alone on
     a 200 s file."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
-        # one process: the files' own order, but the tests of the session's `airflow standalone`
-        # (backfill, UI) last: its scheduler, DAG processor and API server, started by the first
-        # of them, then run for minutes instead of through the whole suite, taking CPU from it
-        items.sort(key=lambda item: "scheduler_stack" in getattr(item, "fixturenames", ()))
+        # one process: the files' own order, but the live-schedule test late (its scenario runs
+        # from the session's start, beside the other tests: see live_epochs) and the tests of
+        # the session's `airflow standalone` (backfill, UI) last: its scheduler, DAG processor
+        # and API server, started by the first of them, then run for minutes instead of
+        # through the whole suite, taking CPU from it
+        def late(item) -> int:
+            names = getattr(item, "fixturenames", ())
+            return 2 if "scheduler_stack" in names else 1 if "live_epochs" in names else 0
+
+        items.sort(key=late)
         return
     slow = {item.path for item in items if item.get_closest_marker("slow")}
 
@@ -62,6 +68,29 @@ def spark_connect():
     else:
         os.environ[REMOTE_ENV] = old
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def live_epochs(seaweed, spark_connect, tmp_path_factory):
+    """The live-schedule scenario (``support/live.py``), started in a background thread."""
+    from support.live import LiveEpochs
+
+    live = LiveEpochs(seaweed, tmp_path_factory.mktemp("live")).start()
+    yield live
+    live.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _live_epochs_beside_the_others(request):
+    """Start the live scenario with the session when its test is selected, in one process: its
+    three minutes of 30 s epochs then pass while the other tests run (the test reads the
+    result late). Under pytest-xdist the test starts it itself."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    items = request.session.items
+    if any("live_epochs" in getattr(item, "fixturenames", ()) for item in items):
+        live = request.getfixturevalue("live_epochs")
+        live.facts["beside_other_tests"] = len(items) > 1
 
 
 @pytest.fixture(scope="session")
