@@ -159,7 +159,7 @@ def _stage_seconds(config: Path, target: str, epoch: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     from epochsync_dev.bench import write_results
-    from epochsync_dev.demo import demo_environment, target_environment
+    from epochsync_dev.demo import demo_environment, migrate_airflow_db, target_environment
     from epochsync_dev.embedded import SeaweedFS, SparkConnectServer
 
     p = argparse.ArgumentParser(prog="python -m epochsync_dev.bench warm", description=__doc__.split("\n\n")[0])
@@ -201,13 +201,7 @@ def main(argv: list[str] | None = None) -> int:
                 tenv = target_environment(env, work, "dag")
                 fenv = target_environment(env, work, "fresh")
                 for e in (tenv, fenv):
-                    subprocess.run(
-                        [sys.executable, "-m", "airflow", "db", "migrate"],
-                        env=e,
-                        check=True,
-                        stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL,
-                    )
+                    migrate_airflow_db(e)
                 logs = work / "logs"
                 logs.mkdir()
                 kept = stack.enter_context(DagTestProcess(tenv))
@@ -238,30 +232,26 @@ def main(argv: list[str] | None = None) -> int:
                 seconds, result = _dag_run(tenv, "epochsync__sim__dag", 2, kept=kept, log=logs / "dag-e2.log")
                 wh = Warehouse(f"file://{work / 'sim' / 'warehouse'}")
                 records = (read_json(local_path(wh.stats("dag", 2))) or {}).get("records_in")
-                ok = result.get("state") == "success" and _equals_truth(config, "dag", 2)
+
+                def dag_row(name: str, target: str, seconds: float, result: dict, note: str) -> dict:
+                    ok = result.get("state") == "success" and _equals_truth(config, target, 2)
+                    stages = _stage_seconds(config, target, 2)
+                    return _row(name, seconds, records=records, equals_truth=ok, stages=stages, target_s=20, note=note)
+
                 rows.append(
-                    _row(
-                        "dag-run",
-                        seconds,
-                        records=records,
-                        equals_truth=ok,
-                        stages=_stage_seconds(config, "dag", 2),
-                        target_s=20,
-                        note="dag.test() in the kept process of the target's Airflow home (its second run)",
+                    dag_row(
+                        "dag-run", "dag", seconds, result, "dag.test() in the kept process of the target's Airflow home"
                     )
                 )
                 say("epoch 2 through the Airflow DAG (dag.test() in a fresh process) ...")
                 seconds, result = _dag_run(fenv, "epochsync__sim__fresh", 2, log=logs / "fresh-e2.log")
-                ok = result.get("state") == "success" and _equals_truth(config, "fresh", 2)
                 rows.append(
-                    _row(
+                    dag_row(
                         "dag-run-fresh-process",
+                        "fresh",
                         seconds,
-                        records=records,
-                        equals_truth=ok,
-                        stages=_stage_seconds(config, "fresh", 2),
-                        target_s=20,
-                        note="python -m epochsync.airflow.dagtest: Airflow's start-up included; "
+                        result,
+                        "python -m epochsync.airflow.dagtest: Airflow's start-up included; "
                         "the epoch was already ingested by dag-run",
                     )
                 )
@@ -310,13 +300,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 _posix_targets(cu, ["catchup"])
                 cenv = target_environment(dict(env, EPOCHSYNC_CONFIG=str(cu)), work, "catchup")
-                subprocess.run(
-                    [sys.executable, "-m", "airflow", "db", "migrate"],
-                    env=cenv,
-                    check=True,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
+                migrate_airflow_db(cenv)
                 say(f"catching up {n} epochs through the Airflow DAG, {window} per run, in one dag.test process ...")
                 t0 = time.monotonic()
                 states = []
