@@ -40,7 +40,7 @@ import threading
 import time
 from pathlib import Path
 
-from epochsync.airflow.dagtest import DagTestProcess
+from epochsync.airflow.dagtest import close_kept_processes, kept_process
 from epochsync.core.shutdown import INTERRUPTED
 
 REPO = Path(__file__).resolve().parents[2]
@@ -158,33 +158,11 @@ def run_dag_epoch(
     if INTERRUPTED.is_set():  # stopping: start nothing new
         return {"state": "interrupted", "tasks": {}, "seconds": 0.0, "returncode": None, "log": str(log_path)}
     with RunWatcher(f"epoch {epoch} {target}", log_path):
-        result = dagtest_process(run_env).run(dag_id, epoch, log_path, env=run_env)
+        # the target's kept process: every run after its first skips Airflow's start-up
+        result = kept_process(run_env, cwd=REPO).run(dag_id, epoch, log_path, env=run_env)
     result["seconds"] = time.monotonic() - t0
     result["log"] = str(log_path)
     return result
-
-
-_DAGTEST: dict[str, DagTestProcess] = {}
-_DAGTEST_LOCK = threading.Lock()
-
-
-def dagtest_process(env: dict[str, str]) -> DagTestProcess:
-    """The kept ``dag.test()`` process of ``env``'s Airflow home (started on first use): every run
-    of a target after its first skips Airflow's start-up (imports, the in-process execution
-    API, the database check; about 9 s a run on this machine)."""
-    with _DAGTEST_LOCK:
-        home = env["AIRFLOW_HOME"]
-        if home not in _DAGTEST:
-            _DAGTEST[home] = DagTestProcess({k: v for k, v in env.items() if k != "EPOCHSYNC_INJECT_FAILURE"}, cwd=REPO)
-        return _DAGTEST[home]
-
-
-def close_dagtest_processes() -> None:
-    with _DAGTEST_LOCK:
-        procs = list(_DAGTEST.values())
-        _DAGTEST.clear()
-    for p in procs:
-        p.close()
 
 
 def verify_target(cfg, target: str, sim_dir: Path, epoch: int) -> list[str]:
@@ -747,7 +725,7 @@ def _main(args: argparse.Namespace) -> int:
             interrupted.outcome = stop_demo(weed, state["cfg"], state["threads"], also=state["also"])
         report = None
     finally:
-        close_dagtest_processes()
+        close_kept_processes()
         if cluster is not None:
             try:
                 spark_info["cluster"] = cluster.json()

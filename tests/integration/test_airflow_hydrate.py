@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from support.airflow_stack import airflow_env, close_dagtest_processes, dagtest, replica, simulate, truth
+from support.airflow_stack import airflow_env, dagtest, replica, simulate, truth
+
+from epochsync.airflow.dagtest import close_kept_processes
 
 # four DAG runs in one kept dag.test process, on the session's Connect server
 pytestmark = [
@@ -17,7 +19,7 @@ pytestmark = [
 @pytest.fixture(autouse=True)
 def _kept_dagtest_process():
     yield
-    close_dagtest_processes()
+    close_kept_processes()
 
 
 def test_hydrate_at_a_closed_epoch_then_the_next_epoch_replicates(seaweed, tmp_path):

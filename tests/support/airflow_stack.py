@@ -80,26 +80,15 @@ def dagtest(env: dict[str, str], dag_id: str, epoch: int, *, conf: dict | None =
     (as the demo runs its epochs); returns run and task states, and the run's output as ``log``."""
     import tempfile
 
-    from epochsync.airflow.dagtest import DagTestProcess
+    from epochsync.airflow.dagtest import kept_process
 
     home = env["AIRFLOW_HOME"]
-    if home not in _DAGTEST:
-        _DAGTEST[home] = DagTestProcess(env, cwd=ROOT)
     fd, log = tempfile.mkstemp(prefix=f"{dag_id}-e{epoch}-", suffix=".log", dir=os.path.dirname(home))
     os.close(fd)
-    result = _DAGTEST[home].run(dag_id, epoch, log, conf=conf, env=env)
+    result = kept_process(env, cwd=ROOT).run(dag_id, epoch, log, conf=conf, env=env)
     result["log"] = Path(log).read_text(errors="replace")
     assert "DAGTEST_RESULT " in result["log"], f"dag.test produced no result:\n{result['log'][-6000:]}"
     return result
-
-
-#: the kept dag.test processes, by Airflow home (closed by close_dagtest_processes at the session's end)
-_DAGTEST: dict = {}
-
-
-def close_dagtest_processes() -> None:
-    while _DAGTEST:
-        _DAGTEST.popitem()[1].close()
 
 
 def truth(sim_dir: Path, epoch: int) -> dict[str, tuple]:
@@ -149,7 +138,6 @@ __all__ = [
     "truth",
     "replica",
     "run_env_for",
-    "close_dagtest_processes",
     "os",
 ]
 

@@ -16,6 +16,7 @@ import argparse
 import json
 import subprocess
 import sys
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TextIO
@@ -255,7 +256,7 @@ class DagTestProcess:
             proc.stdin.write(json.dumps(request) + "\n")
             proc.stdin.flush()
             line = proc.stdout.readline()
-        except (BrokenPipeError, OSError):
+        except OSError:  # a broken pipe: the process is gone
             line = ""
         if not line.startswith(SERVED):  # the process died during the run (a fault of mode kill, a crash)
             code = proc.wait()
@@ -283,6 +284,29 @@ class DagTestProcess:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+_KEPT: dict[str, DagTestProcess] = {}
+_KEPT_LOCK = threading.Lock()
+
+
+def kept_process(env: dict[str, str], *, cwd: str | Path | None = None) -> DagTestProcess:
+    """The kept ``dag.test()`` process of ``env``'s Airflow home, started on its first run (the
+    demo's chains and the tests share them by home); a fault to inject stays the run's own."""
+    with _KEPT_LOCK:
+        home = env["AIRFLOW_HOME"]
+        if home not in _KEPT:
+            _KEPT[home] = DagTestProcess({k: v for k, v in env.items() if k != "EPOCHSYNC_INJECT_FAILURE"}, cwd=cwd)
+        return _KEPT[home]
+
+
+def close_kept_processes() -> None:
+    """End every process :func:`kept_process` started."""
+    with _KEPT_LOCK:
+        procs = list(_KEPT.values())
+        _KEPT.clear()
+    for p in procs:
+        p.close()
 
 
 def main(argv: list[str] | None = None) -> int:
