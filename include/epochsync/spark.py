@@ -426,6 +426,40 @@ def ship_package(spark) -> str:
         return path
 
 
+def local_checkpoint(spark, df):
+    """``df.localCheckpoint(eager=True)``, bound to ``spark`` (the session that holds it).
+
+    The Connect client (pyspark 4.2, ``conversion.proto_to_remote_cached_dataframe``) gives
+    the checkpoint's DataFrame to the process's *active* session, not to the one that ran
+    the command: in a process holding two sessions (``epochsync replicate`` opens a kept
+    session of its own beside the caller's) joining it with the stage's other DataFrames
+    failed with ``SESSION_NOT_SAME``, and dropping it would have asked the wrong session to
+    release it. Release it with :func:`release_checkpoint`.
+    """
+    out = df.localCheckpoint(eager=True)
+    rel = getattr(out, "_plan", None)
+    if not is_connect(spark) or type(rel).__name__ != "CachedRemoteRelation" or out.sparkSession is spark:
+        return out
+    from pyspark.sql.connect.dataframe import DataFrame as ConnectDataFrame
+    from pyspark.sql.connect.plan import CachedRemoteRelation
+
+    relation_id, rel._relation_id = rel._relation_id, None  # the misbound copy releases nothing
+    return ConnectDataFrame(plan=CachedRemoteRelation(relation_id, spark), session=spark)
+
+
+def release_checkpoint(df) -> None:
+    """Drop a Connect session's local checkpoint of ``df`` now, not when Python collects it:
+    kept sessions outlive the process, and a checkpoint lives as long as its session. (A
+    classic session's checkpoint goes with its last reference, by Spark's cleaner.)"""
+    rel = getattr(df, "_plan", None)
+    if type(rel).__name__ != "CachedRemoteRelation" or getattr(rel, "_relation_id", None) is None:
+        return
+    try:
+        rel.__del__()  # the client's own release request (RemoveCachedRemoteRelationCommand)
+    finally:
+        rel._relation_id = None  # and not again when the object is collected
+
+
 def is_session_closed(exc: BaseException) -> bool:
     """The server closed the session this client named (idle timeout, or released)."""
     return "SESSION_CLOSED" in str(exc) or "SESSION_NOT_FOUND" in str(exc)

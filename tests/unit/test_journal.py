@@ -84,6 +84,29 @@ def test_a_rollback_in_progress_stops_late_writers(tmp_path):
     assert [e["path"] for e in read_journal(d)] == ["a"]
 
 
+def test_a_writer_that_starts_after_the_rollback_listed_the_writers_leaves_no_journal(tmp_path):
+    """An executor task's thread may open its journal after the rollback wrote ABORTED and
+    listed the writers to wait for: it must refuse and leave no file, and never create the
+    epoch's directory again once the rollback removed it (an unfinished epoch on disk)."""
+    import shutil
+
+    from epochsync.journal.undo import mark_aborted, start_run
+
+    d = str(tmp_path / "undo" / "epoch=1")
+    token = start_run(d)
+    with UndoJournal(d, "data-00000", PHASE_DATA, run=token) as j:  # a writer before the rollback
+        j.append({"op": "create", "path": "a"})
+    mark_aborted(d)
+    with pytest.raises(EpochsyncError, match="rollback"):
+        UndoJournal(d, "data-00101", PHASE_DATA, run=token)
+    assert sorted(n for n in os.listdir(d) if n.endswith(".jsonl")) == ["data-00000.jsonl"]
+    shutil.rmtree(d)  # the rollback is done
+    with pytest.raises(EpochsyncError, match="rolled back|over"):
+        UndoJournal(d, "data-00102", PHASE_DATA, run=token)
+    assert not os.path.exists(d)
+    assert not journal_exists(d)
+
+
 def test_a_rollback_run_again_after_a_crash_does_not_undo_twice(tmp_path, monkeypatch):
     """Regression: a rollback killed after its last undo, before the journal was removed, ran the
     whole journal again; undoing ``create s`` a second time removed the original ``s`` that

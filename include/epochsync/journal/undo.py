@@ -73,14 +73,43 @@ class UndoJournal:
         self.phase = phase
         self.faults = faults
         self.tick_enabled = tick
-        os.makedirs(os.path.join(directory, "preimages"), exist_ok=True)
+        preimages = os.path.join(directory, "preimages")
+        if run is None:
+            os.makedirs(preimages, exist_ok=True)
+        else:
+            # the run's directory exists (start_run made it); never create it again behind a
+            # rollback that has already removed it
+            try:
+                os.mkdir(preimages)
+            except FileExistsError:
+                pass
+            except FileNotFoundError:
+                raise EpochsyncError(f"apply stopped: {directory} is gone (the epoch was rolled back)") from None
         self.path = os.path.join(directory, f"{writer}.jsonl")
         self.seq = _count_lines(self.path)
+        existed = os.path.exists(self.path)
         self._f = open(self.path, "a", encoding="utf-8")
         # held while this writer lives: a rollback waits for it (wait_for_writers), so it never
         # undoes a mutation that a straggling executor task is still making
         fcntl.flock(self._f.fileno(), fcntl.LOCK_EX)
         self._lock = threading.Lock()
+        if run is not None:
+            # A rollback writes ABORTED, then waits for the writers whose files it finds. A
+            # writer that opened its file after that listing (a thread of an executor task
+            # starting late) is not waited for, so it checks again now that it holds its
+            # lock, and leaves no journal file behind for the rolled-back epoch.
+            try:
+                if os.path.exists(os.path.join(directory, ABORT_MARKER)):
+                    raise EpochsyncError(f"apply stopped: a rollback of {directory} is running")
+                self._check_run()
+            except EpochsyncError:
+                if not existed and self.seq == 0:
+                    try:
+                        os.unlink(self.path)
+                    except FileNotFoundError:
+                        pass
+                self._f.close()
+                raise
 
     def append(self, entry: dict) -> dict:
         """Write ``entry`` durably, then give the fault injector its chance to fire; returns the entry

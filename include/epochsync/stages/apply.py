@@ -340,21 +340,30 @@ def run_in_order(target, ops: list[dict], run_one, delete_many=None) -> None:
 #: data operations in flight when a plan is applied without a Spark session (the target contract tests)
 LOCAL_APPLY_THREADS = 8
 
+#: data operations in flight in each executor task (``EPOCHSYNC_APPLY_TASK_THREADS``): the
+#: operations wait on S3 and fsync more than on the CPU, so a task keeps several going
+TASK_APPLY_THREADS = 4
 
-def _apply_in_threads(
-    ops: list[dict], target, source_io, source_bucket: str, jdir: str, faults, plan: dict, token=None
-):
-    """The executors' work in this process: ``LOCAL_APPLY_THREADS`` partitions, one thread each.
 
-    Each thread has its own journal file, as an executor would; the threads share the
-    caller's S3 clients (thread-safe, and a client costs about 10 ms to build) and so its
-    counters, which the caller reports. After the first failure the other threads finish
-    the operation they are in and stop, so a rollback never races a writer.
+def task_apply_threads() -> int:
+    """Data operations in flight per executor task (``EPOCHSYNC_APPLY_TASK_THREADS``, default 4)."""
+    return max(1, int(os.environ.get("EPOCHSYNC_APPLY_TASK_THREADS", TASK_APPLY_THREADS)))
+
+
+def _partitions_in_threads(
+    parts: list[tuple[int, list[dict]]], target, source_io, source_bucket: str, jdir: str, faults, plan: dict, token
+) -> list[dict]:
+    """:func:`_data_partition` of each ``(index, ops)`` of ``parts`` in its own thread; returns their results.
+
+    Each thread has its own journal file (``data-<index>``), as an executor task would; the
+    threads share the caller's S3 clients (thread-safe, and a client costs about 10 ms to
+    build) and so its counters: the results' ``source`` and ``target`` figures are this
+    process's, not each thread's. After the first failure the other threads finish the
+    operation they are in and stop, so a rollback never races a writer.
     """
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    n = max(1, min(LOCAL_APPLY_THREADS, len(ops)))
     stop = threading.Event()
     for io in (source_io, getattr(target, "io", None)):
         if io is not None:
@@ -366,20 +375,19 @@ def _apply_in_threads(
                 return
             yield op
 
-    def run(i: int):
+    def run(index: int, part: list[dict]):
         try:
-            out = list(
-                _data_partition(i, until_stopped(ops[i::n]), target, source_io, source_bucket, jdir, faults, token)
+            return list(
+                _data_partition(index, until_stopped(part), target, source_io, source_bucket, jdir, faults, token)
             )
         except BaseException:
             stop.set()
             raise
-        for r in out:  # the shared counters are the caller's: counted once, there
-            r["source"], r["target"] = {}, {}
-        return out
 
-    with ThreadPoolExecutor(n, thread_name_prefix="epochsync-apply") as pool:
-        futures = [pool.submit(run, i) for i in range(n)]
+    if len(parts) == 1:  # no thread for a single partition
+        return run(*parts[0])
+    with ThreadPoolExecutor(len(parts), thread_name_prefix="epochsync-apply") as pool:
+        futures = [pool.submit(run, index, part) for index, part in parts]
     errors = [f.exception() for f in futures if f.exception() is not None]
     if errors:
         exc = errors[0]
@@ -389,11 +397,55 @@ def _apply_in_threads(
     return [r for f in futures for r in f.result()]
 
 
+def _apply_in_threads(
+    ops: list[dict], target, source_io, source_bucket: str, jdir: str, faults, plan: dict, token=None
+):
+    """The executors' work in this process: ``LOCAL_APPLY_THREADS`` partitions, one thread each
+    (:func:`_partitions_in_threads`); the shared counters are the caller's, counted there."""
+    n = max(1, min(LOCAL_APPLY_THREADS, len(ops)))
+    out = _partitions_in_threads(
+        [(i, ops[i::n]) for i in range(n)], target, source_io, source_bucket, jdir, faults, plan, token
+    )
+    for r in out:
+        r["source"], r["target"] = {}, {}
+    return out
+
+
+def _task_in_threads(
+    index: int, ops: list[dict], threads: int, target, source_io, source_bucket: str, jdir: str, faults, plan, token
+) -> dict:
+    """One executor task's operations in up to ``threads`` threads (journals ``data-<index * 100
+    + thread>``); returns the task's one report: the threads' sums, this process's request
+    counters and the facts of what it wrote."""
+    k = max(1, min(threads, len(ops)))
+    started = time.monotonic()
+    results = _partitions_in_threads(
+        [(index * 100 + j, ops[j::k]) for j in range(k)] if k > 1 else [(index, ops)],
+        target,
+        source_io,
+        source_bucket,
+        jdir,
+        faults,
+        plan,
+        token,
+    )
+    report = {k2: sum(r[k2] for r in results) for k2 in ("pulled", "written", "ops")}
+    report["source"] = source_io.counters.as_dict()
+    report["target"] = target.io.counters.as_dict() if hasattr(target, "io") else {}
+    facts: dict = {}
+    for r in results:
+        facts.update(r.get("facts") or {})
+    report["facts"] = facts
+    report["seconds"] = time.monotonic() - started
+    return report
+
+
 def _apply_on_executors(spark, ops: list[dict], plan: dict, target, source_io, source_bucket, jdir, faults, token=None):
     """The data operations as one Spark job: ``mapInArrow`` over partition numbers, one report row each.
 
-    Each partition takes every n-th operation (the plan travels with the function) and
-    writes its own journal file. A task that Spark re-runs after a failure refuses at once
+    Each partition takes every n-th operation (the plan travels with the function) and runs
+    them in :func:`task_apply_threads` threads, each writing its own journal file
+    (:func:`_task_in_threads`). A task that Spark re-runs after a failure refuses at once
     (``spark.task.maxFailures`` may be above 1 on a cluster): a half-done partition must be
     rolled back, never re-applied behind the journal. After a failure the job's other
     tasks are interrupted through the session tag; a straggler still running stops at its
@@ -405,6 +457,7 @@ def _apply_on_executors(spark, ops: list[dict], plan: dict, target, source_io, s
     # session pays a Python worker's start)
     n = max(1, min(len(ops), executor_slots(spark) * (2 if len(ops) > 2000 else 1)))
     parts = [ops[i::n] for i in range(n)]
+    threads = task_apply_threads()
 
     def task(index: int):
         from pyspark import TaskContext
@@ -412,7 +465,9 @@ def _apply_on_executors(spark, ops: list[dict], plan: dict, target, source_io, s
         ctx = TaskContext.get()
         if ctx is not None and ctx.attemptNumber() > 0:
             raise EpochsyncError("apply: Spark re-ran a failed data task; the epoch is rolled back instead")
-        yield from _data_partition(index, iter(parts[index]), target, source_io, source_bucket, jdir, faults, token)
+        yield _task_in_threads(
+            index, parts[index], threads, target, source_io, source_bucket, jdir, faults, plan, token
+        )
 
     return run_report_tasks(
         spark,

@@ -511,6 +511,7 @@ def merge_epoch(
     extents_known: bool = True,
     *,
     cache: bool | list | Callable[[DataFrame], DataFrame] = False,
+    ranked: Callable[[DataFrame], DataFrame] | None = None,
 ) -> tuple[DataFrame, DataFrame]:
     """Snapshot E-1 and the records of E (or of a window) → (snapshot E, net change set).
 
@@ -537,10 +538,18 @@ def merge_epoch(
     returns it materialized (:func:`run_merge` writes it to a scratch table and reads it
     back): the outputs' plans then start from its rows, which is what a small epoch wants
     (the wide plan is planned once, not once per output).
+
+    ``ranked``, if given, receives the ranked records (:func:`prepare_records`: partitioned
+    by fid, with the causal order) and returns them computed once, keeping that
+    partitioning (:func:`run_merge` takes a local checkpoint of them on a small epoch):
+    the five aggregations then start from their rows instead of each planning and running
+    the shuffle and the windows again.
     """
     from pyspark.sql import functions as F
 
     recs = prepare_records(records)
+    if ranked is not None:
+        recs = ranked(recs)
     if cache is not False and not callable(cache):
         # Five aggregations read the ranked records: shuffle and sort them once. The token
         # makes this plan (and the per-fid state built on it) this call's own: Spark matches
@@ -816,7 +825,7 @@ def run_merge(
 
 def _run_merge_spark(cfg: Config, target_name: str, first_epoch: int, last_epoch: int, spark: SparkSession) -> dict:
 
-    from epochsync.spark import size_partitions
+    from epochsync.spark import local_checkpoint, release_checkpoint, size_partitions
     from epochsync.stages.ingest import read_records
     from epochsync.warehouse import fs as warehouse_fs
     from epochsync.warehouse.paths import Warehouse
@@ -844,7 +853,16 @@ def _run_merge_spark(cfg: Config, target_name: str, first_epoch: int, last_epoch
         df.write.mode("overwrite").parquet(uri)
         return spark.read.parquet(uri)
 
-    cache = persisted if rows >= cache_min_rows() else materialize
+    checkpoints: list[DataFrame] = []
+
+    def checkpoint(df: DataFrame) -> DataFrame:
+        # in the session's block manager, partitioned as it was computed (by fid): a Parquet
+        # copy would lose that and cost the aggregations a shuffle each (measured: no gain)
+        checkpoints.append(local_checkpoint(spark, df))
+        return checkpoints[-1]
+
+    small = rows < cache_min_rows()
+    cache = materialize if small else persisted
     records = read_records(spark, cfg.warehouse, source.name, first_epoch, last_epoch)
     out = MergeOutputs(
         wh.snapshot(target.name, last_epoch),
@@ -853,7 +871,12 @@ def _run_merge_spark(cfg: Config, target_name: str, first_epoch: int, last_epoch
     )
     try:
         snapshot, changes = merge_epoch(
-            prev, records, source.root_fid, extents_known_for(source.changelogs.format), cache=cache
+            prev,
+            records,
+            source.root_fid,
+            extents_known_for(source.changelogs.format),
+            cache=cache,
+            ranked=checkpoint if small else None,
         )
         # the snapshot last: its presence says the merge of this epoch is complete
         write_table(spark, changes, out.changes)
@@ -864,6 +887,8 @@ def _run_merge_spark(cfg: Config, target_name: str, first_epoch: int, last_epoch
     finally:
         for df in persisted:
             df.unpersist()
+        for df in checkpoints:
+            release_checkpoint(df)
         for uri in scratch:
             warehouse_fs.delete(uri)
 
