@@ -88,9 +88,7 @@ def test_a_writer_that_starts_after_the_rollback_listed_the_writers_leaves_no_jo
     """An executor task's thread may open its journal after the rollback wrote ABORTED and
     listed the writers to wait for: it must refuse and leave no file, and never create the
     epoch's directory again once the rollback removed it (an unfinished epoch on disk)."""
-    import shutil
-
-    from epochsync.journal.undo import mark_aborted, start_run
+    from epochsync.journal.undo import mark_aborted, remove_journal, start_run
 
     d = str(tmp_path / "undo" / "epoch=1")
     token = start_run(d)
@@ -100,11 +98,13 @@ def test_a_writer_that_starts_after_the_rollback_listed_the_writers_leaves_no_jo
     with pytest.raises(EpochsyncError, match="rollback"):
         UndoJournal(d, "data-00101", PHASE_DATA, run=token)
     assert sorted(n for n in os.listdir(d) if n.endswith(".jsonl")) == ["data-00000.jsonl"]
-    shutil.rmtree(d)  # the rollback is done
+    remove_journal(d)  # the rollback is done: the folder is renamed away, then deleted
+    assert os.listdir(tmp_path / "undo") == []
     with pytest.raises(EpochsyncError, match="rolled back|over"):
         UndoJournal(d, "data-00102", PHASE_DATA, run=token)
     assert not os.path.exists(d)
     assert not journal_exists(d)
+    remove_journal(d)  # missing is fine
 
 
 def test_a_rollback_run_again_after_a_crash_does_not_undo_twice(tmp_path, monkeypatch):

@@ -329,8 +329,27 @@ def start_run(directory: str) -> str:
 
 
 def remove_journal(directory: str) -> None:
-    """Remove an undo journal folder and everything in it (missing is fine)."""
-    shutil.rmtree(directory, ignore_errors=True)
+    """Remove an undo journal folder and everything in it (missing is fine).
+
+    The folder is first renamed out of the way (atomically), then deleted: deleting it in
+    place takes its files one by one, and a straggling writer that checked the run token
+    before the ``RUN`` file went could still create its journal file there, leaving an
+    epoch that looks unfinished after its rollback or commit (seen in the chaos test once
+    apply ran threads). After the rename a writer finds no folder to write in.
+    """
+    import uuid
+
+    parent, name = os.path.split(directory.rstrip("/"))
+    doomed = os.path.join(parent, f".{name}.removed-{uuid.uuid4().hex[:12]}")
+    try:
+        os.rename(directory, doomed)
+    except FileNotFoundError:
+        return
+    for _ in range(5):  # a writer's file created inside while it is deleted: delete again
+        shutil.rmtree(doomed, ignore_errors=True)
+        if not os.path.exists(doomed):
+            return
+        time.sleep(0.1)
 
 
 def fault_counter(warehouse: str, target: str, epoch: int, spec: FaultSpec | None) -> FaultCounter | None:
