@@ -99,3 +99,21 @@ def test_targets_without_op_keys_run_one_after_the_other():
     order = []
     run_in_order(object(), [put("b"), put("a")], lambda op: order.append(op["key"]))
     assert order == ["b", "a"]
+
+
+def test_apply_task_threads_setting(monkeypatch):
+    """Threads per executor task: default 4, clamped to 1..99 (a thread's journal writer is
+    data-<task * 100 + thread>), and a value that is not a number is one clear error."""
+    import pytest
+
+    from epochsync.core.errors import EpochsyncError
+    from epochsync.stages.apply import task_apply_threads
+
+    monkeypatch.delenv("EPOCHSYNC_APPLY_TASK_THREADS", raising=False)
+    assert task_apply_threads() == 4
+    for text, want in (("1", 1), ("0", 1), ("16", 16), ("500", 99)):
+        monkeypatch.setenv("EPOCHSYNC_APPLY_TASK_THREADS", text)
+        assert task_apply_threads() == want
+    monkeypatch.setenv("EPOCHSYNC_APPLY_TASK_THREADS", "four")
+    with pytest.raises(EpochsyncError, match="EPOCHSYNC_APPLY_TASK_THREADS must be a whole number"):
+        task_apply_threads()

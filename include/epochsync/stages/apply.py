@@ -182,6 +182,8 @@ def apply_plan(plan: dict, target, source_io, source_bucket: str, jdir: str, sta
     from epochsync.targets.s3 import Counters
 
     t0 = time.monotonic()
+    if spark is not None:
+        task_apply_threads()  # a bad EPOCHSYNC_APPLY_TASK_THREADS fails here, before anything changes
     target.prepare(plan["epoch"])
     take = getattr(target, "take_written", dict)
     facts: dict = take()  # nothing of an earlier apply in this process
@@ -346,8 +348,14 @@ TASK_APPLY_THREADS = 4
 
 
 def task_apply_threads() -> int:
-    """Data operations in flight per executor task (``EPOCHSYNC_APPLY_TASK_THREADS``, default 4)."""
-    return max(1, int(os.environ.get("EPOCHSYNC_APPLY_TASK_THREADS", TASK_APPLY_THREADS)))
+    """Data operations in flight per executor task (``EPOCHSYNC_APPLY_TASK_THREADS``, default 4, at most 99)."""
+    text = os.environ.get("EPOCHSYNC_APPLY_TASK_THREADS", "").strip() or str(TASK_APPLY_THREADS)
+    try:
+        n = int(text)
+    except ValueError:
+        raise EpochsyncError(f"EPOCHSYNC_APPLY_TASK_THREADS must be a whole number of threads, got {text!r}") from None
+    # at most 99: a thread's journal writer is data-<task * 100 + thread>
+    return min(99, max(1, n))
 
 
 def _partitions_in_threads(
