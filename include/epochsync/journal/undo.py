@@ -99,11 +99,9 @@ class UndoJournal:
             # starting late) is not waited for, so it checks again now that it holds its
             # lock, and leaves no journal file behind for the rolled-back epoch.
             try:
-                if os.path.exists(os.path.join(directory, ABORT_MARKER)):
-                    raise EpochsyncError(f"apply stopped: a rollback of {directory} is running")
-                self._check_run()
+                self._check_live()
             except EpochsyncError:
-                if not existed and self.seq == 0:
+                if not existed:
                     try:
                         os.unlink(self.path)
                     except FileNotFoundError:
@@ -118,9 +116,7 @@ class UndoJournal:
         Refuses once a rollback of this epoch has started (``ABORTED`` marker), so a
         straggling writer cannot mutate the target behind the rollback's back.
         """
-        if os.path.exists(os.path.join(self.directory, ABORT_MARKER)):
-            raise EpochsyncError(f"apply stopped: a rollback of {self.directory} is running")
-        self._check_run()
+        self._check_live()
         with self._lock:  # threads of one writer (s3 namespace operations) share the file
             self.seq += 1
             entry = {"phase": self.phase, "writer": self.writer, "seq": self.seq, **entry}
@@ -134,9 +130,7 @@ class UndoJournal:
     def append_many(self, entries: list[dict]) -> list[dict]:
         """:meth:`append` of several entries with one fsync (one request mutates them all, e.g. an
         S3 DeleteObjects); the fault injector then gets its chance after each one."""
-        if os.path.exists(os.path.join(self.directory, ABORT_MARKER)):
-            raise EpochsyncError(f"apply stopped: a rollback of {self.directory} is running")
-        self._check_run()
+        self._check_live()
         out = []
         with self._lock:
             for entry in entries:
@@ -149,6 +143,12 @@ class UndoJournal:
             for entry in out:
                 self.faults.tick(f"{entry['op']} {entry.get('path') or entry.get('key') or ''}".strip())
         return out
+
+    def _check_live(self) -> None:
+        """Refuse once a rollback of this epoch has started (``ABORTED``) or the run is over."""
+        if os.path.exists(os.path.join(self.directory, ABORT_MARKER)):
+            raise EpochsyncError(f"apply stopped: a rollback of {self.directory} is running")
+        self._check_run()
 
     def _check_run(self) -> None:
         if self.run is None:

@@ -425,10 +425,10 @@ def _task_in_threads(
     """One executor task's operations in up to ``threads`` threads (journals ``data-<index * 100
     + thread>``); returns the task's one report: the threads' sums, this process's request
     counters and the facts of what it wrote."""
-    k = max(1, min(threads, len(ops)))
+    n = max(1, min(threads, len(ops)))
     started = time.monotonic()
     results = _partitions_in_threads(
-        [(index * 100 + j, ops[j::k]) for j in range(k)] if k > 1 else [(index, ops)],
+        [(index * 100 + j, ops[j::n]) for j in range(n)],
         target,
         source_io,
         source_bucket,
@@ -437,7 +437,7 @@ def _task_in_threads(
         plan,
         token,
     )
-    report = {k2: sum(r[k2] for r in results) for k2 in ("pulled", "written", "ops")}
+    report = {k: sum(r[k] for r in results) for k in ("pulled", "written", "ops")}
     report["source"] = source_io.counters.as_dict()
     report["target"] = target.io.counters.as_dict() if hasattr(target, "io") else {}
     facts: dict = {}
