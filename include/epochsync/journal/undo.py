@@ -1,8 +1,9 @@
 """The undo journal, the manifest document, consumer cursors and the stats row.
 
 Undo journal (``undo/target=T/epoch=E/`` in the warehouse): one JSON Lines file per
-writer (``ns`` = the driver's namespace operations, ``data-<partition>`` = one per
-executor partition, ``post`` = the driver's links, attributes and deletes). Each line
+writer (``ns`` = the driver's namespace operations, ``data-<task * 100 + thread>`` = one
+per thread of an executor task, ``data-<n>`` = one per thread without Spark, ``post`` =
+the driver's links, attributes and deletes). Each line
 is made durable (flush + fsync) BEFORE the mutation it describes, and says how to
 reverse it. ``preimages/`` holds saved bytes of overwritten ranges (posix).
 
