@@ -830,7 +830,7 @@ def _run_merge_spark(cfg: Config, target_name: str, first_epoch: int, last_epoch
     from epochsync.warehouse import fs as warehouse_fs
     from epochsync.warehouse.paths import Warehouse
     from epochsync.warehouse.snapshots import read_snapshot
-    from epochsync.warehouse.tables import write_table
+    from epochsync.warehouse.tables import write_tables
 
     if first_epoch < 1 or last_epoch < first_epoch:
         raise EpochError(f"bad epoch window {first_epoch}..{last_epoch}: need 1 <= first <= last")
@@ -878,10 +878,11 @@ def _run_merge_spark(cfg: Config, target_name: str, first_epoch: int, last_epoch
             cache=cache,
             ranked=checkpoint if small else None,
         )
-        # the snapshot last: its presence says the merge of this epoch is complete
-        write_table(spark, changes, out.changes)
-        write_table(spark, cookie_groups(records), out.cookie_groups)
-        write_table(spark, snapshot, out.snapshot)
+        # published in this order, the snapshot last (its presence says the merge of this
+        # epoch is complete), and only once all three are written
+        write_tables(
+            spark, [(changes, out.changes), (cookie_groups(records), out.cookie_groups), (snapshot, out.snapshot)]
+        )
     except Exception as exc:  # Py4J/Spark errors: surface raise_error messages as one line
         raise _clean_error(exc, target.name, first_epoch, last_epoch) from None
     finally:

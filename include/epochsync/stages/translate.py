@@ -44,7 +44,7 @@ from epochsync.journal.undo import (
 from epochsync.stages.context import _config, _records_in, _store_dict, _target_cfg, _target_dict, plan_path
 from epochsync.targets.base import CONTROL_DIR, TargetLimitError, UnsafePathError, safe_relpath
 from epochsync.warehouse.paths import Warehouse
-from epochsync.warehouse.snapshots import resolve_links, visible
+from epochsync.warehouse.snapshots import resolve_links_of, visible
 
 PLAN_VERSION = 1
 
@@ -731,15 +731,16 @@ def _striped_data_ops(e: dict, target: dict, store: dict, same_type: bool) -> li
 # --------------------------------------------------------------------------- Spark half
 
 
-def plan_entries(old_snapshot, new_snapshot, changes, *, root_fid: str, fileset=(), path_resolver=None) -> list[dict]:
+def plan_entries(old_snapshot, new_snapshot, changes, *, root_fid: str, fileset=()) -> list[dict]:
     """One dict per fid the target must act on (see the module docstring)."""
     from pyspark.sql import functions as F
 
-    resolve = path_resolver or (lambda snap: resolve_links(snap, root_fid))
     with_root = in_fileset("", fileset)
+    # both snapshots' directory paths from one collect
+    resolved = dict(zip(("old", "new"), resolve_links_of([old_snapshot, new_snapshot], root_fid)))
 
     def side(snap, name):
-        lk = visible(resolve(snap), fileset)
+        lk = visible(resolved[name], fileset)
         if with_root:
             # the root has no link, but its attributes are the replica root's: path ""
             root = snap.filter(F.col("fid") == root_fid).select(

@@ -257,22 +257,42 @@ def resolve_links(snapshot, root_fid: str, *, max_depth: int = 4096):
     its first. Then every link (files included) joins its parent's path in Spark.
     Links under unreachable parents are dropped.
     """
+    return resolve_links_of([snapshot], root_fid, max_depth=max_depth)[0]
+
+
+def resolve_links_of(snapshots: list, root_fid: str, *, max_depth: int = 4096) -> list:
+    """:func:`resolve_links` of each snapshot, with one collect for the directories of all of
+    them (translate resolves E-1 and E: one Spark job and round trip instead of two)."""
     from pyspark.sql import functions as F
 
-    spark = snapshot.sparkSession
-    links = snapshot.select("fid", "type", F.explode("links").alias("l")).select(
-        "fid", "type", F.col("l.pfid").alias("pfid"), F.col("l.name").alias("name")
-    )
-    dirs = links.filter(F.col("type") == DIR).select("fid", "pfid", "name").collect()
-    paths = directory_paths(((r["fid"], r["pfid"], r["name"]) for r in dirs), root_fid, max_depth=max_depth)
-    rows = [(f, p) for f, p in paths.items() if p is not None]
-    parents = spark.createDataFrame(rows, "pfid string, ppath string")
-    return links.join(F.broadcast(parents), "pfid").select(
-        "fid",
-        "pfid",
-        "name",
-        F.when(F.col("ppath") == "", F.col("name")).otherwise(F.concat_ws("/", "ppath", "name")).alias("path"),
-    )
+    spark = snapshots[0].sparkSession
+    links = [
+        snap.select("fid", "type", F.explode("links").alias("l")).select(
+            "fid", "type", F.col("l.pfid").alias("pfid"), F.col("l.name").alias("name")
+        )
+        for snap in snapshots
+    ]
+    dirs = None
+    for side, lk in enumerate(links):
+        d = lk.filter(F.col("type") == DIR).select(F.lit(side).alias("side"), "fid", "pfid", "name")
+        dirs = d if dirs is None else dirs.unionByName(d)
+    by_side: list[list[tuple]] = [[] for _ in snapshots]
+    for r in dirs.collect():
+        by_side[r["side"]].append((r["fid"], r["pfid"], r["name"]))
+    out = []
+    for lk, dir_links in zip(links, by_side):
+        paths = directory_paths(dir_links, root_fid, max_depth=max_depth)
+        rows = [(f, p) for f, p in paths.items() if p is not None]
+        parents = spark.createDataFrame(rows, "pfid string, ppath string")
+        out.append(
+            lk.join(F.broadcast(parents), "pfid").select(
+                "fid",
+                "pfid",
+                "name",
+                F.when(F.col("ppath") == "", F.col("name")).otherwise(F.concat_ws("/", "ppath", "name")).alias("path"),
+            )
+        )
+    return out
 
 
 def directory_paths(dir_links, root_fid: str, *, max_depth: int = 4096) -> dict[str, str | None]:

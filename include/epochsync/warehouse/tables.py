@@ -20,17 +20,28 @@ def write_table(spark: SparkSession, df: DataFrame, uri: str) -> None:
     process (``pyarrow.fs`` or ``os``, no JVM): under Spark Connect the warehouse must be
     at the same path for this process and for Spark.
     """
+    write_tables(spark, [(df, uri)])
+
+
+def write_tables(spark: SparkSession, outputs: list[tuple[DataFrame, str]]) -> None:
+    """:func:`write_table` of each ``(df, uri)``, in order; the tables are renamed into place
+    in the list's order only once every one of them is written (so the presence of the last
+    says the others are there), and a failed write publishes none of them.
+    """
     from epochsync.warehouse import fs as warehouse_fs
 
-    tmp = f"{uri.rstrip('/')}.tmp-{uuid.uuid4().hex[:12]}"
+    tmps = [f"{uri.rstrip('/')}.tmp-{uuid.uuid4().hex[:12]}" for _, uri in outputs]
     try:
-        df.write.mode("overwrite").parquet(tmp)
-        try:
-            warehouse_fs.move_replacing(tmp, uri)
-        except OSError as exc:
-            raise SnapshotError(f"could not move {tmp} to {uri}: {exc}") from None
+        for (df, _), tmp in zip(outputs, tmps):
+            df.write.mode("overwrite").parquet(tmp)
+        for tmp, (_, uri) in zip(tmps, outputs):
+            try:
+                warehouse_fs.move_replacing(tmp, uri)
+            except OSError as exc:
+                raise SnapshotError(f"could not move {tmp} to {uri}: {exc}") from None
     finally:
-        warehouse_fs.delete(tmp)
+        for tmp in tmps:
+            warehouse_fs.delete(tmp)
 
 
 def table_rows(uri: str) -> int:

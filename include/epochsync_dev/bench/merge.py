@@ -236,7 +236,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shuffle-partitions", type=int, default=8, help="spark.sql.shuffle.partitions (default 8)")
     p.add_argument("--driver-memory", default="12g", help="JVM heap of the local[2] driver (default 12g)")
     p.add_argument("--event-log", metavar="DIR", help="also write the Spark event log here (stage timings)")
-    p.add_argument("--no-write", action="store_true", help="print the rows, do not write bench/results/merge.json")
+    p.add_argument(
+        "--no-write",
+        action="store_true",
+        help="print the rows; write nothing to bench/results (the stage timings go beside the event log)",
+    )
     args = p.parse_args(argv)
     names = [s.strip() for s in args.sizes.split(",") if s.strip()]
     unknown = [n for n in names if n not in SIZES]
@@ -274,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     if event_dir is not None:
         # one application log for all rows (prepare included): the breakdown goes beside the results
         timings = stage_timings(event_dir)
-        out = results_dir() / "merge.stages.json"
+        # with --no-write the breakdown stays beside the event log, out of bench/results
+        out = (event_dir if args.no_write else results_dir()) / "merge.stages.json"
         out.write_text(json.dumps({"rows": names, "groups": timings}, indent=2) + "\n")
         print(f"stage timings from the Spark event log: {out}")
     if not args.no_write:
