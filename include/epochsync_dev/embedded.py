@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from epochsync.core.errors import StoreError
+from epochsync.warehouse.paths import project_dir
 
 #: Credentials of the embedded stores. Test-only; real deployments use Airflow connections.
 EMBEDDED_ACCESS_KEY = "epochsync"
@@ -218,6 +219,14 @@ def pyspark_home() -> Path:
     return Path(pyspark.__file__).resolve().parent
 
 
+#: PySpark's daemon with the executor imports done before it forks workers
+#: (``spark_apps/daemon/epochsync_daemon.py``); its folder is on the ``PYTHONPATH`` of every
+#: Spark process started here (:func:`_spark_env`), so a local master's and a
+#: :class:`SparkStandalone` worker's executors find it
+DAEMON_DIR = project_dir() / "spark_apps" / "daemon"
+DAEMON_CONF = {"spark.python.daemon.module": "epochsync_daemon"}
+
+
 def _spark_env(log_dir: Path) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
@@ -227,8 +236,9 @@ def _spark_env(log_dir: Path) -> dict[str, str]:
         PYSPARK_PYTHON=env.get("EPOCHSYNC_PYSPARK_PYTHON", sys.executable),
         PYSPARK_DRIVER_PYTHON=env.get("EPOCHSYNC_PYSPARK_PYTHON", sys.executable),
     )
-    # the server's executors import epochsync from the artifact each session ships, not from here
-    env.pop("PYTHONPATH", None)
+    # the server's executors import epochsync from the artifact each session ships, not from
+    # here: their path gets only the folder of the daemon module (DAEMON_CONF)
+    env["PYTHONPATH"] = str(DAEMON_DIR)
     env.pop("SPARK_REMOTE", None)
     env.pop("SPARK_CONNECT_MODE_ENABLED", None)
     return env
@@ -282,6 +292,9 @@ class SparkConnectServer:
     server's driver uses the small profile's SQL settings on a local master
     (:data:`epochsync.spark.SMALL_SQL_CONF`) as session defaults; clients may still set their own.
     ``event_log``: a directory for Spark's event log (where the time goes: docs/INTERNALS.md).
+    ``preload_daemon``: the Python workers fork from ``epochsync_daemon`` (:data:`DAEMON_CONF`),
+    which the executors must find on their path: true of a local master and of a
+    :class:`SparkStandalone` cluster; say False for a cluster started otherwise.
     """
 
     CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -295,8 +308,10 @@ class SparkConnectServer:
         event_log: str | os.PathLike | None = None,
         conf: dict[str, str] | None = None,
         startup_timeout: float = 120.0,
+        preload_daemon: bool = True,
     ):
         self.master = master
+        self.preload_daemon = preload_daemon
         self._own_dir = work_dir is None
         self.work_dir = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="epochsync-spark-"))
         self.driver_memory = driver_memory or os.environ.get("EPOCHSYNC_DRIVER_MEMORY", "3g")
@@ -336,6 +351,8 @@ class SparkConnectServer:
             # nobody releases it, so the server drops it once the DAG has been idle this long
             "spark.connect.session.manager.defaultSessionTimeout": SESSION_IDLE_TIMEOUT,
         }
+        if self.preload_daemon:
+            conf.update(DAEMON_CONF)
         if not self.master.startswith("local"):
             conf.update(
                 {

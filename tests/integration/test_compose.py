@@ -102,6 +102,11 @@ def test_spark_connect_points_at_the_server_on_the_master_and_the_stores_at_seaw
     assert "SparkConnectServer" in server and "--master spark://spark-master:7077" in server
     worker = " ".join(resolved["services"]["spark-worker"]["command"])
     assert "spark://spark-master:7077" in worker
+    # the executors' Python workers fork from epochsync_daemon, which they find on their path
+    assert "--conf spark.python.daemon.module=epochsync_daemon" in server
+    path = resolved["services"]["spark-worker"]["environment"]["PYTHONPATH"].split(":")
+    assert "/opt/epochsync/spark_apps/daemon" in path
+    assert (ROOT / "spark_apps" / "daemon" / "epochsync_daemon.py").is_file()
     for conn in ("AIRFLOW_CONN_SOURCE_S3", "AIRFLOW_CONN_REPLICA_S3"):
         s3 = json.loads(env[conn])
         assert s3["extra"]["endpoint_url"] == "http://seaweedfs:8333"
