@@ -18,6 +18,7 @@ Every replica is compared with the simulator's ground truth after its run. Rows 
 ``bench/results/warm.json``, with the load average when each row was measured.
 
     python -m epochsync_dev.bench warm [--catchup-epochs 100] [--catchup-window 25] [--workdir bench/scratch/warm]
+                                       [--no-preload-daemon] [--no-write]
 """
 
 from __future__ import annotations
@@ -167,6 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--catchup-epochs", type=int, default=100)
     p.add_argument("--catchup-window", type=int, default=25, help="max_epochs_per_run of the catch-up runs")
     p.add_argument("--no-write", action="store_true", help="print the rows, do not write bench/results/warm.json")
+    p.add_argument(
+        "--no-preload-daemon",
+        action="store_true",
+        help="Python workers fork from pyspark's own daemon, not epochsync_daemon (for side-by-side runs)",
+    )
     args = p.parse_args(argv)
     work = Path(args.workdir).resolve()
     shutil.rmtree(work, ignore_errors=True)
@@ -178,10 +184,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench warm: {msg}", file=sys.stderr, flush=True)
 
     with SeaweedFS(work / "seaweedfs") as endpoint:
-        server = SparkConnectServer("local[2]", work_dir=work / "spark")
+        server = SparkConnectServer("local[2]", work_dir=work / "spark", preload_daemon=not args.no_preload_daemon)
         t0 = time.monotonic()
         url = server.start()
-        rows.append(_row("server-start", time.monotonic() - t0, note="spark-submit to a listening Connect server"))
+        rows.append(
+            _row(
+                "server-start",
+                time.monotonic() - t0,
+                preload_daemon=server.preload_daemon,
+                note="spark-submit to a listening Connect server",
+            )
+        )
         try:
             with ServerSampler(server.proc.pid) as sampler, contextlib.ExitStack() as stack:
                 env = demo_environment(work, endpoint, url)
