@@ -294,7 +294,8 @@ class SparkConnectServer:
     ``event_log``: a directory for Spark's event log (where the time goes: docs/INTERNALS.md).
     ``preload_daemon``: the Python workers fork from ``epochsync_daemon`` (:data:`DAEMON_CONF`),
     which the executors must find on their path: true of a local master and of a
-    :class:`SparkStandalone` cluster; say False for a cluster started otherwise.
+    :class:`SparkStandalone` cluster; say False for a cluster started otherwise. Default:
+    on, unless ``$EPOCHSYNC_SPARK_PRELOAD_DAEMON`` is ``0``.
     """
 
     CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -308,9 +309,11 @@ class SparkConnectServer:
         event_log: str | os.PathLike | None = None,
         conf: dict[str, str] | None = None,
         startup_timeout: float = 120.0,
-        preload_daemon: bool = True,
+        preload_daemon: bool | None = None,
     ):
         self.master = master
+        if preload_daemon is None:  # a switch for side-by-side runs of the tests and the demo
+            preload_daemon = os.environ.get("EPOCHSYNC_SPARK_PRELOAD_DAEMON", "1") != "0"
         self.preload_daemon = preload_daemon
         self._own_dir = work_dir is None
         self.work_dir = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="epochsync-spark-"))

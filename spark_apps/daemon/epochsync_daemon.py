@@ -40,8 +40,8 @@ EXECUTOR_MODULES = (
 
 
 def preload() -> list[str]:
-    """Import the libraries and, from the session's package zip, the executor modules; returns
-    what was loaded (nothing on any failure but what loaded before it)."""
+    """Import boto3 and, from the session's package zip, the executor modules; returns what was
+    loaded: ``["boto3", <zip name>]``, shorter when one is missing or fails to import."""
     import importlib
 
     loaded: list[str] = []
