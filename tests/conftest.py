@@ -49,25 +49,32 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
-def spark_connect():
-    """One Spark Connect server (local[2]) for the whole run, as `make demo` starts one; yields its URL.
+def spark_connect_server():
+    """One Spark Connect server (local[2]) for the whole run, as `make demo` starts one, warmed up
+    in the background (``epochsync_dev.warmup``) as `make demo` does; yields the server.
 
     ``EPOCHSYNC_SPARK_REMOTE`` points at it for the run, so stage functions, the CLI and
     the subprocesses the tests start are all clients of this one warm application.
     """
     from epochsync.spark import REMOTE_ENV
-    from epochsync_dev.embedded import SparkConnectServer
+    from epochsync_dev.embedded import SparkConnectServer, warm_up_wanted
 
-    server = SparkConnectServer("local[2]", conf={"spark.sql.shuffle.partitions": "2"})
+    server = SparkConnectServer("local[2]", conf={"spark.sql.shuffle.partitions": "2"}, warm_up=warm_up_wanted())
     url = server.start()
     old = os.environ.get(REMOTE_ENV)
     os.environ[REMOTE_ENV] = url
-    yield url
+    yield server
     if old is None:
         os.environ.pop(REMOTE_ENV, None)
     else:
         os.environ[REMOTE_ENV] = old
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_connect(spark_connect_server):
+    """The URL of the session's Spark Connect server (``spark_connect_server``)."""
+    return spark_connect_server.url
 
 
 @pytest.fixture(scope="session")

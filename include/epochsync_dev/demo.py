@@ -654,7 +654,7 @@ def master_stripes(master) -> dict:
 
 def _main(args: argparse.Namespace) -> int:
     from epochsync.report.status import build_report, report_path
-    from epochsync_dev.embedded import SeaweedFS, SparkConnectServer, SparkStandalone
+    from epochsync_dev.embedded import SeaweedFS, SparkConnectServer, SparkStandalone, warm_up_wanted
 
     workdir = Path(args.workdir).resolve()
     if workdir.exists():
@@ -687,10 +687,14 @@ def _main(args: argparse.Namespace) -> int:
         if cluster is not None:
             master = cluster.start()
             log(f"demo: Spark standalone master {master} (UI {cluster.webui}) with one worker")
-        spark_server = SparkConnectServer(master, work_dir=workdir / "spark", event_log=workdir / "spark-events")
+        spark_server = SparkConnectServer(
+            master, work_dir=workdir / "spark", event_log=workdir / "spark-events", warm_up=warm_up_wanted()
+        )
         spark_url = spark_server.start()
         spark_info = {"master": master, "connect": spark_url, "event_log": str(workdir / "spark-events")}
         log(f"demo: Spark Connect server {spark_url} on {master}: every stage of every run is its client")
+        if spark_server.warm_up:
+            log("demo: warming it up in the background (the stages' queries once, on a tiny source)")
         env = demo_environment(workdir, endpoint, spark_url)
         os.environ.update({k: v for k, v in env.items() if k.startswith(("AIRFLOW_CONN_", "EPOCHSYNC_CONFIG"))})
         if args.reintegrate != "only":
@@ -732,6 +736,7 @@ def _main(args: argparse.Namespace) -> int:
             except OSError as exc:
                 spark_info["cluster"] = {"error": str(exc)}
         if spark_server is not None:
+            spark_info["warm_up"] = spark_server.wait_warm_up(0)
             spark_server.stop()
         if cluster is not None:
             cluster.stop()

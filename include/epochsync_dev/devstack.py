@@ -339,16 +339,21 @@ def _main(argv: list[str] | None) -> int:
     args = p.parse_args(argv)
     port = args.port if _port_free(args.port) else free_port()
 
-    from epochsync_dev.embedded import SparkConnectServer
+    from epochsync_dev.embedded import SparkConnectServer, warm_up_wanted
 
     weed = SeaweedFS(VAR / "seaweed")
-    spark = SparkConnectServer("local[2]", work_dir=VAR / "spark")
+    spark = SparkConnectServer("local[2]", work_dir=VAR / "spark", warm_up=warm_up_wanted())
     stack = config = live = None
     conns: dict[str, str] = {}
     try:
         endpoint = weed.start()
         print("make airflow: starting the Spark Connect server (local[2]) ...", flush=True)
         spark_url = spark.start()
+        if spark.warm_up:
+            print(
+                f"make airflow: warming {spark_url} up in the background (log: {spark.work_dir / 'warm-up.log'})",
+                flush=True,
+            )
         conns = {
             "source_s3": endpoint.airflow_conn_json(),
             "replica_s3": endpoint.airflow_conn_json(),

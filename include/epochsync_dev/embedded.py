@@ -227,6 +227,12 @@ DAEMON_DIR = project_dir() / "spark_apps" / "daemon"
 DAEMON_CONF = {"spark.python.daemon.module": "epochsync_daemon"}
 
 
+def warm_up_wanted() -> bool:
+    """Whether ``make demo``, ``make airflow`` and the test session warm their server up
+    (:class:`SparkConnectServer`'s ``warm_up``): yes, unless ``$EPOCHSYNC_SPARK_WARM_UP`` is ``0``."""
+    return os.environ.get("EPOCHSYNC_SPARK_WARM_UP", "1") != "0"
+
+
 def _spark_env(log_dir: Path) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
@@ -296,6 +302,11 @@ class SparkConnectServer:
     which the executors must find on their path: true of a local master and of a
     :class:`SparkStandalone` cluster; say False for a cluster started otherwise. Default:
     on, unless ``$EPOCHSYNC_SPARK_PRELOAD_DAEMON`` is ``0``.
+    ``warm_up``: once it listens, run the stages' queries once on a tiny source in a process
+    of their own (:mod:`epochsync_dev.warmup`), so the first epoch does not pay the fresh
+    JVM's first executions; :meth:`start` does not wait for it (:meth:`wait_warm_up` does).
+    Default: off, unless ``$EPOCHSYNC_SPARK_WARM_UP`` is ``1``; ``make demo``, ``make airflow``
+    and the test session turn it on (``$EPOCHSYNC_SPARK_WARM_UP=0`` turns it off there).
     """
 
     CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -310,8 +321,11 @@ class SparkConnectServer:
         conf: dict[str, str] | None = None,
         startup_timeout: float = 120.0,
         preload_daemon: bool | None = None,
+        warm_up: bool = False,
     ):
         self.master = master
+        self.warm_up = warm_up
+        self.warm_proc: subprocess.Popen | None = None
         if preload_daemon is None:  # a switch for side-by-side runs of the tests and the demo
             preload_daemon = os.environ.get("EPOCHSYNC_SPARK_PRELOAD_DAEMON", "1") != "0"
         self.preload_daemon = preload_daemon
@@ -412,9 +426,27 @@ class SparkConnectServer:
         except StoreError:
             self.stop()
             raise
+        if self.warm_up:
+            from epochsync_dev.warmup import start_warm_up
+
+            self.warm_proc = start_warm_up(self.url, self.work_dir / "warm-up.log")
         return self.url
 
+    def wait_warm_up(self, timeout: float = 300) -> str | None:
+        """Wait for the warm-up started by :meth:`start`; returns its last line (None without one)."""
+        if self.warm_proc is None:
+            return None
+        try:
+            self.warm_proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return f"warm-up: still running after {timeout:.0f}s"
+        return _tail(self.work_dir / "warm-up.log", 1).strip()
+
     def stop(self) -> None:
+        if self.warm_proc is not None and self.warm_proc.poll() is None:
+            self.warm_proc.kill()
+            self.warm_proc.wait()
+        self.warm_proc = None
         # a server that has served many sessions can spend 20 s and more shutting down its
         # gRPC service; nothing it holds needs a graceful end (the warehouse is written by
         # committed jobs only), so it gets a few seconds before the kill

@@ -130,7 +130,8 @@ class LiveEpochs:
         run_seconds: dict[int, float] = {}
         records: dict[int, int | None] = {}
         seen: dict[int, bool] = {}
-        facts.update(seen=seen, delays=delays, run_seconds=run_seconds, records=records)
+        tasks: dict[int, dict] = {}
+        facts.update(seen=seen, delays=delays, run_seconds=run_seconds, records=records, tasks=tasks)
         try:
             stack.start(timeout=600)
             stack.create_pools(config)  # as `make airflow`: the scheduler runs no task of a missing pool
@@ -180,6 +181,7 @@ class LiveEpochs:
             for e, r in enumerate(runs, 1):
                 if r.get("end_date") and r.get("start_date"):
                     run_seconds[e] = round(_ts(r["end_date"]) - _ts(r["start_date"]), 1)
+                tasks[e] = _task_seconds(stack, token, r, closed.get(e))
         finally:
             if simulator.poll() is None:
                 simulator.kill()
@@ -192,6 +194,7 @@ class LiveEpochs:
                         "interval_s": INTERVAL,
                         "delay_s": delays,
                         "run_s": run_seconds,
+                        "tasks": tasks,
                         "records": records,
                         "checked_against_truth": seen,
                         "unpaused_before_epoch_1_closed": facts.get("unpaused_before_epoch_1_closed"),
@@ -205,6 +208,25 @@ class LiveEpochs:
 
 def _ts(iso: str) -> float:
     return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+def _task_seconds(stack, token: str, run: dict, closed_at: float | None) -> dict:
+    """Where a run's time went, per task: seconds from the epoch's close (or the run's start)
+    to the task's queueing, its queue wait, and its run time."""
+    zero = closed_at if closed_at is not None else _ts(run["start_date"])
+    path = f"/dags/{run['dag_id']}/dagRuns/{run['dag_run_id']}/taskInstances?limit=100"
+    out = {}
+    for ti in stack.api("GET", path, token)["task_instances"]:
+        if not ti.get("start_date") or not ti.get("end_date"):
+            out[ti["task_id"]] = {"state": ti.get("state")}
+            continue
+        queued = _ts(ti["queued_when"]) if ti.get("queued_when") else _ts(ti["start_date"])
+        out[ti["task_id"]] = {
+            "queued_at": round(queued - zero, 1),
+            "waited": round(_ts(ti["start_date"]) - queued, 1),
+            "ran": round(_ts(ti["end_date"]) - _ts(ti["start_date"]), 1),
+        }
+    return dict(sorted(out.items(), key=lambda kv: kv[1].get("queued_at", 1e9)))
 
 
 def _wait_for_dag(stack, token: str, dag_id: str, timeout: float = 300) -> None:
