@@ -429,7 +429,7 @@ class SparkConnectServer:
         if self.warm_up:
             from epochsync_dev.warmup import start_warm_up
 
-            self.warm_proc = start_warm_up(self.url, self.work_dir / "warm-up.log")
+            self.warm_proc = start_warm_up(self.url, self.work_dir / "warm-up.log", self.work_dir / "warm-up")
         return self.url
 
     def wait_warm_up(self, timeout: float = 300) -> str | None:
@@ -443,9 +443,11 @@ class SparkConnectServer:
         return _tail(self.work_dir / "warm-up.log", 1).strip()
 
     def stop(self) -> None:
-        if self.warm_proc is not None and self.warm_proc.poll() is None:
-            self.warm_proc.kill()
-            self.warm_proc.wait()
+        if self.warm_proc is not None:
+            if self.warm_proc.poll() is None:  # stopped before it ended: its folder is left
+                self.warm_proc.kill()
+                self.warm_proc.wait()
+            shutil.rmtree(self.work_dir / "warm-up", ignore_errors=True)
         self.warm_proc = None
         # a server that has served many sessions can spend 20 s and more shutting down its
         # gRPC service; nothing it holds needs a graceful end (the warehouse is written by

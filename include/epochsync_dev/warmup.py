@@ -10,8 +10,10 @@ epoch they replicate runs on a warm JVM.
 What it runs: ``epochsync simulate --no-data`` of a 24-file source (records only, no object
 store), then ingest, merge and translate of its two epochs into a scratch posix target, and
 one ``mapInArrow`` job (apply's and verify's kind), all on one Connect session that is
-released at the end. The scratch folder is removed. Nothing is written outside it, and the
-server keeps nothing of it but a warmer JVM.
+released at the end. Its folder (``--scratch``, or a temporary one) is removed at the end;
+nothing is written outside it, and the server keeps nothing of it but a warmer JVM. The
+folder must be at the same place for this process, the server and its executors (the
+warehouse is a ``file://`` path), as the project's embedded servers have it.
 
 ``python -m epochsync_dev.warmup --remote sc://HOST:PORT [--scratch DIR]``
 """
@@ -60,8 +62,12 @@ def warm_up(remote: str, scratch: Path | None = None) -> dict:
     from epochsync.stages.merge import run_merge
     from epochsync.stages.translate import run_translate
 
-    own = scratch is None
-    work = Path(tempfile.mkdtemp(prefix="epochsync-warm-up-")) if own else Path(scratch)
+    if scratch is None:
+        work = Path(tempfile.mkdtemp(prefix="epochsync-warm-up-"))
+    else:
+        work = Path(scratch)
+        shutil.rmtree(work, ignore_errors=True)  # what a killed warm-up left
+        work.mkdir(parents=True)
     seconds: dict[str, float] = {}
     t0 = time.monotonic()
     try:
@@ -86,18 +92,18 @@ def warm_up(remote: str, scratch: Path | None = None) -> dict:
             with contextlib.suppress(Exception):
                 spark.stop()
     finally:
-        if own:
-            shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
     seconds["total"] = round(time.monotonic() - t0, 2)
     return seconds
 
 
-def start_warm_up(remote: str, log: Path) -> subprocess.Popen:
-    """The warm-up in its own process (its Connect session stays out of the caller's), output to ``log``."""
+def start_warm_up(remote: str, log: Path, scratch: Path) -> subprocess.Popen:
+    """The warm-up in its own process (its Connect session stays out of the caller's), in
+    ``scratch``, output to ``log``."""
     out = open(log, "w")  # noqa: SIM115 - the child owns it
     try:
         return subprocess.Popen(
-            [sys.executable, "-m", "epochsync_dev.warmup", "--remote", remote],
+            [sys.executable, "-m", "epochsync_dev.warmup", "--remote", remote, "--scratch", str(scratch)],
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -109,7 +115,7 @@ def start_warm_up(remote: str, log: Path) -> subprocess.Popen:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m epochsync_dev.warmup", description=__doc__.split("\n\n")[0])
     p.add_argument("--remote", required=True, help="the Spark Connect server, sc://HOST:PORT")
-    p.add_argument("--scratch", help="work folder (default: a temporary one, removed afterwards)")
+    p.add_argument("--scratch", help="work folder, removed afterwards (default: a temporary one)")
     args = p.parse_args(argv)
     try:
         seconds = warm_up(args.remote, Path(args.scratch) if args.scratch else None)

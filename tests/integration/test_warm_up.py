@@ -14,21 +14,20 @@ pytestmark = pytest.mark.integration
 
 def test_the_session_server_was_warmed_up_and_kept_nothing(spark_connect_server):
     """The session's server, as `make demo` and `make airflow` start theirs: the warm-up ran
-    ingest, both merges, both translations and one executor job, and removed its scratch."""
+    ingest, both merges, both translations and one executor job, and removed its folder."""
     if not spark_connect_server.warm_up:
         pytest.skip("EPOCHSYNC_SPARK_WARM_UP=0: the session's server was not warmed up")
     line = spark_connect_server.wait_warm_up(600)
     assert line and line.startswith("warm-up: done in"), line
     for step in ("'ingest'", "'merge-1'", "'translate-1'", "'merge-2'", "'translate-2'", "'tasks'"):
         assert step in line, line
-    assert not list(Path(tempfile.gettempdir()).glob("epochsync-warm-up-*"))
+    assert not (spark_connect_server.work_dir / "warm-up").exists()
 
 
-def test_a_warm_up_that_cannot_reach_its_server_says_so_in_one_line(capsys, spark_connect_server):
-    """A failed warm-up only costs the first epoch's time: one line, status 1, no traceback."""
+def test_a_warm_up_that_cannot_reach_its_server_says_so_in_one_line(capsys):
+    """A failed warm-up only costs the first epoch's time: one line, status 1, no traceback,
+    and its temporary folder removed."""
     from epochsync_dev.embedded import free_port
-
-    spark_connect_server.wait_warm_up(600)  # the session's own warm-up has removed its scratch
 
     status = main(["--remote", f"sc://127.0.0.1:{free_port()}"])
     err = capsys.readouterr().err
