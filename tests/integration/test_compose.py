@@ -24,7 +24,15 @@ AIRFLOW_SERVICES = (
     "airflow-dag-processor",
     "airflow-triggerer",
 )
-SERVICES = {*AIRFLOW_SERVICES, "postgres", "spark-master", "spark-worker", "spark-connect", "seaweedfs"}
+SERVICES = {
+    *AIRFLOW_SERVICES,
+    "postgres",
+    "spark-master",
+    "spark-worker",
+    "spark-connect",
+    "spark-warm-up",
+    "seaweedfs",
+}
 
 
 def compose(*args: str, env_file: Path | None = ROOT / ".env.example") -> subprocess.CompletedProcess:
@@ -74,8 +82,11 @@ def test_every_service_is_there(resolved):
     assert set(resolved["services"]) == SERVICES
 
 
-def test_every_service_has_a_healthcheck(resolved):
+def test_every_long_running_service_has_a_healthcheck(resolved):
     for name, svc in resolved["services"].items():
+        if svc.get("restart") == "no" and name != "airflow-init":  # a one shot others do not wait for
+            assert not any(name in (other.get("depends_on") or {}) for other in resolved["services"].values())
+            continue
         test = (svc.get("healthcheck") or {}).get("test")
         assert test and not svc["healthcheck"].get("disable"), name
 
@@ -107,6 +118,13 @@ def test_spark_connect_points_at_the_server_on_the_master_and_the_stores_at_seaw
     path = resolved["services"]["spark-worker"]["environment"]["PYTHONPATH"].split(":")
     assert "/opt/epochsync/spark_apps/daemon" in path
     assert (ROOT / "spark_apps" / "daemon" / "epochsync_daemon.py").is_file()
+    # the one-shot warm-up: once the server listens, in a folder the executors see
+    warm = resolved["services"]["spark-warm-up"]
+    assert warm["depends_on"]["spark-connect"]["condition"] == "service_healthy"
+    assert "epochsync_dev.warmup --remote sc://spark-connect:15002 --scratch /opt/epochsync/var/" in " ".join(
+        warm["command"]
+    )
+    assert warm["environment"]["PYTHONPATH"] == "/opt/epochsync/include"
     for conn in ("AIRFLOW_CONN_SOURCE_S3", "AIRFLOW_CONN_REPLICA_S3"):
         s3 = json.loads(env[conn])
         assert s3["extra"]["endpoint_url"] == "http://seaweedfs:8333"
@@ -115,7 +133,7 @@ def test_spark_connect_points_at_the_server_on_the_master_and_the_stores_at_seaw
 
 
 def test_project_folders_are_mounted(resolved):
-    for name in ("airflow-scheduler", "spark-worker"):
+    for name in ("airflow-scheduler", "spark-worker", "spark-warm-up"):
         targets = {v["target"]: v["source"] for v in resolved["services"][name]["volumes"]}
         for folder in ("dags", "plugins", "include", "spark_apps", "config"):
             assert targets[f"/opt/epochsync/{folder}"] == str(ROOT / folder), (name, folder)
