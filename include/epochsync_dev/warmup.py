@@ -5,7 +5,8 @@ use (class loading, the first code paths through Catalyst, the Parquet writers, 
 Python runner), on top of its work: ``docs/INTERNALS.md`` has the figures. The embedded
 server's users (``make demo``, ``make airflow``, the test session) start this right after the
 server, in its own process, while they start Airflow or simulate their source, so the first
-epoch they replicate runs on a warm JVM.
+epoch they replicate runs on a warm JVM; docker-compose runs it as the one-shot
+``spark-warm-up`` service once ``spark-connect`` is healthy.
 
 What it runs: ``epochsync simulate --no-data`` of a 24-file source (records only, no object
 store), then ingest, merge and translate of its two epochs into a scratch posix target, and
