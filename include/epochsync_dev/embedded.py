@@ -305,8 +305,8 @@ class SparkConnectServer:
     ``warm_up``: once it listens, run the stages' queries once on a tiny source in a process
     of their own (:mod:`epochsync_dev.warmup`), so the first epoch does not pay the fresh
     JVM's first executions; :meth:`start` does not wait for it (:meth:`wait_warm_up` does).
-    Default: off, unless ``$EPOCHSYNC_SPARK_WARM_UP`` is ``1``; ``make demo``, ``make airflow``
-    and the test session turn it on (``$EPOCHSYNC_SPARK_WARM_UP=0`` turns it off there).
+    Default off; ``make demo``, ``make airflow`` and the test session pass
+    :func:`warm_up_wanted` (on, unless ``$EPOCHSYNC_SPARK_WARM_UP`` is ``0``).
     """
 
     CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"

@@ -51,10 +51,6 @@ def _simulate(out: Path) -> Path:
     return config
 
 
-def _echo(index: int) -> dict:
-    return {"task": index}
-
-
 def warm_up(remote: str, scratch: Path | None = None) -> dict:
     """Run the warm-up against the Connect server at ``remote``; returns seconds per step."""
     from epochsync.core.config import load_config
@@ -83,7 +79,11 @@ def warm_up(remote: str, scratch: Path | None = None) -> dict:
                 ("translate-1", lambda: run_translate(cfg, tcfg, 1, spark)),
                 ("merge-2", lambda: run_merge(cfg, TARGET, 2, 2, spark)),
                 ("translate-2", lambda: run_translate(cfg, tcfg, 2, spark, first_epoch=2)),
-                ("tasks", lambda: run_report_tasks(spark, 2, _echo, tag="epochsync-warm-up", what="warm-up")),
+                # a lambda travels by value: the executors need nothing of epochsync_dev
+                (
+                    "tasks",
+                    lambda: run_report_tasks(spark, 2, lambda i: {"task": i}, tag="epochsync-warm-up", what="warm-up"),
+                ),
             ):
                 t = time.monotonic()
                 with contextlib.redirect_stdout(io.StringIO()):
