@@ -227,10 +227,15 @@ DAEMON_DIR = project_dir() / "spark_apps" / "daemon"
 DAEMON_CONF = {"spark.python.daemon.module": "epochsync_daemon"}
 
 
+def _switched_on(env: str) -> bool:
+    """A switch for side-by-side runs: on unless ``$env`` is ``0``."""
+    return os.environ.get(env, "1") != "0"
+
+
 def warm_up_wanted() -> bool:
     """Whether ``make demo``, ``make airflow`` and the test session warm their server up
     (:class:`SparkConnectServer`'s ``warm_up``): yes, unless ``$EPOCHSYNC_SPARK_WARM_UP`` is ``0``."""
-    return os.environ.get("EPOCHSYNC_SPARK_WARM_UP", "1") != "0"
+    return _switched_on("EPOCHSYNC_SPARK_WARM_UP")
 
 
 def _spark_env(log_dir: Path) -> dict[str, str]:
@@ -327,7 +332,7 @@ class SparkConnectServer:
         self.warm_up = warm_up
         self.warm_proc: subprocess.Popen | None = None
         if preload_daemon is None:  # a switch for side-by-side runs of the tests and the demo
-            preload_daemon = os.environ.get("EPOCHSYNC_SPARK_PRELOAD_DAEMON", "1") != "0"
+            preload_daemon = _switched_on("EPOCHSYNC_SPARK_PRELOAD_DAEMON")
         self.preload_daemon = preload_daemon
         self._own_dir = work_dir is None
         self.work_dir = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="epochsync-spark-"))
@@ -427,13 +432,17 @@ class SparkConnectServer:
             self.stop()
             raise
         if self.warm_up:
-            from epochsync_dev.warmup import start_warm_up
-
-            self.warm_proc = start_warm_up(self.url, self.work_dir / "warm-up.log", self.work_dir / "warm-up")
+            self.begin_warm_up()
         return self.url
 
+    def begin_warm_up(self) -> None:
+        """Start the warm-up (:mod:`epochsync_dev.warmup`) against the running server, in the background."""
+        from epochsync_dev.warmup import start_warm_up
+
+        self.warm_proc = start_warm_up(self.url, self.work_dir / "warm-up.log", self.work_dir / "warm-up")
+
     def wait_warm_up(self, timeout: float = 300) -> str | None:
-        """Wait for the warm-up started by :meth:`start`; returns its last line (None without one)."""
+        """Wait for the warm-up (:meth:`begin_warm_up`); returns its last line (None without one)."""
         if self.warm_proc is None:
             return None
         try:

@@ -15,16 +15,9 @@ pytestmark = pytest.mark.integration
 def test_the_session_server_was_warmed_up_and_kept_nothing(spark_connect_server):
     """The session's server, as `make demo` and `make airflow` start theirs: the warm-up ran
     ingest, both merges, both translations and one executor job, and removed its folder."""
-    if spark_connect_server.warm_up:
-        line = spark_connect_server.wait_warm_up(600)
-    else:  # EPOCHSYNC_SPARK_WARM_UP=0: the session did not start one, so this test runs it itself
-        from epochsync_dev.warmup import start_warm_up
-
-        server = spark_connect_server
-        log = server.work_dir / "warm-up.log"
-        proc = start_warm_up(server.url, log, server.work_dir / "warm-up")
-        proc.wait(600)
-        line = log.read_text().strip().splitlines()[-1]
+    if not spark_connect_server.warm_up:  # EPOCHSYNC_SPARK_WARM_UP=0: the test starts it itself
+        spark_connect_server.begin_warm_up()
+    line = spark_connect_server.wait_warm_up(600)
     assert line and line.startswith("warm-up: done in"), line
     for step in ("'ingest'", "'merge-1'", "'translate-1'", "'merge-2'", "'translate-2'", "'tasks'"):
         assert step in line, line
