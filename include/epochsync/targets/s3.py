@@ -204,6 +204,10 @@ class S3Access:
     jitter) on retryable errors and fails clearly after ``max_attempts``.
     """
 
+    #: the kind of source reader (``stages.context.source_access``): ``"s3"``, or ``"gluster"`` for
+    #: :class:`epochsync.sources.gluster.reader.CutReader`; S3-only requests are asked for by kind
+    kind = "s3"
+
     def __init__(self, settings, *, max_attempts: int = 6, base_delay: float = 0.05, max_delay: float = 2.0):
         self.settings = settings
         self.max_attempts = max_attempts
