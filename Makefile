@@ -6,12 +6,18 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# the documentation tools (requirements-docs.txt), installed into the same .venv on their own
+DOCS_STAMP := $(VENV)/.docs-installed
+DOCS_SITE  := build/site
+DOCS_ADDR  ?= 127.0.0.1:8000
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export PYTHONPATH := $(CURDIR)/include$(if $(PYTHONPATH),:$(PYTHONPATH))
 export AIRFLOW__CORE__LOAD_EXAMPLES := False
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # this machine's pip.conf names local mirrors that may not exist; use the registry only
 export PIP_EXTRA_INDEX_URL :=
+# MkDocs' banner about its successor, printed on every build
+export NO_MKDOCS_2_WARNING := 1
 
 PYTEST_ARGS ?=
 # make test's pytest-xdist workers; 0 (the default) runs the suite in one process. Measured
@@ -19,7 +25,7 @@ PYTEST_ARGS ?=
 # 1,068-1,086 s with 40% more CPU (each worker starts its own Spark, SeaweedFS and moto).
 TEST_WORKERS ?= 0
 
-.PHONY: help venv test test-fast lint format demo airflow bench bench-ingest bench-merge bench-e2e bench-warm bench-rollback clean
+.PHONY: help venv test test-fast lint format docs docs-serve docs-ref demo airflow bench bench-ingest bench-merge bench-e2e bench-warm bench-rollback clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  make %-14s %s\n", $$1, $$2}'
@@ -35,10 +41,29 @@ $(STAMP): requirements.txt pyproject.toml
 
 venv: $(STAMP) ## create or reuse .venv and install requirements.txt and the epochsync package
 
-test: $(STAMP) ## run the whole test suite (unit, integration, slow)
+# constrained by requirements.txt (extras stripped: pip takes none in a constraints file), so
+# installing the documentation tools never moves a pinned package
+$(DOCS_STAMP): $(STAMP) requirements-docs.txt requirements.txt
+	@echo "installing the documentation tools (requirements-docs.txt) into $(VENV)"
+	sed 's/\[[^]]*\]//' requirements.txt > $(VENV)/constraints.txt
+	$(BIN)/pip install -q -r requirements-docs.txt -c $(VENV)/constraints.txt
+	$(BIN)/python -c "import mkdocs, material, mkdocstrings_handlers.python"
+	@touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP) ## build the documentation site (strict: a broken link fails) and say where it is
+	$(BIN)/mkdocs build --strict --quiet --site-dir $(DOCS_SITE)
+	@echo "docs: the site is in $(CURDIR)/$(DOCS_SITE) (open $(CURDIR)/$(DOCS_SITE)/index.html, or make docs-serve)"
+
+docs-serve: $(DOCS_STAMP) ## serve the documentation site, rebuilt on every change (DOCS_ADDR=127.0.0.1:8000)
+	$(BIN)/mkdocs serve --strict --dev-addr $(DOCS_ADDR)
+
+docs-ref: $(STAMP) ## regenerate the generated pages: config and CLI reference, benchmark results, the README's figures
+	$(BIN)/python -m epochsync_dev.docs
+
+test: $(STAMP) $(DOCS_STAMP) ## run the whole test suite (unit, integration, slow, the docs checks)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests selected"; exit 0; fi; exit $$rc
 
-test-fast: $(STAMP) ## run the tests not marked slow
+test-fast: $(STAMP) $(DOCS_STAMP) ## run the tests not marked slow
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && exit 0; exit $$rc
 
 lint: $(STAMP) ## ruff lint, format check, mypy on include/epochsync/core and stages

@@ -158,5 +158,15 @@ def test_short_demo_replicates_both_targets_and_rolls_back_the_injected_failure(
     report = Path(summary["report"])
     assert report.is_file() and "<svg" in report.read_text()
     assert f"demo: report {report}" in out
+
     # SeaweedFS, Airflow and Spark processes are gone
     assert _processes_mentioning(str(work)) == []
+
+    # the five-minute tour of the README and Getting started, on this demo's output
+    from support.docs import run_tour
+
+    tour = run_tour(work, epochs=2)
+    assert re.search(r"^local +posix +Active +2 ", tour["status"].stdout, re.M), tour["status"].stdout
+    assert re.search(r"^(DELETE|RENAME|NEW|LINK|MODIFY) ", tour["changes"].stdout, re.M), tour["changes"].stdout
+    assert tour["report"].stdout.strip().endswith("index.html")
+    assert tour["rollback"].stdout.strip() == "nothing to roll back"

@@ -355,6 +355,8 @@ class ChangelogConfig:
     uri: ChangelogUri
     """s3://bucket/prefix/, file:///dir or an absolute path: one directory per server below it"""
     format: Format = "jsonl"
+    """how the changelog files are written: canonical JSON Lines, Lustre ``lfs changelog`` text, or
+    GlusterFS changelog files"""
     epochs_from: EpochsFrom = "records"
     """where epochs come from: the records' own ``epoch``/EPOCH records, Lustre MARK records, or
     the time windows of ``epoch``; default by format: jsonl records, lustre mark, gluster time"""
@@ -377,7 +379,9 @@ class StoreConfig:
     """The S3 bucket holding the source's file data (``sources[].store``)."""
 
     conn_id: Text
+    """connection of the S3 store (an Airflow connection, or an AIRFLOW_CONN_<ID> variable)"""
     bucket: Text
+    """the versioned bucket holding the file data"""
     key: KeyTemplate = "{ost}/{oid}"
     """object key of a striped file's stripe object, from {ost}, {oid}, {fid}"""
     unstriped_key: KeyTemplate = "data/{fid}"
@@ -424,6 +428,7 @@ class SourceConfig:
     """One replicated file system (``sources[]``)."""
 
     name: Name
+    """the source's name (in DAG ids and the warehouse)"""
     root_fid: Text
     """FID of the replicated root"""
     servers: Servers
@@ -496,7 +501,9 @@ class S3TargetKeys(_TargetKeys):
 
     kind: Literal["s3"]
     conn_id: Text
+    """connection of the replica's S3 store (an Airflow connection, or an AIRFLOW_CONN_<ID> variable)"""
     bucket: Text
+    """the replica's bucket (epochsync turns versioning on)"""
     prefix: Annotated[str, BeforeValidator(_key_prefix("lustre1/"))] = ""
     """key prefix of the replica in the bucket (relative; a '/' is added)"""
     stripe_size: Size | None = None
@@ -530,9 +537,13 @@ class FeedTargetKeys(_TargetKeys):
     path: LocalPath | None = None
     """the feed's directory (relative: to the config file's directory)"""
     conn_id: Text | None = None
+    """connection of the feed's S3 store, for a feed in a bucket"""
     bucket: Text | None = None
+    """the feed's bucket, for a feed in a bucket"""
     prefix: Annotated[str, BeforeValidator(_key_prefix("feeds/audit/"))] | None = None
+    """key prefix of the feed in the bucket (relative; a '/' is added)"""
     format: FeedFormat = "jsonl"
+    """the epoch files' format: gzip-compressed JSON Lines, or Parquet"""
     events: FeedEvents = FEED_EVENTS
     """the events published"""
     retention: FeedRetentionConfig = dataclasses.field(default_factory=FeedRetentionConfig)
@@ -613,8 +624,11 @@ class ConfigFile:
     """where Spark keeps records, snapshots, plans, journals: a URI, or a path (relative: to
     the config file's directory); default: warehouse/ beside the config file"""
     sources: Annotated[tuple[SourceConfig, ...], Field(min_length=1)]
+    """the file systems replicated (at least one)"""
     targets: tuple[TargetKeys, ...] = ()
+    """the replicas and feeds, each of one source; the keys of a target depend on its kind"""
     spark: SparkKeys | None = None
+    """how the command line reaches Spark"""
 
     @model_validator(mode="after")
     def _names_resolve(self) -> ConfigFile:
