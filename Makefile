@@ -81,8 +81,9 @@ demo: $(STAMP) ## the main job: simulate a source, replicate every epoch through
 airflow: $(STAMP) ## SeaweedFS + Spark Connect + airflow standalone with the project's DAGs (UI on :8080; LIVE=1: a live source)
 	$(BIN)/python -m epochsync_dev.devstack $(if $(LIVE),--live)
 
-bench: $(STAMP) ## all benchmarks (ingest, merge, warm, e2e) one after the other, results in bench/results/, each part's time in bench.json
+bench: $(STAMP) ## all benchmarks (ingest, merge, warm, e2e) one after the other, results in bench/results/, each part's time in bench.json; then make docs-ref
 	$(BIN)/python -m epochsync_dev.bench all
+	$(BIN)/python -m epochsync_dev.docs
 
 bench-ingest: $(STAMP) ## ingest 1M Lustre lines and 1M JSON Lines records
 	$(BIN)/python -m epochsync_dev.bench ingest
