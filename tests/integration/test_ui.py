@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
 import pytest
 from support.airflow_stack import ROOT, replica, scheduler_stack_fixture, truth
-from support.cdp import Chromium, chromium_binary
+from support.cdp import start_chromium
 
 # each epoch run is a few spark-submits: minutes on two shared cores, more than the default timeout
 pytestmark = [
@@ -26,13 +25,7 @@ scheduler_stack = pytest.fixture(scope="session")(scheduler_stack_fixture)
 
 @pytest.fixture()
 def browser():
-    binary = chromium_binary()
-    if binary is None:
-        why = "Chromium is not installed: install Debian's package (apt-get install -y chromium) to run the UI test"
-        if os.environ.get("EPOCHSYNC_REQUIRE_UI"):  # CI installed it: a missing browser is a failure there
-            pytest.fail(why)
-        pytest.skip(why)
-    b = Chromium(binary)
+    b = start_chromium("the UI test")
     yield b
     b.close()
 

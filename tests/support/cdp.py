@@ -22,6 +22,20 @@ def chromium_binary() -> str | None:
     return None
 
 
+def start_chromium(purpose: str) -> Chromium:
+    """A headless Chromium for ``purpose`` (a test), or the test skipped without one; where
+    ``EPOCHSYNC_REQUIRE_UI`` is set (CI installed the browser) a missing browser fails it."""
+    import pytest
+
+    binary = chromium_binary()
+    if binary is None:
+        why = f"Chromium is not installed: install Debian's package (apt-get install -y chromium) to run {purpose}"
+        if os.environ.get("EPOCHSYNC_REQUIRE_UI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    return Chromium(binary)
+
+
 class Chromium:
     """Headless Chromium with one page, driven over its DevTools websocket."""
 
