@@ -178,3 +178,43 @@ def test_a_getting_started_block_runs_as_written(page, body, output, tmp_path):
     assert done.returncode == 0, f"{page.name}:\n{body}\nexit {done.returncode}: {done.stderr[-3000:]}"
     if output is not None:
         assert done.stdout.strip() == output.strip(), f"{page.name}: the page shows other output than\n{body}"
+
+
+def test_a_new_kind_of_source_gets_its_sections_without_an_edit():
+    """A tagged union of mappings (as ``targets[]`` is by ``kind``) gets a section per kind and
+    one for the list itself, whatever the list: a ``sources[]`` by kind too, for instance."""
+    from epochsync_dev.docs.reference import _ConfigPage
+
+    def source(kind: str, extra: str) -> dict:
+        return {
+            "type": "object",
+            "description": f"A {kind} source.",
+            "properties": {
+                "kind": {"const": kind, "description": "the kind"},
+                extra: {"type": "string", "description": "x"},
+            },
+            "required": ["kind"],
+        }
+
+    schema = {
+        "properties": {
+            "sources": {
+                "type": "array",
+                "items": {
+                    "discriminator": {
+                        "propertyName": "kind",
+                        "mapping": {"lustre": "#/$defs/Lustre", "gluster": "#/$defs/Gluster"},
+                    },
+                    "oneOf": [{"$ref": "#/$defs/Lustre"}, {"$ref": "#/$defs/Gluster"}],
+                },
+                "description": "the file systems",
+            }
+        },
+        "$defs": {"Lustre": source("lustre", "mdts"), "Gluster": source("gluster", "volume")},
+    }
+    page = _ConfigPage(schema)
+    page.walk(schema, "", "top level")
+    text = page.render()
+    assert "## `sources[]` {#sources}" in text
+    assert "## `sources[] (kind: gluster)` {#sources-kind-gluster}" in text and "| `volume` |" in text
+    assert "## `sources[] (kind: lustre)` {#sources-kind-lustre}" in text and "| `mdts` |" in text

@@ -32,6 +32,8 @@ class _ConfigPage:
         self.defs: dict[str, Any] = schema.get("$defs", {})
         self.sections: list[tuple[str, str, str, list[tuple[str, str, str, str]]]] = []
         self.value_types: dict[str, str] = {}
+        #: list paths whose entries are a union tagged by a key: path -> (tag, [(value, section)])
+        self.unions: dict[str, tuple[str, list[tuple[str, str]]]] = {}
 
     # one section per mapping of the file, depth first, in the models' key order
     def walk(self, node: dict[str, Any], path: str, title: str) -> None:
@@ -69,12 +71,14 @@ class _ConfigPage:
             return " or ".join(t for t, _ in parts), [n for _, ns in parts for n in ns]
         if "oneOf" in prop:
             tag = prop.get("discriminator", {}).get("propertyName", "kind")
+            mapping = prop.get("discriminator", {}).get("mapping", {})
             nested = []
             links = []
-            for value, ref in prop.get("discriminator", {}).get("mapping", {}).items():
+            for value, ref in mapping.items():
                 sub = f"{path} ({tag}: {value})"
                 nested.append((self.defs[ref.rsplit("/", 1)[-1]], sub, sub))
                 links.append(f"[{value}](#{_anchor(sub)})")
+            self.unions[path] = (tag, [(value, sub) for value, (_, sub, _) in zip(mapping, nested, strict=True)])
             return f"mapping by `{tag}`: " + ", ".join(links), nested
         if "const" in prop:
             return f"`{prop['const']}`", []
@@ -154,7 +158,19 @@ class _ConfigPage:
             out += ["## Value types {#value-types}", "", "| type | written as |", "|---|---|"]
             out += [f"| {name} | {_cell(text)} |" for name, text in sorted(self.value_types.items())]
             out.append("")
+        told = set()
         for path, title, description, rows in self.sections:
+            union = next((u for u in self.unions if path.startswith(u + " (") and u not in told), None)
+            if union is not None:  # the list itself: its entries' keys depend on the tag
+                told.add(union)
+                tag, kinds = self.unions[union]
+                links = ", ".join(f"[{value}](#{_anchor(sub)})" for value, sub in kinds)
+                out += [
+                    f"## `{union}` {{#{_anchor(union)}}}",
+                    "",
+                    f"The keys of an entry depend on its `{tag}`: {links}.",
+                    "",
+                ]
             heading = "Top level" if path == "top level" else f"`{title}`"
             out += [f"## {heading} {{#{_anchor(path)}}}", ""]
             if description:
