@@ -71,6 +71,8 @@ def test_the_readme_is_short_and_for_users():
 
     assert figure_markers_present(text), "the README's headline figures need their generated-table markers"
     assert _words(text, "README.md") == []
+    links = re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", text)
+    assert links and not [link for link in links if not (ROOT / link).exists()], links
 
 
 def _prose(text: str) -> str:
