@@ -59,6 +59,7 @@ def test_the_site_builds_strictly(built_site):
         assert (built_site / page).is_file(), page
     api = (built_site / "reference" / "python-api.html").read_text()
     assert "load_config" in api and "rollback_target" in api and 'class="doc doc-' in api  # mkdocstrings rendered
+    assert ":func:" not in api and ":class:" not in api  # Sphinx roles as code (epochsync_dev.docs.griffe_roles)
 
 
 def test_the_readme_is_short_and_for_users():
