@@ -484,6 +484,15 @@ def readme_with_figures(readme: str, results: Path) -> str:
     head, rest = readme.split(README_START, 1)
     _, tail = rest.split(README_END, 1)
     table = _table(["what", "result", "run"], headline_rows(results))
+    machines = sorted(
+        {
+            f"{m.get('machine', '?')}, {m.get('cpus', '?')} CPUs"
+            for stem in ("ingest", "merge", "warm", "e2e")
+            if (m := _meta(results, stem, None)) and "machine" in m
+        }
+    )
+    if machines:
+        table += [f"Machine: {'; '.join(machines)}.", ""]
     return head + README_START + "\n" + "\n".join(table) + README_END + tail
 
 
