@@ -152,53 +152,68 @@ def _run_line(meta: dict[str, Any]) -> str:
 # --------------------------------------------------------------------------- layouts by file
 
 
+#: a column of a results table: its header and how a row's cell is written
+Column = tuple[str, Callable[[dict[str, Any]], str]]
+
+
+def _columns(data: Any, columns: list[Column]) -> list[str]:
+    return _table([h for h, _ in columns], [[cell(r) for _, cell in columns] for r in data])
+
+
+def _field(key: str, fmt: Callable[[Any], str] = _num) -> Callable[[dict[str, Any]], str]:
+    return lambda r: fmt(r.get(key))
+
+
+def _name(key: str = "name") -> Callable[[dict[str, Any]], str]:
+    return lambda r: f"`{r.get(key)}`"
+
+
+def _load_span(before: str, after: str) -> Callable[[dict[str, Any]], str]:
+    return lambda r: f"{_load(r.get(before))} → {_load(r.get(after))}" if r.get(before) is not None else ""
+
+
 def _bench(data: Any) -> list[str]:
-    rows = [
+    return _columns(
+        data,
         [
-            f"`{r.get('name')}`",
-            _num(r.get("seconds", 0) / 60),
-            _num(r.get("exit_code")) if "exit_code" in r else "",
-            f"{_load(r.get('load_average_before'))} → {_load(r.get('load_average_after'))}"
-            if r.get("load_average_before")
-            else "",
-        ]
-        for r in data
-    ]
-    return _table(["part", "minutes", "exit status", "load before → after"], rows)
+            ("part", _name()),
+            ("minutes", lambda r: _num(r.get("seconds", 0) / 60)),
+            ("exit status", lambda r: _num(r.get("exit_code")) if "exit_code" in r else ""),
+            ("load before → after", _load_span("load_average_before", "load_average_after")),
+        ],
+    )
 
 
 def _ingest(data: Any) -> list[str]:
-    rows = [
+    out = _columns(
+        data,
         [
-            f"`{r.get('name')}`",
-            _num(r.get("records")),
-            _num(r.get("seconds"), 2),
-            _num(r.get("records_per_s")),
-            _gb(r.get("peak_rss_bytes")),
-            _num(r.get("cpu_seconds")),
-            _load(r.get("load_avg_1m_after")),
-        ]
-        for r in data
-    ]
-    out = _table(["row", "records", "seconds", "records/s", "peak RSS", "CPU-s", "load"], rows)
+            ("row", _name()),
+            ("records", _field("records")),
+            ("seconds", _field("seconds", lambda v: _num(v, 2))),
+            ("records/s", _field("records_per_s")),
+            ("peak RSS", _field("peak_rss_bytes", _gb)),
+            ("CPU-s", _field("cpu_seconds")),
+            ("load", _field("load_avg_1m_after", _load)),
+        ],
+    )
     return out + bar_chart("ingest: records per second", [(r["name"], r.get("records_per_s")) for r in data], "/s")
 
 
 def _merge(data: Any) -> list[str]:
-    rows = [
+    out = _columns(
+        data,
         [
-            f"`{r.get('name')}`",
-            _num(r.get("records")),
-            _num(r.get("seconds")),
-            _num(r.get("records_per_s")),
-            _gb(r.get("peak_rss_bytes")),
-            _num(r.get("cpu_seconds")),
-            _num(r.get("changes")),
-            _load(r.get("loadavg_1m")),
-        ]
-        for r in data
-    ]
-    out = _table(["row", "records", "seconds", "records/s", "peak RSS", "CPU-s", "net changes", "load"], rows)
+            ("row", _name()),
+            ("records", _field("records")),
+            ("seconds", _field("seconds")),
+            ("records/s", _field("records_per_s")),
+            ("peak RSS", _field("peak_rss_bytes", _gb)),
+            ("CPU-s", _field("cpu_seconds")),
+            ("net changes", _field("changes")),
+            ("load", _field("loadavg_1m", _load)),
+        ],
+    )
     return out + bar_chart("merge: seconds per epoch", [(r["name"], r.get("seconds")) for r in data], "s")
 
 
@@ -251,20 +266,20 @@ def _e2e(data: Any) -> list[str]:
         out += [f"### {_text(name)}", ""]
         if first.get("description"):
             out += [f"{_text(first['description'])}; {_num(first.get('files'))} files.", ""]
-        table = [
+        out += _columns(
+            rows,
             [
-                f"`{r.get('tool')}`",
-                _num(r.get("seconds"), 2),
-                _bytes(r.get("bytes_read_source")),
-                _bytes(r.get("bytes_written")),
-                _num(r.get("requests")),
-                _bytes(r.get("net_changed_bytes")),
-                _num(r.get("replica_equals_source")) + (" (touched files)" if r.get("checked") else ""),
-            ]
-            for r in rows
-        ]
-        out += _table(
-            ["tool", "seconds", "read from source", "written", "requests", "net change", "equals source"], table
+                ("tool", _name("tool")),
+                ("seconds", _field("seconds", lambda v: _num(v, 2))),
+                ("read from source", _field("bytes_read_source", _bytes)),
+                ("written", _field("bytes_written", _bytes)),
+                ("requests", _field("requests")),
+                ("net change", _field("net_changed_bytes", _bytes)),
+                (
+                    "equals source",
+                    lambda r: _num(r.get("replica_equals_source")) + (" (touched files)" if r.get("checked") else ""),
+                ),
+            ],
         )
         out += bar_chart(f"{name}: seconds", [(r.get("tool", "?"), r.get("seconds")) for r in rows], "s")
     return out
@@ -282,22 +297,21 @@ def _e2e_checks(data: Any) -> list[str]:
 
 
 def _rollback(data: Any) -> list[str]:
-    rows = [
+    out = _columns(
+        data,
         [
-            _text(str(r.get("replay"))),
-            _num(r.get("round")),
-            _num(r.get("files")),
-            _num(r.get("undo_entries")),
-            _num(r.get("seconds")),
-            _num(r.get("cpu_seconds")),
-            _num(r.get("requests")),
-            f"{_load(r.get('load_before'))} → {_load(r.get('load_after'))}",
-            _num(r.get("equals_epoch_1")),
-        ]
-        for r in data
-    ]
-    header = ["replay", "round", "files", "undo entries", "seconds", "CPU-s", "requests", "load", "restored"]
-    return _table(header, rows) + bar_chart(
+            ("replay", _field("replay", lambda v: _text(str(v)))),
+            ("round", _field("round")),
+            ("files", _field("files")),
+            ("undo entries", _field("undo_entries")),
+            ("seconds", _field("seconds")),
+            ("CPU-s", _field("cpu_seconds")),
+            ("requests", _field("requests")),
+            ("load", _load_span("load_before", "load_after")),
+            ("restored", _field("equals_epoch_1")),
+        ],
+    )
+    return out + bar_chart(
         "rollback: seconds", [(f"{r.get('replay')} #{r.get('round')}", r.get("seconds")) for r in data], "s"
     )
 
