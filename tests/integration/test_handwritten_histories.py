@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from epochsync.core.config import load_config
+from epochsync.core.errors import EpochsyncError
 from epochsync.stages.replicate import replicate
 from epochsync.targets import open_target
 
@@ -297,3 +298,141 @@ def test_types_replaced_under_children_and_root_attributes(world, spark):
         },
     ]
     replicate_and_check(world, spark, h, expected)
+
+
+def replicate_s3(world, spark, cfg, e: int, want: dict, *, fail_first: bool = True) -> None:
+    """Epoch ``e`` into the s3 target: first with a failure injected late in its apply (the
+    rollback must bring back epoch ``e - 1``, checked against its snapshot), then for real."""
+    from epochsync.core.errors import EpochError
+
+    target = open_target(cfg.target("s3"))
+    before = replica_tree(target, root=False) if target.read_manifest() else {}
+    if fail_first:
+        with pytest.raises(EpochError, match="rolled back"):
+            replicate(cfg, "s3", epoch=e, spark=spark, inject="at=0.9", progress=lambda _line: None)
+        target = open_target(cfg.target("s3"))
+        assert (target.read_manifest() or {}).get("epoch", 0) == e - 1
+        assert replica_tree(target, root=False) == before
+    replicate(cfg, "s3", epoch=e, spark=spark, progress=lambda _line: None)
+    target = open_target(cfg.target("s3"))
+    assert target.read_manifest()["epoch"] == e
+    assert replica_tree(target, root=False) == want, f"s3 epoch {e}"
+
+
+def test_names_the_s3_target_used_to_refuse_or_lose(world, spark):
+    """Issue 32's two s3 defects, through every stage on SeaweedFS, each epoch first rolled back:
+
+    - a file named with a carriage return: SeaweedFS sends version listings unencoded and an
+      XML parser reads the CR as a LF, so verify called ``cr\\rname`` missing, then the
+      rollback found it present and not in the snapshot: the target was stuck;
+    - a source entry named ``.epochsync-dir`` (the old directory object's name), as a file and
+      as a directory, anywhere: refused, which failed that epoch and every later one. Names
+      the new layout's mirror uses (``dir``, ``_x``) are ordinary names too.
+    """
+    h = History(world["client"], world["bucket"])
+    d, cr, dcr, mark, dmark, mdir, mx, ddir, under, lf = (fid(n) for n in range(1, 11))
+    one, two, three = b"one\r\n" * 9, b"two\n" * 7, b"three\n"
+    h.epoch().mkdir(d, ROOT, "d").create(cr, ROOT, "cr\rname", one).create(dcr, d, "cr\r", two)
+    h.create(mark, ROOT, ".epochsync-dir", one).create(dmark, d, ".epochsync-dir", two)
+    h.mkdir(mdir, d, ".epochsync-dir.d").create(mx, mdir, "x", three)
+    h.mkdir(ddir, ROOT, "dir").mkdir(under, ddir, "_x").create(lf, under, "lf\nname", one)
+    crd, crx = fid(11), fid(12)
+    h.mkdir(crd, ROOT, "cr\rd", 0o750).create(crx, crd, "x\r", two)
+    h.epoch().write(cr, one.upper()).rename(dcr, (d, "cr\r"), (ROOT, "\rcr\r"))  # new bytes; moved to the root
+    h.unlink(mark, ROOT, ".epochsync-dir").rename(dmark, (d, ".epochsync-dir"), (mdir, ".epochsync-dir"))
+    h.rename(mdir, (d, ".epochsync-dir.d"), (ROOT, ".epochsync-dir"))  # a directory of that name
+    h.chmod(under, 0o700)
+    expected = [
+        {
+            "d": D(),
+            "cr\rname": F(one),
+            "d/cr\r": F(two),
+            ".epochsync-dir": F(one),
+            "d/.epochsync-dir": F(two),
+            "d/.epochsync-dir.d": D(),
+            "d/.epochsync-dir.d/x": F(three),
+            "dir": D(),
+            "dir/_x": D(),
+            "dir/_x/lf\nname": F(one),
+            "cr\rd": D(0o750),
+            "cr\rd/x\r": F(two),
+        },
+        {
+            "d": D(),
+            "cr\rname": F(one.upper()),
+            "\rcr\r": F(two),
+            ".epochsync-dir": D(),
+            ".epochsync-dir/x": F(three),
+            ".epochsync-dir/.epochsync-dir": F(two),
+            "dir": D(),
+            "dir/_x": D(0o700),
+            "dir/_x/lf\nname": F(one),
+            "cr\rd": D(0o750),
+            "cr\rd/x\r": F(two),
+        },
+    ]
+    h.write_changelogs(world["tmp"])
+    cfg = make_config(world)
+    for e, want in enumerate(expected, start=1):
+        replicate_s3(world, spark, cfg, e, want)
+    target = open_target(cfg.target("s3"))
+    keys = {o["Key"][len(target.prefix) :] for o in target.list_keys()}
+    assert {".epochsync-dir/x", ".epochsync-dir/.epochsync-dir", ".epochsync/dirs/_.epochsync-dir/dir"} <= keys
+
+
+def test_a_layout_1_replica_moves_its_directory_objects_on_the_next_epoch(world, spark, monkeypatch):
+    """A replica written before layout 2 keeps each directory's attributes in ``path/.epochsync-dir``.
+    The next epoch's apply moves them to the control area (copies, deletes, then the manifest
+    says layout 2) before its write fence: first an unfinished epoch of the old layout is rolled
+    back (its journal names layout-1 keys, and the rollback's check reads that layout), then the
+    move, then the epoch; a rollback after the move restores the moved layout."""
+    from epochsync.core.errors import EpochError
+    from epochsync.stages import replicate as replicate_module
+    from epochsync.targets import s3
+
+    h = History(world["client"], world["bucket"])
+    a, ab, ax, bx, r = (fid(n) for n in range(1, 6))
+    h.epoch().mkdir(a, ROOT, "a", 0o750).mkdir(ab, a, "b", 0o700).create(ax, a, "x", b"x1\n").create(bx, ab, "x", b"bx")
+    h.chmod(ROOT, 0o711)
+    h.epoch().write(ax, b"x2 longer\n").mkdir(r, ROOT, "r").rename(ab, (a, "b"), (r, "b"))
+    h.write_changelogs(world["tmp"])
+    cfg = make_config(world)
+    one = {"a": D(0o750), "a/b": D(0o700), "a/x": F(b"x1\n"), "a/b/x": F(b"bx")}
+    two = {"a": D(0o750), "r": D(), "r/b": D(0o700), "a/x": F(b"x2 longer\n"), "r/b/x": F(b"bx")}
+
+    with monkeypatch.context() as old:  # the code before layout 2
+        old.setattr(s3, "LAYOUT", 1)
+        replicate(cfg, "s3", epoch=1, spark=spark, progress=lambda _line: None)
+        target = open_target(cfg.target("s3"))
+        doc = target.read_manifest()
+        doc.pop("layout")  # an old manifest says nothing of its layout
+        target.io.client.put_object(
+            Bucket=target.bucket, Key=target.prefix + ".epochsync/manifest.json", Body=json.dumps(doc).encode()
+        )
+        target = open_target(cfg.target("s3"))
+        keys = {o["Key"][len(target.prefix) :] for o in target.list_keys()}
+        assert {".epochsync-dir", "a/.epochsync-dir", "a/b/.epochsync-dir"} <= keys
+        assert target.layout == 1 and replica_tree(target, root=True) == {"": D(0o711), **one}
+
+        def no_rollback(*args, **kwargs):
+            raise EpochError("rollback skipped by the test")
+
+        old.setattr(replicate_module, "rollback_target", no_rollback)
+        with pytest.raises(EpochsyncError, match="rollback failed too"):
+            replicate(cfg, "s3", epoch=2, spark=spark, inject="at=0.7", progress=lambda _line: None)
+    # the new code: the unfinished layout-1 epoch is rolled back, the layout moves, epoch 2 fails
+    # once late in its apply (rolled back onto the moved layout), then runs
+    target = open_target(cfg.target("s3"))
+    assert target.read_manifest()["epoch"] == 1 and target.layout == 1
+    with pytest.raises(EpochError, match="rolled back"):
+        replicate(cfg, "s3", epoch=2, spark=spark, inject="at=0.9,repeat=1", progress=lambda _line: None)
+    target = open_target(cfg.target("s3"))
+    assert target.read_manifest()["layout"] == 2 and target.read_manifest()["epoch"] == 1
+    keys = {o["Key"][len(target.prefix) :] for o in target.list_keys()}
+    assert not any(k.endswith(".epochsync-dir") for k in keys), keys
+    assert {".epochsync/dirs/dir", ".epochsync/dirs/_a/dir", ".epochsync/dirs/_a/_b/dir"} <= keys
+    assert replica_tree(target, root=True) == {"": D(0o711), **one}
+    replicate(cfg, "s3", epoch=2, spark=spark, progress=lambda _line: None)
+    target = open_target(cfg.target("s3"))
+    assert target.read_manifest()["epoch"] == 2 and target.read_manifest()["layout"] == 2
+    assert replica_tree(target, root=True) == {"": D(0o711), **two}

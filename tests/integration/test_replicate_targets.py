@@ -428,12 +428,12 @@ def test_root_attributes_apply_verify_and_roll_back(env, target, fail, tmp_path)
     result = verify_plan(plan, target, src_io, env["store"]["bucket"])
     assert result["ok"], result["problems"]
     assert root_state() == want
-    assert "" not in tree(target) and ".epochsync-dir" not in tree(target)  # the root is no entry of a walk
+    assert "" not in tree(target) and ".epochsync" not in tree(target)  # the root is no entry of a walk
     # verify notices a root that does not match
     if target.kind == "posix":
         os.chmod(target.root, 0o755)
     else:
-        target.io.client.put_object(Bucket=target.bucket, Key=target.prefix + ".epochsync-dir", Body=b"")
+        target.io.client.put_object(Bucket=target.bucket, Key=target.prefix + ".epochsync/dirs/dir", Body=b"")
     assert not verify_plan(plan, target, src_io, env["store"]["bucket"])["ok"]
 
 
@@ -546,7 +546,10 @@ def test_paths_over_the_targets_limits_are_refused_at_translate(env, target):
         fits = "/".join(["é" * 100] * 4 + ["x" * (room - 4 * 201)])  # 1,024 bytes with the prefix
         assert len((target.prefix + fits).encode()) == 1024
         too_long = fits + "y"
-        dir_too_long = fits[: -len("/.epochsync-dir") + 1]  # its marker key is one byte too long
+        from epochsync.targets.s3 import key_for
+
+        extra = len(key_for(fits, "dir", target.control_dir)) - len(fits)  # a directory's object in the control area
+        dir_too_long = fits[: len(fits) - extra + 1]  # its directory object's key is one byte too long
     else:
         room = 4095 - len(target.root.encode()) - 1
         n = (room - 1) // 251

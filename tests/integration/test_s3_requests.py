@@ -249,7 +249,7 @@ def test_fence_and_verify_catch_foreign_changes_on_paged_listings(env, monkeypat
 
     # a directory listing answers as one listing per key does, whether it runs to its end (every
     # key of d/), gives up after as many pages as keys (two keys) or meets keys listed alone
-    everything = [f"d/f{i}" for i in range(12)] + ["d/n0", "d/.epochsync-dir", "d/zz", "d/f\x01"]
+    everything = [f"d/f{i}" for i in range(12)] + ["d/n0", "d/.epochsync-dir", "d/zz", "d/f\x01", "d/cr\rname"]
     for keys in (everything, ["d/f3", "d/f9"], ["d/f0", "d/f\x01"]):
         assert norm(target.versions_of(keys)) == norm({k: target.key_versions(k) for k in keys})
 
@@ -266,7 +266,7 @@ def test_fence_and_verify_catch_foreign_changes_on_paged_listings(env, monkeypat
     c.put_object(Bucket=b, Key=pre + "d/f2", Body=b"shorter")  # no metadata: no mode, the size its length
     c.delete_object(Bucket=b, Key=pre + "d/f3")
     c.put_object(Bucket=b, Key=pre + "d/f6", Body=b"back")
-    c.put_object(Bucket=b, Key=pre + "d/f7/.epochsync-dir", Body=b"", Metadata={"es-type": "dir", "es-mode": "16877"})
+    c.put_object(Bucket=b, Key=pre + ".epochsync/dirs/_d/_f7/dir", Body=b"", Metadata={"es-type": "dir", "es-mode": "16877"})
     same = os.urandom(3000)  # the same size, other bytes: only a content check sees it
     c.put_object(Bucket=b, Key=pre + "d/f4", Body=same, Metadata=c.head_object(Bucket=b, Key=pre + "d/f4")["Metadata"])
     for kw in ({"facts": facts}, {}):

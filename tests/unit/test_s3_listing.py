@@ -70,3 +70,16 @@ def test_a_store_that_ignores_the_encoding_and_sends_raw_control_characters(cann
     assert listed == "p/a\ufffdb"  # not well-formed XML: read as SeaweedFS sends it (U+FFFD)
     assert listed_key_is(listed, "p/a\x01b") and not listed_key_is(listed, "p/a\x01bc")
     assert listed_key_is("p/plain", "p/plain") and not listed_key_is("p/a\ufffdb", "p/a\x02bc")
+
+
+def test_a_carriage_return_in_an_unencoded_listing_stays_a_carriage_return(canned):
+    """A store that does not URL-encode a listing (SeaweedFS's version listings) sends a key
+    ``cr\\rname`` as it is; an XML parser would read its CR as a LF (line-end normalization), so
+    the key came back as ``cr\\nname``: verify called the file missing and its rollback left it."""
+    access, answer, _ = canned
+    answer[0] = HEAD.replace(b"\n", b"\r\n") + b"<Prefix>d/cr\rname</Prefix><IsTruncated>false</IsTruncated>\r\n"
+    answer[0] += version(b"d/cr\rname") + b"\r\n" + version(b"d/lf\nname") + b"\r\n" + version(b"d/both\r\n")
+    answer[0] += b"</ListVersionsResult>\r\n"
+    out = access.client.list_object_versions(Bucket="b", Prefix="d/cr\rname", EncodingType="url")
+    assert [v["Key"] for v in out["Versions"]] == ["d/cr\rname", "d/lf\nname", "d/both\r\n"]
+    assert out["Prefix"] == "d/cr\rname"

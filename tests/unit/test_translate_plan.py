@@ -188,10 +188,10 @@ def test_s3_directory_move_is_server_side_copies_of_every_object():
     assert plan["data"] == []
     ops = [(o["op"], o["key"], o.get("src")) for o in plan["namespace"]]
     assert ops == [
-        ("delete", "a/.epochsync-dir", None),
+        ("delete", ".epochsync/dirs/_a/dir", None),
         ("delete", "a/f", None),
-        ("put_empty", "b/.epochsync-dir", None),
         ("copy", "b/f", "a/f"),
+        ("put_empty", ".epochsync/dirs/_b/dir", None),
     ]
     assert plan["summary"]["planned_pull_bytes"] == 0
 

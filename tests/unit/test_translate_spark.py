@@ -113,7 +113,7 @@ def test_the_roots_attributes_are_an_entry_of_path_nothing(spark):
     }
     entries = plan_entries(old_snap, new_snap, changes, root_fid=ROOT)
     plan = build_plan(entries, target=target, store=STORE, epoch=2)
-    assert [(o["op"], o["key"]) for o in plan["post"]] == [("put_empty", ".epochsync-dir")]
+    assert [(o["op"], o["key"]) for o in plan["post"]] == [("put_empty", ".epochsync/dirs/dir")]
     assert [i["path"] for i in plan["verify"]["present"]] == [""] and plan["summary"]["attrs"] == 1
     # a file at the root: the fileset "/" keeps every path (it used to keep none but the root)
     changed = spark.createDataFrame(

@@ -509,6 +509,8 @@ def run_apply(cfg, target, epoch: int, spark=None, inject=None, first_epoch: int
 
     if isinstance(tgt, S3Target):
         tgt.ensure_bucket()
+        # a replica of the old layout moves before anything of this epoch is fenced or written
+        tgt.upgrade_layout(progress=lambda line: print(f"apply: {line}", flush=True))
     problems, state = tgt.fence_check(plan["fence"], tgt.fence_time_ns())
     if problems:
         shown = "; ".join(problems[:20]) + (f"; and {len(problems) - 20} more" if len(problems) > 20 else "")

@@ -251,7 +251,7 @@ def build_plan(
 
     The root directory's entry (path ``""``, see :func:`plan_entries`) changes only the
     attributes of the replica's root: the posix replica directory itself, the s3 root
-    marker ``prefix + .epochsync-dir``.
+    directory's object (``targets.s3.dir_key("")``).
     """
     roots = [e for e in entries if is_root_entry(e)]
     entries = [e for e in entries if not is_root_entry(e)]
@@ -313,7 +313,7 @@ def _limit_error(target: dict, path: str, needs: str, more: int, shorter: str) -
 def _check_s3_keys(plan: dict, target: dict) -> None:
     """Every key the plan writes fits S3's 1,024 bytes (SeaweedFS and moto take longer ones; AWS
     refuses them at apply, half way through an epoch)."""
-    from epochsync.targets.s3 import DIR_SIDECAR
+    from epochsync.targets.s3 import path_of_key
 
     prefix = target.get("prefix") or ""
     keys: set[str] = set()
@@ -325,7 +325,7 @@ def _check_s3_keys(plan: dict, target: dict) -> None:
     too_long = sorted(k for k in keys if size[k] > S3_KEY_MAX)
     if too_long:
         k = too_long[0]
-        path = k[: -len(DIR_SIDECAR) - 1] if k.endswith("/" + DIR_SIDECAR) else k
+        path = path_of_key(k, control_dir_of(target))
         needs = f"needs an S3 key of {size[k]} bytes (prefix {prefix!r} included); S3 keys hold at most {S3_KEY_MAX}"
         raise _limit_error(target, path, needs, len(too_long) - 1, "prefix")
 
@@ -366,11 +366,12 @@ def _plan_root(e: dict, target: dict, plan: dict) -> None:
         # no fence item: the replica directory is the target's own (made by the first apply)
         plan["post"].append({"op": "attrs", "path": "", "attrs": a})
     else:
-        from epochsync.targets.s3 import ROOT_MARKER
+        from epochsync.targets.s3 import key_for
 
-        plan["post"].append({"op": "put_empty", "key": ROOT_MARKER, "attrs": a})
-        # the marker exists once the root's attributes were first replicated: either state is ours
-        plan["fence"].append({"key": ROOT_MARKER, "present": None})
+        root = key_for("", "dir", control_dir_of(target))
+        plan["post"].append({"op": "put_empty", "key": root, "attrs": a})
+        # the object exists once the root's attributes were first replicated: either state is ours
+        plan["fence"].append({"key": root, "present": None})
 
 
 def _verify_items(entries: list[dict], store: dict) -> dict:

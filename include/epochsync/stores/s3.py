@@ -123,18 +123,28 @@ def content_md5(params: dict, **kwargs) -> None:
 
 #: control characters XML 1.0 cannot carry, even as character references
 XML_FORBIDDEN = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f]")
+#: the text of a leaf element (a key, a marker, a prefix) that holds a carriage return
+_TEXT_WITH_CR = re.compile(rb">([^<]*\r[^<]*)</")
 
 
 def readable_listing(response_dict: dict, **kwargs) -> None:
-    """botocore handler: a listing's body with characters XML 1.0 forbids gets U+FFFD in their
-    place before botocore parses it.
+    """botocore handler: a listing's body read as the store meant it, before botocore parses it.
 
-    botocore's own ``before-parse.s3.*`` handler runs first and turns a 200 whose body does
-    not parse into a 500 (a truncated answer, to be retried): a body that parses once the
-    characters are replaced, and is not an ``<Error>``, was that 200.
+    - Characters XML 1.0 forbids get U+FFFD in their place. botocore's own
+      ``before-parse.s3.*`` handler runs first and turns a 200 whose body does not parse
+      into a 500 (a truncated answer, to be retried): a body that parses once the
+      characters are replaced, and is not an ``<Error>``, was that 200.
+    - A carriage return in an element's text (a key named ``"cr\\rname"``, from a store that
+      does not URL-encode the listing: SeaweedFS's version listings) becomes ``&#13;``: an
+      XML parser turns a raw CR into LF (line-end normalization), so the key would come back
+      as another key; a character reference keeps it.
     """
     body = response_dict.get("body")
-    if not isinstance(body, (bytes, bytearray)) or not XML_FORBIDDEN.search(body):
+    if not isinstance(body, (bytes, bytearray)):
+        return
+    if b"\r" in body:
+        body = response_dict["body"] = _TEXT_WITH_CR.sub(lambda m: b">" + m.group(1).replace(b"\r", b"&#13;") + b"</", body)
+    if not XML_FORBIDDEN.search(body):
         return
     body = response_dict["body"] = XML_FORBIDDEN.sub("\ufffd".encode(), body)
     if response_dict.get("status_code") == 500:

@@ -1,9 +1,10 @@
 """The ``s3`` target, and the retrying, counting S3 access both sides of the data plane use.
 
 Layout (DESIGN section 4): one object per path under ``prefix`` (hard links: one object
-per path), directories as ``path/`` markers, symlinks and special files as empty
-objects whose metadata says what they are. A directory is the empty object
-``path/.epochsync-dir`` (see :data:`DIR_SIDECAR`; a source entry of that name is refused).
+per path), symlinks and special files as empty objects whose metadata says what they
+are. A directory is the empty object :func:`dir_key` in the control area (layout 2, see
+:data:`LAYOUT`), where no source name can collide with it; a replica written before
+layout 2 kept it at ``path/.epochsync-dir`` and is moved by :meth:`S3Target.upgrade_layout`.
 Attributes and xattrs live in object
 metadata (``x-amz-meta-es-*``). A striped target (``stripe_size``/``stripe_count``)
 keeps a small head object per path and the file's bytes in stripe objects per fid
@@ -49,13 +50,23 @@ META_PREFIX = "es-"
 UNDO_THREADS = 16
 #: the undo entries :meth:`S3Target.undo` knows, each touching only ``entry["key"]``
 UNDO_OPS = ("put", "delete", "mpu")
-#: A directory is an empty object ``<path>/.epochsync-dir`` holding its attributes: a
-#: ``path/`` marker cannot carry metadata or versions on SeaweedFS (its filer turns it
-#: into a real directory), and this keeps one versioned, rollback-able object per path.
-DIR_SIDECAR = ".epochsync-dir"
-#: The root directory's attributes: ``prefix + .epochsync-dir``, written with the first
-#: change of the source root's attributes (a target without it has the root's defaults).
-ROOT_MARKER = DIR_SIDECAR
+#: The replica layout this code writes (the manifest's ``layout``; a manifest without one is
+#: layout 1). Layout 2 keeps each directory's attributes in one empty, versioned object of
+#: the control area, :func:`dir_key` (``<control_dir>/dirs/_a/_b/dir`` for ``a/b``; the
+#: root ``<control_dir>/dirs/dir``): every component gets a ``_`` in front, so no
+#: component is ever ``dir`` and no source name can collide with a directory's object.
+#: Layout 1 kept it at ``<path>/.epochsync-dir`` (:data:`LEGACY_DIR_OBJECT`), which refused
+#: a source entry of that name. A ``path/`` marker cannot carry metadata or versions on
+#: SeaweedFS (its filer turns it into a real directory, version ``null``), so it is no
+#: candidate for a rollback-able object. A target read at layout 1 is moved to layout 2
+#: before the next epoch writes (:meth:`S3Target.upgrade_layout`).
+LAYOUT = 2
+#: the folder of the directory objects, in the control area
+DIRS_AREA = "dirs"
+#: the name of a directory's object in its folder of the mirror (no component is ``dir``: each has a ``_``)
+DIR_OBJECT = "dir"
+#: layout 1's directory object, ``<path>/.epochsync-dir`` (the root: ``prefix + .epochsync-dir``)
+LEGACY_DIR_OBJECT = ".epochsync-dir"
 RETRYABLE_CODES = {
     "SlowDown",
     "Throttling",
@@ -372,6 +383,9 @@ def decode_meta(meta: dict[str, str]) -> dict:
 
 
 _XML_FORBIDDEN = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff\ud800-\udfff]")
+#: keys a request body in XML (DeleteObjects) cannot carry as they are: those, and a carriage
+#: return (botocore writes it raw, and the store's XML parser reads it as a line feed)
+_XML_BODY_UNSAFE = re.compile("[\x00-\x08\x0b\x0c\x0d\x0e-\x1f\ufffe\uffff\ud800-\udfff]")
 
 
 def listed_key_is(listed: str, key: str) -> bool:
@@ -410,15 +424,52 @@ def _finish_versions(found: dict) -> dict:
     return {"known": found["known"], "current": cur if cur and not cur["marker"] else None, "history": found["history"]}
 
 
-def key_for(path: str, type_: str | None, control_dir: str = CONTROL_DIR) -> str:
-    """Key (under the prefix) of a replica path: directories are their sidecar object
-    (the root, path ``""``, is :data:`ROOT_MARKER`)."""
-    if path == "" and type_ == "dir":
-        return ROOT_MARKER
-    safe_relpath(path, control_dir=control_dir)
-    if path.rsplit("/", 1)[-1] == DIR_SIDECAR:
-        raise UnsafePathError(f"refusing path {path!r}: {DIR_SIDECAR} is reserved by the s3 target")
-    return f"{path}/{DIR_SIDECAR}" if type_ == "dir" else path
+def key_for(path: str, type_: str | None, control_dir: str = CONTROL_DIR, layout: int | None = None) -> str:
+    """Key (under the prefix) of a replica path: a directory is its object :func:`dir_key` (the
+    root, path ``""``, too); ``layout`` 1 is the layout before :data:`LAYOUT` (only to read a
+    replica that has not moved yet)."""
+    if path != "":
+        safe_relpath(path, control_dir=control_dir)
+    elif type_ != "dir":
+        raise UnsafePathError("refusing the empty path: only the root directory has it")
+    if type_ != "dir":
+        return path
+    if (LAYOUT if layout is None else layout) == 1:
+        return f"{path}/{LEGACY_DIR_OBJECT}" if path else LEGACY_DIR_OBJECT
+    return dir_key(path, control_dir)
+
+
+def dir_key(path: str, control_dir: str = CONTROL_DIR) -> str:
+    """The key (under the prefix) of directory ``path``'s object: ``<control_dir>/dirs/_a/_b/dir``
+    for ``a/b``, ``<control_dir>/dirs/dir`` for the root (see :data:`LAYOUT`)."""
+    folders = "".join(f"_{c}/" for c in path.split("/")) if path else ""
+    return f"{control_dir}/{DIRS_AREA}/{folders}{DIR_OBJECT}"
+
+
+def dir_path_of(rel_key: str, control_dir: str = CONTROL_DIR, layout: int | None = None) -> str | None:
+    """The directory path whose object ``rel_key`` is (``""``: the root), or None for any other key."""
+    if (LAYOUT if layout is None else layout) == 1:
+        if rel_key == LEGACY_DIR_OBJECT:
+            return ""
+        if rel_key.endswith("/" + LEGACY_DIR_OBJECT) and rel_key.split("/", 1)[0] != control_dir:
+            return rel_key[: -len(LEGACY_DIR_OBJECT) - 1]
+        return None
+    area = f"{control_dir}/{DIRS_AREA}/"
+    if not rel_key.startswith(area) or not rel_key.endswith(DIR_OBJECT):
+        return None
+    folders = rel_key[len(area) : -len(DIR_OBJECT)]
+    if folders == "":
+        return ""
+    parts = folders[:-1].split("/")
+    if not folders.endswith("/") or any(not p.startswith("_") or len(p) < 2 for p in parts):
+        return None
+    return "/".join(p[1:] for p in parts)
+
+
+def path_of_key(rel_key: str, control_dir: str = CONTROL_DIR) -> str:
+    """The replica path a key of :func:`key_for` holds (a directory's object: its directory), for messages."""
+    d = dir_path_of(rel_key, control_dir)
+    return rel_key if d is None else d
 
 
 def _fid_token(fid: str) -> str:
@@ -474,6 +525,8 @@ class S3Target(Target):
         self.striped = bool(cfg.stripe_size and cfg.stripe_count)
         #: key -> what this process's writes made of it (:meth:`take_written`)
         self._written: dict[str, dict] = {}
+        #: the replica's layout (:data:`LAYOUT`), known once the manifest was read
+        self._layout: int | None = None
 
     def describe(self) -> str:
         """Returns ``s3://bucket/prefix``."""
@@ -481,8 +534,15 @@ class S3Target(Target):
 
     # ------------------------------------------------------------------ keys
     def key_of(self, path: str, type_: str) -> str:
-        """The key (relative to the prefix) that holds ``path``."""
-        return key_for(path, type_, self.control_dir)
+        """The key (relative to the prefix) that holds ``path`` in the replica's layout."""
+        return key_for(path, type_, self.control_dir, self.layout)
+
+    @property
+    def layout(self) -> int:
+        """The replica's layout: the manifest's ``layout`` (none: 1), :data:`LAYOUT` with no manifest."""
+        if self._layout is None:
+            self.read_manifest()
+        return self._layout if self._layout is not None else LAYOUT
 
     def _full(self, rel_key: str) -> str:
         if rel_key.startswith("/") or ".." in rel_key.split("/"):
@@ -513,13 +573,17 @@ class S3Target(Target):
                         f"s3://{self.bucket}/{self._control_key('', d)}" for d in (CONTROL_DIR, self.control_dir)
                     )
                     raise moved_control_dir_error(self, f"aws s3 mv --recursive {old} {new}") from None
+                self._layout = LAYOUT  # nothing written yet: the current layout from the start
                 return None
             raise
-        return json.loads(data)
+        doc = json.loads(data)
+        self._layout = int(doc.get("layout") or 1)
+        return doc
 
     def write_manifest(self, doc: dict) -> None:
         # one PUT is atomic: a reader sees the old or the new manifest
-        """Replace the manifest object in one PUT."""
+        """Replace the manifest object in one PUT; it says the replica's layout."""
+        doc = dict(doc, layout=self.layout)
         body = (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
         self.io.call(
             "PUT manifest",
@@ -539,6 +603,57 @@ class S3Target(Target):
         """Returns the later LastModified of the manifest and the rollback marker (ns), None if neither exists."""
         times = [t for n in ("manifest.json", "rollback.json") if (t := self._last_modified_ns(self._control_key(n)))]
         return max(times) if times else None
+
+    def upgrade_layout(self, progress=None) -> int:
+        """Move a layout-1 replica to :data:`LAYOUT` before an epoch writes it; returns the directory
+        objects moved (0: already there).
+
+        Every ``<path>/.epochsync-dir`` object (and the root's ``.epochsync-dir``) is copied
+        server-side, metadata and all, to :func:`dir_key` of its directory, then deleted; the
+        manifest, rewritten with ``layout: 2`` (same epoch), comes last, so its time stays the
+        write fence's instant after the move, and a move killed half way is finished by the
+        next run (copies and deletes are idempotent; the manifest still says layout 1 until
+        then). The caller holds the target's lease and has rolled back any unfinished epoch
+        (its journal names layout-1 keys).
+        """
+        doc = self.read_manifest()
+        if doc is None or self.layout >= LAYOUT:
+            return 0
+        old = sorted(
+            (rel, d)
+            for rel in (o["Key"][len(self.prefix) :] for o in self.list_keys())
+            if (d := dir_path_of(rel, self.control_dir, 1)) is not None
+        )
+        if progress:
+            progress(f"{self.describe()}: moving {len(old):,} directory object(s) to layout {LAYOUT}")
+
+        def move(item: tuple[str, str]) -> None:
+            rel, d = item
+            src = {"Bucket": self.bucket, "Key": self._full(rel)}
+            dst = self._full(dir_key(d, self.control_dir))
+            self.io.call(
+                f"COPY {rel} -> {dst}",
+                lambda c: c.copy_object(Bucket=self.bucket, Key=dst, CopySource=src, MetadataDirective="COPY"),
+            )
+
+        self._in_threads(move, old, "s3-layout")
+        keys = [self._full(rel) for rel, _ in old]
+        alone = [k for k in keys if _XML_BODY_UNSAFE.search(k)]
+        batch = [k for k in keys if k not in set(alone)]
+        for k in alone:
+            self.io.call(f"DELETE {k}", lambda c, k=k: c.delete_object(Bucket=self.bucket, Key=k))
+        for start in range(0, len(batch), self.DELETE_BATCH):
+            chunk = {"Objects": [{"Key": k} for k in batch[start : start + self.DELETE_BATCH]], "Quiet": True}
+            resp = self.io.call(
+                f"DELETE {len(chunk['Objects'])} layout-1 directory objects",
+                lambda c, chunk=chunk: c.delete_objects(Bucket=self.bucket, Delete=chunk),
+            )
+            if resp.get("Errors"):
+                e = resp["Errors"][0]
+                raise StoreError(f"{self.describe()}: DeleteObjects: {e.get('Key')}: {e.get('Code')} {e.get('Message') or ''}")
+        self._layout = LAYOUT
+        self.write_manifest(doc)
+        return len(old)
 
     def mark_rollback(self, epoch: int) -> None:
         """PUT the rollback marker: its LastModified is the new fence instant."""
@@ -578,12 +693,20 @@ class S3Target(Target):
     WALK_THREADS = 8
 
     def walk(self, *, hashes: bool = True):
-        """Returns the entries of every object under the prefix (control directory and root marker left out), by key."""
-        rels = [
-            rel
-            for rel in (o["Key"][len(self.prefix) :] for o in sorted(self.list_keys(), key=lambda o: o["Key"]))
-            if rel.split("/", 1)[0] != self.control_dir and rel != ROOT_MARKER  # the root is not an entry
-        ]
+        """Returns the entries of every object under the prefix by path: files, symlinks and special
+        files, and directories from their objects (:func:`dir_key`; the root is no entry); the rest of
+        the control directory is left out."""
+        layout = self.layout
+        found: list[tuple[str, str]] = []  # (path, key)
+        for o in self.list_keys():
+            rel = o["Key"][len(self.prefix) :]
+            d = dir_path_of(rel, self.control_dir, layout)
+            if d is not None:
+                if d != "":  # the root is not an entry
+                    found.append((d, rel))
+            elif rel.split("/", 1)[0] != self.control_dir:
+                found.append((rel, rel))
+        rels = [rel for _, rel in sorted(found)]
 
         def one(rel: str) -> Entry | None:
             h = self.head(rel)
@@ -606,11 +729,9 @@ class S3Target(Target):
 
     def _entry(self, rel: str, h: dict, hashes: bool) -> Entry:
         m = decode_meta(h.get("Metadata", {}))
-        is_dir = rel.endswith("/" + DIR_SIDECAR) or rel == ROOT_MARKER
-        kind = "dir" if is_dir else (m["type"] or "file")
-        path = rel[: -len(DIR_SIDECAR) - 1] if is_dir else rel
-        if rel == ROOT_MARKER:
-            path = ""
+        dir_path = dir_path_of(rel, self.control_dir, self.layout)
+        kind = "dir" if dir_path is not None else (m["type"] or "file")
+        path = rel if dir_path is None else dir_path
         size = m["size"] if m["size"] is not None else int(h.get("ContentLength") or 0)
         if m["attrs"]:
             m.update(self._sidecar(path, m))
@@ -814,13 +935,15 @@ class S3Target(Target):
         out.update(zip(rest, self._in_threads(self.key_versions, rest, "s3-fence")))
         return out
 
-    def _current_in_directory(self, directory: str, wanted: set[str]) -> tuple[dict[str, bool], set[str] | None]:
+    def _current_in_directory(
+        self, directory: str, wanted: set[str], budget: int | None = None
+    ) -> tuple[dict[str, bool], set[str] | None]:
         """Which ``wanted`` keys (directly in ``directory``) have a current object, from one listing
         of the directory's current objects (ListObjectsV2, delimiter ``/``), page by page.
 
         Returns the keys it answers for and, when it ran to its end, the sub-directories
-        holding a current object (relative, ending in ``/``; else None). Past as many pages
-        as there are wanted keys, it stops and answers only for the keys it saw."""
+        holding a current object (relative, ending in ``/``; else None). Past ``budget`` pages
+        (default: as many as there are wanted keys), it stops and answers only for the keys it saw."""
         prefix = self.prefix + (directory + "/" if directory else "")
         full_of = {self._full(k): k for k in wanted}
         seen: set[str] = set()
@@ -836,7 +959,7 @@ class S3Target(Target):
             subdirs.update(cp["Prefix"][len(self.prefix) :] for cp in resp.get("CommonPrefixes") or [])
             if not resp.get("IsTruncated"):
                 return {k: k in seen for k in wanted}, subdirs
-            if pages >= len(wanted):
+            if pages >= (len(wanted) if budget is None else budget):
                 return dict.fromkeys(seen, True), None
             kw = {**kw, "ContinuationToken": resp["NextContinuationToken"]}
 
@@ -844,20 +967,31 @@ class S3Target(Target):
         """Whether anything (a file's or a directory's object) is at each path, with a listing of the
         current objects per directory instead of two HEADs per path.
 
-        A directory object ``p/.epochsync-dir`` is absent without a request of its own when
-        the listing of ``p``'s parent ran to its end and found nothing under ``p/``; any key
-        a listing does not answer for costs a HEAD.
+        A key ``d/k`` alone in its folder ``d`` (a directory's object: ``.../_p/dir``) is absent
+        without a request of its own when the listing of ``d``'s parent ran to its end and
+        found nothing under ``d/``; that parent is listed when it holds two or more wanted
+        keys or such folders (a directory rename: every old path's possible directory object
+        is in one folder of the mirror). Any key a listing does not answer for costs a HEAD.
         """
         plans = [[self.key_of(p, "dir")] if p == "" else [self.key_of(p, "file"), self.key_of(p, "dir")] for p in paths]
         groups: dict[str, list[str]] = defaultdict(list)
         for k in sorted({k for ks in plans for k in ks}):
             if not _ambiguous_key(k):
                 groups[_dirname(k)].append(k)
-        listed = [d for d, ks in groups.items() if len(ks) >= 2]
+        below: dict[str, int] = defaultdict(int)  # folder -> wanted keys alone in a folder of it
+        for d, ks in groups.items():
+            if len(ks) == 1 and d:
+                below[_dirname(d)] += 1
+        listed = [d for d in sorted(set(groups) | set(below)) if len(groups.get(d, ())) + below[d] >= 2]
         known: dict[str, bool] = {}
         subdirs: dict[str, set[str]] = {}
         for d, (found, subs) in zip(
-            listed, self._in_threads(lambda d: self._current_in_directory(d, set(groups[d])), listed, "s3-list")
+            listed,
+            self._in_threads(
+                lambda d: self._current_in_directory(d, set(groups.get(d, ())), len(groups.get(d, ())) + below[d]),
+                listed,
+                "s3-list",
+            ),
         ):
             known.update(found)
             if subs is not None:
@@ -1002,11 +1136,11 @@ class S3Target(Target):
         """Delete keys with one DeleteObjects request per :data:`DELETE_BATCH` keys (a delete marker
         each, as :meth:`delete` makes). Every key's undo entry is durable before the request;
         keys the store answers with a retryable error are sent again, any other error fails.
-        A key with characters XML 1.0 cannot carry (the request is an XML document) is
-        deleted on its own."""
-        for k in [k for k in rel_keys if _XML_FORBIDDEN.search(k)]:
+        A key the request's XML cannot carry as it is (:data:`_XML_BODY_UNSAFE`) is deleted
+        on its own."""
+        for k in [k for k in rel_keys if _XML_BODY_UNSAFE.search(k)]:
             self.delete(journal, state, k)
-        rel_keys = [k for k in rel_keys if not _XML_FORBIDDEN.search(k)]
+        rel_keys = [k for k in rel_keys if not _XML_BODY_UNSAFE.search(k)]
         missing = [k for k in rel_keys if k not in state]
         state.update(self.versions_of(missing))
         for start in range(0, len(rel_keys), self.DELETE_BATCH):
