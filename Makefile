@@ -25,7 +25,7 @@ PYTEST_ARGS ?=
 # 1,068-1,086 s with 40% more CPU (each worker starts its own Spark, SeaweedFS and moto).
 TEST_WORKERS ?= 0
 
-.PHONY: help venv test test-fast lint format docs docs-serve docs-ref demo airflow bench bench-ingest bench-merge bench-e2e bench-warm bench-rollback clean
+.PHONY: help venv test test-fast lint format docs docs-serve docs-ref demo airflow bench bench-full bench-ingest bench-merge bench-e2e bench-warm bench-rollback clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  make %-14s %s\n", $$1, $$2}'
@@ -81,8 +81,12 @@ demo: $(STAMP) ## the main job: simulate a source, replicate every epoch through
 airflow: $(STAMP) ## SeaweedFS + Spark Connect + airflow standalone with the project's DAGs (UI on :8080; LIVE=1: a live source)
 	$(BIN)/python -m epochsync_dev.devstack $(if $(LIVE),--live)
 
-bench: $(STAMP) ## all benchmarks (ingest, merge, warm, e2e) one after the other, results in bench/results/, each part's time in bench.json; then make docs-ref
-	$(BIN)/python -m epochsync_dev.bench all
+bench: $(STAMP) ## the benchmarks that fit in 20 minutes (ingest, 1M merge, warm, e2e up to 30,000 files), results in bench/results/; then make docs-ref
+	$(BIN)/python -m epochsync_dev.bench all --set quick
+	$(BIN)/python -m epochsync_dev.docs
+
+bench-full: $(STAMP) ## every benchmark row (also the 10M merge and the 100,000-file e2e scenarios): the same result files; then make docs-ref
+	$(BIN)/python -m epochsync_dev.bench all --set full
 	$(BIN)/python -m epochsync_dev.docs
 
 bench-ingest: $(STAMP) ## ingest 1M Lustre lines and 1M JSON Lines records
@@ -91,8 +95,8 @@ bench-ingest: $(STAMP) ## ingest 1M Lustre lines and 1M JSON Lines records
 bench-merge: $(STAMP) ## merge simulated epochs of 1M and 10M records
 	$(BIN)/python -m epochsync_dev.bench merge --event-log bench/scratch/merge/eventlog
 
-bench-e2e: $(STAMP) ## epochsync vs aws s3 sync vs whole-file copy
-	$(BIN)/python -m epochsync_dev.bench e2e
+bench-e2e: $(STAMP) ## epochsync vs aws s3 sync vs rclone vs whole-file copy, every scenario (SET=quick: no 100,000-file ones)
+	$(BIN)/python -m epochsync_dev.bench e2e --set $(or $(SET),full)
 
 bench-warm: $(STAMP) ## small epochs on one warm Spark Connect server: a DAG run, replicate, a 100-epoch catch-up
 	$(BIN)/python -m epochsync_dev.bench warm

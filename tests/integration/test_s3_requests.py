@@ -3,9 +3,13 @@
 The write fence, the apply and verify of one epoch (what ``epochsync replicate`` sends for
 it, less the per-epoch constants: lease, manifest, fence instant) are counted by the same
 :class:`~epochsync_dev.s3proxy.S3Proxy` bench-e2e puts in front of the store, for a directory
-rename of 300 files and for 4 KiB writes into 100 files. Before the fence was batched per
-directory, verify took its facts from the apply's responses and deletes went 1,000 to a
-DeleteObjects, a rename cost 7 requests per file and a small write 5.
+rename of 300 files and for 4 KiB writes into 100 files, with verify's default (every file's
+contents: ``sample`` 1.0). Before the fence was batched per directory, verify took its facts
+from the apply's responses and deletes went 1,000 to a DeleteObjects, a rename cost 7
+requests per file and a small write 5 (with ``sample`` 0; 7 with 1.0). Before small files
+were read whole from the source and verify compared the store's checksums instead of
+reading files (issue 32), a small write cost 3.2 (10 changed files per directory) and 5.0
+(one per directory) with ``sample`` 0.
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ def new_target(striped: bool = False):
     return t
 
 
-def epoch(env, target, entries, n, *, sample=0.0):
+def epoch(env, target, entries, n, *, sample=1.0):
     """Fence, apply and verify of one epoch; returns (requests at the proxy, verify result)."""
     plan = build_plan(entries, target=_target_dict(target.cfg), store=env["store"], epoch=n)
     since = target.fence_time_ns()
@@ -115,8 +119,10 @@ def test_directory_rename_of_300_files(env):
     assert result["ok"], result["problems"]
     print(f"directory rename of {n} files: {total} requests ({total / n:.3f} per file) {by_method}")
     # the copies, one DeleteObjects and a few listings; it was 7 per file (two fence listings, the
-    # copy, the delete, three HEADs in verify)
-    assert total <= 1.1 * n, by_method
+    # copy, the delete, three HEADs in verify), and verify read every moved file (sample 1.0): now
+    # each copy's ETag is its E-1 version's
+    assert total <= 1.04 * n, by_method
+    assert result["files_by_checksum"] == n and result["files_hashed"] == 0, result
     want = {"big-renamed": ("dir", None, 0o755)}
     want.update({f"big-renamed/f{i:04d}": ("file", sha(contents[fid]), 0o644) for i, fid in enumerate(files)})
     assert tree(target) == want
@@ -163,6 +169,11 @@ def test_small_writes_to_100_files(env, per_dir):
     print(
         f"small writes to {n} files, {per_dir} per directory: {total} requests ({total / n:.3f} per file) {by_method}"
     )
+    # per file: the fence's version listing (one per directory), the source object's GET, the PUT and
+    # verify's version listing (one per directory); the contents by the PUT's checksum, none read
+    assert result["files_by_checksum"] == n and result["files_hashed"] == 0, result
+    assert by_method == {"GET": n + 2 * dirs, "PUT": n}, by_method
+    assert total <= {10: 2.2, 1: 4.0}[per_dir] * n
     want = {f"d{j:03d}": ("dir", None, 0o755) for j in range(dirs)}
     want.update({f"d{i % dirs:03d}/f{i:04d}": ("file", sha(contents[fid]), 0o644) for i, fid in enumerate(files)})
     assert tree(target) == want
@@ -266,7 +277,9 @@ def test_fence_and_verify_catch_foreign_changes_on_paged_listings(env, monkeypat
     c.put_object(Bucket=b, Key=pre + "d/f2", Body=b"shorter")  # no metadata: no mode, the size its length
     c.delete_object(Bucket=b, Key=pre + "d/f3")
     c.put_object(Bucket=b, Key=pre + "d/f6", Body=b"back")
-    c.put_object(Bucket=b, Key=pre + ".epochsync/dirs/_d/_f7/dir", Body=b"", Metadata={"es-type": "dir", "es-mode": "16877"})
+    c.put_object(
+        Bucket=b, Key=pre + ".epochsync/dirs/_d/_f7/dir", Body=b"", Metadata={"es-type": "dir", "es-mode": "16877"}
+    )
     same = os.urandom(3000)  # the same size, other bytes: only a content check sees it
     c.put_object(Bucket=b, Key=pre + "d/f4", Body=same, Metadata=c.head_object(Bucket=b, Key=pre + "d/f4")["Metadata"])
     for kw in ({"facts": facts}, {}):
@@ -284,3 +297,68 @@ def test_fence_and_verify_catch_foreign_changes_on_paged_listings(env, monkeypat
             "d/f6",
             "d/f7",
         ], result["problems"]
+
+
+def test_new_files_are_server_side_copies_of_their_source_versions(env):
+    """A file this epoch wrote whole, one source object, on the target's own endpoint: one
+    CopyObject of the pinned source version, no byte through the client; verify covers it with
+    the object's length (the copy's source is that version). A copy whose source object is not
+    the file's length (a source that broke the rule) is caught by that length."""
+    n = 40
+    target = new_target()
+    entries = [entry("D", new=row("dir", mode=0o755), new_paths=["c"])]
+    contents = {}
+    for i in range(n):
+        fid, data = f"C{i:03d}", os.urandom(1000 + i)
+        contents[f"c/f{i:03d}"] = data
+        f = row("file", size=len(data), version=put_source(env, fid, data), fid=fid)
+        change = {"data_changed": True, "whole_file": False, "ranges": [{"offset": 0, "length": len(data)}]}
+        entries.append(entry(fid, new=f, new_paths=[f"c/f{i:03d}"], change=change))
+    total, by_method, result = epoch(env, target, entries, 1)
+    assert result["ok"], result["problems"]
+    print(f"{n} new files copied from the source: {total} requests {by_method}")
+    assert result["files_by_checksum"] == n and result["files_hashed"] == 0, result
+    counts = env["proxy"].snapshot()
+    assert counts.get(env["store"]["bucket"], {}).get("bytes_out", 0) == 0  # nothing read out of the source
+    assert by_method["PUT"] == n + 1  # the copies and the directory's object
+    want = {"c": ("dir", None, 0o755)}
+    want.update({p: ("file", sha(b), 0o644) for p, b in contents.items()})
+    assert tree(target) == want
+
+    # the source object of a new file holds 5 bytes fewer than the file its records say
+    data = os.urandom(600)
+    short = row("file", size=len(data) + 5, version=put_source(env, "SHORT", data), fid="SHORT")
+    change = {"data_changed": True, "whole_file": False, "ranges": [{"offset": 0, "length": len(data) + 5}]}
+    _, _, result = epoch(env, target, [entry("SHORT", new=short, new_paths=["c/short"], change=change)], 2)
+    assert not result["ok"]
+    assert result["problems"] == ["c/short: object of 600 bytes, expected 605"], result["problems"]
+
+
+def test_a_large_file_patched_in_place_is_read_back(env):
+    """A file above ``small_file`` keeps the patch (its ranges pulled, the rest of the replica's
+    object kept); no checksum covers a patch, so verify reads it, and a wrong byte shows."""
+    target = new_target()
+    big = os.urandom(600 * 1024)
+    f1 = row("file", size=len(big), version=put_source(env, "BIG", big), fid="BIG")
+    epoch(env, target, [entry("BIG", new=f1, new_paths=["big"], change={"data_changed": True, "whole_file": True})], 1)
+    data = bytearray(big)
+    data[300_000:304_096] = os.urandom(4096)
+    f2 = dict(f1, objects=[{"ost": "OST0000", "oid": "BIG", "version": put_source(env, "BIG", bytes(data))}])
+    change = {"data_changed": True, "whole_file": False, "ranges": [{"offset": 300_000, "length": 4096}]}
+    writes = [entry("BIG", old=f1, new=f2, old_paths=["big"], new_paths=["big"], change=change)]
+    plan = build_plan(writes, target=_target_dict(target.cfg), store=env["store"], epoch=2)
+    assert plan["data"][0]["write"] == {"mode": "patch"} and "source" not in plan["data"][0]
+    total, by_method, result = epoch(env, target, writes, 2)
+    assert result["ok"], result["problems"]
+    assert result["files_by_checksum"] == 0 and result["files_hashed"] == 1, result
+    assert tree(target) == {"big": ("file", sha(bytes(data)), 0o644)}
+    # the replica's byte changed behind verify's back (same size, same metadata): read, so seen
+    c, b, pre = env["client"], target.bucket, target.prefix
+    bad = bytearray(data)
+    bad[1] ^= 1
+    c.put_object(
+        Bucket=b, Key=pre + "big", Body=bytes(bad), Metadata=c.head_object(Bucket=b, Key=pre + "big")["Metadata"]
+    )
+    src_io = S3Access(resolve_s3("reqs_s3"))
+    result = verify_plan(plan, target, src_io, env["store"]["bucket"], sample=1.0, facts={})
+    assert result["problems"] == ["big: content differs from the source at epoch 2 (first difference at byte 1)"]

@@ -21,6 +21,7 @@ def test_keys_of_every_path_are_distinct_and_map_back():
             keys[k] = (p, t)
             assert dir_path_of(k) == (p if t == "dir" else None)
             assert path_of_key(k) == p
+
     # a filer-backed store cannot hold an object and a folder of the same name: a directory's
     # object is never the folder of a file's key, nor the other way round (whatever the names)
     def folders(k: str) -> set[str]:

@@ -108,10 +108,10 @@ def _compose(target, op: dict, state: dict, pulled: Pulled, a: int, b: int, to_f
 
 def run_data_op(op: dict, target, journal, source_io, source_bucket: str) -> dict:
     """One data operation on an executor (or the driver in tests)."""
-    pulled = Pulled.fetch(op, source_io, source_bucket)
     state = op.get("state") or {}
     written = 0
     if target.kind == "posix":
+        pulled = Pulled.fetch(op, source_io, source_bucket)
         chunks = [(o, pulled.read(o, n)) for o, n in op["ranges"]]
         target.run_data_op(op, journal, chunks)
         written = sum(len(c) for _, c in chunks)
@@ -120,6 +120,7 @@ def run_data_op(op: dict, target, journal, source_io, source_bucket: str) -> dic
 
     if op.get("stripes"):
         # a striped target: the pulled file bytes feed each target stripe object
+        pulled = Pulled.fetch(op, source_io, source_bucket)
         ss, sc = int(target.cfg.stripe_size), int(target.cfg.stripe_count)
         for sp in op["stripes"]:
 
@@ -131,16 +132,57 @@ def run_data_op(op: dict, target, journal, source_io, source_bucket: str) -> dic
     meta = encode_meta(op["attrs"])
     key = op["key"]
     length = int(op["new_size"])
-    written += _write_object(target, journal, state, pulled, op, key, length, meta, None)
+    how = _whole_file_how(op, target, source_io)
+    pulled = Pulled() if how else Pulled.fetch(op, source_io, source_bucket)
+    if how == "copy":
+        target.copy_from_source(journal, state, key, source_bucket, op["copy_from"], meta, length)
+    elif how == "source":
+        # the body is the file at E as verify reads it (the same function, the same pinned
+        # versions): the PUT's checksum then covers the file (stages.verify)
+        from epochsync.stages.verify import source_bytes
+
+        body = source_bytes(op["source"], length, source_io, source_bucket)
+        pulled.bytes = len(body)
+        target.put(journal, state, key, body, meta, source=op["source"])
+        written = len(body)
+    else:
+        written += _write_object(target, journal, state, pulled, op, key, length, meta, None)
     made = target.last_written(key) if op.get("extra_keys") else None
     for extra in op.get("extra_keys") or []:
         # hard links of an s3 path: one object per path, copied server-side from the first (the
         # version just written, from the write's response; else a listing of the key)
         state.pop(key, None)
         if made:
-            state[key] = {"known": [], "current": {"version": made["version"], "size": made["size"]}}
+            state[key] = {
+                "known": [],
+                "current": {"version": made["version"], "size": made["size"], "etag": made.get("etag")},
+            }
         target.copy(journal, state, extra, key, meta, length)
     return {"pulled": pulled.bytes, "written": written}
+
+
+def _whole_file_how(op: dict, target, source_io) -> str | None:
+    """How a whole-file write of ``op`` is made: ``"copy"`` (one server-side copy of its pinned
+    source version: the source reader is the S3 store of the target's endpoint), ``"source"``
+    (its bytes read whole from the source and put in one PUT), or None (the operation's parts
+    and ranges, as planned)."""
+    if op.get("copy_from") and op["write"]["mode"] in ("put", "multipart") and same_store(source_io, target):
+        return "copy"
+    if op.get("source") is not None and op["write"]["mode"] == "put":
+        return "source"
+    return None
+
+
+def same_store(source_io, target) -> bool:
+    """Can the target copy server-side from the source store: the source reader is S3
+    (``source_io.kind``, see the source reader contract) on the target's endpoint with the
+    same credentials?"""
+    if getattr(source_io, "kind", "s3") != "s3" or not hasattr(target, "io"):
+        return False
+    a, b = getattr(source_io, "settings", None), getattr(target.io, "settings", None)
+    if a is None or b is None:
+        return False
+    return (a.endpoint_url, a.access_key, a.region) == (b.endpoint_url, b.access_key, b.region)
 
 
 def _write_object(target, journal, state, pulled, spec: dict, key: str, length: int, meta: dict, to_file) -> int:

@@ -94,6 +94,7 @@ def _target_dict(tcfg: TargetConfig) -> dict:
         "coalesce_gap": tcfg.coalesce_gap,
         "part_size": tcfg.part_size,
         "small_object": tcfg.small_object,
+        "small_file": tcfg.small_file,
         "stripe_size": tcfg.stripe_size,
         "stripe_count": tcfg.stripe_count,
         "prefix": tcfg.prefix,

@@ -386,9 +386,23 @@ def _verify_items(entries: list[dict], store: dict) -> dict:
             item = {"path": p, "attrs": attrs_of(e["fid"], new)}
             if new.get("type") == FILE:
                 item["source"] = source_objects(e["fid"], new, store)
+                if _same_bytes(e, store):
+                    # the replica's E-1 version of the file holds these bytes (verify: a copy of it is covered)
+                    item["unchanged"] = True
             present.append(item)
         gone.update(p for p in e["old_paths"] if p not in new_all)
     return {"present": sorted(present, key=lambda i: i["path"]), "absent": sorted(gone)}
+
+
+def _same_bytes(e: dict, store: dict) -> bool:
+    """Are a file's bytes at E those of E-1: a file then and now, no data change, the same size and
+    the same pinned source object versions?"""
+    old, new = e.get("old") or {}, e.get("new") or {}
+    if not e["old_paths"] or old.get("type") != FILE or new.get("type") != FILE or needs_data(e):
+        return False
+    return int(old.get("size") or 0) == int(new.get("size") or 0) and source_objects(
+        e["fid"], old, store
+    ) == source_objects(e["fid"], new, store)
 
 
 def _summary(entries: list[dict], plan: dict) -> dict:
@@ -624,6 +638,7 @@ def _plan_s3(entries: list[dict], target: dict, store: dict, epoch: int) -> dict
                 base = key0 if key0 in {_key(p, otype) for p in e["old_paths"]} else old_first
             op.update(key=key0, base=base, extra_keys=keys[1:])
             op["write"] = _write_mode(op["new_size"], op["ranges"], base, op["base_size"], target)
+            _whole_file_write(op, e, target, store)
             data.append(op)
             continue
         if ntype == FILE and striped:
@@ -673,6 +688,65 @@ def _plan_s3(entries: list[dict], target: dict, store: dict, epoch: int) -> dict
         "post": post,
         "fence": _dedupe_fence(fence, "key"),
     }
+
+
+#: CopyObject's largest source (S3): a larger whole file is uploaded in parts
+COPY_OBJECT_MAX = 5 * 1024**3
+
+
+def _objects_with_data(src: dict, size: int) -> list[int]:
+    """Indexes of a file's source objects that hold some of its ``size`` bytes (never written: none)."""
+    if src["layout"] is None:
+        return [0] if size and src["objects"][0] is not None else []
+    ss, sc = src["layout"]
+    return [i for i, o in enumerate(src["objects"]) if o is not None and object_size(ss, sc, i, size)]
+
+
+def _wrote_every_byte(e: dict, size: int) -> bool:
+    """Did the epoch's writes (known extents) cover the file's bytes ``[0, size)``?"""
+    ch = e.get("change") or {}
+    if ch.get("whole_file") or not size:
+        return False
+    rs = merge_ranges([(int(r["offset"]), int(r["length"])) for r in ch.get("ranges") or [] if int(r["length"]) > 0])
+    return bool(rs) and rs[0][0] == 0 and rs[0][0] + rs[0][1] >= size
+
+
+def _whole_file_write(op: dict, e: dict, target: dict, store: dict) -> None:
+    """Make a data operation a whole-file write where that costs fewer requests (issue 32).
+
+    - A file up to ``small_file`` bytes that would be patched (its changed ranges pulled,
+      its replica object read, the whole body put) is read whole from its pinned source
+      versions instead: one GET per source object holding its bytes, then the PUT, so the
+      replica's old version is not read. Only when that is no more GETs than the patch's
+      (a file striped over several small objects keeps the patch).
+    - A whole write (new file, whole-file change, small file) gets ``source`` (its source
+      objects, :func:`source_objects`): apply builds the body with the same function verify
+      reads the source with, so the PUT's checksum covers the file (``stages.verify``).
+    - A whole write whose bytes are exactly one pinned source object version, every byte of
+      which this epoch wrote (so that version holds ``[0, size)``), gets ``copy_from``: apply
+      makes it one server-side CopyObject when the source reader is the S3 store of the same
+      endpoint, else reads and puts it.
+    """
+    new_size = int(op["new_size"])
+    src = source_objects(e["fid"], e["new"], store)
+    with_data = _objects_with_data(src, new_size)
+    if op["write"]["mode"] == "patch" and new_size <= int(target.get("small_file") or 0):
+        if len(with_data) > sum(1 for p in op["pulls"] for _ in p["ranges"]) + 1:
+            return
+        op.update(
+            base=None,
+            whole=True,
+            ranges=[[0, new_size]] if new_size else [],
+            pulls=source_pulls(e["fid"], e["new"], [(0, new_size)] if new_size else [], store, 2**62),
+            write={"mode": "put"},
+        )
+    elif op.get("base") is not None:
+        return
+    op["source"] = src
+    if with_data == [0] and new_size <= COPY_OBJECT_MAX and _wrote_every_byte(e, new_size):
+        obj = src["objects"][0]
+        if obj.get("version"):
+            op["copy_from"] = {"key": obj["key"], "version": obj["version"]}
 
 
 def _write_mode(new_size: int, ranges: list, base: str | None, base_len: int, target: dict) -> dict[str, Any]:

@@ -41,6 +41,68 @@ def sampled(path: str, ratio: float) -> bool:
     return h < ratio * 2**32
 
 
+def have_stripes(head: dict) -> bool:
+    """Is ``head`` (a HEAD's or a listing's answer) a striped target's head object (its bytes are elsewhere)?"""
+    return bool((head.get("Metadata") or {}).get("es-stripe"))
+
+
+def single_object(src: dict, size: int) -> dict | None:
+    """The source object that holds all of a file's ``size`` bytes at object offsets = file offsets
+    (unstriped, or striped with every byte in the first stripe), else None."""
+    objects = src.get("objects") or []
+    if not objects or objects[0] is None:
+        return None
+    if src.get("layout") is not None:
+        ss, sc = src["layout"]
+        if any(object_size(ss, sc, i, size) for i in range(1, sc)):
+            return None
+    return objects[0]
+
+
+def covered(item: dict, key: str, facts: dict, current: str | None = None, _depth: int = 0) -> bool:
+    """Do the checksums the store gave cover this file's contents at E, with no read of it?
+
+    ``facts`` are the apply's (key -> what its write's response said, with what the writer knew
+    of the bytes; ``S3Target._wrote``); ``current`` is the version the attributes check found
+    current (of the item's size and metadata): none of this holds unless it is the fact's.
+    Covered, when the key's version is:
+
+    - a PUT of a body read whole from the item's own source objects (``fact["source"]`` is the
+      plan's ``source`` item: apply built the body with :func:`source_bytes`, what this stage
+      would read) whose MD5, computed by the writer and sent as ``Content-MD5``, is the ETag the
+      store answered with;
+    - a server-side copy of the pinned source object version that holds the whole file
+      (:func:`single_object`; a version never changes, and its length is the object length
+      checked with the attributes);
+    - a copy of a version with the same ETag (the store's checksum of the same bytes) that is
+      covered itself: the version this apply wrote at a hard link's first path, or the key's
+      version at E-1 for a file whose source objects and size did not change (``unchanged``:
+      a rename or an attribute change), checked when that version was written.
+
+    Anything else (a range patch, a multipart upload, an ETag that is not the MD5, no fact)
+    is read.
+    """
+    fact = facts.get(key)
+    src = item.get("source")
+    if not fact or src is None or (_depth == 0 and (current is None or fact.get("version") != current)):
+        return False
+    etag = fact.get("etag")
+    if fact.get("md5") and etag == fact["md5"] and fact.get("source") == src:
+        return True
+    copied = fact.get("copied_from")
+    if copied:
+        obj = single_object(src, int(item["attrs"].get("size") or 0))
+        return obj is not None and (copied["key"], copied["version"]) == (obj["key"], obj["version"])
+    copy_of = fact.get("copy_of")
+    if not copy_of or not etag or copy_of.get("etag") != etag:
+        return False
+    first = facts.get(copy_of["key"])
+    if first is not None and first.get("version") == copy_of["version"]:
+        # a hard link's copy of the path written just before it (same source, same item otherwise)
+        return _depth < 2 and covered(item, copy_of["key"], facts, None, _depth + 1)
+    return bool(item.get("unchanged"))
+
+
 def source_bytes(src: dict, size: int, source_io, bucket: str) -> bytes:
     """A file's bytes at E from its source objects (pinned versions)."""
     if src["layout"] is None:
@@ -136,7 +198,11 @@ def verify_plan(
         size = int(want.get("size") or 0)
         if have.size != size:
             return [*problems, f"{path}: size {have.size}, expected {size}"], 1, False
-        return problems, 1, sampled(path, sample)
+        head = heads.get(path)
+        if head and not have_stripes(head) and int(head.get("ContentLength", size)) != size:
+            # the object's own length (a listing's or a HEAD's), not only the size its metadata says
+            return [*problems, f"{path}: object of {head.get('ContentLength')} bytes, expected {size}"], 1, False
+        return problems, 1, True
 
     def absent(path: str) -> list[str]:
         there = exists[path] if path in exists else target.stat(path) is not None
@@ -152,10 +218,18 @@ def verify_plan(
         results = [check(i) for i in present]
         missing = [absent(p) for p in gone]
 
-    # the files whose contents are read, grouped by their source bytes (hard links share them)
+    # the files whose contents a checksum the store gave covers (see :func:`covered`) are not read;
+    # the others that ``sample`` picks are read, grouped by their source bytes (hard links share them)
+    by_checksum = 0
     groups: dict[str, dict] = {}
-    for index, (item, (_, _, read)) in enumerate(zip(present, results)):
-        if read:
+    for index, (item, (_, _, right)) in enumerate(zip(present, results)):
+        if not right:
+            continue
+        current = (heads.get(item["path"]) or {}).get("VersionId")
+        if facts and hasattr(target, "key_of") and covered(item, target.key_of(item["path"], "file"), facts, current):
+            by_checksum += 1
+            continue
+        if sampled(item["path"], sample):
             size = int(item["attrs"].get("size") or 0)
             key = json.dumps([item["source"], size], sort_keys=True)
             group = groups.setdefault(key, {"source": item["source"], "size": size, "paths": []})
@@ -170,6 +244,7 @@ def verify_plan(
     return {
         "ok": not problems,
         "paths_checked": sum(r[1] for r in results),
+        "files_by_checksum": by_checksum,
         **contents,
         "durations": {"attributes": round(t1 - t0, 3), "contents": round(t2 - t1, 3)},
         "problems": problems[:200],

@@ -143,7 +143,9 @@ def readable_listing(response_dict: dict, **kwargs) -> None:
     if not isinstance(body, (bytes, bytearray)):
         return
     if b"\r" in body:
-        body = response_dict["body"] = _TEXT_WITH_CR.sub(lambda m: b">" + m.group(1).replace(b"\r", b"&#13;") + b"</", body)
+        body = response_dict["body"] = _TEXT_WITH_CR.sub(
+            lambda m: b">" + m.group(1).replace(b"\r", b"&#13;") + b"</", body
+        )
     if not XML_FORBIDDEN.search(body):
         return
     body = response_dict["body"] = XML_FORBIDDEN.sub("\ufffd".encode(), body)

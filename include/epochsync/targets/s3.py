@@ -412,10 +412,17 @@ def _add_version(found: dict, v: dict, kind: str) -> None:
     """One entry of a version listing (``Versions`` or ``DeleteMarkers``) into ``found``."""
     t = int(v["LastModified"].astimezone(UTC).timestamp() * 1e9)
     one = {"version": v["VersionId"], "marker": kind == "DeleteMarkers", "size": v.get("Size", 0), "time_ns": t}
+    if v.get("ETag"):
+        one["etag"] = _etag(v["ETag"])
     found["known"].append(v["VersionId"])
     found["history"].append(one)
     if v.get("IsLatest"):
         found["current"] = one
+
+
+def _etag(value: str | None) -> str | None:
+    """An ETag without its quotes (listings and responses quote it)."""
+    return value.strip('"') if value else None
 
 
 def _finish_versions(found: dict) -> dict:
@@ -650,7 +657,9 @@ class S3Target(Target):
             )
             if resp.get("Errors"):
                 e = resp["Errors"][0]
-                raise StoreError(f"{self.describe()}: DeleteObjects: {e.get('Key')}: {e.get('Code')} {e.get('Message') or ''}")
+                raise StoreError(
+                    f"{self.describe()}: DeleteObjects: {e.get('Key')}: {e.get('Code')} {e.get('Message') or ''}"
+                )
         self._layout = LAYOUT
         self.write_manifest(doc)
         return len(old)
@@ -1067,12 +1076,19 @@ class S3Target(Target):
                 "(attributes that do not fit belong in the fid's attribute sidecar)"
             )
 
-    def _wrote(self, rel_key: str, resp: dict, meta: dict, size: int) -> None:
-        """Remember the version a PUT, copy or multipart upload made (from its response) and the
-        metadata and size it was given: verify's facts, instead of a HEAD of the key."""
-        version = (resp or {}).get("VersionId")
+    def _wrote(self, rel_key: str, resp: dict, meta: dict, size: int, **extra) -> None:
+        """Remember the version a PUT, copy or multipart upload made (from its response), the
+        metadata and size it was given and the store's ETag (``extra``: what else the writer
+        knows of the bytes): verify's facts, instead of a HEAD and a read of the key."""
+        resp = resp or {}
+        version = resp.get("VersionId")
         if version:
-            self._written[rel_key] = {"version": version, "meta": meta, "size": size}
+            fact = {"version": version, "meta": meta, "size": size}
+            etag = extra.pop("etag", None) or _etag(resp.get("ETag"))
+            if etag:
+                fact["etag"] = etag
+            fact.update(extra)
+            self._written[rel_key] = fact
         else:
             self._written.pop(rel_key, None)
 
@@ -1111,17 +1127,70 @@ class S3Target(Target):
             ),
         )
         self.io.counters.count(copied=size)
-        self._wrote(rel_key, resp, meta, int(src["current"].get("size") or 0))
+        cur = src["current"]
+        # the version copied and its ETag (the fence's listing, or the write that made it): the
+        # copy holds its bytes when the copy's ETag is that one (stages.verify)
+        copy_of = {"key": src_key, "version": cur["version"], "etag": cur.get("etag")}
+        self._wrote(
+            rel_key,
+            resp,
+            meta,
+            int(cur.get("size") or 0),
+            etag=_etag((resp.get("CopyObjectResult") or {}).get("ETag")),
+            copy_of=copy_of,
+        )
 
-    def put(self, journal, state: dict, rel_key: str, body: bytes, meta: dict) -> None:
-        """PUT ``body`` with ``meta`` at ``rel_key``, journaled first; the version written is kept as a fact."""
+    def put(self, journal, state: dict, rel_key: str, body: bytes, meta: dict, *, source: dict | None = None) -> None:
+        """PUT ``body`` with ``meta`` at ``rel_key``, journaled first; the version written is kept as a
+        fact with the body's MD5 (computed here; the request carries it as ``Content-MD5``, which
+        the store checks) and the store's ETag, and ``source``: the plan's source objects the
+        body was read whole from (``stages.verify`` then needs no read of it)."""
         self.check_meta(rel_key, meta)
+        md5 = hashlib.md5(body).hexdigest()
         self._journal_key(journal, "put", rel_key, state)
         resp = self.io.call(
             f"PUT {rel_key}",
-            lambda c: c.put_object(Bucket=self.bucket, Key=self._full(rel_key), Body=body, Metadata=meta),
+            lambda c: c.put_object(
+                Bucket=self.bucket,
+                Key=self._full(rel_key),
+                Body=body,
+                Metadata=meta,
+                ContentMD5=base64.b64encode(bytes.fromhex(md5)).decode(),
+            ),
         )
-        self._wrote(rel_key, resp, meta, len(body))
+        extra: dict[str, Any] = {"md5": md5}
+        if source is not None:
+            extra["source"] = source
+        self._wrote(rel_key, resp, meta, len(body), **extra)
+
+    def copy_from_source(
+        self, journal, state: dict, rel_key: str, bucket: str, obj: dict, meta: dict, size: int
+    ) -> None:
+        """Server-side copy of a pinned source object version (``obj``: ``{key, version}`` in the source
+        ``bucket`` of the same store) to ``rel_key`` with ``meta``, journaled first: a whole file that
+        is exactly that version, no byte through the client. The fact says what it was copied from."""
+        self.check_meta(rel_key, meta)
+        self._journal_key(journal, "put", rel_key, state)
+        source = {"Bucket": bucket, "Key": obj["key"], "VersionId": obj["version"]}
+        resp = self.io.call(
+            f"COPY s3://{bucket}/{obj['key']}@{obj['version']} -> {rel_key}",
+            lambda c: c.copy_object(
+                Bucket=self.bucket,
+                Key=self._full(rel_key),
+                CopySource=source,
+                MetadataDirective="REPLACE",
+                Metadata=meta,
+            ),
+        )
+        self.io.counters.count(copied=size)
+        self._wrote(
+            rel_key,
+            resp,
+            meta,
+            size,
+            etag=_etag((resp.get("CopyObjectResult") or {}).get("ETag")),
+            copied_from={"bucket": bucket, "key": obj["key"], "version": obj["version"]},
+        )
 
     def delete(self, journal, state: dict, rel_key: str) -> None:
         """DELETE ``rel_key``, journaled first."""

@@ -1,0 +1,122 @@
+"""What verify takes from the store's checksums instead of a read (``stages.verify.covered``), and
+when translate makes a write whole (``translate._whole_file_write``)."""
+
+from __future__ import annotations
+
+import hashlib
+
+from support.plans import entry, row
+
+from epochsync.stages.translate import build_plan
+from epochsync.stages.verify import covered, single_object
+
+STORE = {"key": "{ost}/{oid}", "unstriped_key": "data/{fid}", "bucket": "src", "versioned": True}
+TARGET = {
+    "name": "t",
+    "kind": "s3",
+    "fileset": [],
+    "coalesce_gap": 1 << 20,
+    "part_size": 8 << 20,
+    "small_object": 8 << 20,
+    "small_file": 256 << 10,
+    "stripe_size": None,
+    "stripe_count": None,
+}
+SRC = {"layout": None, "objects": [{"key": "data/F", "version": "v2"}]}
+MD5 = hashlib.md5(b"x").hexdigest()
+
+
+def item(src=SRC, size=1, **kw):
+    return {"path": "a", "attrs": {"type": "file", "size": size}, "source": src, **kw}
+
+
+def test_a_put_of_the_source_bytes_is_covered_only_by_its_own_checksum_and_version():
+    fact = {"version": "t1", "md5": MD5, "etag": MD5, "source": SRC}
+    assert covered(item(), "a", {"a": fact}, "t1")
+    assert not covered(item(), "a", {"a": fact}, "t0")  # another version is current
+    assert not covered(item(), "a", {"a": fact}, None)
+    assert not covered(item(), "a", {"a": dict(fact, etag="0" * 32)}, "t1")  # the store's ETag is another
+    assert not covered(item(), "a", {"a": dict(fact, etag=MD5 + "-1")}, "t1")  # a multipart ETag
+    other = {"layout": None, "objects": [{"key": "data/F", "version": "v1"}]}
+    assert not covered(item(other), "a", {"a": fact}, "t1")  # the body came from other source bytes
+    assert not covered(item(), "a", {"a": {k: v for k, v in fact.items() if k != "source"}}, "t1")  # a patch
+    assert not covered(item(), "a", {}, "t1")
+
+
+def test_a_copy_of_the_source_version_is_covered_when_that_version_is_the_whole_file():
+    fact = {"version": "t1", "etag": "e", "copied_from": {"bucket": "src", "key": "data/F", "version": "v2"}}
+    assert covered(item(), "a", {"a": fact}, "t1")
+    assert not covered(item(), "a", {"a": dict(fact, copied_from={**fact["copied_from"], "version": "v1"})}, "t1")
+    striped = {"layout": [4096, 2], "objects": [{"key": "O0/1", "version": "v2"}, {"key": "O1/1", "version": "w"}]}
+    assert single_object(striped, 4096) == striped["objects"][0]
+    assert single_object(striped, 4097) is None  # a byte in the second stripe object
+    copied = {"bucket": "src", "key": "O0/1", "version": "v2"}
+    assert covered(item(striped, 4096), "a", {"a": dict(fact, copied_from=copied)}, "t1")
+    assert not covered(item(striped, 5000), "a", {"a": dict(fact, copied_from=copied)}, "t1")
+
+
+def test_a_copy_inside_the_target_is_covered_by_an_equal_etag_of_covered_bytes():
+    first = {"version": "t1", "md5": MD5, "etag": MD5, "source": SRC}
+    link = {"version": "t2", "etag": MD5, "copy_of": {"key": "a", "version": "t1", "etag": MD5}}
+    facts = {"a": first, "b": link}
+    assert covered(item(), "b", facts, "t2")  # a hard link's copy of the path just written
+    assert not covered(item(), "b", {**facts, "b": dict(link, etag="0" * 32)}, "t2")
+    assert not covered(item(), "b", {**facts, "a": dict(first, etag="0" * 32)}, "t2")  # the first is not covered
+    moved = {"version": "t3", "etag": "e9", "copy_of": {"key": "old", "version": "p1", "etag": "e9"}}
+    assert covered(item(unchanged=True), "b", {"b": moved}, "t3")  # a rename: E-1's bytes, unchanged data
+    assert not covered(item(), "b", {"b": moved}, "t3")  # data changed: E-1's bytes are not the file's
+    assert not covered(item(unchanged=True), "b", {"b": dict(moved, etag="ff")}, "t3")
+
+
+def write_entry(fid, old_size, new_size, ranges, version="v2", layout=None, objects=None):
+    old = row("file", size=old_size, version="v1", fid=fid)
+    new = row("file", size=new_size, version=version, fid=fid)
+    if layout:
+        old["layout"] = new["layout"] = layout
+        old["objects"] = new["objects"] = objects
+    change = {"data_changed": True, "whole_file": False, "ranges": [{"offset": o, "length": n} for o, n in ranges]}
+    return entry(fid, old=old, new=new, old_paths=[fid.lower()], new_paths=[fid.lower()], change=change)
+
+
+def test_small_files_are_written_whole_and_larger_ones_patched():
+    small = write_entry("S", 8000, 8000, [(100, 4096)])
+    big = write_entry("B", 300 << 10, 300 << 10, [(100, 4096)])
+    new = entry(
+        "N",
+        new=row("file", size=5000, version="v9", fid="N"),
+        new_paths=["n"],
+        change={"data_changed": True, "whole_file": False, "ranges": [{"offset": 0, "length": 5000}]},
+    )
+    partly = entry(
+        "P",
+        new=row("file", size=5000, version="v9", fid="P"),
+        new_paths=["p"],
+        change={"data_changed": True, "whole_file": False, "ranges": [{"offset": 0, "length": 4000}]},
+    )
+    plan = build_plan([small, big, new, partly], target=TARGET, store=STORE, epoch=2)
+    ops = {o["fid"]: o for o in plan["data"]}
+    s = ops["S"]
+    assert s["write"] == {"mode": "put"} and s["base"] is None and s["source"]["objects"][0]["version"] == "v2"
+    assert [p["ranges"] for p in s["pulls"]] == [[[0, 8000]]]
+    # every byte of a whole, single-object file was written this epoch: a copy of that version
+    assert ops["N"]["copy_from"] == {"key": "data/N", "version": "v9"} and ops["N"]["write"] == {"mode": "put"}
+    # a small file rewritten in place is read, not copied: its source object may be shorter than it
+    assert "copy_from" not in s
+    # a new file with a hole at its end (a truncate up): read and put, never copied
+    assert "copy_from" not in ops["P"] and ops["P"]["source"]["objects"][0]["version"] == "v9"
+    b = ops["B"]
+    assert b["write"] == {"mode": "patch"} and b["base"] == "b" and "source" not in b
+    assert plan["summary"]["planned_pull_bytes"] == 8000 + 4096 + 5000 + 5000
+
+
+def test_a_small_file_over_many_small_source_objects_keeps_the_patch():
+    layout = {"stripe_size": 4096, "stripe_count": 4, "objects": [{"ost": f"O{i}", "oid": "x"} for i in range(4)]}
+    objects = [{"ost": f"O{i}", "oid": "x", "version": f"v{i}"} for i in range(4)]
+    e = write_entry("M", 16384, 16384, [(100, 100)], layout=layout, objects=objects)
+    plan = build_plan([e], target=TARGET, store=STORE, epoch=2)
+    op = plan["data"][0]
+    # four GETs to read it whole against one ranged GET and the replica's object: the patch
+    assert op["write"] == {"mode": "patch"} and "source" not in op
+    e = write_entry("M", 8192, 8192, [(100, 100)], layout=layout, objects=objects)
+    op = build_plan([e], target=TARGET, store=STORE, epoch=2)["data"][0]
+    assert op["write"] == {"mode": "put"} and len(op["pulls"]) == 2  # two objects hold its bytes: read whole
