@@ -27,10 +27,15 @@ def test_small_writes_and_directory_rename(seaweed, spark, tmp_path):
     small = by[("small-writes-1pct", "epochsync")]
     assert small["net_changed_bytes"] == 4 * 4096  # 1% of 400 files, one 4 KiB write each
     assert small["changed_files"] == 4
-    # the changed files (16-128 KiB) read whole, once: the apply's GETs; verify reads nothing
+    # the changed files (16-128 KiB) read whole by apply, and verified by the PUT's checksum; a file
+    # over several small stripe objects is patched instead (fewer GETs) and verify reads it back
+    print({k: small[k] for k in ("bytes_read_source", "pulled", "planned_pull_bytes", "verify", "requests")})
     whole = by[("small-writes-1pct", "whole-file")]
-    assert small["bytes_read_source"] == small["pulled"] == small["planned_pull_bytes"] == whole["bytes_read_source"]
-    assert small["verify"]["files_by_checksum"] == 4 and small["verify"]["files_hashed"] == 0
+    assert small["pulled"] == small["planned_pull_bytes"] <= whole["bytes_read_source"]
+    checked = small["verify"]["files_by_checksum"] + small["verify"]["files_hashed"]
+    assert checked == 4 and small["verify"]["files_by_checksum"] >= 1, small["verify"]
+    if small["verify"]["files_hashed"] == 0:
+        assert small["bytes_read_source"] == small["pulled"] == whole["bytes_read_source"]
     assert set(small["stages"]) == {"ingest", "merge", "translate", "apply", "verify", "commit and the rest"}
     assert abs(sum(small["stages"].values()) - small["seconds"]) < 0.01
 

@@ -1109,15 +1109,24 @@ class S3Target(Target):
 
     def copy(self, journal, state: dict, rel_key: str, src_key: str, meta: dict, size: int) -> None:
         """Server-side copy of the E-1 version of ``src_key`` to ``rel_key`` with new metadata."""
-        self.check_meta(rel_key, meta)
         src = state.get(src_key) or self.key_versions(src_key)
         state.setdefault(src_key, src)
         if src["current"] is None:
             raise StoreError(f"{self.describe()}: cannot copy {src_key}: it has no current version")
+        cur = src["current"]
+        # the version copied and its ETag (the fence's listing, or the write that made it): the
+        # copy holds its bytes when the copy's ETag is that one (stages.verify)
+        copy_of = {"key": src_key, "version": cur["version"], "etag": cur.get("etag")}
+        source = {"Bucket": self.bucket, "Key": self._full(src_key), "VersionId": cur["version"]}
+        self._copy(journal, state, rel_key, source, f"COPY {src_key} -> {rel_key}", meta, size, copy_of=copy_of)
+
+    def _copy(self, journal, state: dict, rel_key: str, source: dict, what: str, meta: dict, size: int, **fact) -> None:
+        """CopyObject of ``source`` (bucket, key, version) to ``rel_key`` with ``meta``, journaled first;
+        ``fact``: what the copy's fact says it copied."""
+        self.check_meta(rel_key, meta)
         self._journal_key(journal, "put", rel_key, state)
-        source = {"Bucket": self.bucket, "Key": self._full(src_key), "VersionId": src["current"]["version"]}
         resp = self.io.call(
-            f"COPY {src_key} -> {rel_key}",
+            what,
             lambda c: c.copy_object(
                 Bucket=self.bucket,
                 Key=self._full(rel_key),
@@ -1127,18 +1136,8 @@ class S3Target(Target):
             ),
         )
         self.io.counters.count(copied=size)
-        cur = src["current"]
-        # the version copied and its ETag (the fence's listing, or the write that made it): the
-        # copy holds its bytes when the copy's ETag is that one (stages.verify)
-        copy_of = {"key": src_key, "version": cur["version"], "etag": cur.get("etag")}
-        self._wrote(
-            rel_key,
-            resp,
-            meta,
-            int(cur.get("size") or 0),
-            etag=_etag((resp.get("CopyObjectResult") or {}).get("ETag")),
-            copy_of=copy_of,
-        )
+        etag = _etag((resp.get("CopyObjectResult") or {}).get("ETag"))
+        self._wrote(rel_key, resp, meta, size, etag=etag, **fact)
 
     def put(self, journal, state: dict, rel_key: str, body: bytes, meta: dict, *, source: dict | None = None) -> None:
         """PUT ``body`` with ``meta`` at ``rel_key``, journaled first; the version written is kept as a
@@ -1169,28 +1168,10 @@ class S3Target(Target):
         """Server-side copy of a pinned source object version (``obj``: ``{key, version}`` in the source
         ``bucket`` of the same store) to ``rel_key`` with ``meta``, journaled first: a whole file that
         is exactly that version, no byte through the client. The fact says what it was copied from."""
-        self.check_meta(rel_key, meta)
-        self._journal_key(journal, "put", rel_key, state)
         source = {"Bucket": bucket, "Key": obj["key"], "VersionId": obj["version"]}
-        resp = self.io.call(
-            f"COPY s3://{bucket}/{obj['key']}@{obj['version']} -> {rel_key}",
-            lambda c: c.copy_object(
-                Bucket=self.bucket,
-                Key=self._full(rel_key),
-                CopySource=source,
-                MetadataDirective="REPLACE",
-                Metadata=meta,
-            ),
-        )
-        self.io.counters.count(copied=size)
-        self._wrote(
-            rel_key,
-            resp,
-            meta,
-            size,
-            etag=_etag((resp.get("CopyObjectResult") or {}).get("ETag")),
-            copied_from={"bucket": bucket, "key": obj["key"], "version": obj["version"]},
-        )
+        what = f"COPY s3://{bucket}/{obj['key']}@{obj['version']} -> {rel_key}"
+        copied = {"bucket": bucket, "key": obj["key"], "version": obj["version"]}
+        self._copy(journal, state, rel_key, source, what, meta, size, copied_from=copied)
 
     def delete(self, journal, state: dict, rel_key: str) -> None:
         """DELETE ``rel_key``, journaled first."""
