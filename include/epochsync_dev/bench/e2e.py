@@ -822,6 +822,12 @@ def _row(scenario: Scenario, tool: str, seconds: float, counters: dict, src: str
         "net_changed_bytes": net,
         "bytes_uploaded": int(d.get("bytes_in", 0)),
         "bytes_copied_server_side": int(d.get("bytes_copied", 0)),
+        # where the requests went: the source's and the replica's bucket, by HTTP method
+        "requests_by_method": {
+            "source": dict(s.get("requests") or {}),
+            "replica": dict(d.get("requests") or {}),
+            "other": sum(int(c.get("total_requests", 0)) for b, c in counters.items() if b not in (src, dst)),
+        },
         "description": scenario.description,
         **{k: v for k, v in extra.items() if v is not None},
     }
