@@ -101,6 +101,26 @@ def _live_epochs_beside_the_others(request):
 
 
 @pytest.fixture(scope="session")
+def gluster_stack(tmp_path_factory):
+    """A live GlusterFS volume for the run (``epochsync_dev.gluster.GlusterStack``: 2 btrfs bricks,
+    changelog on, sharding on with 4 MB blocks, FUSE-mounted); yields the stack, its volume in
+    ``stack.volume``. Skipped where Gluster cannot run (not root, no FUSE, no packages), but
+    failed instead when ``EPOCHSYNC_REQUIRE_GLUSTER`` is set (CI sets it: the packages are
+    installed there)."""
+    from epochsync_dev.gluster import REQUIRE_ENV, GlusterStack, GlusterUnavailable
+
+    stack = GlusterStack(tmp_path_factory.mktemp("gluster"), shard_block="4MB", rollover=5)
+    try:
+        stack.start(install=bool(os.environ.get(REQUIRE_ENV)))
+    except GlusterUnavailable as exc:
+        if os.environ.get(REQUIRE_ENV):
+            pytest.fail(f"{REQUIRE_ENV} is set but Gluster cannot run here: {exc}")
+        pytest.skip(f"Gluster cannot run here: {exc}")
+    yield stack
+    stack.stop()
+
+
+@pytest.fixture(scope="session")
 def fixtures_dir() -> Path:
     return FIXTURES
 

@@ -28,6 +28,10 @@ VERBS: dict[str, tuple[str, str]] = {
         "epochsync_dev.simulate.verb",
         "generate a seeded source workload: changelogs, data objects, ground truth",
     ),
+    "cut": (
+        "epochsync.stages.cut",
+        "cut a live source (kind: gluster) at the next epoch boundary and publish its records",
+    ),
     "replicate": ("epochsync.stages.replicate", "run ingest, merge, translate, apply, verify, commit for a target"),
     "rollback": ("epochsync.stages.rollback", "roll a target back to its last committed epoch"),
     "relocate": ("epochsync.stages.replicate", "move a target's control directory to its configured control_dir"),

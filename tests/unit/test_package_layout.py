@@ -8,7 +8,7 @@ from pathlib import Path
 
 INCLUDE = Path(__file__).resolve().parents[2] / "include"
 #: the folders of ``epochsync`` (README, "Layout"), and the only modules at its top
-FOLDERS = {"core", "formats", "warehouse", "stages", "journal", "stores", "targets", "report", "airflow"}
+FOLDERS = {"core", "formats", "warehouse", "stages", "journal", "stores", "sources", "targets", "report", "airflow"}
 TOP = {"__init__", "cli", "spark"}
 
 
@@ -145,6 +145,7 @@ LAYERS = [
     "core",
     "formats",
     "warehouse stores",
+    "sources",
     "targets",
     "journal",
     "spark",

@@ -28,6 +28,7 @@ from pydantic import (
     Discriminator,
     Field,
     StringConstraints,
+    Tag,
     TypeAdapter,
     ValidationError,
     ValidationInfo,
@@ -425,23 +426,199 @@ class RetentionConfig:
     """a consumer whose cursor has not moved for this long is reported idle"""
 
 
+#: what a source is: changelog files and an S3 bucket of its data, or a live GlusterFS volume
+SourceKindName = Literal["changelogs", "gluster"]
+SOURCE_KINDS: tuple[str, ...] = typing.get_args(SourceKindName)
+#: how a live source is cut (``sources[].cut.mechanism``); DESIGN section 4 and docs/INTERNALS.md
+#: describe the others as the same interface (Gluster's own LVM-thin snapshots, remote agents)
+CutMechanismName = Literal["btrfs"]
+#: the root of every Gluster volume
+GLUSTER_ROOT_GFID = "00000000-0000-0000-0000-000000000001"
+#: the names a cut's ``snapshots`` template may use
+SNAPSHOT_TEMPLATE_KEYS = ("subvolume", "subvolume_parent", "source", "volume", "brick")
+
+
+def _snapshot_template(v: Any) -> str:
+    v = _text(v)
+    try:
+        path = v.format(**{k: f"/x/{k}" for k in SNAPSHOT_TEMPLATE_KEYS})
+    except (KeyError, IndexError, ValueError) as exc:
+        keys = ", ".join("{" + k + "}" for k in SNAPSHOT_TEMPLATE_KEYS)
+        raise ValueError(f"snapshot template may use only {keys}: {exc}") from None
+    if not path.startswith("/"):
+        raise ValueError(f"expected an absolute path (or one starting with {{subvolume_parent}}), got {v!r}")
+    return v
+
+
+def _brick_spec(v: Any) -> str:
+    v = _text(v)
+    host, sep, path = v.partition(":")
+    if not sep or not host or not path.startswith("/"):
+        raise ValueError(f"expected a brick as host:/absolute/path, got {v!r}")
+    return v
+
+
+SnapshotTemplate = Annotated[str, StringConstraints(min_length=1), BeforeValidator(_snapshot_template)]
+BrickSpec = Annotated[str, StringConstraints(pattern="^[^:]+:/"), BeforeValidator(_brick_spec)]
+CutMechanism = Annotated[CutMechanismName, BeforeValidator(_choice(typing.get_args(CutMechanismName)))]
+
+
 @_constructed
 @dataclass(frozen=True, config=_KEYS)
-class SourceConfig:
-    """One replicated file system (``sources[]``)."""
+class CutConfig:
+    """How a live source is cut at each epoch boundary (``sources[].cut`` of a ``kind: gluster`` source)."""
 
-    name: Name
-    """the source's name (in DAG ids and the warehouse)"""
+    mechanism: CutMechanism = "btrfs"
+    """btrfs: Gluster's barrier holds namespace operations while every brick's btrfs subvolume gets a
+    read-only snapshot, on the bricks' host"""
+    snapshots: SnapshotTemplate = "{subvolume_parent}/.epochsync-cuts/{source}/{brick}"
+    """where a brick's snapshots go, one folder per brick on the brick's own btrfs file system; from
+    {subvolume} (the brick's subvolume), {subvolume_parent}, {source}, {volume}, {brick} (brick1, ...)"""
+    barrier: bool = True
+    """hold namespace operations with Gluster's barrier while the bricks are snapshotted (off: each
+    brick's snapshot is consistent on its own; directories an operation splits wait one epoch)"""
+    timeout_s: Annotated[Duration, Field(alias="timeout")] = 120.0
+    """the longest a barrier or snapshot command may take before the cut fails (and the barrier is lifted)"""
+
+
+@dataclass(frozen=True, config=_KEYS, kw_only=True)
+class _SourceKeys:
+    """The keys every kind of source takes (described with Field: the subclasses that inherit them
+    would not see attribute docstrings)."""
+
+    name: Name = Field(description="the source's name (in DAG ids and the warehouse)")
+    epoch: EpochConfig = Field(description="the epoch grid: when epochs close (changelogs) or cuts are taken (gluster)")
+    on_bad_record: OnBadRecord = Field(default="fail", description="fail the epoch, or quarantine the line and go on")
+    retention: RetentionConfig = Field(default_factory=RetentionConfig)
+
+
+@dataclass(frozen=True, config=_KEYS, kw_only=True)
+class ChangelogSourceKeys(_SourceKeys):
+    """A source known by its changelog files and an S3 bucket of its data (``sources[]``; the default kind)."""
+
+    kind: Literal["changelogs"] = "changelogs"
+    """changelogs (the default when absent): the source's servers publish their changelog files"""
     root_fid: Text
     """FID of the replicated root"""
     servers: Servers
     """the servers (MDTs, OSTs, bricks) whose changelogs make up the source"""
     changelogs: ChangelogConfig
+    """where the servers' changelog files are and how to read them"""
     store: StoreConfig
+    """the S3 bucket holding the file data"""
+
+
+@dataclass(frozen=True, config=_KEYS, kw_only=True)
+class GlusterSourceKeys(_SourceKeys):
+    """A live GlusterFS distribute volume, cut at each epoch boundary and read from its bricks'
+    changelogs and snapshots (``kind: gluster``)."""
+
+    kind: Literal["gluster"]
+    """gluster: a live GlusterFS volume, cut by epochsync"""
+    volume: Text
+    """the volume's name (gluster volume list)"""
+    bricks: tuple[BrickSpec, ...] = ()
+    """the volume's bricks as host:/path, in its order; default: read from gluster volume info --xml"""
+    cut: CutConfig = dataclasses.field(default_factory=CutConfig)
+    """how the volume is cut at each epoch boundary"""
+    root_fid: Text = GLUSTER_ROOT_GFID
+    """gfid of the replicated root (the volume's root)"""
+
+
+def _source_kind(v: Any) -> str:
+    kind = v.get("kind", "changelogs") if isinstance(v, dict) else getattr(v, "kind", "changelogs")
+    return kind if isinstance(kind, str) else repr(kind)
+
+
+SourceKeys = Annotated[
+    Annotated[ChangelogSourceKeys, Tag("changelogs")] | Annotated[GlusterSourceKeys, Tag("gluster")],
+    Discriminator(_source_kind),
+]
+
+
+@_constructed
+@dataclass(frozen=True, config=_KEYS, kw_only=True)
+class SourceConfig:
+    """One replicated file system as the stages see it, whatever its kind. A gluster source's
+    servers are its bricks, its changelogs the canonical records its cuts publish in the
+    warehouse, and it has no S3 store (``store`` None: its bytes are read from its cuts)."""
+
+    name: str
+    root_fid: str
+    servers: tuple[str, ...]
+    changelogs: ChangelogConfig
+    store: StoreConfig | None
     epoch: EpochConfig
-    on_bad_record: OnBadRecord = "fail"
-    """fail the epoch, or quarantine the line and go on"""
+    on_bad_record: str = "fail"
     retention: RetentionConfig = dataclasses.field(default_factory=RetentionConfig)
+    kind: str = "changelogs"
+    #: gluster: the volume, its bricks (host:/path, in order; brick names are brick1, brick2, ...)
+    volume: str | None = None
+    bricks: tuple[str, ...] = ()
+    cut: CutConfig | None = None
+
+    @classmethod
+    def of(cls, keys: ChangelogSourceKeys | GlusterSourceKeys, warehouse: str) -> SourceConfig:
+        """The source of one validated ``sources[]`` entry (a gluster volume's bricks are read
+        from the volume when the entry does not list them)."""
+        if isinstance(keys, ChangelogSourceKeys):
+            return cls(
+                name=keys.name,
+                epoch=keys.epoch,
+                on_bad_record=keys.on_bad_record,
+                retention=keys.retention,
+                root_fid=keys.root_fid,
+                servers=keys.servers,
+                changelogs=keys.changelogs,
+                store=keys.store,
+            )
+        bricks = keys.bricks or _volume_bricks(keys.volume, warehouse, keys.name)
+        return cls(
+            name=keys.name,
+            epoch=keys.epoch,
+            on_bad_record=keys.on_bad_record,
+            retention=keys.retention,
+            kind="gluster",
+            root_fid=keys.root_fid,
+            servers=tuple(f"brick{i}" for i in range(1, len(bricks) + 1)),
+            changelogs=ChangelogConfig(uri=f"{_cuts_uri(warehouse, keys.name)}/changelogs", format="jsonl"),
+            store=None,
+            volume=keys.volume,
+            bricks=tuple(bricks),
+            cut=keys.cut,
+        )
+
+
+def _cuts_uri(warehouse: str, source: str) -> str:
+    """``warehouse.paths.Warehouse(warehouse).cuts(source)`` (the config sits below the warehouse
+    layer; ``tests/unit/test_config.py`` holds the two equal)."""
+    return f"{warehouse.rstrip('/')}/cuts/source={source}"
+
+
+def _volume_bricks(volume: str, warehouse: str, source: str) -> tuple[str, ...]:
+    """A gluster source's bricks when the config does not list them: those its last cut recorded
+    (``cuts/source=S/volume.json``), else ``gluster volume info``."""
+    import json
+    from urllib.parse import urlparse
+
+    uri = _cuts_uri(warehouse, source)
+    if "://" in uri and urlparse(uri).scheme != "file":
+        raise ValueError(f"a gluster source needs a file:// warehouse (its cuts live there), got {warehouse}")
+    path = (urlparse(uri).path if "://" in uri else uri) + "/volume.json"
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+        if doc.get("volume") == volume and doc.get("bricks"):
+            return tuple(doc["bricks"])
+    except (OSError, ValueError):
+        pass
+    from epochsync.core.errors import EpochsyncError
+    from epochsync.core.gluster import bricks_of
+
+    try:
+        return tuple(b.spec for b in bricks_of(volume))
+    except EpochsyncError as exc:
+        raise ValueError(f"cannot read the bricks of volume {volume!r} ({exc}); list them under 'bricks'") from None
 
 
 # --------------------------------------------------------------------------- targets
@@ -631,8 +808,8 @@ class ConfigFile:
     warehouse: Annotated[Text, AfterValidator(_warehouse_uri)] | None = None
     """where Spark keeps records, snapshots, plans, journals: a URI, or a path (relative: to
     the config file's directory); default: warehouse/ beside the config file"""
-    sources: Annotated[tuple[SourceConfig, ...], Field(min_length=1)]
-    """the file systems replicated (at least one)"""
+    sources: Annotated[tuple[SourceKeys, ...], Field(min_length=1)]
+    """the file systems replicated (at least one); the keys of a source depend on its kind"""
     targets: tuple[TargetKeys, ...] = ()
     """the replicas and feeds, each of one source; the keys of a target depend on its kind"""
     spark: SparkKeys | None = None
@@ -724,10 +901,17 @@ def config_from_dict(data: Any, *, file: str = "(config)") -> Config:
         )
     except ValidationError as exc:
         raise _config_error(file, ConfigFile, exc) from None
+    warehouse = keys.warehouse or f"file://{base / 'warehouse'}"
+    sources = []
+    for i, src in enumerate(keys.sources):
+        try:
+            sources.append(SourceConfig.of(src, warehouse))
+        except ValueError as exc:
+            raise ConfigError(file, f"sources[{i}]", str(exc)) from None
     return Config(
         file=file,
-        warehouse=keys.warehouse or f"file://{base / 'warehouse'}",
-        sources=keys.sources,
+        warehouse=warehouse,
+        sources=tuple(sources),
         targets=tuple(TargetConfig.of(t) for t in keys.targets),
         spark_remote=keys.spark.remote if keys.spark else None,
     )
@@ -769,6 +953,8 @@ def _config_error(file: str, root: type, exc: ValidationError) -> ConfigError:
     path, mapping = _key_path(root, loc)
     last = str(loc[-1]) if loc else ""
     tag = str(ctx.get("discriminator", "kind")).strip("'")
+    if tag.endswith("()"):  # a callable discriminator (sources: kind defaults to changelogs)
+        tag = "kind"
     if kind == "config_key":
         path = _join(path, ctx["key"])
         reason = ctx["reason"]
@@ -849,6 +1035,7 @@ def _tagged(tp: Any) -> dict[str, type]:
         return {}
     out = {}
     for member in typing.get_args(tp):
+        member = _unwrap(member)
         field = getattr(member, "__pydantic_fields__", {}).get("kind")
         for tag in typing.get_args(field.annotation) if field is not None else ():
             out[tag] = member

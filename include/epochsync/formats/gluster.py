@@ -190,6 +190,44 @@ def parse_gluster(stream: IO[bytes], file: str, opts: ParseOptions) -> Iterator[
     yield closing
 
 
+def header_end(data: bytes) -> int:
+    """The offset of the first record of a changelog file (just past its header line); raises
+    :class:`ParseError`-free ValueError when ``data`` does not start with a Gluster header."""
+    newline = data.find(b"\n")
+    if newline < 0 or _HEADER.fullmatch(data[:newline]) is None:
+        raise ValueError("not a Gluster changelog: missing header line")
+    return newline + 1
+
+
+def scan_records(
+    data: bytes, start: int | None = None, *, byteorder: str = "little"
+) -> tuple[list[tuple[int, Record]], int]:
+    """The records of a changelog file's bytes from ``start`` (default: its first record), each
+    with its byte offset, and the offset where the whole records end.
+
+    Unlike :func:`parse_gluster` this keeps no index, epoch or server (the caller's cut gives
+    them) and stops quietly at a record the data ends inside (a live file caught mid-write):
+    the returned end is then that record's start, so reading again from there continues it.
+    A malformed record raises :class:`_Malformed`'s reason as a ValueError with its offset.
+    """
+    first = header_end(data)
+    m = _HEADER.fullmatch(data[: first - 1])
+    assert m is not None
+    reader = _Reader(data, int(m.group(3)) == ENCODING_BINARY, int(m.group(2)) == 2, byteorder)
+    pos = first if start is None else max(start, first)
+    out: list[tuple[int, Record]] = []
+    while pos < len(data):
+        try:
+            rec, end = reader.record(pos)
+        except _Truncated:
+            break
+        except _Malformed as exc:
+            raise ValueError(f"{exc.reason} (at byte {exc.offset})") from None
+        out.append((pos, rec))
+        pos = end
+    return out, pos
+
+
 class _Reader:
     """Reads one record at a time from the bytes after the header."""
 

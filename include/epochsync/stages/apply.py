@@ -227,6 +227,9 @@ def apply_plan(plan: dict, target, source_io, source_bucket: str, jdir: str, sta
     if spark is not None:
         task_apply_threads()  # a bad EPOCHSYNC_APPLY_TASK_THREADS fails here, before anything changes
     target.prepare(plan["epoch"])
+    # a posix target keeps the times of the directories the plan changes only as a side effect
+    keep_times = getattr(target, "dir_times_before", None)
+    dir_times = keep_times(plan) if keep_times else None
     take = getattr(target, "take_written", dict)
     facts: dict = take()  # nothing of an earlier apply in this process
     many = getattr(target, "delete_many", None)
@@ -265,6 +268,8 @@ def apply_plan(plan: dict, target, source_io, source_bucket: str, jdir: str, sta
         if op.get("op") == "delete":
             facts.pop(op["key"], None)
     facts.update(take())
+    if dir_times is not None:
+        target.restore_dir_times(dir_times, plan)
     t3 = time.monotonic()
     src, tgt = Counters(), Counters()
     src.add(source_io.counters.as_dict())
@@ -560,7 +565,7 @@ def run_apply(cfg, target, epoch: int, spark=None, inject=None, first_epoch: int
             f"write fence: target {tcfg.name} ({tgt.describe()}) was changed by someone else since epoch "
             f"{pre['committed']}: {shown}. Nothing was written. Restore those paths or re-hydrate the target."
         )
-    source_io, bucket = source_access(cfg, tcfg)
+    source_io, bucket = source_access(cfg, tcfg, epoch)
     jdir = journal_dir(cfg.warehouse, tcfg.name, epoch)
     os.makedirs(jdir, exist_ok=True)
     write_json_atomic(os.path.join(jdir, "meta.json"), {"epoch": epoch, "first_epoch": plan.get("first_epoch")})

@@ -26,12 +26,21 @@ def _target_cfg(cfg: Config, target: str | TargetConfig) -> TargetConfig:
     return target if isinstance(target, TargetConfig) else cfg.target(target)
 
 
-def source_access(cfg: Config, tcfg: TargetConfig):
-    """Returns ``(S3Access, bucket)`` of the source store of ``tcfg``, with the target's retry bound."""
+def source_access(cfg: Config, tcfg: TargetConfig, epoch: int | None = None):
+    """Returns ``(reader, bucket)`` of the bytes of ``tcfg``'s source: an ``S3Access`` of its store (with
+    the target's retry bound), or for a live source (gluster) the reader of cut ``epoch`` (the
+    epoch the plan brings the target to; its bucket is the source's name)."""
+    src = cfg.source_of(tcfg)
+    if src.kind == "gluster":
+        from epochsync.sources.gluster.reader import cut_reader
+
+        if epoch is None:
+            raise EpochError(f"source {src.name} is read from its cuts: say which epoch's")
+        return cut_reader(cfg.warehouse, src.name, epoch), src.name
     from epochsync.stores.connections import resolve_s3
     from epochsync.targets.s3 import S3Access
 
-    src = cfg.source_of(tcfg)
+    assert src.store is not None
     return S3Access(resolve_s3(src.store.conn_id), max_attempts=tcfg.max_attempts), src.store.bucket
 
 
@@ -105,7 +114,11 @@ def _target_dict(tcfg: TargetConfig) -> dict:
 
 def _store_dict(cfg: Config, tcfg: TargetConfig) -> dict:
     src = cfg.source_of(tcfg)
+    if src.kind == "gluster":
+        # a file's bytes are in the cut by gfid; its WRITE records pin the epoch it was last written
+        return {"key": "{fid}", "unstriped_key": "{fid}", "bucket": src.name, "versioned": True}
     store = src.store
+    assert store is not None
     # JSON Lines WRITE records pin object versions: an object with no version at E was
     # never written by E and reads as zeros, never as a later epoch's "latest" bytes
     return {

@@ -439,7 +439,7 @@ def run_verify(cfg, target, epoch: int, spark=None, first_epoch: int | None = No
     tcfg = _target_cfg(cfg, target)
     plan = load_plan(cfg, tcfg.name, epoch)
     tgt = open_target(tcfg)
-    source_io, bucket = source_access(cfg, tcfg)
+    source_io, bucket = source_access(cfg, tcfg, epoch)
     applied = read_json(os.path.join(plan_dir(cfg.warehouse, tcfg.name, epoch), APPLIED_FACTS)) or {}
     result = verify_plan(
         plan, tgt, source_io, bucket, sample=tcfg.verify.sample, facts=applied.get("facts"), spark=spark

@@ -356,6 +356,59 @@ class PosixTarget(Target):
         if op.get("attrs"):
             self._set_attrs(path, op["attrs"])
 
+    # ------------------------------------------------------------------ directory times
+    def dir_times_before(self, plan: dict) -> dict:
+        """The times of every directory the plan's operations change as a side effect (the parents of
+        what they create, move, link or delete), by inode, before apply: creating an entry sets its
+        directory's mtime to now, which the source did not do in this epoch unless the plan says so."""
+        parents: set[str] = set()
+        for op in plan["namespace"]:
+            for k in ("src", "dst", "path"):
+                p = op.get(k)
+                if p and not p.startswith("@tmp"):
+                    parents.add(p.rsplit("/", 1)[0] if "/" in p else "")
+        for op in plan["data"]:
+            if op.get("create"):
+                parents.add(op["path"].rsplit("/", 1)[0] if "/" in op["path"] else "")
+        for op in plan["post"]:
+            if op["op"] == "link":
+                parents.add(op["path"].rsplit("/", 1)[0] if "/" in op["path"] else "")
+        saved = {}
+        for p in parents:
+            path = self.root if p == "" else self._existing(p)
+            if path is None:
+                continue
+            try:
+                s = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            if st.S_ISDIR(s.st_mode):
+                saved[f"{s.st_dev}:{s.st_ino}"] = (s.st_atime_ns, s.st_mtime_ns)
+        return {"parents": sorted(parents), "times": saved}
+
+    def restore_dir_times(self, before: dict, plan: dict) -> None:
+        """Puts back the times :meth:`dir_times_before` saved on the directories the plan does not set
+        attributes of itself (found by inode: a directory moved in the epoch is found at its new path)."""
+        explicit = {op["path"] for op in plan["post"] if op["op"] == "attrs"}
+        parents = set(before["parents"])
+        for op in plan["namespace"]:
+            if op["op"] == "rename" and not op["dst"].startswith("@tmp"):
+                d = op["dst"]
+                parents.add(d.rsplit("/", 1)[0] if "/" in d else "")
+        for p in sorted(parents):
+            if p in explicit:
+                continue
+            path = self.root if p == "" else self._existing(p)
+            if path is None:
+                continue
+            try:
+                s = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            times = before["times"].get(f"{s.st_dev}:{s.st_ino}")
+            if times is not None and st.S_ISDIR(s.st_mode) and s.st_mtime_ns != times[1]:
+                os.utime(path, ns=tuple(times), follow_symlinks=False)
+
     # ------------------------------------------------------------------ attributes
     def _attrs_of(self, path: str) -> dict | None:
         try:

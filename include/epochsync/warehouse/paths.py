@@ -39,6 +39,20 @@ class Warehouse:
         """Returns the JSON file of one consumer's cursor over ``source``."""
         return f"{self.cursors(source)}/{consumer}.json"
 
+    # --- a live source's cuts (gluster)
+    def cuts(self, source: str) -> str:
+        """Returns the folder of ``source``'s cuts: one ``epoch=E.json`` record each, the source's
+        state (``state.sqlite``), the cut lock, and ``changelogs/<brick>/`` (the epochs' canonical records)."""
+        return self._join("cuts", f"source={source}")
+
+    def cut(self, source: str, epoch: int) -> str:
+        """Returns the record of ``source``'s cut ``epoch`` (JSON: snapshots, positions, figures)."""
+        return f"{self.cuts(source)}/epoch={epoch}.json"
+
+    def cut_changelogs(self, source: str) -> str:
+        """Returns where ``source``'s cuts publish its canonical records (one folder per brick)."""
+        return f"{self.cuts(source)}/changelogs"
+
     # --- target side
     def snapshot(self, target: str, epoch: int) -> str:
         """Returns the snapshot of ``target`` at ``epoch`` (Parquet)."""

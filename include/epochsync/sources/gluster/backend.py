@@ -1,0 +1,285 @@
+"""What a brick (live, or a read-only snapshot of it) says about a gfid: Gluster's backend layout.
+
+Every file of a brick is reachable by gfid at ``.glusterfs/<g0g1>/<g2g3>/<gfid>``: a hard link
+for files and symlinks, a symlink ``../../<p0p1>/<p2p3>/<pgfid>/<name>`` for directories (which
+also gives the directory's parent and name; the root is ``00000000-...-0001``). What a client
+of the volume sees, and so what a replica holds:
+
+- names: a non-directory's names are its ``trusted.gfid2path.*`` xattrs (``<pgfid>/<name>``,
+  one per hard link) on the brick that holds its data; a directory's name is its handle's;
+- DHT linkto files (mode ``---------T``, empty, xattr ``trusted.glusterfs.dht.linkto``) stand
+  for a file whose name hashes to this brick while its data lives on another: never data;
+- times: the ``trusted.glusterfs.mdata`` xattr (``features.ctime``, on by default: the times
+  every client sees) when present, else the backend's; a directory's are the latest over the
+  bricks (as DHT merges them);
+- size: a sharded file's (``features.shard``) is its ``trusted.glusterfs.shard.file-size``;
+  its blocks past the first are files ``.shard/<base gfid>.<N>`` on the bricks their names hash to;
+- xattrs: the ``user.*`` namespace (Gluster keeps its own in ``trusted.*``).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import stat as st
+import struct
+from dataclasses import dataclass, field
+
+from epochsync.core.gluster import INTERNAL_ROOT_NAMES, ROOT_GFID, SHARD_ROOT_GFID
+
+GFID_XATTR = "trusted.gfid"
+LINKTO_XATTR = "trusted.glusterfs.dht.linkto"
+MDATA_XATTR = "trusted.glusterfs.mdata"
+GFID2PATH_PREFIX = "trusted.gfid2path."
+SHARD_BLOCK_XATTR = "trusted.glusterfs.shard.block-size"
+SHARD_SIZE_XATTR = "trusted.glusterfs.shard.file-size"
+USER_PREFIX = "user."
+LINKTO_MODE = st.S_IFREG | st.S_ISVTX
+_UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+_HANDLE_TARGET = re.compile(rf"^\.\./\.\./[0-9a-f]{{2}}/[0-9a-f]{{2}}/({_UUID})/(.+)$")
+_MDATA = struct.Struct(">BQQQQQQQ")
+
+
+def gfid_text(raw: bytes) -> str:
+    """The 16 bytes of a ``trusted.gfid`` xattr as the UUID text Gluster prints."""
+    h = raw.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+@dataclass
+class Node:
+    """One gfid as one brick shows it."""
+
+    gfid: str
+    type: str  # file, dir, symlink, other
+    mode: int
+    uid: int
+    gid: int
+    size: int
+    atime_ns: int
+    mtime_ns: int
+    ctime_ns: int
+    names: list[tuple[str, str]] = field(default_factory=list)  # (pgfid, name)
+    xattrs: dict[str, bytes] = field(default_factory=dict)
+    symlink: str | None = None
+    shard_block: int | None = None  # a sharded file's block size
+    path: str = ""  # the brick path it was read from
+
+
+class BrickView:
+    """A brick's directory (live, or inside a snapshot), read by gfid."""
+
+    def __init__(self, name: str, root: str):
+        self.name = name
+        self.root = root
+
+    def handle(self, gfid: str) -> str:
+        """Returns the path of ``gfid``'s handle under ``.glusterfs`` (the root: the brick itself)."""
+        if gfid == ROOT_GFID:
+            return self.root
+        return os.path.join(self.root, ".glusterfs", gfid[0:2], gfid[2:4], gfid)
+
+    def path_of(self, gfid: str) -> str | None:
+        """Returns a path that opens ``gfid``'s data on this brick (its handle), or None if absent
+        or only a linkto file."""
+        node = self.lookup(gfid, full=False)
+        return None if node is None or node.type == "dir" else node.path
+
+    def lookup(self, gfid: str, *, full: bool = True) -> Node | None:
+        """Returns ``gfid`` as this brick holds it, or None when absent here (a linkto file is absent).
+        ``full=False`` skips names, xattrs and times (type, mode, size only)."""
+        path = self.handle(gfid)
+        try:
+            s = os.lstat(path)
+        except FileNotFoundError:
+            return None
+        except NotADirectoryError:
+            return None
+        if gfid != ROOT_GFID and st.S_ISLNK(s.st_mode) and not _own_gfid(path, gfid):
+            # a directory's handle: a symlink to the directory, which carries the gfid
+            target = os.readlink(path)
+            m = _HANDLE_TARGET.match(target)
+            try:
+                ds = os.stat(path)
+            except FileNotFoundError:
+                return None  # a dangling handle: the directory is gone (being removed)
+            if m is None or not st.S_ISDIR(ds.st_mode):
+                return None
+            node = self._node(gfid, path, ds, "dir", full)
+            node.names = [(m.group(1), m.group(2))]
+            return node
+        if st.S_ISREG(s.st_mode) and (s.st_mode & 0o7777) == st.S_ISVTX and s.st_size == 0 and _has(path, LINKTO_XATTR):
+            return None  # a DHT linkto file: the data lives on another brick
+        kind = (
+            "dir"
+            if st.S_ISDIR(s.st_mode)
+            else "file"
+            if st.S_ISREG(s.st_mode)
+            else "symlink"
+            if st.S_ISLNK(s.st_mode)
+            else "other"
+        )
+        node = self._node(gfid, path, s, kind, full)
+        if kind == "symlink":
+            node.symlink = os.readlink(path)
+        if full and kind != "dir":
+            node.names = gfid2path(path)
+        return node
+
+    def _node(self, gfid: str, path: str, s: os.stat_result, kind: str, full: bool) -> Node:
+        node = Node(
+            gfid=gfid,
+            type=kind,
+            mode=s.st_mode,
+            uid=s.st_uid,
+            gid=s.st_gid,
+            size=s.st_size if kind == "file" else 0,
+            atime_ns=s.st_atime_ns,
+            mtime_ns=s.st_mtime_ns,
+            ctime_ns=s.st_ctime_ns,
+            path=path,
+        )
+        if kind == "file":
+            block = _xattr(path, SHARD_BLOCK_XATTR, follow=False)
+            if block is not None and len(block) >= 8:
+                node.shard_block = int.from_bytes(block[:8], "big")
+                size = _xattr(path, SHARD_SIZE_XATTR, follow=False)
+                if size is not None and len(size) >= 8:
+                    node.size = int.from_bytes(size[:8], "big")
+        if full:
+            follow = kind == "dir"
+            md = _xattr(path, MDATA_XATTR, follow=follow)
+            if md is not None and len(md) >= _MDATA.size and md[0] == 1:
+                _v, _f, cs, cn, ms, mn, as_, an = _MDATA.unpack_from(md)
+                node.ctime_ns, node.mtime_ns, node.atime_ns = cs * 10**9 + cn, ms * 10**9 + mn, as_ * 10**9 + an
+            node.xattrs = user_xattrs(path, follow=follow)
+        return node
+
+    def lookup_name(self, pgfid: str, name: str) -> str | None:
+        """The gfid of entry ``name`` of directory ``pgfid`` on this brick (a linkto file's too), or None."""
+        parent = self.handle(pgfid)
+        entry = os.path.join(parent, name)
+        try:
+            raw = os.getxattr(entry, GFID_XATTR, follow_symlinks=False)
+        except OSError:
+            return None
+        return gfid_text(raw) if len(raw) == 16 else None
+
+    def shard_path(self, base: str, index: int) -> str | None:
+        """Path of block ``index`` (≥ 1) of sharded file ``base`` on this brick (not a linkto), or None."""
+        path = os.path.join(self.root, ".shard", f"{base}.{index}")
+        try:
+            s = os.lstat(path)
+        except OSError:
+            return None
+        if (s.st_mode & 0o7777) == st.S_ISVTX and s.st_size == 0 and _has(path, LINKTO_XATTR):
+            return None
+        return path
+
+    def shard_indexes(self, base: str) -> list[int]:
+        """The blocks of ``base`` stored on this brick (not linkto files), by number."""
+        d = os.path.join(self.root, ".shard")
+        prefix = base + "."
+        out = []
+        try:
+            with os.scandir(d) as it:
+                for e in it:
+                    if e.name.startswith(prefix) and e.name[len(prefix) :].isdigit():
+                        if self.shard_path(base, int(e.name[len(prefix) :])):
+                            out.append(int(e.name[len(prefix) :]))
+        except FileNotFoundError:
+            return []
+        return sorted(out)
+
+
+def _own_gfid(path: str, gfid: str) -> bool:
+    """Does the symlink at ``path`` carry ``gfid`` itself (a user's symlink, not a directory handle)?"""
+    raw = _xattr(path, GFID_XATTR, follow=False)
+    return raw is not None and len(raw) == 16 and gfid_text(raw) == gfid
+
+
+def _xattr(path: str, name: str, *, follow: bool) -> bytes | None:
+    try:
+        return os.getxattr(path, name, follow_symlinks=follow)
+    except OSError as exc:
+        if exc.errno in (errno.ENODATA, errno.ENOENT, errno.ENOTSUP, errno.EPERM):
+            return None
+        raise
+
+
+def _has(path: str, name: str) -> bool:
+    return _xattr(path, name, follow=False) is not None
+
+
+def user_xattrs(path: str, *, follow: bool = False) -> dict[str, bytes]:
+    """The ``user.*`` xattrs of ``path`` (what a client lists)."""
+    out = {}
+    try:
+        names = os.listxattr(path, follow_symlinks=follow)
+    except OSError:
+        return out
+    for n in names:
+        if n.startswith(USER_PREFIX):
+            v = _xattr(path, n, follow=follow)
+            if v is not None:
+                out[n] = v
+    return out
+
+
+def gfid2path(path: str) -> list[tuple[str, str]]:
+    """A non-directory's names on its brick, from its ``trusted.gfid2path.*`` xattrs, sorted."""
+    out = []
+    try:
+        names = os.listxattr(path, follow_symlinks=False)
+    except OSError:
+        return out
+    for n in names:
+        if n.startswith(GFID2PATH_PREFIX):
+            v = _xattr(path, n, follow=False)
+            if not v:
+                continue
+            text = v.rstrip(b"\0").decode("utf-8", "surrogateescape")
+            pgfid, sep, name = text.partition("/")
+            if sep and name:
+                out.append((pgfid, name))
+    return sorted(set(out))
+
+
+def is_shard_name(pgfid: str) -> bool:
+    """Is an entry of directory ``pgfid`` a shard (a block of a sharded file)?"""
+    return pgfid == SHARD_ROOT_GFID
+
+
+def shard_base(name: str) -> tuple[str, int] | None:
+    """``<base gfid>.<N>`` → ``(base gfid, N)``; None for any other name."""
+    base, dot, n = name.rpartition(".")
+    if dot and n.isdigit() and re.fullmatch(_UUID, base):
+        return base, int(n)
+    return None
+
+
+def walk_brick(view: BrickView):
+    """Yields ``(gfid, pgfid, name, is_dir)`` for every entry of a brick's tree (Gluster's own root
+    entries and linkto files left out), parents before children."""
+    stack = [(view.root, ROOT_GFID)]
+    while stack:
+        d, dgfid = stack.pop()
+        with os.scandir(d) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        for e in entries:
+            if dgfid == ROOT_GFID and e.name in INTERNAL_ROOT_NAMES:
+                continue
+            raw = _xattr(e.path, GFID_XATTR, follow=False)
+            if raw is None or len(raw) != 16:
+                continue  # not yet a Gluster entry (being created): the next cut sees it
+            gfid = gfid_text(raw)
+            is_dir = e.is_dir(follow_symlinks=False)
+            if not is_dir:
+                s = e.stat(follow_symlinks=False)
+                if st.S_ISREG(s.st_mode) and (s.st_mode & 0o7777) == st.S_ISVTX and s.st_size == 0:
+                    if _has(e.path, LINKTO_XATTR):
+                        continue
+            yield gfid, dgfid, e.name, is_dir
+            if is_dir:
+                stack.append((e.path, gfid))

@@ -1,0 +1,156 @@
+"""A brick's changelog between two cuts: which records of its changelog files an epoch owns.
+
+A brick writes ``.glusterfs/changelogs/CHANGELOG`` (the live file) and renames it to
+``YYYY/MM/DD/CHANGELOG.<unix time>`` at each rollover (every ``changelog.rollover-time``
+seconds, and at once when Gluster's barrier is enabled: a cut's explicit rollover). A
+snapshot of the brick holds both. A cut remembers where it read each brick up to
+(:class:`Position`: the newest rolled-over file, and the live file's length and digest), so
+epoch E owns exactly the records of snapshot E after snapshot E-1's position: the rolled
+files newer than that position (the first of them was the live file then: its first bytes
+are skipped, once checked to be the same bytes), then the live file of snapshot E.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import asdict, dataclass
+
+from epochsync.core.gluster import GlusterError
+from epochsync.core.schema import Record
+from epochsync.formats.gluster import header_end, scan_records
+
+CHANGELOG_DIR = os.path.join(".glusterfs", "changelogs")
+LIVE = "CHANGELOG"
+_ROLLED = re.compile(r"CHANGELOG\.(\d+)")
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a brick's changelog was read up to at a cut."""
+
+    rolled: int | None  # the <unix time> of the newest rolled-over file then (None: none yet)
+    live_len: int  # bytes of the live CHANGELOG read (whole records)
+    live_sha: str  # sha256 of those bytes
+
+    def to_dict(self) -> dict:
+        """Returns the position as JSON values."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Position:
+        """Returns the position stored by :meth:`to_dict`."""
+        return cls(rolled=d.get("rolled"), live_len=int(d["live_len"]), live_sha=str(d["live_sha"]))
+
+
+@dataclass
+class Slice:
+    """A brick's records between two positions, and the position after them."""
+
+    records: list[Record]  # every record the epoch owns, in file order
+    live: list[Record]  # the records of the live file (all of it, not only the epoch's part)
+    position: Position
+    files: list[str]  # the files read, in order
+
+
+def rolled_files(changelog_dir: str) -> list[tuple[int, str]]:
+    """The rolled-over files under ``changelog_dir`` as ``(unix time, path)``, oldest first."""
+    out = []
+    for year in _digits(changelog_dir):
+        for month in _digits(os.path.join(changelog_dir, year)):
+            for day in _digits(os.path.join(changelog_dir, year, month)):
+                d = os.path.join(changelog_dir, year, month, day)
+                for name in os.listdir(d):
+                    m = _ROLLED.fullmatch(name)
+                    if m:
+                        out.append((int(m.group(1)), os.path.join(d, name)))
+    out.sort()
+    return out
+
+
+def _digits(path: str) -> list[str]:
+    try:
+        return sorted(n for n in os.listdir(path) if n.isdigit())
+    except FileNotFoundError:
+        return []
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def end_position(changelog_dir: str) -> Position:
+    """The position at the end of what ``changelog_dir`` holds (a source's first cut starts there)."""
+    rolled = rolled_files(changelog_dir)
+    live_path = os.path.join(changelog_dir, LIVE)
+    data = _read(live_path) if os.path.exists(live_path) else b""
+    end = _whole_records_end(data, live_path) if data else 0
+    return Position(
+        rolled=rolled[-1][0] if rolled else None, live_len=end, live_sha=hashlib.sha256(data[:end]).hexdigest()
+    )
+
+
+def _whole_records_end(data: bytes, path: str) -> int:
+    try:
+        return scan_records(data)[1]
+    except ValueError as exc:
+        raise GlusterError(f"changelog {path}: {exc}") from None
+
+
+def read_slice(changelog_dir: str, after: Position, *, byteorder: str = "little") -> Slice:
+    """The records of ``changelog_dir`` after position ``after``, and the position at their end.
+
+    Refuses (GlusterError) when the files no longer continue ``after``: the live file read then
+    is not the prefix of the file that follows it (a changelog rewritten or reset under us).
+    """
+    records: list[Record] = []
+    files: list[str] = []
+    newer = [(ts, p) for ts, p in rolled_files(changelog_dir) if after.rolled is None or ts > after.rolled]
+    live_path = os.path.join(changelog_dir, LIVE)
+    live_data = _read(live_path) if os.path.exists(live_path) else b""
+    chain = [*[(p, _read(p)) for _, p in newer], (live_path, live_data)]
+    first_path, first_data = chain[0]
+    skip = 0
+    if first_data and after.live_len > 0:
+        try:
+            head = header_end(first_data)
+        except ValueError as exc:
+            raise GlusterError(f"changelog {first_path}: {exc}") from None
+        if after.live_len > head:
+            # the live file read at the last cut had records: it must be the first file now
+            # (rolled over since, or still live), starting with exactly those bytes
+            if hashlib.sha256(first_data[: after.live_len]).hexdigest() != after.live_sha:
+                raise GlusterError(
+                    f"changelog of the brick at {changelog_dir} does not continue the last cut: {first_path} does "
+                    f"not start with the {after.live_len} bytes read then (was the changelog reset or the brick "
+                    "replaced?)"
+                )
+            skip = after.live_len
+    for i, (path, data) in enumerate(chain):
+        if not data:
+            continue
+        start = skip if i == 0 and skip else None
+        try:
+            found, end = scan_records(data, start, byteorder=byteorder)
+        except ValueError as exc:
+            raise GlusterError(f"changelog {path}: {exc}") from None
+        if path != live_path and end != len(data):
+            raise GlusterError(f"changelog {path}: a rolled-over file ends inside a record at byte {end}")
+        records.extend(r for _, r in found)
+        files.append(path)
+    live_records: list[Record] = []
+    live_end = 0
+    if live_data:
+        try:
+            live_found, live_end = scan_records(live_data, byteorder=byteorder)
+        except ValueError as exc:
+            raise GlusterError(f"changelog {live_path}: {exc}") from None
+        live_records = [r for _, r in live_found]
+    position = Position(
+        rolled=newer[-1][0] if newer else after.rolled,
+        live_len=live_end,
+        live_sha=hashlib.sha256(live_data[:live_end]).hexdigest(),
+    )
+    return Slice(records=records, live=live_records, position=position, files=files)

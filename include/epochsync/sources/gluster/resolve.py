@@ -1,0 +1,419 @@
+"""One epoch of a gluster source: its bricks' raw changelog records → canonical records.
+
+Gluster's records say *what* changed and barely how: a ``D`` record names a file whose data
+changed (no range), an ``M`` record one whose attributes changed (no value), a rename does not
+name the file it overwrote, a directory's entry operations appear on every brick (and at a cut
+one brick may hold an operation another does not yet), DHT's linkto files and shards are
+internal. So the records only tell this module which gfids and names to look at; what each of
+them became is read from the cut (the epoch's brick snapshots) and compared with what the
+published records left (:class:`epochsync.sources.gluster.state.SourceState`):
+
+- a gfid the records touch (``tfid``, ``sfid``), a directory that gained or lost an entry (its
+  times), the gfid that held a name some record took (an overwritten file), the base file of a
+  touched shard, and the gfids carried from the last cut are looked up on every brick;
+- a non-directory is what the brick holding its data shows (linkto files are never data); its
+  names are its ``trusted.gfid2path`` xattrs;
+- a directory is the same on every brick, or it is in the middle of an operation that the cut
+  split between bricks (it reached some before their barrier and the others after): then it
+  keeps its published state this epoch and is looked at again at the next cut;
+- anything whose parent is not (yet) published waits with it.
+
+Each touched gfid then gets the records that take the published state to the cut's: a creator
+(``CREAT``, ``MKDIR``, ``SLINK`` with its target, ``MKNOD``) and ``HLINK`` for more names; a
+``RENME`` for one name changed, ``UNLNK``/``HLINK`` for others; ``UNLNK``/``RMDIR`` for every
+name of a gfid that is gone; one ``SATTR`` with every attribute's value; an ``XATTR`` per
+``user.*`` xattr (a null value: removed); and for a file whose bytes may differ, one ``WRITE``
+whose extents are the byte ranges the two cuts' snapshots do not share (FIEMAP; a sharded
+file's blocks mapped to its offsets), pinned to this epoch's cut (``object.version``). These
+are canonical records with values and extents, so the merge treats the source like JSON Lines.
+
+A gfid's records go to the brick holding its data (directories: the first brick), with that
+brick's next indexes, and every brick's file ends with an ``EPOCH`` record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from epochsync.core.gluster import INTERNAL_GFIDS, ROOT_GFID, SHARD_REMOVE_ME_GFID, SHARD_ROOT_GFID
+from epochsync.core.schema import Extent, ObjectRef, Record
+from epochsync.sources.gluster.backend import BrickView, Node, shard_base
+from epochsync.sources.gluster.btrfs import changed_ranges, fiemap
+from epochsync.sources.gluster.state import Known, SourceState
+
+_SHARD_DIRS = (SHARD_ROOT_GFID, SHARD_REMOVE_ME_GFID)
+NULL_GFID = "00000000-0000-0000-0000-000000000000"
+
+
+@dataclass
+class Resolved:
+    """One epoch's canonical records per brick, and what it took."""
+
+    records: dict[str, list[Record]]
+    carry: list[str]
+    figures: dict = field(default_factory=dict)
+
+
+@dataclass
+class _After:
+    """A touched gfid at the cut: present (``node`` and the brick of its data) or absent."""
+
+    node: Node | None
+    brick: str | None
+    split: bool = False
+
+
+def touched_by(records: Iterable[Record]) -> tuple[set[str], set[tuple[str, str]], set[str]]:
+    """Returns ``(gfids, names, shard bases)`` the records of an epoch point at.
+
+    Names in Gluster's shard directories are blocks of a sharded file: they touch its base
+    file, never a name of the volume.
+    """
+    gfids: set[str] = set()
+    names: set[tuple[str, str]] = set()
+    bases: set[str] = set()
+    internal: set[str] = set()
+    for r in records:
+        for p, n, g in ((r.pfid, r.name, r.sfid or r.tfid), (r.spfid, r.sname, r.sfid or r.tfid)):
+            if not p or not n:
+                continue
+            if p == NULL_GFID:
+                continue  # Gluster leaves a rename's new parent null at times: the cut tells the name
+            if p in _SHARD_DIRS:
+                b = shard_base(n)
+                if b:
+                    bases.add(b[0])
+                if g:
+                    internal.add(g)
+                continue
+            names.add((p, n))
+            gfids.add(p)
+        for g in (r.tfid, r.sfid):
+            if g:
+                gfids.add(g)
+    gfids -= internal
+    gfids -= INTERNAL_GFIDS
+    gfids.discard(NULL_GFID)
+    return gfids, names, bases
+
+
+class Resolver:
+    """Resolves epochs of one source against its cuts (see the module docstring)."""
+
+    def __init__(
+        self, state: SourceState, bricks: list[BrickView], prev: list[BrickView] | None, epoch: int, time_ns: int
+    ):
+        self.state = state
+        self.bricks = bricks
+        self.prev = {b.name: b for b in prev} if prev else None
+        self.epoch = epoch
+        self.time_ns = time_ns
+        self.first = bricks[0].name
+        self.figures: dict = {"looked_up": 0, "split_dirs": 0, "deferred": 0, "fiemap_files": 0, "whole_files": 0}
+
+    # ------------------------------------------------------------------ the cut's view
+    def look(self, gfid: str, known: Known | None) -> _After:
+        """Returns ``gfid`` at the cut (see the module docstring)."""
+        self.figures["looked_up"] += 1
+        seen = [(b.name, b.lookup(gfid)) for b in self.bricks]
+        dirs = [(name, n) for name, n in seen if n is not None and n.type == "dir"]
+        others = [(name, n) for name, n in seen if n is not None and n.type != "dir"]
+        if others:
+            mine = [o for o in others if known is not None and o[0] == known.brick]
+            name, node = (mine or others)[0]
+            return _After(node, name)
+        if not dirs:
+            return _After(None, None)
+        if gfid == ROOT_GFID:
+            return _After(_merged_dir(dirs), self.first)
+        views = {tuple(n.names) for _, n in dirs}
+        if len(dirs) != len(self.bricks) or len(views) != 1:
+            return _After(None, None, split=True)
+        return _After(_merged_dir(dirs), self.first)
+
+    # ------------------------------------------------------------------ one epoch
+    def resolve(self, records: Iterable[Record], carry: Iterable[str], everything: Iterable[str] = ()) -> Resolved:
+        """The epoch's canonical records: ``records`` are the raw ones of every brick (the epoch's and
+        the hints read after the cut), ``carry`` the gfids the last cut asked to look at again,
+        ``everything`` every gfid of the volume (a source's first cut: the bricks walked)."""
+        touched, names, bases = touched_by(records)
+        touched |= set(carry) | set(everything)
+        touched -= INTERNAL_GFIDS
+        holders = self.state.holders(names)
+        touched |= set(holders.values())
+        known = self.state.known(touched)
+        after: dict[str, _After] = {}
+        pending = sorted(touched)
+        parents: set[str] = set()
+        while pending:
+            gained: set[tuple[str, str]] = set()
+            for g in pending:
+                a = self.look(g, known.get(g))
+                if (
+                    a.node is not None
+                    and a.node.type != "dir"
+                    and a.node.names
+                    and all(p in _SHARD_DIRS for p, _ in a.node.names)
+                ):
+                    # a block of a sharded file: its base file is what changed
+                    b = shard_base(a.node.names[0][1])
+                    if b:
+                        bases.add(b[0])
+                    continue
+                after[g] = a
+                had = set(known[g].names) if g in known else set()
+                now = set(a.node.names) if a.node is not None else set()
+                gained.update(now - had)
+                # a directory that gains or loses an entry changes its times, with or without a record
+                # of its own (a carried operation published at a later cut has none)
+                parents.update(p for p, _ in had ^ now)
+            # a name a gfid took at the cut was held by another before (a rename onto it): that one
+            # lost it. Records do not say so (and Gluster may log the new parent of such a rename
+            # as the null gfid), so the published state does.
+            taken = {h for h in self.state.holders(gained).values() if h not in after}
+            more = taken | bases | {p for p in parents if p != NULL_GFID}
+            pending = sorted({g for g in more if g not in after} - INTERNAL_GFIDS)
+            parents = set()
+            bases = set()
+            known.update(self.state.known(pending))
+        carry_next: set[str] = set()
+        for g, a in after.items():
+            if a.split:
+                carry_next.add(g)
+                self.figures["split_dirs"] += 1
+        self._defer_orphans(after, known, carry_next)
+        out: dict[str, list[Record]] = {b.name: [] for b in self.bricks}
+        for g in sorted(after):
+            a = after[g]
+            if g in carry_next:
+                continue
+            k = known.get(g)
+            recs, brick = self._records(g, k, a)
+            out[brick].extend(recs)
+            if a.node is None:
+                if k is not None:
+                    self.state.drop_node(g)
+            else:
+                self.state.set_node(
+                    Known(
+                        gfid=g,
+                        type=a.node.type,
+                        brick=a.brick,
+                        size=a.node.size if a.node.type == "file" else None,
+                        xattrs=sorted(a.node.xattrs),
+                        names=list(a.node.names),
+                    )
+                )
+        self.figures["touched"] = len(after)
+        return Resolved(records=out, carry=sorted(carry_next), figures=self.figures)
+
+    def _defer_orphans(self, after: dict[str, _After], known: dict[str, Known], carry: set[str]) -> None:
+        """Keeps back whatever would be published under a directory that is not published (a split
+        one, or one whose creation the cut has not got yet): it waits for the next cut."""
+        outside = {p for a in after.values() if a.node is not None for p, _ in a.node.names if p not in after}
+        known.update(self.state.known(outside - set(known)))
+
+        def published(p: str) -> bool:
+            if p == ROOT_GFID:
+                return True
+            a = after.get(p)
+            if a is not None and p not in carry:
+                return a.node is not None
+            return p in known and known[p].type == "dir"
+
+        changed = True
+        while changed:
+            changed = False
+            for g, a in after.items():
+                if g in carry or a.node is None:
+                    continue
+                if not all(published(p) for p, _ in a.node.names):
+                    carry.add(g)
+                    self.figures["deferred"] += 1
+                    changed = True
+
+    # ------------------------------------------------------------------ records
+    def _rec(self, brick: str, type_: str, gfid: str, **kw) -> Record:
+        return Record(server=brick, index=0, epoch=self.epoch, type=type_, time_ns=self.time_ns, tfid=gfid, **kw)
+
+    def _records(self, g: str, k: Known | None, a: _After) -> tuple[list[Record], str]:
+        node = a.node
+        if node is None:
+            brick = (k.brick if k and k.type != "dir" else None) or self.first
+            if k is None:
+                return [], brick
+            kind = "RMDIR" if k.type == "dir" else "UNLNK"
+            return [self._rec(brick, kind, g, pfid=p, name=n) for p, n in k.names], brick
+        brick = a.brick if node.type != "dir" else self.first
+        brick = brick or self.first
+        out: list[Record] = []
+        before = set(k.names) if k else set()
+        now = set(node.names)
+        if k is None:
+            first, *more = sorted(now) or [(None, None)]
+            if first[0] is not None or g == ROOT_GFID:
+                if g != ROOT_GFID:
+                    out.append(self._creator(brick, g, node, first))
+                out.extend(self._rec(brick, "HLINK", g, pfid=p, name=n) for p, n in more)
+        else:
+            gone, new = sorted(before - now), sorted(now - before)
+            if len(gone) == 1 and len(new) == 1:
+                (op, on), (np_, nn) = gone[0], new[0]
+                out.append(
+                    Record(
+                        server=brick,
+                        index=0,
+                        epoch=self.epoch,
+                        type="RENME",
+                        time_ns=self.time_ns,
+                        sfid=g,
+                        spfid=op,
+                        sname=on,
+                        pfid=np_,
+                        name=nn,
+                    )
+                )
+            else:
+                kind = "RMDIR" if node.type == "dir" else "UNLNK"
+                out.extend(self._rec(brick, kind, g, pfid=p, name=n) for p, n in gone)
+                out.extend(self._rec(brick, "HLINK", g, pfid=p, name=n) for p, n in new)
+        out.append(
+            self._rec(
+                brick,
+                "SATTR",
+                g,
+                mode=node.mode,
+                uid=node.uid,
+                gid=node.gid,
+                size=node.size if node.type == "file" else None,
+                atime_ns=node.atime_ns,
+                mtime_ns=node.mtime_ns,
+                ctime_ns=node.ctime_ns,
+            )
+        )
+        for name in sorted(node.xattrs):
+            out.append(self._rec(brick, "XATTR", g, xattr_name=name, xattr_value=node.xattrs[name]))
+        for name in sorted(set(k.xattrs if k else ()) - set(node.xattrs)):
+            out.append(self._rec(brick, "XATTR", g, xattr_name=name, xattr_value=None))
+        if node.type == "file":
+            ranges = self._changed(g, k, a)
+            if ranges:
+                out.append(
+                    self._rec(
+                        brick,
+                        "WRITE",
+                        g,
+                        object=ObjectRef(ost=brick, oid=g, version=str(self.epoch)),
+                        extents=tuple(Extent(o, n) for o, n in ranges),
+                    )
+                )
+        return out, brick
+
+    def _creator(self, brick: str, g: str, node: Node, name: tuple[str, str]) -> Record:
+        p, n = name
+        if node.type == "dir":
+            return self._rec(brick, "MKDIR", g, pfid=p, name=n, mode=node.mode, uid=node.uid, gid=node.gid)
+        if node.type == "symlink":
+            return self._rec(
+                brick, "SLINK", g, pfid=p, name=n, symlink=node.symlink, mode=node.mode, uid=node.uid, gid=node.gid
+            )
+        if node.type == "file":
+            return self._rec(brick, "CREAT", g, pfid=p, name=n, mode=node.mode, uid=node.uid, gid=node.gid)
+        return self._rec(brick, "MKNOD", g, pfid=p, name=n, mode=node.mode, uid=node.uid, gid=node.gid)
+
+    # ------------------------------------------------------------------ data
+    def _changed(self, g: str, k: Known | None, a: _After) -> list[tuple[int, int]]:
+        """The file ranges of ``g`` whose bytes may differ from what the last cut published."""
+        node = a.node
+        assert node is not None
+        size = node.size
+        if size <= 0:
+            return []
+        old_view = (
+            self.prev.get(a.brick)
+            if (self.prev and k is not None and k.type == "file" and k.brick == a.brick)
+            else None
+        )
+        if old_view is None:
+            self.figures["whole_files"] += 1
+            return [(0, size)]
+        old = old_view.lookup(g, full=False)
+        if old is None or old.type != "file" or (old.shard_block or 0) != (node.shard_block or 0):
+            self.figures["whole_files"] += 1
+            return [(0, size)]
+        self.figures["fiemap_files"] += 1
+        try:
+            if not node.shard_block:
+                return changed_ranges(fiemap(old.path), fiemap(node.path), old.size, size)
+            return self._changed_shards(g, old, node, old_view, a.brick)
+        except OSError:
+            self.figures["whole_files"] += 1
+            return [(0, size)]
+
+    def _changed_shards(
+        self, g: str, old: Node, node: Node, old_view: BrickView, brick: str | None
+    ) -> list[tuple[int, int]]:
+        block = int(node.shard_block or 0)
+        blocks = max(-(-old.size // block), -(-node.size // block), 1)
+        new_views = self.bricks
+        old_views = list(self.prev.values()) if self.prev else []
+        out: list[tuple[int, int]] = []
+        for i in range(blocks):
+            lo = i * block
+            n_new = max(0, min(block, node.size - lo))
+            n_old = max(0, min(block, old.size - lo))
+            if n_new == 0:
+                continue
+            if i == 0:
+                old_path, new_path = old.path, node.path
+            else:
+                old_path = _shard_on(old_views, g, i)
+                new_path = _shard_on(new_views, g, i)
+            old_ext = fiemap(old_path) if old_path else []
+            new_ext = fiemap(new_path) if new_path else []
+            for o, n in changed_ranges(old_ext, new_ext, n_old, n_new):
+                if out and out[-1][0] + out[-1][1] == lo + o:
+                    out[-1] = (out[-1][0], out[-1][1] + n)
+                else:
+                    out.append((lo + o, n))
+        return out
+
+
+def _shard_on(views: Iterable[BrickView], base: str, index: int) -> str | None:
+    for v in views:
+        p = v.shard_path(base, index)
+        if p:
+            return p
+    return None
+
+
+def _merged_dir(dirs: list[tuple[str, Node]]) -> Node:
+    """A directory as a client sees it over the bricks: the newest copy's mode, owner and xattrs,
+    the latest of each time (DHT merges directory times so)."""
+    newest = max((n for _, n in dirs), key=lambda n: (n.ctime_ns, n.mtime_ns))
+    return Node(
+        gfid=newest.gfid,
+        type="dir",
+        mode=newest.mode,
+        uid=newest.uid,
+        gid=newest.gid,
+        size=0,
+        atime_ns=max(n.atime_ns for _, n in dirs),
+        mtime_ns=max(n.mtime_ns for _, n in dirs),
+        ctime_ns=max(n.ctime_ns for _, n in dirs),
+        names=list(newest.names),
+        xattrs=dict(newest.xattrs),
+        path=newest.path,
+    )
+
+
+def walk_gfids(bricks: list[BrickView]) -> list[str]:
+    """Every gfid of the volume the bricks hold (a first cut publishes them all)."""
+    from epochsync.sources.gluster.backend import walk_brick
+
+    seen: set[str] = set()
+    for b in bricks:
+        for gfid, _p, _n, _d in walk_brick(b):
+            seen.add(gfid)
+    return sorted(seen)

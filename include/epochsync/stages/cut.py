@@ -1,0 +1,295 @@
+"""The cut stage of a live source: make the epoch's cut, then publish its canonical records.
+
+``cut_source(cfg, source, through)`` takes the next cuts of a ``kind: gluster`` source up to epoch
+``through`` (default: the next one), each under the source's cut lock (targets and feeds
+share the cuts; two callers wait for each other and the second finds its epoch done):
+
+1. the cut (:mod:`epochsync.sources.gluster.cut`): barrier, a read-only snapshot per brick,
+   barrier lifted; its record ``cuts/source=S/epoch=E.json`` says where each snapshot is;
+2. each brick's changelog in the snapshot after the last cut's position
+   (:mod:`epochsync.sources.gluster.changelog`), plus what the live changelogs logged in the
+   instant after the snapshots (operations whose record came after the cut though their
+   effect is in it: kept in the cut record, so a retry resolves the same);
+3. the records resolved against the cut (:mod:`epochsync.sources.gluster.resolve`) and
+   published as canonical JSON Lines, ``cuts/source=S/changelogs/<brick>/<E>.jsonl``, each
+   ending with the brick's ``EPOCH`` record: that is when the epoch closes for the targets;
+4. the source's state (:mod:`epochsync.sources.gluster.state`) committed last: a cut killed
+   anywhere is taken (or resolved) again by the next call and publishes the same records.
+
+A source's first cut publishes the whole volume as it is (every gfid the bricks hold), so a
+target's epoch 1 is a full copy; every later epoch is what changed since the last cut.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+
+from epochsync.core.config import Config, SourceConfig
+from epochsync.core.errors import EpochError
+from epochsync.core.gluster import Brick, parse_brick_spec
+from epochsync.core.schema import Record
+from epochsync.sources.gluster.backend import BrickView
+from epochsync.sources.gluster.changelog import CHANGELOG_DIR, Position, end_position, read_slice
+from epochsync.sources.gluster.cut import BtrfsCut
+from epochsync.sources.gluster.reader import cut_record
+from epochsync.sources.gluster.resolve import Resolver, walk_gfids
+from epochsync.sources.gluster.state import SourceState
+from epochsync.stages.context import _config
+from epochsync.warehouse.fs import lock_file, read_json, write_json_atomic, write_text_atomic
+from epochsync.warehouse.paths import Warehouse, local_path
+
+#: the fields of a raw record a cut keeps of what the live changelogs logged just after it
+_HINT_FIELDS = ("tfid", "sfid", "pfid", "name", "spfid", "sname")
+
+
+def gluster_source(cfg: Config, source: str | SourceConfig) -> SourceConfig:
+    """Returns the source called ``source``; an EpochError when it is not a ``kind: gluster`` source."""
+    src = source if isinstance(source, SourceConfig) else cfg.source(source)
+    if src.kind != "gluster":
+        raise EpochError(f"source {src.name} is not a live file system (kind: {src.kind}): it has no cuts")
+    return src
+
+
+def bricks(src: SourceConfig) -> list[Brick]:
+    """Returns the source's bricks as their servers name them (brick1, brick2, ...)."""
+    return [parse_brick_spec(spec, i) for i, spec in enumerate(src.bricks, start=1)]
+
+
+def mechanism(src: SourceConfig) -> BtrfsCut:
+    """Returns the source's cut mechanism (btrfs: the one built)."""
+    cut = src.cut
+    assert cut is not None and src.volume is not None
+    return BtrfsCut(src.name, src.volume, bricks(src), cut.snapshots, barrier=cut.barrier, timeout=cut.timeout_s)
+
+
+def cuts_dir(cfg: Config, source: str) -> str:
+    """Returns the local folder of ``source``'s cuts."""
+    return local_path(Warehouse(cfg.warehouse).cuts(source))
+
+
+def read_cut(cfg: Config, source: str, epoch: int) -> dict | None:
+    """Returns the record of ``source``'s cut ``epoch``, or None when it was never taken."""
+    return cut_record(cfg.warehouse, source, epoch)
+
+
+def cut_epochs(cfg: Config, source: str) -> list[int]:
+    """Returns the epochs whose cut records exist, oldest first."""
+    d = cuts_dir(cfg, source)
+    out = []
+    if os.path.isdir(d):
+        for name in os.listdir(d):
+            if name.startswith("epoch=") and name.endswith(".json"):
+                try:
+                    out.append(int(name[6:-5]))
+                except ValueError:
+                    continue
+    return sorted(out)
+
+
+def published_epoch(cfg: Config, source: str) -> int:
+    """The last epoch whose records a cut published (0: none)."""
+    path = os.path.join(cuts_dir(cfg, source), "state.sqlite")
+    if not os.path.exists(path):
+        return 0
+    state = SourceState(path)
+    try:
+        return state.epoch
+    finally:
+        state.close()
+
+
+# --------------------------------------------------------------------------- the stage
+
+
+def cut_source(cfg, source: str, through: int | None = None, *, progress: Callable[[str], None] | None = None) -> dict:
+    """Take ``source``'s cuts up to ``through`` (default: the next one); returns the figures of each."""
+    cfg = _config(cfg)
+    src = gluster_source(cfg, source)
+    say = progress or (lambda _line: None)
+    folder = cuts_dir(cfg, src.name)
+    os.makedirs(folder, exist_ok=True)
+    done: list[dict] = []
+    with lock_file(os.path.join(folder, "cut.lock")):
+        state = SourceState(os.path.join(folder, "state.sqlite"))
+        try:
+            last = state.epoch
+            goal = last + 1 if through is None else through
+            if goal <= last:
+                return {"source": src.name, "noop": True, "epoch": last, "message": f"cut {goal} is taken already"}
+            mech = mechanism(src)
+            write_json_atomic(os.path.join(folder, "volume.json"), {"volume": src.volume, "bricks": list(src.bricks)})
+            for epoch in range(last + 1, goal + 1):
+                done.append(_cut_one(cfg, src, mech, state, epoch, say))
+        finally:
+            state.close()
+    return {"source": src.name, "epoch": done[-1]["epoch"], "cuts": done}
+
+
+def _cut_one(cfg: Config, src: SourceConfig, mech: BtrfsCut, state: SourceState, epoch: int, say) -> dict:
+    wh = Warehouse(cfg.warehouse)
+    path = local_path(wh.cut(src.name, epoch))
+    record = read_json(path)
+    first = state.epoch == 0
+    if record is None or not all(os.path.isdir(b["root"]) for b in record["bricks"].values()):
+        say(f"cut {epoch} of {src.name}: barrier and snapshots of {len(src.bricks)} bricks")
+        cuts, figures = mech.take(epoch)
+        live_paths = {b.name: b.path for b in mech.bricks}
+        record = {
+            "source": src.name,
+            "volume": src.volume,
+            "epoch": epoch,
+            "time_ns": figures["time_ns"],
+            "bricks": {c.brick: {"snapshot": c.snapshot, "root": c.root, "live": live_paths[c.brick]} for c in cuts},
+            "cut": figures,
+            "resolved": False,
+        }
+        record["hints"] = _hints(record, state, first)
+        write_json_atomic(path, record)
+        say(
+            f"cut {epoch} of {src.name}: barrier on {figures['barrier_on_s']:.2f} s, snapshots {figures['snapshots_s']:.3f} s, "
+            f"off {figures['barrier_off_s']:.2f} s"
+        )
+    t0 = time.monotonic()
+    views = [BrickView(b, record["bricks"][b]["root"]) for b in src.servers]
+    prev_rec = read_cut(cfg, src.name, epoch - 1) if epoch > 1 else None
+    prev = None
+    if prev_rec and all(os.path.isdir(prev_rec["bricks"][b]["root"]) for b in src.servers):
+        prev = [BrickView(b, prev_rec["bricks"][b]["root"]) for b in src.servers]
+    positions = state.get("positions", {})
+    raw: list[Record] = []
+    live: list[Record] = []
+    new_positions: dict[str, dict] = {}
+    files_read = 0
+    for v in views:
+        cdir = os.path.join(v.root, CHANGELOG_DIR)
+        if first:
+            new_positions[v.name] = end_position(cdir).to_dict()
+            continue
+        at = positions.get(v.name)
+        if at is None:
+            raise EpochError(f"source {src.name}: the state has no changelog position of {v.name} (a brick added?)")
+        sl = read_slice(cdir, Position.from_dict(at))
+        raw.extend(sl.records)
+        live.extend(sl.live)
+        files_read += len(sl.files)
+        new_positions[v.name] = sl.position.to_dict()
+    raw.extend(Record(server="", index=0, epoch=epoch, type="HINT", **h) for h in record.get("hints") or [])
+    everything = walk_gfids(views) if first else []
+    time_ns = int(record["time_ns"])
+    state.begin()
+    try:
+        resolver = Resolver(state, views, prev, epoch, time_ns)
+        resolved = resolver.resolve(raw, state.carry, everything)
+        # a changelog logs a gfid's data (and attribute) change once per rollover window: what
+        # the live file logged before the cut may change again after it without a new record
+        carry = set(resolved.carry) | {r.tfid for r in live if r.tfid and r.type in ("WRITE", "SATTR", "XATTR")}
+        next_index = dict(state.get("next_index", {}))
+        counts = {}
+        out_dir = local_path(wh.cut_changelogs(src.name))
+        for brick in src.servers:
+            recs = resolved.records.get(brick, [])
+            n = int(next_index.get(brick, 1))
+            lines = []
+            for r in recs:
+                r.index = n
+                n += 1
+                lines.append(json.dumps(r.to_dict(), separators=(",", ":")))
+            lines.append(
+                json.dumps(
+                    Record(server=brick, index=n, epoch=epoch, type="EPOCH", time_ns=time_ns).to_dict(),
+                    separators=(",", ":"),
+                )
+            )
+            next_index[brick] = n + 1
+            counts[brick] = len(recs)
+            write_text_atomic(os.path.join(out_dir, brick, f"{epoch:010d}.jsonl"), "\n".join(lines) + "\n")
+        state.put("positions", new_positions)
+        state.put("next_index", next_index)
+        state.put("carry", sorted(g for g in carry if g))
+        state.put("epoch", epoch)
+        state.commit()
+    except BaseException:
+        state.rollback()
+        raise
+    figures = dict(resolved.figures)
+    figures.update(
+        {
+            "records": counts,
+            "raw_records": len(raw),
+            "changelog_files": files_read,
+            "carried": len(carry),
+            "resolve_s": round(time.monotonic() - t0, 4),
+            "first": first,
+        }
+    )
+    record["resolved"] = True
+    record["publish"] = figures
+    write_json_atomic(path, record)
+    say(
+        f"cut {epoch} of {src.name}: {sum(counts.values())} records published from {len(raw)} raw ones "
+        f"({figures['touched']} gfids looked at) in {figures['resolve_s']:.2f} s"
+    )
+    return {"epoch": epoch, "cut": record["cut"], "publish": figures}
+
+
+def _hints(record: dict, state: SourceState, first: bool) -> list[dict]:
+    """What the live changelogs logged right after the snapshots: operations whose effect the cut
+    holds though their record was written after it (a record is written once the operation is
+    done). Read now, kept in the cut record, so resolving again gives the same records."""
+    if first:
+        return []
+    out = []
+    for _brick, where in sorted(record["bricks"].items()):
+        snap_dir = os.path.join(where["root"], CHANGELOG_DIR)
+        live_dir = os.path.join(_live_brick_root(where), CHANGELOG_DIR)
+        at = end_position(snap_dir)
+        try:
+            sl = read_slice(live_dir, at)
+        except EpochError:
+            continue
+        for r in sl.records:
+            out.append({f: getattr(r, f) for f in _HINT_FIELDS if getattr(r, f)})
+    return out
+
+
+def _live_brick_root(where: dict) -> str:
+    """The live brick directory of a brick's cut."""
+    return where["live"]
+
+
+# --------------------------------------------------------------------------- the verb
+
+
+def configure_cut(parser) -> None:
+    """Add the ``cut`` verb's options to ``parser``."""
+    parser.add_argument("--config", required=True, metavar="FILE", help="epochsync YAML config")
+    parser.add_argument("--source", required=True, metavar="NAME", help="the live source (kind: gluster) to cut")
+    parser.add_argument("--through", type=int, metavar="E", help="take every cut up to epoch E (default: the next one)")
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON document")
+
+
+def run_cut(args) -> int:
+    """The ``cut`` verb: progress lines, then one line per cut (or ``--json``); returns 0."""
+    from epochsync.core.config import load_config
+
+    cfg = load_config(args.config)
+    out = cut_source(
+        cfg, args.source, args.through, progress=None if args.json else (lambda line: print(line, flush=True))
+    )
+    if args.json:
+        print(json.dumps(out, indent=1, sort_keys=True))
+        return 0
+    if out.get("noop"):
+        print(f"source {out['source']}: {out['message']}; nothing to do")
+        return 0
+    for c in out["cuts"]:
+        cut, pub = c["cut"], c["publish"]
+        print(
+            f"epoch {c['epoch']}: cut in {cut['total_s']:.2f} s (barrier on {cut['barrier_on_s']:.2f} s, snapshots "
+            f"{cut['snapshots_s']:.3f} s, off {cut['barrier_off_s']:.2f} s); {sum(pub['records'].values())} records "
+            f"published in {pub['resolve_s']:.2f} s"
+        )
+    return 0

@@ -1,0 +1,229 @@
+"""A live GlusterFS volume as the source: one history of epochs on a real 2-brick volume.
+
+Each epoch: a workload on the FUSE mount, a cut (Gluster's barrier, a btrfs snapshot per
+brick), the posix target replicated and compared with the cut's ground truth (the brick
+snapshots walked directly): bytes, modes, owners, xattrs, symlink targets, mtimes, hard links.
+The steps cover what a real volume does that no simulator did: directory entry operations on
+every brick, DHT linkto files, renames onto names that hash to the other brick, renames over
+existing files (Gluster does not log the overwritten gfid, and logs some new parents as the
+null gfid), hard links whose LINK record is on one brick, symlinks without targets in the
+records, attribute and xattr changes, truncates, create-then-delete, a file replaced by a
+directory, sharded files, both changelog encodings, and a directory operation that a cut
+splits between bricks.
+
+The tests share the volume and run in order (one history): a failure early makes later ones
+fail too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+
+import pytest
+from support.gluster import GlusterHistory
+
+from epochsync.core.gluster import run_gluster
+from epochsync.sources.gluster import btrfs
+from epochsync.sources.gluster.cut import snapshot_name
+from epochsync.warehouse.fs import write_json_atomic
+from epochsync.warehouse.paths import Warehouse, local_path
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def hist(gluster_stack, spark, tmp_path_factory):
+    h = GlusterHistory(gluster_stack, tmp_path_factory.mktemp("gluster-history"), spark)
+    # a volume that is not empty when epochsync starts: the first cut publishes it as it is
+    h.sh(
+        """
+        mkdir -p old/a old/b
+        for i in $(seq 1 20); do printf 'old %s\\n' $i > old/a/f$i; done
+        ln old/a/f1 old/b/f1-link
+        ln -s ../a/f2 old/b/f2-symlink
+        setfattr -n user.tag -v before old/a/f3
+        """
+    )
+    return h
+
+
+def test_the_first_cut_publishes_the_volume_as_it_is(hist):
+    epoch = hist.step()
+    assert epoch == 1
+    kinds = {r["type"] for r in hist.records(1)}
+    assert {"MKDIR", "CREAT", "HLINK", "SLINK", "SATTR", "XATTR", "WRITE", "EPOCH"} <= kinds
+    # the replica holds the hard link as one file and the symlink's target (not in any record of Gluster's)
+    replica = hist.folder / "replica"
+    assert os.path.samefile(replica / "old/a/f1", replica / "old/b/f1-link")
+    assert os.readlink(replica / "old/b/f2-symlink") == "../a/f2"
+
+
+def test_namespace_operations_of_a_real_volume(hist):
+    # many names, so that renames and links land on the other brick (DHT linkto files)
+    hist.step(
+        """
+        mkdir -p w/src/sub w/empty
+        for i in $(seq 1 40); do printf 'file %s\\n' $i > w/src/f$i; done
+        dd if=/dev/urandom of=w/src/big.bin bs=64k count=16 status=none
+        """
+    )
+    out = hist.sh("ls -la ../b1/vol/brick/w/src ../b2/vol/brick/w/src 2>/dev/null | grep -c -- '---------T' || true")
+    epoch = hist.step(
+        """
+        for i in $(seq 1 10); do mv w/src/f$i w/src/sub/moved-$i; done          # renames, some onto the other brick
+        for i in $(seq 11 20); do ln w/src/f$i w/src/sub/link-$i; done           # hard links, some across bricks
+        for i in 21 22 23 24 25; do mv w/src/f$i w/src/f$((i + 5)); done        # renames over existing files
+        ln -s ../f33 w/src/sub/to-f33                                           # a symlink
+        setfattr -n user.project -v epochsync w/src/f34
+        setfattr -n user.gone -v soon w/src/f35
+        chmod 0600 w/src/f36 && chmod 0700 w/src/sub
+        truncate -s 2 w/src/f37 && truncate -s 100000 w/src/f38
+        rm w/src/f39 && mkdir w/src/f39 && echo inside > w/src/f39/x            # a file replaced by a directory
+        printf tmp > w/tmp && rm w/tmp                                          # created and deleted in one epoch
+        touch -d '2020-01-02 03:04:05' w/src/f40
+        dd if=/dev/urandom of=w/src/big.bin bs=4k count=1 seek=7 conv=notrunc status=none
+        """
+    )
+    kinds = {(r["type"]) for r in hist.records(epoch)}
+    assert {"RENME", "HLINK", "UNLNK", "SLINK", "XATTR", "WRITE", "MKDIR"} <= kinds
+    # the 4 KiB written into the 1 MiB file is what moves, not the file
+    big = [
+        r
+        for r in hist.records(epoch)
+        if r["type"] == "WRITE" and r.get("extents") and r["extents"][0]["offset"] == 7 * 4096
+    ]
+    assert big and sum(e["length"] for e in big[0]["extents"]) == 4096
+    assert out is not None
+
+    hist.step(
+        """
+        mv w/src w/renamed                                                      # a directory rename (every brick)
+        setfattr -x user.gone w/renamed/f35                                     # an xattr removed
+        rm w/renamed/sub/link-11 && rm w/renamed/f12                            # a hard link's names removed one by one
+        rmdir w/empty
+        rm -r w/renamed/f39 && echo a-file-again > w/renamed/f39                # a directory replaced by a file
+        rm w/renamed/sub/to-f33 && ln -s /etc/hostname w/renamed/sub/to-f33     # a symlink re-pointed
+        mkfifo w/renamed/fifo
+        chmod 0755 w/renamed/sub && setfattr -n user.dir -v yes w/renamed
+        """
+    )
+
+
+def test_a_directory_operation_split_by_a_cut_waits_for_the_next_one(hist):
+    """A cut whose bricks were snapshotted on either side of a mkdir and a directory rename (as a
+    barrier enabled on one brick a moment before the other can leave them): the first brick
+    does not hold them, the second does. They are published with the next cut."""
+    hist.sh("mkdir -p split && echo x > split/keep && mkdir split/old-name && echo y > split/old-name/inner")
+    first = hist.cut()["epoch"]
+    hist.replicate("local", first)
+    epoch = first + 1
+    rec_path = local_path(Warehouse(hist.cfg.warehouse).cut(hist.source, epoch))
+    bricks = sorted(hist.volume.bricks)
+    record = {
+        "source": hist.source,
+        "volume": hist.volume.name,
+        "epoch": epoch,
+        "bricks": {},
+        "cut": {"barrier": False},
+    }
+    for i, spec in enumerate(bricks, start=1):
+        path = spec.split(":", 1)[1]
+        sub = btrfs.subvolume_of(path)
+        folder = os.path.join(os.path.dirname(sub), ".epochsync-cuts", hist.source, f"brick{i}")
+        dest = os.path.join(folder, snapshot_name(epoch))
+        btrfs.snapshot(sub, dest)
+        record["bricks"][f"brick{i}"] = {
+            "snapshot": dest,
+            "root": os.path.join(dest, os.path.relpath(path, sub)),
+            "live": path,
+        }
+        if i == 1:
+            record["time_ns"] = time.time_ns()
+            hist.sh("mkdir split/new-dir && mv split/old-name split/new-name")
+    record["hints"] = []
+    write_json_atomic(rec_path, record)
+    published = hist.cut()
+    assert published["epoch"] == epoch and published["publish"]["split_dirs"] >= 1
+    hist.replicate("local", epoch)
+    truth = hist.truth(epoch)
+    # the cut's own bricks disagree; the replica holds the state before the split operations
+    assert "new-dir" not in os.listdir(hist.folder / "replica/split")
+    assert os.path.isdir(hist.folder / "replica/split/old-name")
+    assert "split/keep" in truth
+    # the next cut has both bricks past them: published then, equal to the cut
+    hist.step()
+    assert os.path.isdir(hist.folder / "replica/split/new-name/") and os.path.isdir(
+        hist.folder / "replica/split/new-dir"
+    )
+
+
+def test_binary_changelog_encoding(hist):
+    run_gluster(["volume", "set", hist.volume.name, "changelog.encoding", "binary"])
+    try:
+        hist.step("mkdir -p bin && for i in 1 2 3; do echo $i > bin/b$i; done && mv bin/b1 bin/b1-renamed")
+        epoch = hist.step("rm bin/b2 && ln bin/b3 bin/b3-link && chmod 0640 bin/b3")
+        assert any(r["type"] == "UNLNK" for r in hist.records(epoch))
+    finally:
+        run_gluster(["volume", "set", hist.volume.name, "changelog.encoding", "ascii"])
+
+
+def test_sharded_files_move_only_their_changed_bytes(hist):
+    hist.step("dd if=/dev/urandom of=sharded.bin bs=1M count=20 status=none")  # 5 blocks of 4 MB
+    epoch = hist.step(
+        """
+        dd if=/dev/urandom bs=64k count=1 status=none >> sharded.bin
+        dd if=/dev/urandom of=sharded.bin bs=4k count=1 seek=2500 conv=notrunc status=none
+        """
+    )
+    writes = [r for r in hist.records(epoch) if r["type"] == "WRITE"]
+    assert len(writes) == 1
+    moved = sum(e["length"] for e in writes[0]["extents"])
+    assert moved == 64 * 1024 + 4096, writes[0]["extents"]
+    stats = json.loads((hist.folder / f"warehouse/stats/target=local/epoch={epoch}.json").read_text())
+    assert stats["bytes_pulled"] <= 1024 * 1024
+    hist.step("truncate -s 6M sharded.bin")  # blocks dropped, a shorter file
+
+
+def test_a_writer_keeps_writing_while_cuts_are_taken(hist):
+    """Appends and creates never stop while three cuts are taken; every committed epoch equals its cut."""
+    writer = subprocess.Popen(
+        [
+            "bash",
+            "-c",
+            """
+            mkdir -p live; i=0; worst=0
+            while [ ! -e live/.stop ]; do
+              i=$((i+1)); t0=$(date +%s%N)
+              printf 'line %s\\n' $i >> live/log
+              echo $i > live/n$((i % 50))
+              t1=$(date +%s%N); d=$(( (t1 - t0) / 1000000 )); [ $d -gt $worst ] && worst=$d
+              sleep 0.02
+            done
+            echo "$i $worst"
+            """,
+        ],
+        cwd=hist.mount,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(1)
+        epochs = []
+        for _ in range(3):
+            epochs.append(hist.cut()["epoch"])
+            time.sleep(0.5)
+    finally:
+        (hist.mount / "live/.stop").touch()
+        out, _ = writer.communicate(timeout=60)
+    writes, worst_ms = map(int, out.split())
+    assert writes > 50
+    for e in epochs:
+        hist.replicate("local", e)
+        problems = hist.problems("local", e)
+        assert not problems, f"epoch {e} differs from its cut:\n  " + "\n  ".join(problems)
+    hist.lines.append(f"writer: {writes} writes, the slowest {worst_ms} ms (bench-gluster measures the cut's effect)")
+    hist.sh("rm -rf live")
+    hist.step()
