@@ -25,7 +25,7 @@ PYTEST_ARGS ?=
 # 1,068-1,086 s with 40% more CPU (each worker starts its own Spark, SeaweedFS and moto).
 TEST_WORKERS ?= 0
 
-.PHONY: help venv test test-fast lint format docs docs-serve docs-ref demo airflow bench bench-full bench-ingest bench-merge bench-e2e bench-warm bench-rollback clean
+.PHONY: help venv test test-fast lint format docs docs-serve docs-ref demo gluster airflow bench bench-full bench-ingest bench-merge bench-e2e bench-warm bench-rollback clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  make %-14s %s\n", $$1, $$2}'
@@ -75,8 +75,11 @@ format: $(STAMP) ## ruff format the tree
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-demo: $(STAMP) ## the main job: simulate a source, replicate every epoch through Airflow, verify (REINTEGRATE=1: then cache reintegration; REINTEGRATE=only)
-	$(BIN)/python -m epochsync_dev.demo $(if $(REINTEGRATE),--reintegrate $(filter only,$(REINTEGRATE)))
+demo: $(STAMP) ## the main job: simulate a source, replicate every epoch through Airflow, verify (SOURCE=gluster: a live GlusterFS volume instead; REINTEGRATE=1: then cache reintegration; REINTEGRATE=only)
+	$(if $(filter gluster,$(SOURCE)),$(BIN)/python -m epochsync_dev.demo_gluster,$(BIN)/python -m epochsync_dev.demo $(if $(REINTEGRATE),--reintegrate $(filter only,$(REINTEGRATE))))
+
+gluster: $(STAMP) ## a GlusterFS volume for you (2 btrfs bricks, changelog on, FUSE-mounted): prints its mount, a config and how to stop it; Ctrl-C stops and removes it
+	$(BIN)/python -m epochsync_dev.gluster --dir var/gluster
 
 airflow: $(STAMP) ## SeaweedFS + Spark Connect + airflow standalone with the project's DAGs (UI on :8080; LIVE=1: a live source)
 	$(BIN)/python -m epochsync_dev.devstack $(if $(LIVE),--live)

@@ -206,14 +206,37 @@ def mount_truth(mount: str) -> dict[str, dict]:
     return out
 
 
-def compare(target, truth: dict[str, dict], *, times: bool = True, links: bool = True, limit: int = 20) -> list[str]:
+def compare(
+    target,
+    truth: dict[str, dict],
+    *,
+    times: bool = True,
+    links: bool = True,
+    contents: set[str] | None = None,
+    limit: int = 20,
+) -> list[str]:
     """Differences between a replica (:class:`epochsync.targets.base.Target`) and ``truth``: what
     :func:`epochsync_dev.truth.compare_with_truth` checks, plus mtimes (files, directories) and hard
-    links (paths of one fid are one file on the replica). Empty: equal."""
+    links (paths of one fid are one file on the replica). Empty: equal.
+
+    ``contents``: read back only these files' bytes (every other path is compared on everything
+    but its bytes); None: every file's."""
     from epochsync_dev.truth import compare_with_truth
 
-    problems = compare_with_truth(target, truth, limit=0)
-    entries = {e.path: e for e in target.walk(hashes=False)}
+    if contents is None:
+        problems = compare_with_truth(target, truth, limit=0)
+        entries = {e.path: e for e in target.walk(hashes=False)}
+    else:
+        unhashed = {p: dict(row, sha256=None) if row["type"] == "file" else row for p, row in truth.items()}
+        problems = compare_with_truth(_Unhashed(target), unhashed, limit=0)
+        entries = {e.path: e for e in target.walk(hashes=False)}
+        for p in sorted(contents):
+            row = truth.get(p)
+            if row is None or row["type"] != "file" or p not in entries:
+                continue
+            got = hashlib.sha256(target.read_file(p)).hexdigest()
+            if got != row["sha256"]:
+                problems.append(f"{p}: sha256 is {got!r}, source has {row['sha256']!r}")
     if times:
         for p, row in sorted(truth.items()):
             e = entries.get(p)
@@ -241,6 +264,25 @@ def compare(target, truth: dict[str, dict], *, times: bool = True, links: bool =
                 if p in entries and first in entries and not same(first, p):
                     problems.append(f"{p}: not a hard link of {first} (one file at the source, fid {fid})")
     return problems[:limit] if limit else problems
+
+
+class _Unhashed:
+    """A target whose walk reads no file's bytes (the caller reads back the ones it must)."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def walk(self, *, hashes: bool = True):
+        return self.target.walk(hashes=False)
+
+
+def changed_files(before: dict[str, dict], after: dict[str, dict]) -> set[str]:
+    """The files of ``after`` that are new or hold other bytes than in ``before``."""
+    return {
+        p
+        for p, row in after.items()
+        if row["type"] == "file" and (p not in before or before[p].get("sha256") != row["sha256"])
+    }
 
 
 def posix_same_file(root: str):

@@ -8,19 +8,22 @@ every brick, DHT linkto files, renames onto names that hash to the other brick, 
 existing files (Gluster does not log the overwritten gfid, and logs some new parents as the
 null gfid), hard links whose LINK record is on one brick, symlinks without targets in the
 records, attribute and xattr changes, truncates, create-then-delete, a file replaced by a
-directory, sharded files, both changelog encodings, and a directory operation that a cut
-splits between bricks.
+directory, sharded files, both changelog encodings, a directory operation that a cut splits
+between bricks, a writer that never stops, kills in the middle, and epochs run by the DAG.
 
 The tests share the volume and run in order (one history): a failure early makes later ones
-fail too.
+fail too. The history's progress lines go to ``tests/output/gluster-history.log``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from support.gluster import GlusterHistory
@@ -28,10 +31,13 @@ from support.gluster import GlusterHistory
 from epochsync.core.gluster import run_gluster
 from epochsync.sources.gluster import btrfs
 from epochsync.sources.gluster.cut import snapshot_name
+from epochsync.stages.cut import published_epoch, read_cut
 from epochsync.warehouse.fs import write_json_atomic
 from epochsync.warehouse.paths import Warehouse, local_path
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+OUTPUT = Path(__file__).resolve().parents[1] / "output"
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +53,9 @@ def hist(gluster_stack, spark, tmp_path_factory):
         setfattr -n user.tag -v before old/a/f3
         """
     )
-    return h
+    yield h
+    OUTPUT.mkdir(exist_ok=True)
+    (OUTPUT / "gluster-history.log").write_text("\n".join(h.lines) + "\n")
 
 
 def test_the_first_cut_publishes_the_volume_as_it_is(hist):
@@ -68,9 +76,10 @@ def test_namespace_operations_of_a_real_volume(hist):
         mkdir -p w/src/sub w/empty
         for i in $(seq 1 40); do printf 'file %s\\n' $i > w/src/f$i; done
         dd if=/dev/urandom of=w/src/big.bin bs=64k count=16 status=none
+        dd if=/dev/urandom of=sharded.bin bs=1M count=20 status=none            # 5 shards of 4 MB
         """
     )
-    out = hist.sh("ls -la ../b1/vol/brick/w/src ../b2/vol/brick/w/src 2>/dev/null | grep -c -- '---------T' || true")
+    linktos = hist.sh("find ../b1/vol/brick/w ../b2/vol/brick/w -perm 1000 -type f | wc -l")
     epoch = hist.step(
         """
         for i in $(seq 1 10); do mv w/src/f$i w/src/sub/moved-$i; done          # renames, some onto the other brick
@@ -85,18 +94,19 @@ def test_namespace_operations_of_a_real_volume(hist):
         printf tmp > w/tmp && rm w/tmp                                          # created and deleted in one epoch
         touch -d '2020-01-02 03:04:05' w/src/f40
         dd if=/dev/urandom of=w/src/big.bin bs=4k count=1 seek=7 conv=notrunc status=none
+        dd if=/dev/urandom bs=64k count=1 status=none >> sharded.bin            # a sharded file grows
+        dd if=/dev/urandom of=sharded.bin bs=4k count=1 seek=2500 conv=notrunc status=none
         """
     )
-    kinds = {(r["type"]) for r in hist.records(epoch)}
-    assert {"RENME", "HLINK", "UNLNK", "SLINK", "XATTR", "WRITE", "MKDIR"} <= kinds
-    # the 4 KiB written into the 1 MiB file is what moves, not the file
-    big = [
-        r
-        for r in hist.records(epoch)
-        if r["type"] == "WRITE" and r.get("extents") and r["extents"][0]["offset"] == 7 * 4096
-    ]
-    assert big and sum(e["length"] for e in big[0]["extents"]) == 4096
-    assert out is not None
+    assert int(hist.sh("find ../b1/vol/brick/w ../b2/vol/brick/w -perm 1000 -type f | wc -l")) > int(linktos)
+    records = hist.records(epoch)
+    assert {"RENME", "HLINK", "UNLNK", "SLINK", "XATTR", "WRITE", "MKDIR"} <= {r["type"] for r in records}
+    writes = {r["tfid"]: r["extents"] for r in records if r["type"] == "WRITE"}
+    # what was written moves, not the files: 4 KiB into big.bin; 64 KiB + 4 KiB into the sharded file
+    moved = sorted(sum(e["length"] for e in ex) for ex in writes.values() if ex[0]["offset"] > 0)
+    assert moved == [4096, 64 * 1024 + 4096], writes
+    stats = json.loads((hist.folder / f"warehouse/stats/target=local/epoch={epoch}.json").read_text())
+    assert stats["bytes_pulled"] <= 1024 * 1024
 
     hist.step(
         """
@@ -108,6 +118,8 @@ def test_namespace_operations_of_a_real_volume(hist):
         rm w/renamed/sub/to-f33 && ln -s /etc/hostname w/renamed/sub/to-f33     # a symlink re-pointed
         mkfifo w/renamed/fifo
         chmod 0755 w/renamed/sub && setfattr -n user.dir -v yes w/renamed
+        truncate -s 6M sharded.bin                                              # shards dropped
+        mkdir -p split && echo x > split/keep && mkdir split/old-name && echo y > split/old-name/inner
         """
     )
 
@@ -116,12 +128,8 @@ def test_a_directory_operation_split_by_a_cut_waits_for_the_next_one(hist):
     """A cut whose bricks were snapshotted on either side of a mkdir and a directory rename (as a
     barrier enabled on one brick a moment before the other can leave them): the first brick
     does not hold them, the second does. They are published with the next cut."""
-    hist.sh("mkdir -p split && echo x > split/keep && mkdir split/old-name && echo y > split/old-name/inner")
-    first = hist.cut()["epoch"]
-    hist.replicate("local", first)
-    epoch = first + 1
+    epoch = published_epoch(hist.cfg, hist.source) + 1
     rec_path = local_path(Warehouse(hist.cfg.warehouse).cut(hist.source, epoch))
-    bricks = sorted(hist.volume.bricks)
     record = {
         "source": hist.source,
         "volume": hist.volume.name,
@@ -129,7 +137,7 @@ def test_a_directory_operation_split_by_a_cut_waits_for_the_next_one(hist):
         "bricks": {},
         "cut": {"barrier": False},
     }
-    for i, spec in enumerate(bricks, start=1):
+    for i, spec in enumerate(hist.volume.bricks, start=1):
         path = spec.split(":", 1)[1]
         sub = btrfs.subvolume_of(path)
         folder = os.path.join(os.path.dirname(sub), ".epochsync-cuts", hist.source, f"brick{i}")
@@ -148,47 +156,34 @@ def test_a_directory_operation_split_by_a_cut_waits_for_the_next_one(hist):
     published = hist.cut()
     assert published["epoch"] == epoch and published["publish"]["split_dirs"] >= 1
     hist.replicate("local", epoch)
-    truth = hist.truth(epoch)
     # the cut's own bricks disagree; the replica holds the state before the split operations
-    assert "new-dir" not in os.listdir(hist.folder / "replica/split")
-    assert os.path.isdir(hist.folder / "replica/split/old-name")
-    assert "split/keep" in truth
+    assert sorted(os.listdir(hist.folder / "replica/split")) == ["keep", "old-name"]
     # the next cut has both bricks past them: published then, equal to the cut
-    hist.step()
-    assert os.path.isdir(hist.folder / "replica/split/new-name/") and os.path.isdir(
-        hist.folder / "replica/split/new-dir"
-    )
+    hist.step("chmod 0750 split")
+    assert sorted(os.listdir(hist.folder / "replica/split")) == ["keep", "new-dir", "new-name"]
 
 
 def test_binary_changelog_encoding(hist):
     run_gluster(["volume", "set", hist.volume.name, "changelog.encoding", "binary"])
     try:
-        hist.step("mkdir -p bin && for i in 1 2 3; do echo $i > bin/b$i; done && mv bin/b1 bin/b1-renamed")
-        epoch = hist.step("rm bin/b2 && ln bin/b3 bin/b3-link && chmod 0640 bin/b3")
+        # the volume's files are now rolled over with the binary encoding: entries, data, metadata
+        epoch = hist.step(
+            """
+            mkdir -p bin && for i in 1 2 3; do echo $i > bin/b$i; done
+            mv bin/b1 bin/b1-renamed && rm bin/b2 && ln bin/b3 bin/b3-link && chmod 0640 bin/b3
+            rm w/renamed/f13
+            """
+        )
         assert any(r["type"] == "UNLNK" for r in hist.records(epoch))
+        rec = read_cut(hist.cfg, hist.source, epoch)
+        live = os.path.join(rec["bricks"]["brick1"]["root"], ".glusterfs/changelogs/CHANGELOG")
+        assert open(live, "rb").readline().rstrip().endswith(b"encoding : 1")
     finally:
         run_gluster(["volume", "set", hist.volume.name, "changelog.encoding", "ascii"])
 
 
-def test_sharded_files_move_only_their_changed_bytes(hist):
-    hist.step("dd if=/dev/urandom of=sharded.bin bs=1M count=20 status=none")  # 5 blocks of 4 MB
-    epoch = hist.step(
-        """
-        dd if=/dev/urandom bs=64k count=1 status=none >> sharded.bin
-        dd if=/dev/urandom of=sharded.bin bs=4k count=1 seek=2500 conv=notrunc status=none
-        """
-    )
-    writes = [r for r in hist.records(epoch) if r["type"] == "WRITE"]
-    assert len(writes) == 1
-    moved = sum(e["length"] for e in writes[0]["extents"])
-    assert moved == 64 * 1024 + 4096, writes[0]["extents"]
-    stats = json.loads((hist.folder / f"warehouse/stats/target=local/epoch={epoch}.json").read_text())
-    assert stats["bytes_pulled"] <= 1024 * 1024
-    hist.step("truncate -s 6M sharded.bin")  # blocks dropped, a shorter file
-
-
 def test_a_writer_keeps_writing_while_cuts_are_taken(hist):
-    """Appends and creates never stop while three cuts are taken; every committed epoch equals its cut."""
+    """Appends and creates never stop while cuts are taken; every committed epoch equals its cut."""
     writer = subprocess.Popen(
         [
             "bash",
@@ -211,19 +206,75 @@ def test_a_writer_keeps_writing_while_cuts_are_taken(hist):
     )
     try:
         time.sleep(1)
-        epochs = []
-        for _ in range(3):
-            epochs.append(hist.cut()["epoch"])
-            time.sleep(0.5)
+        epochs = [hist.cut()["epoch"]]
+        time.sleep(0.5)
+        epochs.append(hist.cut()["epoch"])
     finally:
         (hist.mount / "live/.stop").touch()
         out, _ = writer.communicate(timeout=60)
     writes, worst_ms = map(int, out.split())
-    assert writes > 50
+    hist.lines.append(f"writer: {writes} writes during the cuts, the slowest {worst_ms} ms")
+    # the writer was writing across the cuts: each cut caught its file at another length
+    sizes = [hist.truth(e)["live/log"]["size"] for e in epochs]
+    assert writes > 0 and sizes[0] < sizes[1], sizes
     for e in epochs:
         hist.replicate("local", e)
         problems = hist.problems("local", e)
         assert not problems, f"epoch {e} differs from its cut:\n  " + "\n  ".join(problems)
-    hist.lines.append(f"writer: {writes} writes, the slowest {worst_ms} ms (bench-gluster measures the cut's effect)")
-    hist.sh("rm -rf live")
-    hist.step()
+
+
+def _cli(hist, *args: str, fault: str | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    if fault:
+        env["EPOCHSYNC_INJECT_FAILURE"] = fault
+    # its own process group: a kill fault kills the group it runs in
+    return subprocess.run(
+        [sys.executable, "-m", "epochsync.cli", *args, "--config", str(hist.config_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        start_new_session=True,
+    )
+
+
+def test_killed_between_the_snapshot_and_the_commit(hist):
+    """kill -9 after the snapshots, after the records are published (before the source's state is
+    committed), and in the middle of the apply: every rerun ends equal to the cut."""
+    hist.sh("rm -rf live && mkdir -p kill && for i in $(seq 1 30); do echo $i > kill/k$i; done")
+    before = published_epoch(hist.cfg, hist.source)
+    for step in (0, 1):
+        done = _cli(hist, "cut", "--source", hist.source, fault=f"after={step},stage=cut,mode=kill")
+        assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+        assert published_epoch(hist.cfg, hist.source) == before
+        rerun = _cli(hist, "cut", "--source", hist.source)
+        assert rerun.returncode == 0, rerun.stderr[-2000:]
+        before += 1
+        assert published_epoch(hist.cfg, hist.source) == before
+        hist.sh(
+            f"for i in $(seq {1 + 10 * step} {10 + 10 * step}); do mv kill/k$i kill/k$i-moved; done; echo {step} > kill/more"
+        )
+    # the apply of the first of those epochs is killed half-way; the next run rolls back and redoes it
+    epoch = before - 1
+    done = _cli(hist, "replicate", "--target", "local", "--epoch", str(epoch), fault="at=0.5,mode=kill")
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    for e in (epoch, before):
+        hist.replicate("local", e)
+        problems = hist.problems("local", e)
+        assert not problems, f"epoch {e} differs from its cut:\n  " + "\n  ".join(problems)
+
+
+def test_epochs_through_the_dag(hist, seaweed):
+    """The epoch DAG of a live source starts with its cut: two epochs run by ``dag.test()``."""
+    from support.airflow_stack import airflow_env, dagtest
+
+    env = airflow_env(hist.folder, seaweed, config=hist.config_path)
+    for script in ("mkdir -p dag && echo 1 > dag/one && mv kill dag/", "echo 2 >> dag/one && rm -r dag/kill"):
+        hist.sh(script)
+        epoch = published_epoch(hist.cfg, hist.source) + 1
+        result = dagtest(env, "epochsync__vol__local", epoch)
+        assert result["state"] == "success", result["log"][-4000:]
+        assert result["tasks"]["cut"] == "success" and result["tasks"]["commit"] == "success"
+        assert read_cut(hist.cfg, hist.source, epoch)["resolved"]
+        problems = hist.problems("local", epoch)
+        assert not problems, f"epoch {epoch} differs from its cut:\n  " + "\n  ".join(problems)

@@ -15,13 +15,14 @@ from airflow.sdk import DAG, Param
 from airflow.task.trigger_rule import TriggerRule
 
 from epochsync.airflow.stages import EpochStageOperator, spark_conn_id
-from epochsync.airflow.tasks import EpochClosedSensor, commit_task, config_path_from_env, rollback_task
+from epochsync.airflow.tasks import EpochClosedSensor, commit_task, config_path_from_env, cut_task, rollback_task
 from epochsync.airflow.timetable import NEVER, EpochTimetable
 from epochsync.core.config import Config, SourceConfig, TargetConfig, load_config
 from epochsync.journal.lease import pool_name
 
 log = logging.getLogger(__name__)
 
+#: the tasks of an epoch DAG (a live source's also start with ``cut``)
 EPOCH_TASKS = ("wait_epoch_closed", "ingest", "merge", "translate", "apply", "verify", "commit", "rollback")
 #: idempotent stages that only write their own warehouse output: safe to retry on a transient error.
 #: apply, verify and commit are not retried: their failure means rollback.
@@ -204,6 +205,19 @@ def build_epoch_dag(
 
         from airflow.providers.apache.spark.operators.spark_pyspark import PySparkOperator
         from airflow.providers.standard.operators.python import PythonOperator
+
+        if source.kind == "gluster":
+            # a live source closes an epoch by being cut: on the epoch schedule, shared by its targets
+            cut = PythonOperator(
+                task_id="cut",
+                python_callable=cut_task,
+                op_kwargs={"config_path": cfg, "source": source.name},
+                retries=1,
+                retry_delay=timedelta(seconds=10),
+                doc_md="Cuts the volume up to the run's epoch (Gluster's barrier, a read-only btrfs snapshot of "
+                "every brick) and publishes the epoch's records; a cut taken already is not taken again.",
+            )
+            cut >> wait
 
         def stage(name: str, **kw) -> EpochStageOperator:
             retry = name in TRANSIENT_STAGES

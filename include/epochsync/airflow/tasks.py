@@ -162,6 +162,26 @@ class EpochClosedSensor(BaseSensorOperator):
             ) from exc
 
 
+def cut_task(config_path: str, source: str, params=None, data_interval_end=None, **_):
+    """The ``cut`` task of a live source's epoch DAG: the cuts up to the run's epoch, taken now (a no-op
+    for a cut another target's run or ``epochsync cut`` took already); returns their figures."""
+    import logging
+
+    from epochsync.stages.cut import cut_source
+
+    log = logging.getLogger("epochsync.cut")
+    config = load_config(config_path)
+    src = config.source(source)
+    epochs = resolve_run_epochs(
+        start=src.epoch.start,
+        interval_s=src.epoch.interval_s,
+        params=dict(params or {}),
+        data_interval_end=data_interval_end,
+    )
+    out = cut_source(config, source, epochs.through, progress=log.info)
+    return jsonable(out)
+
+
 def commit_task(config_path: str, target: str, ti=None, **_):
     """The ``commit`` task: manifest at the run's last epoch, consumer cursors advanced, stats row."""
     from epochsync.stages.commit import commit_epoch

@@ -15,7 +15,9 @@ A spec says when a stage of an epoch fails::
 - ``stage=commit``: the commit's steps are counted instead (1 stats row, 2 manifest,
   3 scratch area, 4 consumer cursor, 5 undo journal); ``after=1`` dies before the manifest,
   ``after=2`` right after it. ``stage=rollback``: each undo entry replayed is one, then
-  the scratch clean-up.
+  the scratch clean-up. ``stage=cut`` (a live source's cut; ``target`` names the source): 1
+  the snapshots taken and recorded, 2 the epoch's records published, before the source's
+  state is committed; ``after=0`` dies right after the snapshots.
 - ``epoch=E`` / ``target=NAME``: only that epoch / target (default: any).
 - ``mode=raise`` (default) raises :class:`InjectedFailure`; ``mode=kill`` sends
   SIGKILL to the whole process group (a crashed worker: no cleanup runs at all);
@@ -47,7 +49,7 @@ class InjectedFailure(EpochsyncError):
     """The failure a fault spec asked for (never raised unless one is set)."""
 
 
-STAGES = ("apply", "commit", "rollback")
+STAGES = ("apply", "commit", "rollback", "cut")
 MODES = ("raise", "kill", "stall")
 
 
@@ -78,7 +80,7 @@ class FaultSpec:
         unknown = set(fields) - {"after", "at", "epoch", "target", "mode", "repeat", "stage"}
         if unknown or ("after" in fields) == ("at" in fields):
             raise EpochsyncError(
-                f"{ENV_VAR}: {text!r}: need after=K or at=F; optional stage=apply|commit|rollback, epoch=E, "
+                f"{ENV_VAR}: {text!r}: need after=K or at=F; optional stage=apply|commit|rollback|cut, epoch=E, "
                 "target=NAME, mode=raise|kill|stall, repeat=1"
             )
         try:

@@ -128,9 +128,25 @@ def cut_source(cfg, source: str, through: int | None = None, *, progress: Callab
     return {"source": src.name, "epoch": done[-1]["epoch"], "cuts": done}
 
 
+def _fault_point(cfg: Config, source: str, epoch: int):
+    """``tick(what)`` at the cut's steps (``stage=cut`` of :mod:`epochsync.journal.faults`): 1 after the
+    snapshots, 2 after the records are published; a no-op unless a spec names the cut."""
+    from epochsync.journal.faults import FaultCounter, resolve
+
+    spec = resolve(None)
+    if spec is None or not spec.applies(source, epoch, "cut"):
+        return lambda what: None
+    folder = cuts_dir(cfg, source)
+    counter = os.path.join(folder, f"faults-cut-{epoch}.count")
+    if os.path.exists(counter):
+        os.remove(counter)
+    return FaultCounter(spec, counter, os.path.join(folder, f"fault-cut-{epoch}.fired")).tick
+
+
 def _cut_one(cfg: Config, src: SourceConfig, mech: BtrfsCut, state: SourceState, epoch: int, say) -> dict:
     wh = Warehouse(cfg.warehouse)
     path = local_path(wh.cut(src.name, epoch))
+    fault = _fault_point(cfg, src.name, epoch)
     record = read_json(path)
     first = state.epoch == 0
     if record is None or not all(os.path.isdir(b["root"]) for b in record["bricks"].values()):
@@ -151,7 +167,9 @@ def _cut_one(cfg: Config, src: SourceConfig, mech: BtrfsCut, state: SourceState,
         say(
             f"cut {epoch} of {src.name}: barrier on {figures['barrier_on_s']:.2f} s, snapshots {figures['snapshots_s']:.3f} s, "
             f"off {figures['barrier_off_s']:.2f} s"
+            + (f"; namespace operations held {figures['held_s']:.2f} s" if "held_s" in figures else "")
         )
+    fault("snapshots taken")
     t0 = time.monotonic()
     views = [BrickView(b, record["bricks"][b]["root"]) for b in src.servers]
     prev_rec = read_cut(cfg, src.name, epoch - 1) if epoch > 1 else None
@@ -206,6 +224,7 @@ def _cut_one(cfg: Config, src: SourceConfig, mech: BtrfsCut, state: SourceState,
             next_index[brick] = n + 1
             counts[brick] = len(recs)
             write_text_atomic(os.path.join(out_dir, brick, f"{epoch:010d}.jsonl"), "\n".join(lines) + "\n")
+        fault("records published")
         state.put("positions", new_positions)
         state.put("next_index", next_index)
         state.put("carry", sorted(g for g in carry if g))
@@ -289,7 +308,8 @@ def run_cut(args) -> int:
         cut, pub = c["cut"], c["publish"]
         print(
             f"epoch {c['epoch']}: cut in {cut['total_s']:.2f} s (barrier on {cut['barrier_on_s']:.2f} s, snapshots "
-            f"{cut['snapshots_s']:.3f} s, off {cut['barrier_off_s']:.2f} s); {sum(pub['records'].values())} records "
-            f"published in {pub['resolve_s']:.2f} s"
+            f"{cut['snapshots_s']:.3f} s, off {cut['barrier_off_s']:.2f} s"
+            + (f"; namespace operations held {cut['held_s']:.2f} s" if "held_s" in cut else "")
+            + f"); {sum(pub['records'].values())} records published in {pub['resolve_s']:.2f} s"
         )
     return 0

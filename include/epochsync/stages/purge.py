@@ -206,6 +206,25 @@ def plan_purge(config: Config, source_name: str, *, now: float | None = None) ->
     return plan
 
 
+def purge_cuts(config: Config, source: SourceConfig, committed: int, *, dry_run: bool = False, log=print) -> list[int]:
+    """Drops the cuts of a live source every consumer has committed (at or below ``committed``, their
+    minimum), but the newest cut: the next cut compares each changed file with it. Returns the
+    epochs dropped (or, with ``dry_run``, that would be)."""
+    from epochsync.stages.cut import mechanism, published_epoch
+
+    mech = mechanism(source)
+    latest = published_epoch(config, source.name)
+    drop = [e for e in mech.epochs() if e <= committed and e < latest]
+    log(
+        f"cuts of {source.name}: {len(drop)} of {len(mech.epochs())} committed by every consumer"
+        f"{' (dry run: none dropped)' if dry_run else ' dropped'}" + (f": epochs {drop[0]}..{drop[-1]}" if drop else "")
+    )
+    if not dry_run:
+        for e in drop:
+            mech.drop(e)
+    return drop
+
+
 def purge_source(config: Config, source_name: str, *, dry_run: bool = False, log=print) -> dict[str, Any]:
     """Run a purge; returns its figures (what was, or with ``dry_run`` would be, dropped; feeds
     too). Raises :class:`PurgeBlocked` after logging when a consumer is idle past the limit."""
@@ -230,6 +249,9 @@ def purge_source(config: Config, source_name: str, *, dry_run: bool = False, log
             store.delete(f)
         for d in plan.record_dirs:
             shutil.rmtree(d, ignore_errors=True)
+    cuts: list[int] = []
+    if source.kind == "gluster" and plan.consumers:
+        cuts = purge_cuts(config, source, plan.min_epoch, dry_run=dry_run, log=log)
     result = {
         "source": source_name,
         "min_epoch": plan.min_epoch,
@@ -240,6 +262,8 @@ def purge_source(config: Config, source_name: str, *, dry_run: bool = False, log
         "lagging": plan.lagging,
         "dry_run": dry_run,
     }
+    if source.kind == "gluster":
+        result["cuts_dropped"] = cuts
     # feed targets: their epoch files, held by the feed's own registered consumers
     from epochsync.stages.publish import purge_feed
 

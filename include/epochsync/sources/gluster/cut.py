@@ -143,6 +143,7 @@ class BtrfsCut:
                 btrfs.delete_snapshot(dest)  # a half-made cut of an attempt that died: made again
             cuts.append(BrickCut(b.name, dest, os.path.join(dest, rel)))
         figures: dict = {"barrier": self.barrier}
+        wall0 = time.time_ns()
         t0 = time.monotonic()
         if self.barrier:
             run_gluster(
@@ -174,6 +175,11 @@ class BtrfsCut:
                 "snapshot_times_ns": stamps[:-1],
             }
         )
+        if self.barrier:
+            # how long each brick held namespace operations, from its own log (best effort)
+            held = [barrier_hold(brick_log_path(b.path), wall0) for b in self.bricks]
+            if held and all(h is not None for h in held):
+                figures["held_s"] = round(max(h for h in held if h is not None), 4)
         return cuts, figures
 
     def drop(self, epoch: int) -> None:
