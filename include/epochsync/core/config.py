@@ -459,7 +459,7 @@ def _brick_spec(v: Any) -> str:
 
 
 SnapshotTemplate = Annotated[str, StringConstraints(min_length=1), BeforeValidator(_snapshot_template)]
-BrickSpec = Annotated[str, StringConstraints(pattern="^[^:]+:/"), BeforeValidator(_brick_spec)]
+BrickSpec = Annotated[str, StringConstraints(min_length=3), BeforeValidator(_brick_spec)]
 CutMechanism = Annotated[CutMechanismName, BeforeValidator(_choice(typing.get_args(CutMechanismName)))]
 
 
@@ -1067,6 +1067,16 @@ class _Schema(GenerateJsonSchema):
 def config_schema() -> dict[str, Any]:
     """The JSON Schema of the YAML file (``docs/config.schema.json``), for editors and checks."""
     schema = _file_adapter().json_schema(by_alias=True, schema_generator=_Schema)
+    # sources[] are told apart by a callable (kind defaults to changelogs), which pydantic does not
+    # publish: say in the schema what the loader does
+    items = schema["properties"]["sources"]["items"]
+    items.setdefault(
+        "discriminator",
+        {
+            "propertyName": "kind",
+            "mapping": {"changelogs": "#/$defs/ChangelogSourceKeys", "gluster": "#/$defs/GlusterSourceKeys"},
+        },
+    )
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", **_plain_descriptions(schema)}
 
 
