@@ -482,22 +482,13 @@ class CutConfig:
 
 
 @dataclass(frozen=True, config=_KEYS, kw_only=True)
-class _SourceKeys:
-    """The keys every kind of source takes (described with Field: the subclasses that inherit them
-    would not see attribute docstrings)."""
-
-    name: Name = Field(description="the source's name (in DAG ids and the warehouse)")
-    epoch: EpochConfig = Field(description="the epoch grid: when epochs close (changelogs) or cuts are taken (gluster)")
-    on_bad_record: OnBadRecord = Field(default="fail", description="fail the epoch, or quarantine the line and go on")
-    retention: RetentionConfig = Field(default_factory=RetentionConfig)
-
-
-@dataclass(frozen=True, config=_KEYS, kw_only=True)
-class ChangelogSourceKeys(_SourceKeys):
+class ChangelogSourceKeys:
     """A source known by its changelog files and an S3 bucket of its data (``sources[]``; the default kind)."""
 
     kind: Literal["changelogs"] = "changelogs"
     """changelogs (the default when absent): the source's servers publish their changelog files"""
+    name: Name
+    """the source's name (in DAG ids and the warehouse)"""
     root_fid: Text
     """FID of the replicated root"""
     servers: Servers
@@ -506,23 +497,37 @@ class ChangelogSourceKeys(_SourceKeys):
     """where the servers' changelog files are and how to read them"""
     store: StoreConfig
     """the S3 bucket holding the file data"""
+    epoch: EpochConfig
+    """the epoch grid: when epochs close"""
+    on_bad_record: OnBadRecord = "fail"
+    """fail the epoch, or quarantine the line and go on"""
+    retention: RetentionConfig = dataclasses.field(default_factory=RetentionConfig)
+    """how long ingested changelogs and records stay"""
 
 
 @dataclass(frozen=True, config=_KEYS, kw_only=True)
-class GlusterSourceKeys(_SourceKeys):
+class GlusterSourceKeys:
     """A live GlusterFS distribute volume, cut at each epoch boundary and read from its bricks'
     changelogs and snapshots (``kind: gluster``)."""
 
     kind: Literal["gluster"]
     """gluster: a live GlusterFS volume, cut by epochsync"""
+    name: Name
+    """the source's name (in DAG ids and the warehouse)"""
     volume: Text
     """the volume's name (gluster volume list)"""
     bricks: tuple[BrickSpec, ...] = ()
     """the volume's bricks as host:/path, in its order; default: read from gluster volume info --xml"""
     cut: CutConfig = dataclasses.field(default_factory=CutConfig)
     """how the volume is cut at each epoch boundary"""
+    epoch: EpochConfig
+    """the epoch grid: when the scheduler cuts the volume"""
     root_fid: Text = GLUSTER_ROOT_GFID
     """gfid of the replicated root (the volume's root)"""
+    on_bad_record: OnBadRecord = "fail"
+    """fail the epoch, or quarantine the record and go on"""
+    retention: RetentionConfig = dataclasses.field(default_factory=RetentionConfig)
+    """how long published records stay"""
 
 
 def _source_kind(v: Any) -> str:

@@ -32,7 +32,7 @@ from epochsync.core.errors import EpochError
 from epochsync.core.gluster import Brick, parse_brick_spec
 from epochsync.core.schema import Record
 from epochsync.sources.gluster.backend import BrickView
-from epochsync.sources.gluster.changelog import CHANGELOG_DIR, Position, end_position, read_slice
+from epochsync.sources.gluster.changelog import CHANGELOG_DIR, Position, end_position, live_records, read_slice
 from epochsync.sources.gluster.cut import BtrfsCut
 from epochsync.sources.gluster.reader import cut_record
 from epochsync.sources.gluster.resolve import Resolver, walk_gfids
@@ -185,6 +185,7 @@ def _cut_one(cfg: Config, src: SourceConfig, mech: BtrfsCut, state: SourceState,
         cdir = os.path.join(v.root, CHANGELOG_DIR)
         if first:
             new_positions[v.name] = end_position(cdir).to_dict()
+            live.extend(live_records(cdir))
             continue
         at = positions.get(v.name)
         if at is None:

@@ -92,6 +92,18 @@ def end_position(changelog_dir: str) -> Position:
     )
 
 
+def live_records(changelog_dir: str, *, byteorder: str = "little") -> list[Record]:
+    """The whole records of the live CHANGELOG in ``changelog_dir`` (empty when there is none)."""
+    path = os.path.join(changelog_dir, LIVE)
+    data = _read(path) if os.path.exists(path) else b""
+    if not data:
+        return []
+    try:
+        return [r for _, r in scan_records(data, byteorder=byteorder)[0]]
+    except ValueError as exc:
+        raise GlusterError(f"changelog {path}: {exc}") from None
+
+
 def _whole_records_end(data: bytes, path: str) -> int:
     try:
         return scan_records(data)[1]

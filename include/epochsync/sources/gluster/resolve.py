@@ -409,10 +409,10 @@ def _merged_dir(dirs: list[tuple[str, Node]]) -> Node:
 
 
 def walk_gfids(bricks: list[BrickView]) -> list[str]:
-    """Every gfid of the volume the bricks hold (a first cut publishes them all)."""
+    """Every gfid of the volume the bricks hold, the root's included (a first cut publishes them all)."""
     from epochsync.sources.gluster.backend import walk_brick
 
-    seen: set[str] = set()
+    seen: set[str] = {ROOT_GFID}
     for b in bricks:
         for gfid, _p, _n, _d in walk_brick(b):
             seen.add(gfid)
