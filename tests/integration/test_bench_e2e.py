@@ -8,14 +8,18 @@ store's checksums without reading them again, and reads nothing at all for a dir
 
 import pytest
 
-from epochsync_dev.bench.e2e import QUICK, checks, rclone_binary, run_scenario
+from epochsync_dev.bench.e2e import QUICK, checks, groups_of, rclone_binary, run_group, run_scenario
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_small_writes_and_directory_rename(seaweed, spark, tmp_path):
     rclone, why = rclone_binary(install=False)  # the test never installs packages
-    rows = run_scenario(QUICK["small-writes-1pct"], seaweed, spark, tmp_path, rclone_bin=rclone, rclone_why=why)
+    # two changes of one tree: epochs 2 and 3 of one source, every tool's replica carried along
+    group = groups_of([QUICK["small-writes-1pct"], QUICK["dir-rename-1000"], QUICK["small-writes-40"]])
+    assert [[s.name for s in g] for g in group] == [["small-writes-1pct", "small-writes-40"], ["dir-rename-1000"]]
+    rows = run_group(group[0], seaweed, spark, tmp_path, rclone_bin=rclone, rclone_why=why)
+    assert [r["epoch"] for r in rows] == [2] * 4 + [3] * 4
     rows += run_scenario(QUICK["dir-rename-1000"], seaweed, spark, tmp_path, rclone_bin=rclone, rclone_why=why)
     by = {(r["scenario"], r["tool"]): r for r in rows}
     ran = [r for r in rows if not r.get("skipped")]
@@ -38,6 +42,8 @@ def test_small_writes_and_directory_rename(seaweed, spark, tmp_path):
         assert small["bytes_read_source"] == small["pulled"] == whole["bytes_read_source"]
     assert set(small["stages"]) == {"ingest", "merge", "translate", "apply", "verify", "commit and the rest"}
     assert abs(sum(small["stages"].values()) - small["seconds"]) < 0.01
+    forty = by[("small-writes-40", "epochsync")]
+    assert forty["changed_files"] == 40 and forty["files"] == 400 and forty["replica_equals_source"]
 
     rename = by[("dir-rename-1000", "epochsync")]
     assert rename["bytes_read_source"] == 0 and rename["bytes_copied_server_side"] > 0

@@ -78,19 +78,19 @@ SCALE_SIZES = (10_000, 30_000)  # plus SCENARIOS[SCALE].files
 #: 100,000 files (the last one is SCALE itself: 1% of 100,000)
 FIXED = ("small-writes-1000-10k", "small-writes-1000-30k", SCALE)
 FIXED_CHANGE = 1_000
-#: ``make bench`` (the scenarios that fit in its 20 minutes) and ``make bench-full`` (all)
-SETS = {
-    "quick": (
-        "small-writes-1pct-10k",
-        "dir-rename-10000",
-        "create-delete-churn",
-        "appends-large",
-        "small-writes-1pct-30k",
-        "small-writes-1000-10k",
-        "small-writes-1000-30k",
-    ),
-    "full": None,  # every scenario
-}
+#: ``make bench`` (the scenarios that fit in its 20 minutes) and ``make bench-full`` (all), in the
+#: order they run; scenarios of one tree run as consecutive epochs of one source (:func:`run_group`),
+#: the churn last in its tree (it adds files)
+QUICK_SET = (
+    "small-writes-1pct-10k",
+    "small-writes-1000-10k",
+    "create-delete-churn",
+    "dir-rename-10000",
+    "appends-large",
+    "small-writes-1pct-30k",
+    "small-writes-1000-30k",
+)
+SETS = {"quick": QUICK_SET, "full": (*QUICK_SET, "small-writes-1pct")}
 
 SCENARIOS = {
     "small-writes-1pct-10k": Scenario(
@@ -155,6 +155,9 @@ QUICK = {  # the same shapes, small: the test suite's correctness run
     "small-writes-1pct": Scenario(
         "small-writes-1pct", 400, 128 * 1024, "1% of 400 files (16-128 KiB) get a 4 KiB write"
     ),
+    "small-writes-40": Scenario(  # the same tree: the next epoch of the same source
+        "small-writes-40", 400, 128 * 1024, "40 of 400 files (16-128 KiB) get a 4 KiB write", changed=40
+    ),
     "appends-large": Scenario(
         "appends-large", 3, 6 * MiB, "3 files (up to 6 MiB) get 12 appends of 64 KiB", appends=12
     ),
@@ -165,8 +168,9 @@ QUICK = {  # the same shapes, small: the test suite's correctness run
 }
 
 
-def scenario_workload(scenario: Scenario, sink):
-    """A :class:`~epochsync_dev.simulate.workload.Workload` whose epoch 2 is the scenario's change."""
+def scenario_workload(scenario: Scenario, sink, epochs: int = 2):
+    """A :class:`~epochsync_dev.simulate.workload.Workload` whose epoch 1 is ``scenario``'s tree and
+    whose later epochs are the changes :meth:`scripted_epoch` is given (default: ``scenario``'s)."""
     import math
 
     from epochsync_dev.simulate.workload import SimConfig, Workload
@@ -198,9 +202,10 @@ def scenario_workload(scenario: Scenario, sink):
                 lo = half if scenario.name.startswith("appends") else min(16 * 1024, half)
                 self.write(fid, 0, self._size(lo))
 
-        def scripted_epoch(self, epoch: int) -> None:
+        def scripted_epoch(self, epoch: int, change: Scenario = scenario) -> None:
             from epochsync_dev.simulate.workload import _NS, EPOCH_INTERVAL_S, EPOCH_START
 
+            scenario = change
             self.epoch = epoch
             self.clock = max(self.clock, (int(EPOCH_START.timestamp()) + (epoch - 1) * EPOCH_INTERVAL_S) * _NS)
             self.epoch_records = self.epoch_writes = 0
@@ -228,7 +233,7 @@ def scenario_workload(scenario: Scenario, sink):
 
     cfg = SimConfig(
         seed=scenario.seed,
-        epochs=2,
+        epochs=epochs,
         files=scenario.files,
         mdts=1,
         osts=4,
@@ -270,37 +275,47 @@ def _store_first_versions(store, uploads, local: Path, rclone_bin: str | None, e
     return {u.token: latest[u.key] for u in uploads}
 
 
-def generate_source(scenario: Scenario, out: Path, store, rclone_bin: str | None = None, endpoint=None) -> dict:
-    """Simulate the scenario into ``out`` (changelogs, truth) and the source ``store``.
+class ScenarioSource:
+    """A simulated source, epoch by epoch: changelogs and truth in ``out``, bytes in ``store``.
 
-    Returns {epoch: {path: bytes}} file contents at epochs 1 and 2 (for the whole-file buckets).
-    ``rclone_bin`` and ``endpoint`` (SeaweedFS itself): upload the initial tree with rclone.
+    Epoch 1 is the first scenario's tree (``rclone_bin`` and ``endpoint``, SeaweedFS itself:
+    uploaded with rclone); every later epoch is the change of the scenario given to
+    :meth:`epoch`, so scenarios of one namespace run as consecutive epochs of one source.
+    ``contents[e]`` holds the files at epoch ``e`` (path -> bytes, for the baselines).
     """
-    from epochsync.core.schema import record_to_json
 
-    collected = []
-    w = scenario_workload(scenario, collected.append)
-    contents: dict[int, dict[str, bytes]] = {}
-    data: dict[str, bytes] = {}  # fid -> bytes, rebuilt only for the files an epoch touched
-    for e in (1, 2):
-        collected.clear()
+    def __init__(self, first: Scenario, out: Path, store, rclone_bin: str | None = None, endpoint=None, epochs=2):
+        self.out, self.store, self.rclone_bin, self.endpoint = out, store, rclone_bin, endpoint
+        self.collected: list = []
+        self.w = scenario_workload(first, self.collected.append, epochs)
+        self.contents: dict[int, dict[str, bytes]] = {}
+        self._data: dict[str, bytes] = {}  # fid -> bytes, rebuilt only for the files an epoch touched
+        self.servers = list(self.w.cfg.servers)
+        self.root_fid = self.w.cfg.root_fid
+
+    def epoch(self, e: int, change: Scenario | None = None) -> dict[str, bytes]:
+        """Simulate epoch ``e`` (1: the tree; later: ``change``'s change); returns the files at ``e``."""
+        from epochsync.core.schema import record_to_json
+
+        w, out = self.w, self.out
+        self.collected.clear()
         if e == 1:
             w.run_epoch(1)
         else:
-            w.scripted_epoch(2)
+            w.scripted_epoch(e, change) if change is not None else w.scripted_epoch(e)
         t_sim = time.monotonic()
         if e == 1:
-            versions = _store_first_versions(store, w.uploads, out / "objects1", rclone_bin, endpoint)
+            versions = _store_first_versions(self.store, w.uploads, out / "objects1", self.rclone_bin, self.endpoint)
         else:
-            versions = store.put_versions(w.uploads)
-        store.delete(w.deletes)
+            versions = self.store.put_versions(w.uploads)
+        self.store.delete(w.deletes)
         t_up = time.monotonic()
-        w.remap_versions(versions, collected)
+        w.remap_versions(versions, self.collected)
         for server in w.cfg.servers:
             d = out / "changelogs" / server
             d.mkdir(parents=True, exist_ok=True)
             with open(d / f"{e:06d}.jsonl", "w", encoding="utf-8") as f:
-                for r in collected:
+                for r in self.collected:
                     if r.server == server:
                         f.write(record_to_json(r) + "\n")
         truth = w.truth()
@@ -309,8 +324,11 @@ def generate_source(scenario: Scenario, out: Path, store, rclone_bin: str | None
             for row in truth:
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
         live = {fid: n for fid, n in w.model.nodes.items() if n.type == "file" and n.data is not None}
-        data = {fid: data[fid] if fid in data and fid not in w.touched else bytes(n.data) for fid, n in live.items()}
-        contents[e] = {row["path"]: data[row["fid"]] for row in truth if row["type"] == "file"}
+        data = self._data
+        self._data = {
+            fid: data[fid] if fid in data and fid not in w.touched else bytes(n.data) for fid, n in live.items()
+        }
+        self.contents[e] = {row["path"]: self._data[row["fid"]] for row in truth if row["type"] == "file"}
         print(
             f"bench e2e:   epoch {e}: {len(w.uploads):,} object versions stored in {t_up - t_sim:.0f}s, "
             f"changelogs and truth written in {time.monotonic() - t_up:.0f}s",
@@ -318,9 +336,7 @@ def generate_source(scenario: Scenario, out: Path, store, rclone_bin: str | None
             flush=True,
         )
         w.finish_epoch()
-    contents["servers"] = list(w.cfg.servers)
-    contents["root_fid"] = w.cfg.root_fid
-    return contents
+        return self.contents[e]
 
 
 def write_bench_config(out: Path, scenario: Scenario, servers, root_fid: str, replica_bucket: str) -> Path:
@@ -566,24 +582,63 @@ def run_scenario(
     rclone_bin: str | None = None,
     rclone_why: str = "",
 ) -> list[dict]:
-    """Measure the tools on one scenario; returns one row per tool.
+    """Measure the tools on one scenario (epoch 2 of its own source); returns one row per tool."""
+    return run_group([scenario], weed_endpoint, spark, work, verbose, profile, rclone_bin, rclone_why)
+
+
+def tree_of(scenario: Scenario) -> tuple:
+    """What makes a scenario's epoch 1: scenarios with the same tree share one source and set-up
+    (:func:`run_group`); a directory rename and the large appends have trees of their own."""
+    if scenario.name.startswith(("dir-rename", "appends")):
+        return (scenario.name,)
+    return (scenario.files, scenario.max_file_size, scenario.sizes, scenario.seed)
+
+
+def groups_of(scenarios: list[Scenario]) -> list[list[Scenario]]:
+    """``scenarios`` grouped by :func:`tree_of`, in the order each tree first appears."""
+    groups: dict[tuple, list[Scenario]] = {}
+    for sc in scenarios:
+        groups.setdefault(tree_of(sc), []).append(sc)
+    return list(groups.values())
+
+
+def run_group(
+    scenarios: list[Scenario],
+    weed_endpoint,
+    spark,
+    work: Path,
+    verbose: bool = False,
+    profile: str | None = None,
+    rclone_bin: str | None = None,
+    rclone_why: str = "",
+) -> list[dict]:
+    """Measure the tools on scenarios of one tree (:func:`tree_of`); returns one row per tool and scenario.
+
+    The tree is set up once (the source's epoch 1, every replica brought to it, not measured);
+    then each scenario's change is the next epoch of that source (the first one epoch 2, the
+    next epoch 3, ...), and every tool brings its replica from the epoch before to it. So a
+    set-up of 30,000 files serves the 1% and the 1,000-file changes, as consecutive epochs.
 
     ``spark``: a session, or a function returning a fresh one, called once the source and the
     baselines are set up (at 100,000 files that takes longer than the server keeps an idle
-    session). ``rclone_bin`` (see :func:`rclone_binary`): without it the rclone row says why
+    session). ``rclone_bin`` (see :func:`rclone_binary`): without it the rclone rows say why
     it was not run.
     """
+    from epochsync.core.config import load_config
     from epochsync.stages.replicate import replicate
     from epochsync.stores.connections import S3Settings
+    from epochsync.targets import open_target
     from epochsync_dev.embedded import S3Endpoint
     from epochsync_dev.s3proxy import S3ProxyProcess
     from epochsync_dev.simulate.store import SourceStore
     from epochsync_dev.truth import compare_with_truth, load_truth, truth_path
 
-    slug = _slug(scenario)
+    first = scenarios[0]
+    slug = _slug(first)
     out = work / slug
     admin = weed_endpoint.client()
-    say = lambda msg: print(f"bench e2e: {scenario.name}: {msg}", file=sys.stderr, flush=True)  # noqa: E731
+    names = ", ".join(sc.name for sc in scenarios)
+    say = lambda msg: print(f"bench e2e: {names}: {msg}", file=sys.stderr, flush=True)  # noqa: E731
     # the proxy runs in its own process: in this one it would take the GIL from epochsync's
     # threads while aws runs as a subprocess beside it
     with S3ProxyProcess(weed_endpoint.url, weed_endpoint.access_key, weed_endpoint.secret_key) as proxy:
@@ -598,23 +653,20 @@ def run_scenario(
         w = weed_endpoint
         store = SourceStore(S3Settings("bench", w.url, w.access_key, w.secret_key), f"src-{slug}", threads=32)
         store.ensure_versioned_bucket()
-        contents = generate_source(scenario, out, store, rclone_bin, weed_endpoint)
-        cfg_path = write_bench_config(out, scenario, contents["servers"], contents["root_fid"], f"es-{slug}")
+        source = ScenarioSource(first, out, store, rclone_bin, weed_endpoint, epochs=len(scenarios) + 1)
+        contents = {1: source.epoch(1)}
+        cfg_path = write_bench_config(out, first, source.servers, source.root_fid, f"es-{slug}")
         say(
             f"source generated in {time.monotonic() - t0:.0f}s ({len(contents[1]):,} files at epoch 1, "
             f"{sum(map(len, contents[1].values())) / MiB:,.0f} MiB)"
         )
         # aws s3 sync and rclone take turns on one replica bucket: after the CLI's run it is put
-        # back to epoch 1 (only the keys the change touched), instead of a second full copy
-        baselines = [f"files-{slug}", f"sync-{slug}"]
-        for b in [*baselines, f"whole-{slug}"]:
+        # back to the epoch before (only the keys the change touched), instead of a second full copy
+        files_b, sync_b = f"files-{slug}", f"sync-{slug}"
+        for b in (files_b, sync_b):
             admin.create_bucket(Bucket=b)
         t0 = time.monotonic()
-        _seed_buckets(admin, weed_endpoint, contents[1], baselines, out / "tree1", rclone_bin)
-        # whole-file copy never lists: its replica holds only the files its change set reads,
-        # replaces or deletes (100,000 fewer seed copies); it is checked on those keys
-        touched = whole_file_touched(contents[1], contents[2])
-        _put_tree(admin, f"whole-{slug}", {p: contents[1][p] for p in touched})
+        _seed_buckets(admin, weed_endpoint, contents[1], [files_b, sync_b], out / "tree1", rclone_bin)
         say(f"baseline replicas at epoch 1 in {time.monotonic() - t0:.0f}s")
         quiet = (
             (lambda msg: print(f"bench e2e:   {msg}", file=sys.stderr, flush=True)) if verbose else (lambda msg: None)
@@ -631,150 +683,212 @@ def run_scenario(
         finally:
             os.environ["AIRFLOW_CONN_BENCH_SOURCE"] = os.environ["AIRFLOW_CONN_BENCH_REPLICA"] = conn
         say(f"epochsync replica at epoch 1 in {time.monotonic() - t0:.0f}s")
-        # the whole-file source view moves to epoch 2 (not measured: the source's own change)
-        _put_tree(admin, f"files-{slug}", {p: b for p, b in contents[2].items() if contents[1].get(p) != b})
-        _delete_keys(admin, f"files-{slug}", sorted(set(contents[1]) - set(contents[2])))
-        time.sleep(1.1)  # LastModified has 1 s resolution: sync must see the new versions as newer
 
-        rows = []
-        # --- epochsync
-        proxy.reset_counters()
-        profiler = None
-        if profile:
-            import cProfile
-
-            profiler = cProfile.Profile()
-            profiler.enable()
-        t = time.monotonic()
-        stats = replicate(str(cfg_path), "replica", epoch=2, spark=spark, progress=quiet)
-        es_seconds = time.monotonic() - t
-        if profiler is not None:
-            profiler.disable()
-            profiler.dump_stats(f"{profile}.{slug}.pstats")
-        c = proxy.snapshot()
-        stat_row = stats[-1] if stats else {}
-        net = int(stat_row.get("bytes_changed", 0))
-        rows.append(
-            _row(
+        rows: list[dict] = []
+        for e, scenario in enumerate(scenarios, start=2):
+            t0 = time.monotonic()
+            before, after = contents[e - 1], source.epoch(e, scenario)
+            contents[e] = after
+            # whole-file copy never lists: its replica holds only the files its change set reads,
+            # replaces or deletes (100,000 fewer seed copies); it is checked on those keys
+            touched = whole_file_touched(before, after)
+            whole_b = f"whole-{_slug(scenario)}"
+            admin.create_bucket(Bucket=whole_b)
+            _put_tree(admin, whole_b, {p: before[p] for p in touched})
+            # the whole-file source view moves to epoch e (not measured: the source's own change)
+            _put_tree(admin, files_b, {p: b for p, b in after.items() if before.get(p) != b})
+            _delete_keys(admin, files_b, sorted(set(before) - set(after)))
+            time.sleep(1.1)  # LastModified has 1 s resolution: sync must see the new versions as newer
+            say(f"{scenario.name}: epoch {e} of the source in {time.monotonic() - t0:.0f}s")
+            epoch_rows, stat_row = _measure_epoch(
                 scenario,
-                "epochsync",
-                es_seconds,
-                c,
-                f"src-{slug}",
-                f"es-{slug}",
-                net,
-                pulled=stat_row.get("bytes_pulled"),
-                stages=stage_seconds(stat_row, es_seconds),
-                **_plan_figures(cfg_path),
+                e,
+                before,
+                after,
+                touched,
+                cfg_path=cfg_path,
+                spark=spark,
+                proxy=proxy,
+                ep=ep,
+                admin=admin,
+                client=client,
+                buckets={"src": f"src-{slug}", "es": f"es-{slug}", "files": files_b, "sync": sync_b, "whole": whole_b},
+                profile=profile,
+                quiet=quiet,
+                rclone_bin=rclone_bin,
+                rclone_why=rclone_why,
             )
-        )
-        say(f"epochsync {es_seconds:.1f}s")
-        from epochsync.core.config import load_config
-        from epochsync.targets import open_target
+            # the replica checks read straight from SeaweedFS (after the measurement, not counted)
+            os.environ["AIRFLOW_CONN_BENCH_REPLICA"] = direct
+            try:
+                cfg = load_config(cfg_path)
+                diffs = compare_with_truth(open_target(cfg.target("replica")), load_truth(truth_path(out, e)))
+            finally:
+                os.environ["AIRFLOW_CONN_BENCH_REPLICA"] = conn
+            epoch_rows[0]["replica_equals_source"] = not diffs
+            epoch_rows[0]["differences"] = diffs[:5]
+            sync_b = next(
+                (r["replica_bucket"] for r in epoch_rows if r["tool"] == "rclone-sync" and "replica_bucket" in r),
+                sync_b,
+            )
+            changed = int(stat_row.get("net_operations", {}).get("data", 0))
+            for r in epoch_rows:
+                r["files"] = len(before)
+                r["epoch"] = e
+                r["changed_files"] = changed
+                if r.get("requests") is not None and changed:
+                    r["requests_per_changed_file"] = round(r["requests"] / changed, 3)
+            rows += epoch_rows
+    return rows
 
-        # the check reads the replica straight from SeaweedFS (after the measurement, not counted)
-        os.environ["AIRFLOW_CONN_BENCH_REPLICA"] = direct
-        cfg = load_config(cfg_path)
-        diffs = compare_with_truth(open_target(cfg.target("replica")), load_truth(truth_path(out, 2)))
-        os.environ["AIRFLOW_CONN_BENCH_REPLICA"] = conn
-        rows[-1]["replica_equals_source"] = not diffs
-        rows[-1]["differences"] = diffs[:5]
-        expected = _expected_files(contents[2])
 
-        # --- aws s3 sync
-        env = dict(
-            os.environ,
-            AWS_ACCESS_KEY_ID=ep.access_key,
-            AWS_SECRET_ACCESS_KEY=ep.secret_key,
-            AWS_DEFAULT_REGION="us-east-1",
-            AWS_CONFIG_FILE=os.devnull,
-            AWS_SHARED_CREDENTIALS_FILE=os.devnull,
+def _measure_epoch(
+    scenario: Scenario,
+    e: int,
+    before: dict[str, bytes],
+    after: dict[str, bytes],
+    touched: set[str],
+    *,
+    cfg_path: Path,
+    spark,
+    proxy,
+    ep,
+    admin,
+    client,
+    buckets: dict[str, str],
+    profile: str | None,
+    quiet,
+    rclone_bin: str | None,
+    rclone_why: str,
+) -> tuple[list[dict], dict]:
+    """Every tool brings its replica from epoch ``e - 1`` to ``e``, one after the other, counted at
+    the proxy; returns their rows (epochsync's first) and epochsync's stats row."""
+    from epochsync.stages.replicate import replicate
+
+    slug = _slug(scenario)
+    say = lambda msg: print(f"bench e2e: {scenario.name}: {msg}", file=sys.stderr, flush=True)  # noqa: E731
+    src, files_b, sync_b, whole_b = buckets["src"], buckets["files"], buckets["sync"], buckets["whole"]
+    rows = []
+    # --- epochsync
+    proxy.reset_counters()
+    profiler = None
+    if profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+    t = time.monotonic()
+    stats = replicate(str(cfg_path), "replica", epoch=e, spark=spark, progress=quiet)
+    es_seconds = time.monotonic() - t
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(f"{profile}.{slug}.pstats")
+    stat_row = stats[-1] if stats else {}
+    net = int(stat_row.get("bytes_changed", 0))
+    rows.append(
+        _row(
+            scenario,
+            "epochsync",
+            es_seconds,
+            proxy.snapshot(),
+            src,
+            buckets["es"],
+            net,
+            pulled=stat_row.get("bytes_pulled"),
+            stages=stage_seconds(stat_row, es_seconds),
+            **_plan_figures(cfg_path, e),
         )
-        aws = str(Path(sys.executable).parent / "aws")
+    )
+    say(f"epochsync {es_seconds:.1f}s")
+    expected = _expected_files(after)
+
+    # --- aws s3 sync
+    env = dict(
+        os.environ,
+        AWS_ACCESS_KEY_ID=ep.access_key,
+        AWS_SECRET_ACCESS_KEY=ep.secret_key,
+        AWS_DEFAULT_REGION="us-east-1",
+        AWS_CONFIG_FILE=os.devnull,
+        AWS_SHARED_CREDENTIALS_FILE=os.devnull,
+    )
+    aws = str(Path(sys.executable).parent / "aws")
+    proxy.reset_counters()
+    t = time.monotonic()
+    subprocess.run(
+        [
+            aws,
+            "--endpoint-url",
+            ep.url,
+            "s3",
+            "sync",
+            f"s3://{files_b}/",
+            f"s3://{sync_b}/",
+            "--delete",
+            "--only-show-errors",
+        ],
+        env=env,
+        check=True,
+    )
+    rows.append(
+        _row(
+            scenario,
+            "aws-s3-sync",
+            time.monotonic() - t,
+            proxy.snapshot(),
+            files_b,
+            sync_b,
+            net,
+            flags="s3 sync --delete (size + LastModified)",
+        )
+    )
+    rows[-1].update(_replica_check(admin, sync_b, expected))
+    say(f"aws s3 sync {rows[-1]['seconds']:.1f}s")
+
+    # --- rclone sync
+    if rclone_bin:
+        t = time.monotonic()
+        rc_bucket = reset_replica(admin, sync_b, before, after, f"rc-{slug}")
+        say(f"replica put back to epoch {e - 1} for rclone in {time.monotonic() - t:.0f}s ({rc_bucket})")
+        renv = rclone_env(ep.url, ep.access_key, ep.secret_key)
         proxy.reset_counters()
         t = time.monotonic()
-        subprocess.run(
-            [
-                aws,
-                "--endpoint-url",
-                ep.url,
-                "s3",
-                "sync",
-                f"s3://files-{slug}/",
-                f"s3://sync-{slug}/",
-                "--delete",
-                "--only-show-errors",
-            ],
-            env=env,
-            check=True,
-        )
+        rclone(rclone_bin, renv, "sync", f"BENCH:{files_b}", f"BENCH:{rc_bucket}", *RCLONE_FLAGS)
         rows.append(
             _row(
                 scenario,
-                "aws-s3-sync",
+                "rclone-sync",
                 time.monotonic() - t,
                 proxy.snapshot(),
-                f"files-{slug}",
-                f"sync-{slug}",
+                files_b,
+                rc_bucket,
                 net,
-                flags="s3 sync --delete (size + LastModified)",
+                flags="sync " + " ".join(RCLONE_FLAGS),
+                replica_bucket=rc_bucket,
             )
         )
-        rows[-1].update(_replica_check(admin, f"sync-{slug}", expected))
-        say(f"aws s3 sync {rows[-1]['seconds']:.1f}s")
-
-        # --- rclone sync
-        if rclone_bin:
-            t = time.monotonic()
-            rc_bucket = reset_replica(admin, f"sync-{slug}", contents[1], contents[2], f"rc-{slug}")
-            say(f"replica put back to epoch 1 for rclone in {time.monotonic() - t:.0f}s ({rc_bucket})")
-            renv = rclone_env(ep.url, ep.access_key, ep.secret_key)
-            proxy.reset_counters()
-            t = time.monotonic()
-            rclone(rclone_bin, renv, "sync", f"BENCH:files-{slug}", f"BENCH:{rc_bucket}", *RCLONE_FLAGS)
-            rows.append(
-                _row(
-                    scenario,
-                    "rclone-sync",
-                    time.monotonic() - t,
-                    proxy.snapshot(),
-                    f"files-{slug}",
-                    rc_bucket,
-                    net,
-                    flags="sync " + " ".join(RCLONE_FLAGS),
-                )
-            )
-            rows[-1].update(_replica_check(admin, rc_bucket, expected))
-            say(f"rclone sync {rows[-1]['seconds']:.1f}s")
-        else:
-            rows.append(
-                {
-                    "scenario": scenario.name,
-                    "tool": "rclone-sync",
-                    "skipped": rclone_why,
-                    "replica_equals_source": None,
-                    "description": scenario.description,
-                }
-            )
-
-        # --- whole-file copy
-        proxy.reset_counters()
-        t = time.monotonic()
-        whole_file_copy(client, f"files-{slug}", f"whole-{slug}", contents[1], contents[2])
+        rows[-1].update(_replica_check(admin, rc_bucket, expected))
+        say(f"rclone sync {rows[-1]['seconds']:.1f}s")
+    else:
         rows.append(
-            _row(scenario, "whole-file", time.monotonic() - t, proxy.snapshot(), f"files-{slug}", f"whole-{slug}", net)
+            {
+                "scenario": scenario.name,
+                "tool": "rclone-sync",
+                "skipped": rclone_why,
+                "replica_equals_source": None,
+                "description": scenario.description,
+            }
         )
-        expected_whole = {p: m for p, m in expected.items() if p in touched or p not in contents[1]}
-        rows[-1].update(_replica_check(admin, f"whole-{slug}", expected_whole))
-        rows[-1]["checked"] = "the files its change set touches (its replica holds only those)"
-        say(f"whole-file {rows[-1]['seconds']:.1f}s")
-    changed = int(stat_row.get("net_operations", {}).get("data", 0))
-    for r in rows:
-        r["files"] = len(contents[1])
-        r["changed_files"] = changed
-        if r.get("requests") is not None and changed:
-            r["requests_per_changed_file"] = round(r["requests"] / changed, 3)
-    return rows
+
+    # --- whole-file copy
+    proxy.reset_counters()
+    t = time.monotonic()
+    whole_file_copy(client, files_b, whole_b, before, after)
+    rows.append(_row(scenario, "whole-file", time.monotonic() - t, proxy.snapshot(), files_b, whole_b, net))
+    expected_whole = {p: m for p, m in expected.items() if p in touched or p not in before}
+    rows[-1].update(_replica_check(admin, whole_b, expected_whole))
+    rows[-1]["checked"] = "the files its change set touches (its replica holds only those)"
+    say(f"whole-file {rows[-1]['seconds']:.1f}s")
+    return rows, stat_row
 
 
 #: epochsync's stages in the order they run (the stats row's ``durations``)
@@ -790,8 +904,8 @@ def stage_seconds(stat_row: dict, total: float) -> dict:
     return out
 
 
-def _plan_figures(cfg_path: Path) -> dict:
-    """From epoch 2's plan and verify: the bytes the plan reads from the source, and what verify
+def _plan_figures(cfg_path: Path, epoch: int) -> dict:
+    """From the epoch's plan and verify: the bytes the plan reads from the source, and what verify
     checked how (files by the store's checksums, files read back)."""
     import os
 
@@ -800,7 +914,7 @@ def _plan_figures(cfg_path: Path) -> dict:
     from epochsync.warehouse.fs import read_json
 
     cfg = load_config(cfg_path)
-    where = plan_dir(cfg.warehouse, "replica", 2)
+    where = plan_dir(cfg.warehouse, "replica", epoch)
     verify = read_json(os.path.join(where, "verify.json")) or {}
     summary = (read_json(os.path.join(where, "plan.json")) or {}).get("summary") or {}
     return {
@@ -1052,7 +1166,7 @@ def main(argv: list[str] | None = None) -> int:
     from epochsync_dev.embedded import SeaweedFS, SparkConnectServer
 
     table = QUICK if args.quick else SCENARIOS
-    names = args.scenario or (list(table) if args.quick else list(SETS[args.set] or table))
+    names = args.scenario or (list(table) if args.quick else list(SETS[args.set]))
     work = Path(args.workdir).resolve()
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -1108,11 +1222,12 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         with SeaweedFS(work / "seaweedfs") as endpoint:
-            for scen in names:
-                print(f"bench e2e: scenario {scen}: {table[scen].description}", file=sys.stderr, flush=True)
+            for group in groups_of([table[n] for n in names]):
+                for sc in group:
+                    print(f"bench e2e: scenario {sc.name}: {sc.description}", file=sys.stderr, flush=True)
                 rows.extend(
-                    run_scenario(
-                        table[scen],
+                    run_group(
+                        group,
                         endpoint,
                         fresh_session,
                         work,
