@@ -573,18 +573,10 @@ def whole_file_copy(client, src_bucket: str, dst_bucket: str, before: dict[str, 
     _delete_keys(client, dst_bucket, sorted(set(before) - set(after)))
 
 
-def run_scenario(
-    scenario: Scenario,
-    weed_endpoint,
-    spark,
-    work: Path,
-    verbose: bool = False,
-    profile: str | None = None,
-    rclone_bin: str | None = None,
-    rclone_why: str = "",
-) -> list[dict]:
-    """Measure the tools on one scenario (epoch 2 of its own source); returns one row per tool."""
-    return run_group([scenario], weed_endpoint, spark, work, verbose, profile, rclone_bin, rclone_why)
+def run_scenario(scenario: Scenario, *args, **kwargs) -> list[dict]:
+    """Measure the tools on one scenario (epoch 2 of its own source, :func:`run_group`'s other
+    arguments); returns one row per tool."""
+    return run_group([scenario], *args, **kwargs)
 
 
 def tree_of(scenario: Scenario) -> tuple:
