@@ -84,11 +84,11 @@ gluster: $(STAMP) ## a GlusterFS volume for you (2 btrfs bricks, changelog on, F
 airflow: $(STAMP) ## SeaweedFS + Spark Connect + airflow standalone with the project's DAGs (UI on :8080; LIVE=1: a live source)
 	$(BIN)/python -m epochsync_dev.devstack $(if $(LIVE),--live)
 
-bench: $(STAMP) ## the benchmarks that fit in 20 minutes (ingest, 1M merge, warm, e2e up to 30,000 files but the rename), results in bench/results/; then make docs-ref
+bench: $(STAMP) ## the benchmarks that fit in 20 minutes (ingest, 1M merge, warm, e2e's small writes and churn up to 30,000 files), results in bench/results/; then make docs-ref
 	$(BIN)/python -m epochsync_dev.bench all --set quick
 	$(BIN)/python -m epochsync_dev.docs
 
-bench-full: $(STAMP) ## every benchmark row (also the 10M merge, the 10,000-file rename and the 100,000-file e2e scenario): the same result files; then make docs-ref
+bench-full: $(STAMP) ## every benchmark row (also the 10M merge, e2e's appends, 10,000-file rename and 100,000-file scenario): the same result files; then make docs-ref
 	$(BIN)/python -m epochsync_dev.bench all --set full
 	$(BIN)/python -m epochsync_dev.docs
 
