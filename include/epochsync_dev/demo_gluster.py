@@ -18,8 +18,8 @@ the volume (Gluster's barrier, a read-only btrfs snapshot per brick). Epoch 3 of
 target gets an injected apply failure: the run fails, the rollback restores epoch 2, the
 retry succeeds. Each committed epoch is compared with its cut (the brick snapshots walked
 directly): every path's type, size, mode, owner, mtime, xattrs, symlink target and hard links,
-and the bytes of every file (on s3: of every file the epoch changed, every file at the last
-epoch). At the end the last cut is compared with what a fresh FUSE client sees.
+and the bytes of every file (on s3: of every file whose bytes the epoch changed, and of every
+file at the last epoch). At the end the last cut is compared with what a fresh FUSE client sees.
 
     python -m epochsync_dev.demo_gluster [--workdir var/demo-gluster] [--fail-epoch 3]
 """
@@ -261,7 +261,9 @@ def run(args) -> int:
                     contents = None if (target == "local" or last) else changed_files(prev_truth, truth)
                     diffs = compare(open_target(cfg.target(target)), truth, contents=contents)
                     ok = not diffs
-                    what = "all bytes" if contents is None else f"bytes of the {len(contents)} files it changed"
+                    what = (
+                        "all bytes" if contents is None else f"bytes of the {len(contents)} files whose bytes changed"
+                    )
                     status = (
                         f"ok, equals its cut ({len(truth)} paths; {what})"
                         if ok

@@ -277,11 +277,13 @@ class _Unhashed:
 
 
 def changed_files(before: dict[str, dict], after: dict[str, dict]) -> set[str]:
-    """The files of ``after`` that are new or hold other bytes than in ``before``."""
+    """The paths of ``after``'s files whose bytes are new: a file (a fid) that was not in ``before``
+    or held other bytes there, wherever it was (a file only moved keeps its bytes)."""
+    was = {row.get("fid"): row.get("sha256") for row in before.values() if row["type"] == "file"}
     return {
         p
         for p, row in after.items()
-        if row["type"] == "file" and (p not in before or before[p].get("sha256") != row["sha256"])
+        if row["type"] == "file" and (row.get("fid") not in was or was[row.get("fid")] != row["sha256"])
     }
 
 

@@ -119,6 +119,7 @@ def test_namespace_operations_of_a_real_volume(hist):
         mkfifo w/renamed/fifo
         chmod 0755 w/renamed/sub && setfattr -n user.dir -v yes w/renamed
         truncate -s 6M sharded.bin                                              # shards dropped
+        ln w/renamed/f27 w/renamed/sub/f27-link && mv w/renamed/f28 w/renamed/f27   # a rename over one of two links
         mkdir -p split && echo x > split/keep && mkdir split/old-name && echo y > split/old-name/inner
         """
     )

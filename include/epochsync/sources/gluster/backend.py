@@ -6,7 +6,9 @@ also gives the directory's parent and name; the root is ``00000000-...-0001``). 
 of the volume sees, and so what a replica holds:
 
 - names: a non-directory's names are its ``trusted.gfid2path.*`` xattrs (``<pgfid>/<name>``,
-  one per hard link) on the brick that holds its data; a directory's name is its handle's;
+  one per hard link) on the brick that holds its data, each checked against the entry itself
+  (a rename over one name of a file with several leaves that name's xattr behind); a
+  directory's name is its handle's;
 - DHT linkto files (mode ``---------T``, empty, xattr ``trusted.glusterfs.dht.linkto``) stand
   for a file whose name hashes to this brick while its data lives on another: never data;
 - times: the ``trusted.glusterfs.mdata`` xattr (``features.ctime``, on by default: the times
@@ -124,7 +126,9 @@ class BrickView:
         if kind == "symlink":
             node.symlink = os.readlink(path)
         if full and kind != "dir":
-            node.names = gfid2path(path)
+            # a name's gfid2path xattr outlives a rename over that name when the file has other
+            # links (seen on Gluster 10.3): a name counts only while its entry is this gfid's
+            node.names = [(p, n) for p, n in gfid2path(path) if self.lookup_name(p, n) == gfid]
         return node
 
     def _node(self, gfid: str, path: str, s: os.stat_result, kind: str, full: bool) -> Node:

@@ -116,13 +116,16 @@ class Resolver:
     def look(self, gfid: str, known: Known | None) -> _After:
         """Returns ``gfid`` at the cut (see the module docstring)."""
         self.figures["looked_up"] += 1
-        seen = [(b.name, b.lookup(gfid)) for b in self.bricks]
-        dirs = [(name, n) for name, n in seen if n is not None and n.type == "dir"]
-        others = [(name, n) for name, n in seen if n is not None and n.type != "dir"]
-        if others:
-            mine = [o for o in others if known is not None and o[0] == known.brick]
-            name, node = (mine or others)[0]
-            return _After(node, name)
+        # a file's data is on one brick (the others hold at most a linkto file): the brick it was
+        # on first, and the first found is it; a directory is on every brick
+        order = sorted(self.bricks, key=lambda b: known is None or b.name != known.brick)
+        seen = []
+        for b in order:
+            n = b.lookup(gfid)
+            if n is not None and n.type != "dir":
+                return _After(n, b.name)
+            seen.append((b.name, n))
+        dirs = [(name, n) for name, n in seen if n is not None]
         if not dirs:
             return _After(None, None)
         if gfid == ROOT_GFID:
