@@ -41,8 +41,8 @@ import yaml
 from epochsync.airflow.dagtest import close_kept_processes
 from epochsync_dev.demo import (
     REPO,
-    _human,
     demo_environment,
+    epoch_line,
     log,
     migrate_airflow_db,
     run_dag_epoch,
@@ -224,7 +224,7 @@ def run(args) -> int:
                         f"FAILED as injected; apply {res['tasks'].get('apply')}, rollback {'ran' if rolled else 'DID NOT RUN'}, "
                         f"target {'equals' if not diffs else 'DIFFERS from'} epoch {epoch - 1}"
                     )
-                    lines.append(_line(epoch, target, None, res["seconds"], status))
+                    lines.append(epoch_line(epoch, target, None, res["seconds"], status))
                     log(lines[-1])
                     runs.append(
                         {
@@ -271,7 +271,7 @@ def run(args) -> int:
                     )
                     if not ok:
                         failures.append(f"epoch {epoch} {target}: differs from its cut: {diffs[:10]}")
-                lines.append(_line(epoch, target, stats, res["seconds"], status))
+                lines.append(epoch_line(epoch, target, stats, res["seconds"], status))
                 log(lines[-1])
                 runs.append(
                     {
@@ -343,16 +343,6 @@ def run(args) -> int:
 
 def _strip(row: dict | None, keys) -> dict | None:
     return None if row is None else {k: v for k, v in row.items() if k not in keys}
-
-
-def _line(epoch: int, target: str, stats: dict | None, seconds: float, status: str) -> str:
-    s = stats or {}
-    ops = sum((s.get("net_operations") or {}).values())
-    return (
-        f"epoch {epoch:>2} {target:<6} records {s.get('records_in', 0):>6}  net ops {ops:>5}  "
-        f"changed {_human(s.get('bytes_changed')):>9}  pulled {_human(s.get('bytes_pulled')):>9}  "
-        f"copied {_human(s.get('bytes_copied')):>9}  {seconds:6.1f}s  {status}"
-    )
 
 
 if __name__ == "__main__":

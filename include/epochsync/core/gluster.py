@@ -81,17 +81,24 @@ def gluster_cli() -> str:
     return str(found)
 
 
-def run_gluster(args: list[str], *, timeout: float = 120.0, what: str | None = None) -> str:
-    """``gluster --mode=script ARGS``; returns stdout. A failure is one GlusterError line with Gluster's words."""
-    cmd = [gluster_cli(), "--mode=script", *args]
+def run_tool(cmd: list[str], what: str, *, timeout: float = 120.0, missing: str | None = None) -> str:
+    """Runs ``cmd``; returns its stdout. Not installed (``missing`` says how to get it), no answer within
+    ``timeout`` or a failure is one GlusterError line naming ``what``, with the tool's last words."""
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    except FileNotFoundError:
+        raise GlusterError(missing or f"{cmd[0]} is not installed here") from None
     except subprocess.TimeoutExpired:
-        raise GlusterError(f"{what or 'gluster ' + ' '.join(args)}: no answer from glusterd in {timeout:g} s") from None
+        raise GlusterError(f"{what}: no answer in {timeout:g} s") from None
     if done.returncode != 0:
         said = (done.stderr.strip() or done.stdout.strip() or f"exit status {done.returncode}").splitlines()[-1]
-        raise GlusterError(f"{what or 'gluster ' + ' '.join(args)} failed: {said}")
+        raise GlusterError(f"{what} failed: {said}")
     return done.stdout
+
+
+def run_gluster(args: list[str], *, timeout: float = 120.0, what: str | None = None) -> str:
+    """``gluster --mode=script ARGS``; returns stdout. A failure is one GlusterError line with Gluster's words."""
+    return run_tool([gluster_cli(), "--mode=script", *args], what or "gluster " + " ".join(args), timeout=timeout)
 
 
 def volume_info(volume: str) -> dict:

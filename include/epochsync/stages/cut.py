@@ -162,7 +162,7 @@ def _cut_one(cfg: Config, src: SourceConfig, mech: BtrfsCut, state: SourceState,
             "cut": figures,
             "resolved": False,
         }
-        record["hints"] = _hints(record, state, first)
+        record["hints"] = _hints(record, first)
         write_json_atomic(path, record)
         say(
             f"cut {epoch} of {src.name}: barrier on {figures['barrier_on_s']:.2f} s, snapshots {figures['snapshots_s']:.3f} s, "
@@ -255,7 +255,7 @@ def _cut_one(cfg: Config, src: SourceConfig, mech: BtrfsCut, state: SourceState,
     return {"epoch": epoch, "cut": record["cut"], "publish": figures}
 
 
-def _hints(record: dict, state: SourceState, first: bool) -> list[dict]:
+def _hints(record: dict, first: bool) -> list[dict]:
     """What the live changelogs logged right after the snapshots: operations whose effect the cut
     holds though their record was written after it (a record is written once the operation is
     done). Read now, kept in the cut record, so resolving again gives the same records."""

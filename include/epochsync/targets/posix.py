@@ -45,6 +45,13 @@ def _type_of(mode: int) -> str:
     return "other"
 
 
+def _parent(path: str) -> str | None:
+    """The parent of a plan path (``""``: the root); None for the epoch's scratch area."""
+    if path.startswith("@tmp"):
+        return None
+    return path.rsplit("/", 1)[0] if "/" in path else ""
+
+
 def _fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -361,53 +368,43 @@ class PosixTarget(Target):
         """The times of every directory the plan's operations change as a side effect (the parents of
         what they create, move, link or delete), by inode, before apply: creating an entry sets its
         directory's mtime to now, which the source did not do in this epoch unless the plan says so."""
-        parents: set[str] = set()
-        for op in plan["namespace"]:
-            for k in ("src", "dst", "path"):
-                p = op.get(k)
-                if p and not p.startswith("@tmp"):
-                    parents.add(p.rsplit("/", 1)[0] if "/" in p else "")
-        for op in plan["data"]:
-            if op.get("create"):
-                parents.add(op["path"].rsplit("/", 1)[0] if "/" in op["path"] else "")
-        for op in plan["post"]:
-            if op["op"] == "link":
-                parents.add(op["path"].rsplit("/", 1)[0] if "/" in op["path"] else "")
-        saved = {}
+        parents = {_parent(op[k]) for op in plan["namespace"] for k in ("src", "dst", "path") if op.get(k)}
+        parents |= {_parent(op["path"]) for op in plan["data"] if op.get("create")}
+        parents |= {_parent(op["path"]) for op in plan["post"] if op["op"] == "link"}
+        parents.discard(None)
+        times = {}
         for p in parents:
-            path = self.root if p == "" else self._existing(p)
-            if path is None:
-                continue
-            try:
-                s = os.lstat(path)
-            except FileNotFoundError:
-                continue
-            if st.S_ISDIR(s.st_mode):
-                saved[f"{s.st_dev}:{s.st_ino}"] = (s.st_atime_ns, s.st_mtime_ns)
-        return {"parents": sorted(parents), "times": saved}
+            found = self._dir_stat(p)
+            if found is not None:
+                s = found[1]
+                times[f"{s.st_dev}:{s.st_ino}"] = (s.st_atime_ns, s.st_mtime_ns)
+        return {"parents": sorted(parents), "times": times}
 
     def restore_dir_times(self, before: dict, plan: dict) -> None:
         """Puts back the times :meth:`dir_times_before` saved on the directories the plan does not set
         attributes of itself (found by inode: a directory moved in the epoch is found at its new path)."""
         explicit = {op["path"] for op in plan["post"] if op["op"] == "attrs"}
         parents = set(before["parents"])
-        for op in plan["namespace"]:
-            if op["op"] == "rename" and not op["dst"].startswith("@tmp"):
-                d = op["dst"]
-                parents.add(d.rsplit("/", 1)[0] if "/" in d else "")
-        for p in sorted(parents):
-            if p in explicit:
+        parents |= {_parent(op["dst"]) for op in plan["namespace"] if op["op"] == "rename"}
+        for p in sorted(q for q in parents if q is not None and q not in explicit):
+            found = self._dir_stat(p)
+            if found is None:
                 continue
-            path = self.root if p == "" else self._existing(p)
-            if path is None:
-                continue
-            try:
-                s = os.lstat(path)
-            except FileNotFoundError:
-                continue
+            path, s = found
             times = before["times"].get(f"{s.st_dev}:{s.st_ino}")
-            if times is not None and st.S_ISDIR(s.st_mode) and s.st_mtime_ns != times[1]:
+            if times is not None and s.st_mtime_ns != times[1]:
                 os.utime(path, ns=tuple(times), follow_symlinks=False)
+
+    def _dir_stat(self, rel: str) -> tuple[str, os.stat_result] | None:
+        """The absolute path and lstat of the directory ``rel`` (``""``: the root), None when it is not one."""
+        path = self.root if rel == "" else self._existing(rel)
+        if path is None:
+            return None
+        try:
+            s = os.lstat(path)
+        except FileNotFoundError:
+            return None
+        return (path, s) if st.S_ISDIR(s.st_mode) else None
 
     # ------------------------------------------------------------------ attributes
     def _attrs_of(self, path: str) -> dict | None:

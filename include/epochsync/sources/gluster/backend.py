@@ -111,7 +111,7 @@ class BrickView:
             node = self._node(gfid, path, ds, "dir", full)
             node.names = [(m.group(1), m.group(2))]
             return node
-        if st.S_ISREG(s.st_mode) and (s.st_mode & 0o7777) == st.S_ISVTX and s.st_size == 0 and _has(path, LINKTO_XATTR):
+        if is_linkto(path, s):
             return None  # a DHT linkto file: the data lives on another brick
         kind = (
             "dir"
@@ -177,9 +177,7 @@ class BrickView:
             s = os.lstat(path)
         except OSError:
             return None
-        if (s.st_mode & 0o7777) == st.S_ISVTX and s.st_size == 0 and _has(path, LINKTO_XATTR):
-            return None
-        return path
+        return None if is_linkto(path, s) else path
 
     def shard_indexes(self, base: str) -> list[int]:
         """The blocks of ``base`` stored on this brick (not linkto files), by number."""
@@ -195,6 +193,12 @@ class BrickView:
         except FileNotFoundError:
             return []
         return sorted(out)
+
+
+def is_linkto(path: str, s: os.stat_result) -> bool:
+    """Is the file at ``path`` (``s`` its lstat) a DHT linkto file: mode ``---------T``, empty, and the
+    linkto xattr naming the brick that holds the data?"""
+    return st.S_ISREG(s.st_mode) and (s.st_mode & 0o7777) == st.S_ISVTX and s.st_size == 0 and _has(path, LINKTO_XATTR)
 
 
 def _own_gfid(path: str, gfid: str) -> bool:
@@ -279,11 +283,8 @@ def walk_brick(view: BrickView):
                 continue  # not yet a Gluster entry (being created): the next cut sees it
             gfid = gfid_text(raw)
             is_dir = e.is_dir(follow_symlinks=False)
-            if not is_dir:
-                s = e.stat(follow_symlinks=False)
-                if st.S_ISREG(s.st_mode) and (s.st_mode & 0o7777) == st.S_ISVTX and s.st_size == 0:
-                    if _has(e.path, LINKTO_XATTR):
-                        continue
+            if not is_dir and is_linkto(e.path, e.stat(follow_symlinks=False)):
+                continue
             yield gfid, dgfid, e.name, is_dir
             if is_dir:
                 stack.append((e.path, gfid))

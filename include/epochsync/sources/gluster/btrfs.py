@@ -14,9 +14,8 @@ import bisect
 import fcntl
 import os
 import struct
-import subprocess
 
-from epochsync.core.gluster import GlusterError
+from epochsync.core.gluster import GlusterError, run_tool
 
 #: subvolume roots (and the file system's top level) have this inode number on btrfs
 BTRFS_SUBVOLUME_INO = 256
@@ -74,16 +73,12 @@ def subvolume_of(path: str) -> str:
 
 
 def _btrfs(args: list[str], what: str, timeout: float = 120.0) -> str:
-    try:
-        done = subprocess.run(["btrfs", *args], capture_output=True, text=True, timeout=timeout, check=False)
-    except FileNotFoundError:
-        raise GlusterError("the btrfs command is not installed here (Debian: apt-get install btrfs-progs)") from None
-    except subprocess.TimeoutExpired:
-        raise GlusterError(f"{what}: btrfs did not answer in {timeout:g} s") from None
-    if done.returncode != 0:
-        said = (done.stderr.strip() or done.stdout.strip() or f"exit status {done.returncode}").splitlines()[-1]
-        raise GlusterError(f"{what} failed: {said}")
-    return done.stdout
+    return run_tool(
+        ["btrfs", *args],
+        what,
+        timeout=timeout,
+        missing="the btrfs command is not installed here (Debian: apt-get install btrfs-progs)",
+    )
 
 
 def snapshot(subvolume: str, dest: str) -> None:
