@@ -106,63 +106,70 @@ def _sha(path: str) -> str:
     return h.hexdigest()
 
 
+def _walk(root: str):
+    """Every entry below ``root`` but the volume's internal ones: ``(path, absolute path, lstat)``,
+    each directory's entries in name order, a directory before its entries."""
+    stack = [""]
+    while stack:
+        rel = stack.pop()
+        base = os.path.join(root, rel) if rel else root
+        for name in sorted(os.listdir(base)):
+            if not rel and name in INTERNAL_ROOT_NAMES:
+                continue
+            p = f"{rel}/{name}" if rel else name
+            s = os.lstat(os.path.join(base, name))
+            yield p, os.path.join(base, name), s
+            if st.S_ISDIR(s.st_mode):
+                stack.append(p)
+
+
 def cut_truth(roots: list[str]) -> dict[str, dict]:
     """The volume as the brick directories ``roots`` (of one cut) hold it, keyed by path."""
     dirs: dict[str, list[dict]] = {}
     files: dict[str, dict] = {}
     for root in roots:
-        stack = [""]
-        while stack:
-            rel = stack.pop()
-            base = os.path.join(root, rel) if rel else root
-            for name in sorted(os.listdir(base)):
-                if not rel and name in INTERNAL_ROOT_NAMES:
-                    continue
-                path = os.path.join(base, name)
-                p = f"{rel}/{name}" if rel else name
-                s = os.lstat(path)
-                if st.S_ISDIR(s.st_mode):
-                    dirs.setdefault(p, []).append(
-                        {
-                            "path": p,
-                            "type": "dir",
-                            "mode": s.st_mode,
-                            "uid": s.st_uid,
-                            "gid": s.st_gid,
-                            "xattrs": _user_xattrs(path),
-                            "mtime_ns": _mtime(path, s),
-                            "fid": _gfid(path),
-                        }
+        for p, path, s in _walk(root):
+            if st.S_ISDIR(s.st_mode):
+                dirs.setdefault(p, []).append(
+                    {
+                        "path": p,
+                        "type": "dir",
+                        "mode": s.st_mode,
+                        "uid": s.st_uid,
+                        "gid": s.st_gid,
+                        "xattrs": _user_xattrs(path),
+                        "mtime_ns": _mtime(path, s),
+                        "fid": _gfid(path),
+                    }
+                )
+                continue
+            if _is_linkto(path, s):
+                continue
+            row = {
+                "path": p,
+                "mode": s.st_mode,
+                "uid": s.st_uid,
+                "gid": s.st_gid,
+                "mtime_ns": _mtime(path, s),
+                "fid": _gfid(path),
+                "xattrs": {},
+            }
+            if st.S_ISLNK(s.st_mode):
+                row.update(type="symlink", symlink=os.readlink(path))
+            elif st.S_ISREG(s.st_mode):
+                row.update(type="file", xattrs=_user_xattrs(path))
+                block = _x(path, "trusted.glusterfs.shard.block-size")
+                if block:
+                    size = int.from_bytes((_x(path, "trusted.glusterfs.shard.file-size") or bytes(8))[:8], "big")
+                    row.update(
+                        size=size,
+                        sha256=_sha_of_sharded(roots, path, row["fid"], size, int.from_bytes(block[:8], "big")),
                     )
-                    stack.append(p)
-                    continue
-                if _is_linkto(path, s):
-                    continue
-                row = {
-                    "path": p,
-                    "mode": s.st_mode,
-                    "uid": s.st_uid,
-                    "gid": s.st_gid,
-                    "mtime_ns": _mtime(path, s),
-                    "fid": _gfid(path),
-                    "xattrs": {},
-                }
-                if st.S_ISLNK(s.st_mode):
-                    row.update(type="symlink", symlink=os.readlink(path))
-                elif st.S_ISREG(s.st_mode):
-                    row.update(type="file", xattrs=_user_xattrs(path))
-                    block = _x(path, "trusted.glusterfs.shard.block-size")
-                    if block:
-                        size = int.from_bytes((_x(path, "trusted.glusterfs.shard.file-size") or bytes(8))[:8], "big")
-                        row.update(
-                            size=size,
-                            sha256=_sha_of_sharded(roots, path, row["fid"], size, int.from_bytes(block[:8], "big")),
-                        )
-                    else:
-                        row.update(size=s.st_size, sha256=_sha(path))
                 else:
-                    row.update(type="other", xattrs=_user_xattrs(path))
-                files[p] = row
+                    row.update(size=s.st_size, sha256=_sha(path))
+            else:
+                row.update(type="other", xattrs=_user_xattrs(path))
+            files[p] = row
     out = dict(files)
     for p, copies in dirs.items():
         newest = max(copies, key=lambda c: c["mtime_ns"])
@@ -173,36 +180,19 @@ def cut_truth(roots: list[str]) -> dict[str, dict]:
 def mount_truth(mount: str) -> dict[str, dict]:
     """The volume as a FUSE client at ``mount`` sees it, keyed by path (fid: the gfid a client reads)."""
     out = {}
-    stack = [""]
-    while stack:
-        rel = stack.pop()
-        base = os.path.join(mount, rel) if rel else mount
-        for name in sorted(os.listdir(base)):
-            if not rel and name in INTERNAL_ROOT_NAMES:
-                continue
-            path = os.path.join(base, name)
-            p = f"{rel}/{name}" if rel else name
-            s = os.lstat(path)
-            row = {
-                "path": p,
-                "mode": s.st_mode,
-                "uid": s.st_uid,
-                "gid": s.st_gid,
-                "mtime_ns": s.st_mtime_ns,
-                "xattrs": {},
-            }
-            gfid = _x(path, "glusterfs.gfid.string")
-            row["fid"] = gfid.decode().strip("\0") if gfid else None
-            if st.S_ISDIR(s.st_mode):
-                row.update(type="dir", xattrs=_user_xattrs(path))
-                stack.append(p)
-            elif st.S_ISLNK(s.st_mode):
-                row.update(type="symlink", symlink=os.readlink(path))
-            elif st.S_ISREG(s.st_mode):
-                row.update(type="file", size=s.st_size, sha256=_sha(path), xattrs=_user_xattrs(path))
-            else:
-                row.update(type="other", xattrs=_user_xattrs(path))
-            out[p] = row
+    for p, path, s in _walk(mount):
+        row = {"path": p, "mode": s.st_mode, "uid": s.st_uid, "gid": s.st_gid, "mtime_ns": s.st_mtime_ns, "xattrs": {}}
+        gfid = _x(path, "glusterfs.gfid.string")
+        row["fid"] = gfid.decode().strip("\0") if gfid else None
+        if st.S_ISDIR(s.st_mode):
+            row.update(type="dir", xattrs=_user_xattrs(path))
+        elif st.S_ISLNK(s.st_mode):
+            row.update(type="symlink", symlink=os.readlink(path))
+        elif st.S_ISREG(s.st_mode):
+            row.update(type="file", size=s.st_size, sha256=_sha(path), xattrs=_user_xattrs(path))
+        else:
+            row.update(type="other", xattrs=_user_xattrs(path))
+        out[p] = row
     return out
 
 
