@@ -25,7 +25,7 @@ PYTEST_ARGS ?=
 # 1,068-1,086 s with 40% more CPU (each worker starts its own Spark, SeaweedFS and moto).
 TEST_WORKERS ?= 0
 
-.PHONY: help venv test test-fast lint format docs docs-serve docs-ref demo gluster airflow bench bench-full bench-ingest bench-merge bench-e2e bench-warm bench-rollback clean
+.PHONY: help venv test test-fast lint format docs docs-serve docs-ref demo gluster airflow bench bench-full bench-ingest bench-merge bench-e2e bench-warm bench-rollback bench-gluster clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  make %-14s %s\n", $$1, $$2}'
@@ -106,6 +106,10 @@ bench-warm: $(STAMP) ## small epochs on one warm Spark Connect server: a DAG run
 
 bench-rollback: $(STAMP) ## roll back a 2,000-file directory rename on SeaweedFS, undo replayed one at a time and in threads (not part of make bench)
 	$(BIN)/python -m epochsync_dev.bench rollback --files 2000 --rounds 2
+
+bench-gluster: $(STAMP) ## epochsync beside geo-replication and rsync on a live GlusterFS volume (issue 33), the cut and live-epoch rows (issue 31); root; about 20 minutes; then make docs-ref
+	$(BIN)/python -m epochsync_dev.bench gluster $(BENCH_GLUSTER_ARGS)
+	$(BIN)/python -m epochsync_dev.docs
 
 clean: ## remove build output and test scratch (keeps .venv)
 	rm -rf build .pytest_cache .ruff_cache .mypy_cache dist spark-warehouse metastore_db derby.log

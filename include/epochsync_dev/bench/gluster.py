@@ -1,0 +1,1099 @@
+"""``make bench-gluster``: epochsync side by side with GlusterFS's geo-replication and rsync (issue 33),
+and the live-source figures of issue 31, in one run on one master volume.
+
+Set-up (everything is stopped and removed at the end, also on Ctrl-C or SIGTERM):
+
+- a master volume (:class:`epochsync_dev.gluster.GlusterStack`: 2 btrfs bricks, changelog on,
+  ``--rollover`` seconds, sharding off) mounted with FUSE; a 1-brick slave volume;
+- **epochsync**: one warm Spark Connect server; a driver process (imported once, as an Airflow
+  worker keeps its imports) that cuts the volume (``cut_source``) and replicates the cut into a
+  posix target (``replicate``) when told, as an operator triggers an on-demand epoch;
+- **geo-replication**: a session master -> slave (gsyncd, ``sync_method tarssh``,
+  ``change_interval 1``) over an sshd of our own; it must reach Active within ``--active-timeout``;
+- **rsync**: ``rsync -a --delete`` from the master's mount into a directory.
+
+The three read the same changelogs at the same rollover (one volume). Workloads, each in its own
+folder of the volume, each replicated by all three before the next starts:
+
+- ``untar``: Debian's glibc source tarball (``glibc-source``, installed when missing) untarred;
+- ``rename``: its ``sysdeps`` directory (12,053 entries) renamed;
+- ``append``: 64 KiB appended to each of 20 files of 100 MiB;
+- ``small-writes``: 4 KiB written into 1 % of 50,000 files of 8 KiB;
+- ``delete``: 10,000 of those files deleted;
+- ``steady``: a writer creating 3 files of 8 KiB a second for 2 minutes, each followed by a line
+  appended to a journal file; epochsync cuts every ``--rollover`` seconds, rsync runs back to back.
+
+What each row measures (``bench/results/gluster.json``, one row per tool and workload):
+
+- ``convergence_s``: from the end of the workload until the replica equals the source. epochsync:
+  the cut is triggered at the end of the workload; the row's time is its commit. geo-replication:
+  it runs all along; its replica is polled (its brick, every second) until it equals the source.
+  rsync: one run started once the others converged (the source is quiet by then);
+- ``lag_median_s``, ``lag_p95_s`` (steady): from a file's write on the mount to the moment it is
+  whole on the replica (polled every 0.5 s through the tool's read path);
+- ``bytes_read`` / ``bytes_written``: epochsync: the bytes its apply and verify read from the cut,
+  the bytes its apply wrote (stats rows); geo-replication: the bytes of the tar streams its slave
+  extracted (tar ``--totals``: whole files plus 512-byte headers; the master's tar reads as much);
+  rsync: ``--stats`` (a local rsync copies whole files);
+- ``cpu_s``: epochsync: the driver (with the cut's ``gluster``/``btrfs`` commands) and the Spark
+  server's share during its cycles; geo-replication: gsyncd (monitor, workers, the slave's side),
+  their ssh and tar, the session's aux mounts and our sshd, from the start of the workload to
+  convergence; rsync: its process;
+- ``consistent_fraction`` (steady, rename): once a second a reader walks the replica through the
+  tool's read path (epochsync: its posix target; geo-replication: the slave volume's FUSE mount;
+  rsync: its directory) and the sample counts when it equals a state the source was in. The
+  harness is the only writer, so it knows every state: after each of the steady writer's steps
+  (files 1..k, the journal's k lines), before and after the rename.
+
+Each replica is checked equal to the source (type, size, mode and mtime in seconds of every entry,
+the last 128 KiB of chosen files) through its read path once it converged: ``replica_equals_source``.
+
+Issue 31's rows (``bench/results/gluster.source.json``): ``--cuts`` cuts of the volume while a
+writer probe appends every 50 ms and a renamer probe renames a file back and forth (the slowest
+write, the longest rename: the hold seen from outside, beside the cut record's ``held_s`` from the
+brick logs); the untar's cut to its commit; live 10 s epochs under ``airflow standalone`` (each
+epoch's commit after its cut).
+
+    python -m epochsync_dev.bench gluster [--size full|quick] [--parts issue33,cuts,airflow]
+                                          [--rollover 5] [--workdir bench/scratch/gluster] [--no-write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from epochsync_dev.bench.gluster_tools import CpuMeter, Expect, GeoRep, rsync, walk
+
+TOOLS = ("epochsync", "geo-replication", "rsync")
+FIELDS = (
+    "workload",
+    "tool",
+    "convergence_s",
+    "lag_median_s",
+    "lag_p95_s",
+    "bytes_read",
+    "bytes_written",
+    "cpu_s",
+    "consistent_fraction",
+)
+SIZES = {
+    "full": {
+        "untar_members": [],  # everything: 21,116 entries
+        "rename_dir": "sysdeps",
+        "append_files": 20,
+        "append_mib": 100,
+        "small_files": 50_000,
+        "delete_files": 10_000,
+        "steady_s": 120,
+        "steady_rate": 3.0,
+    },
+    "quick": {
+        "untar_members": ["glibc-2.36/elf", "glibc-2.36/posix", "glibc-2.36/stdlib"],
+        "rename_dir": "elf",
+        "append_files": 4,
+        "append_mib": 8,
+        "small_files": 2_000,
+        "delete_files": 400,
+        "steady_s": 30,
+        "steady_rate": 3.0,
+    },
+}
+STEADY_FILE = 8192
+SMALL_FILE = 8192
+
+
+def say(msg: str) -> None:
+    print(f"bench gluster: {msg}", file=sys.stderr, flush=True)
+
+
+def load() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def content(k: int, n: int = STEADY_FILE) -> bytes:
+    """The steady writer's file ``k``: ``n`` bytes that name it."""
+    line = f"steady file {k:06d} ".encode()
+    return (line * (n // len(line) + 1))[:n]
+
+
+# --------------------------------------------------------------------------- the epochsync driver
+
+
+class Driver:
+    """The epochsync driver: ``python -m epochsync_dev.bench.gluster CONFIG SOURCE TARGET`` kept
+    running, told over its stdin to cut (``cut``) or to cut and replicate (``cycle``)."""
+
+    def __init__(self, config: Path, source: str, target: str, env: dict, log: Path):
+        self.log = open(log, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "epochsync_dev.bench.gluster", str(config), source, target],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            env=env,
+            text=True,
+        )
+        self.lock = threading.Lock()
+        ready = self._read()
+        if not ready.get("ready"):
+            raise RuntimeError(f"the epochsync driver did not start: {ready}")
+
+    def _read(self) -> dict:
+        assert self.proc.stdout is not None
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"the epochsync driver exited ({self.proc.poll()}); see {self.log.name}")
+            if line.startswith("RESULT "):
+                return json.loads(line[7:])
+
+    def call(self, op: str) -> dict:
+        with self.lock:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(op + "\n")
+            self.proc.stdin.flush()
+            out = self._read()
+        if out.get("error"):
+            raise RuntimeError(f"epochsync {op}: {out['error']}")
+        return out
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(OSError, ValueError):
+                self.proc.stdin.close()  # type: ignore[union-attr]
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def driver_main(argv: list[str]) -> int:
+    """The driver's loop (see :class:`Driver`)."""
+    import resource
+
+    from epochsync.core.config import load_config
+    from epochsync.journal.undo import read_stage_stats
+    from epochsync.stages.cut import cut_source
+    from epochsync.stages.replicate import replicate
+
+    config, source, target = argv
+    cfg = load_config(config)
+
+    def cpu() -> float:
+        a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
+
+    def log(line: str) -> None:
+        print(f"{time.strftime('%H:%M:%S')} {line}", file=sys.stderr, flush=True)
+
+    def answer(doc: dict) -> None:
+        print("RESULT " + json.dumps(doc, default=str), flush=True)
+
+    answer({"ready": True})
+    for line in sys.stdin:
+        op = line.strip()
+        c0, t0 = cpu(), time.time()
+        try:
+            out = cut_source(cfg, source, progress=log)
+            t_cut = time.time()
+            cut = out["cuts"][-1]
+            doc = {"epoch": out["epoch"], "t0": t0, "t_cut": t_cut, "cut": cut["cut"], "publish": cut["publish"]}
+            if op == "cycle":
+                rows = replicate(cfg, target, out["epoch"], progress=log)
+                doc["t_end"] = time.time()
+                doc["stats"] = rows
+                verify = 0
+                for r in rows:
+                    stages = read_stage_stats(cfg.warehouse, target, r["epoch"])
+                    src = (stages.get("verify") or {}).get("source_requests") or {}
+                    verify += int(src.get("bytes_received", 0) or 0)
+                doc["verify_source_bytes"] = verify
+            doc["cpu_s"] = cpu() - c0
+            answer(doc)
+        except Exception as exc:  # told to the harness, which stops
+            log(f"FAILED: {type(exc).__name__}: {exc}")
+            answer({"error": f"{type(exc).__name__}: {exc}"})
+    return 0
+
+
+# --------------------------------------------------------------------------- the bench
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.size = SIZES[args.size]
+        self.work = Path(args.workdir).resolve()
+        self.rows: list[dict] = []
+        self.source_rows: list[dict] = []
+        self.lag_series: list[dict] = []
+        self.stage_rows: list[dict] = []
+        self.cycles: list[dict] = []
+        self.stop_event = threading.Event()
+
+    # ------------------------------------------------------------------ set-up
+    def setup(self, stack) -> None:
+        import yaml
+
+        from epochsync_dev.embedded import SparkConnectServer
+        from epochsync_dev.gluster import GlusterStack
+
+        a = self.args
+        brick = "6G" if a.size == "full" else "2G"
+        self.master_stack = GlusterStack(self.work / "master", bricks=2, brick_size=brick, rollover=a.rollover)
+        stack.callback(self.master_stack.stop)
+        self.master = self.master_stack.start(progress=say)
+        self.mnt = self.master.mount
+        self.slave_stack = GlusterStack(
+            self.work / "slave", bricks=1, brick_size="8G" if a.size == "full" else "3G", rollover=a.rollover
+        )
+        stack.callback(self.slave_stack.stop)
+        self.slave = self.slave_stack.start(progress=say)
+        self.slave_brick = self.slave.bricks[0].split(":", 1)[1]
+        self.slave_mnt = self.slave.mount
+        self.geo = GeoRep(self.master.name, self.slave.name, self.master.host, self.work / "geo")
+        stack.callback(self.geo.stop)
+        self.geo.start(active_timeout=a.active_timeout, say=say)
+        self.geo_cpu = self.geo.cpu()
+
+        self.server = SparkConnectServer(
+            "local[2]", work_dir=self.work / "spark", event_log=self.work / "spark-events", warm_up=True
+        )
+        stack.callback(self.server.stop)
+        url = self.server.start()
+        say(f"Spark Connect server {url} (warming up)")
+        self.replica_es = str(self.work / "replica-epochsync")
+        self.replica_rsync = str(self.work / "replica-rsync")
+        os.makedirs(self.replica_rsync, exist_ok=True)
+        doc = self.master.config(
+            str(self.work / "warehouse"),
+            [{"name": "es", "source": "vol", "kind": "posix", "path": self.replica_es}],
+            source="vol",
+            interval=f"{a.rollover}s",
+        )
+        self.config = self.work / "epochsync.yaml"
+        self.config.write_text(yaml.safe_dump(doc, sort_keys=False))
+        from epochsync.spark import REMOTE_ENV
+
+        self.env = dict(os.environ, **{REMOTE_ENV: url})
+        self.server.wait_warm_up(300)
+        self.driver = Driver(self.config, "vol", "es", self.env, self.work / "driver.log")
+        stack.callback(self.driver.stop)
+        self.es_cpu = CpuMeter(lambda procs: {self.driver.proc.pid, self.server.proc.pid})
+        first = self.driver.call("cycle")  # epoch 1: the empty volume, and the driver's first Spark session
+        say(f"epochsync: epoch {first['epoch']} (the empty volume) in {first['t_end'] - first['t0']:.1f} s")
+
+    # ------------------------------------------------------------------ helpers
+    def es_cycle(self) -> dict:
+        out = self.driver.call("cycle")
+        self.cycles.append(out)
+        return out
+
+    def wait_geo(self, expect: Expect, t0: float, timeout: float) -> float | None:
+        """Seconds from ``t0`` until the slave's brick equals ``expect`` (polled every second); None at the timeout."""
+        deadline = time.time() + timeout
+        while time.time() < deadline and not self.stop_event.is_set():
+            if not expect.differences(self.slave_brick, mtimes=False, limit=1):
+                return time.time() - t0
+            time.sleep(1)
+        return None
+
+    def converge_all(self, sub: str, probes=(), timeout: float = 1200) -> None:
+        """Bring every replica to the source's state (a set-up step, not measured)."""
+        expect = Expect.of(self.mnt, sub, probes)
+        self.es_cycle()
+        rsync(self.mnt, self.replica_rsync)
+        if self.wait_geo(expect, time.time(), timeout) is None:
+            raise RuntimeError(f"geo-replication did not bring {sub} to the slave within {timeout:.0f} s")
+
+    def sh(self, script: str) -> float:
+        t0 = time.monotonic()
+        subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=self.mnt, check=True)
+        return time.monotonic() - t0
+
+    # ------------------------------------------------------------------ one measured workload
+    def measure(self, name: str, sub: str, work, probes=(), sampler=None) -> dict:
+        """Runs ``work()`` on the mount and measures every tool (see the module docstring)."""
+        say(f"{name}: workload ...")
+        geo_c0, geo_b0 = self.geo_cpu.read(), self.geo.bytes_sent()
+        l0 = load()
+        if sampler:
+            sampler.start()
+        t_start = time.time()
+        work()
+        t_end = time.time()
+        say(f"{name}: workload done in {t_end - t_start:.1f} s; epochsync cut, geo-replication polled")
+        es_c0 = self.es_cpu.read()
+        result: dict = {}
+
+        def expect_and_geo():
+            result["expect"] = Expect.of(self.mnt, sub, probes(sub) if callable(probes) else probes)
+            result["geo"] = self.wait_geo(result["expect"], t_end, self.args.converge_timeout)
+            result["geo_cpu"] = self.geo_cpu.read() - geo_c0
+            result["geo_bytes"] = self.geo.bytes_sent() - geo_b0
+
+        th = threading.Thread(target=expect_and_geo, daemon=True)
+        th.start()
+        cyc = self.es_cycle()
+        es_cpu = self.es_cpu.read() - es_c0
+        th.join()
+        if sampler:
+            sampler.stop()
+        expect: Expect = result["expect"]
+        say(f"{name}: rsync ...")
+        rs = rsync(self.mnt, self.replica_rsync)
+        reads = {"epochsync": self.replica_es, "geo-replication": self.slave_mnt, "rsync": self.replica_rsync}
+        equal = {t: expect.differences(root) for t, root in reads.items()}
+        stats = cyc.get("stats") or []
+        es_row = {
+            "convergence_s": cyc["t_end"] - t_end,
+            "bytes_read": sum(r.get("bytes_pulled", 0) for r in stats) + cyc.get("verify_source_bytes", 0),
+            "bytes_written": sum(r.get("bytes_written", 0) for r in stats),
+            "cpu_s": es_cpu,
+        }
+        geo_row = {
+            "convergence_s": result["geo"],
+            "bytes_read": result["geo_bytes"],
+            "bytes_written": result["geo_bytes"],
+            "cpu_s": result["geo_cpu"],
+        }
+        rs_row = {k: rs[k] for k in ("bytes_read", "bytes_written", "cpu_s")} | {"convergence_s": rs["seconds"]}
+        fractions = sampler.fractions() if sampler else {}
+        for tool, r in (("epochsync", es_row), ("geo-replication", geo_row), ("rsync", rs_row)):
+            row = {f: None for f in FIELDS} | r | {"workload": name, "tool": tool}
+            row["consistent_fraction"] = fractions.get(tool)
+            row["replica_equals_source"] = not equal[tool]
+            if equal[tool]:
+                row["differences"] = equal[tool][:3]
+            row["workload_s"] = round(t_end - t_start, 2)
+            row["entries"] = len(expect.entries)
+            row["loadavg_1m"] = [l0, load()]
+            if sampler:
+                row["samples"] = sampler.counts.get(tool, 0)
+            self.rows.append(_rounded(row))
+        self.stage_rows.append(_stage_row(name, cyc))
+        line = ", ".join(
+            f"{r['tool']} {r['convergence_s'] if r['convergence_s'] is not None else 'TIMEOUT'} s"
+            for r in self.rows[-3:]
+        )
+        say(f"{name}: convergence {line}; load {load()}")
+        bad = [t for t, d in equal.items() if d]
+        if bad:
+            say(f"{name}: NOT EQUAL to the source: " + "; ".join(f"{t}: {equal[t][:2]}" for t in bad))
+        return {"cycle": cyc, "t_end": t_end}
+
+    # ------------------------------------------------------------------ workloads
+    def run_issue33(self) -> None:
+        s = self.size
+        tarball = _tarball()
+        os.makedirs(os.path.join(self.mnt, "untar"), exist_ok=True)
+        members = " ".join(s["untar_members"])
+        untar = self.measure(
+            "untar",
+            "untar",
+            lambda: self.sh(f"tar -xJf {tarball} -C untar --no-same-owner {members}"),
+            probes=lambda sub: _every(self.mnt, sub, 50),
+        )
+        cyc = untar["cycle"]
+        self.source_rows.append(
+            _rounded(
+                {
+                    "row": "untar-replicated",
+                    "entries": self.rows[-1]["entries"],
+                    "cut_to_commit_s": cyc["t_end"] - cyc["t0"],
+                    "cut_s": cyc["t_cut"] - cyc["t0"],
+                    "target_s": 60,
+                    "loadavg_1m": load(),
+                }
+            )
+        )
+        src = f"untar/glibc-2.36/{s['rename_dir']}"
+        dst = f"{src}-renamed"
+        sampler = RenameSampler(self, "untar/glibc-2.36", s["rename_dir"])
+        self.measure(
+            "rename",
+            "untar",
+            lambda: os.rename(os.path.join(self.mnt, src), os.path.join(self.mnt, dst)),
+            sampler=sampler,
+        )
+
+        say(f"set-up: {s['append_files']} files of {s['append_mib']} MiB and {s['small_files']:,} files of 8 KiB ...")
+        t0 = time.monotonic()
+        self._setup_append_small()
+        self.converge_all("data", probes=_every(self.mnt, "data", 97))
+        say(f"set-up: every replica has them after {time.monotonic() - t0:.0f} s")
+        rnd = random.Random(33)
+        tails = {i: rnd.randbytes(64 * 1024) for i in range(s["append_files"])}
+
+        def appends():
+            for i, data in tails.items():
+                with open(os.path.join(self.mnt, f"data/big/f{i:02d}"), "ab") as f:
+                    f.write(data)
+
+        big = [f"data/big/f{i:02d}" for i in range(s["append_files"])]
+        self.measure("append", "data/big", appends, probes=big)
+        touched = [f"data/small/d{(i // 1000):03d}/f{i:06d}" for i in range(0, s["small_files"], 100)]
+
+        def small_writes():
+            block = rnd.randbytes(4096)
+
+            def one(p):
+                fd = os.open(os.path.join(self.mnt, p), os.O_WRONLY)
+                try:
+                    os.pwrite(fd, block, 4096)
+                finally:
+                    os.close(fd)
+
+            with ThreadPoolExecutor(4) as ex:
+                list(ex.map(one, touched))
+
+        self.measure("small-writes", "data/small", small_writes, probes=touched)
+        doomed = [
+            f"data/small/d{(i // 1000):03d}/f{i:06d}"
+            for i in range(1, s["small_files"], s["small_files"] // s["delete_files"])
+        ][: s["delete_files"]]
+
+        def deletes():
+            with ThreadPoolExecutor(4) as ex:
+                list(ex.map(lambda p: os.remove(os.path.join(self.mnt, p)), doomed))
+
+        self.measure("delete", "data/small", deletes)
+        self.run_steady()
+
+    def _setup_append_small(self) -> None:
+        s = self.size
+        os.makedirs(os.path.join(self.mnt, "data/big"), exist_ok=True)
+        chunk = os.urandom(1 << 20)
+        for i in range(s["append_files"]):
+            with open(os.path.join(self.mnt, f"data/big/f{i:02d}"), "wb") as f:
+                for m in range(s["append_mib"]):
+                    f.write(f"{i:02d}:{m:06d}".encode() + chunk[9:])
+        for d in range((s["small_files"] + 999) // 1000):
+            os.makedirs(os.path.join(self.mnt, f"data/small/d{d:03d}"), exist_ok=True)
+        base = os.urandom(SMALL_FILE)
+
+        def one(i):
+            with open(os.path.join(self.mnt, f"data/small/d{(i // 1000):03d}/f{i:06d}"), "wb") as f:
+                f.write(f"{i:08d}".encode() + base[8:])
+
+        with ThreadPoolExecutor(8) as ex:
+            list(ex.map(one, range(s["small_files"])))
+
+    # ------------------------------------------------------------------ steady writer
+    def run_steady(self) -> None:
+        s = self.size
+        os.makedirs(os.path.join(self.mnt, "steady"), exist_ok=True)
+        open(os.path.join(self.mnt, "steady/journal"), "wb").close()
+        self.converge_all("steady")
+        n = int(s["steady_s"] * s["steady_rate"])
+        written: dict[int, float] = {}
+        roots = {"epochsync": self.replica_es, "geo-replication": self.slave_mnt, "rsync": self.replica_rsync}
+        watchers = {t: SteadyWatcher(t, root, written) for t, root in roots.items()}
+        geo_c0, geo_b0, es_c0 = self.geo_cpu.read(), self.geo.bytes_sent(), self.es_cpu.read()
+        l0 = load()
+        done = threading.Event()
+        es_cycles: list[dict] = []
+        rs_runs: list[dict] = []
+
+        def epochsync_loop():
+            t0 = time.time()
+            k = 0
+            while not done.is_set():
+                k += 1
+                wait = t0 + k * self.args.rollover - time.time()
+                if wait > 0 and done.wait(wait):
+                    break
+                es_cycles.append(self.es_cycle())
+
+        def rsync_loop():
+            while not done.is_set():
+                rs_runs.append(rsync(self.mnt, self.replica_rsync, nice=10))
+
+        threads = [threading.Thread(target=f, daemon=True) for f in (epochsync_loop, rsync_loop)]
+        for w in watchers.values():
+            w.start()
+        for th in threads:
+            th.start()
+        say(f"steady: {n} files in {s['steady_s']} s; epochsync cuts every {self.args.rollover} s, rsync back to back")
+        t_start = time.time()
+        for k in range(1, n + 1):
+            delay = t_start + k / s["steady_rate"] - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            data = content(k)
+            with open(os.path.join(self.mnt, f"steady/f{k:06d}"), "wb") as f:
+                f.write(data[:4096])
+                f.flush()
+                f.write(data[4096:])
+            with open(os.path.join(self.mnt, "steady/journal"), "ab") as f:
+                f.write(f"{k}\n".encode())
+            written[k] = time.time()
+        t_end = time.time()
+        say(f"steady: writer done in {t_end - t_start:.0f} s; waiting for the replicas to show every file")
+        deadline = time.time() + self.args.converge_timeout
+        conv: dict[str, float | None] = {}
+        while time.time() < deadline and len(conv) < 3:
+            for t, w in watchers.items():
+                if t not in conv and w.complete(n):
+                    conv[t] = w.seen_all_at - t_end
+            time.sleep(0.5)
+        done.set()
+        for th in threads:
+            th.join(600)
+        for w in watchers.values():
+            w.stop()
+        geo_cpu, geo_bytes, es_cpu = (
+            self.geo_cpu.read() - geo_c0,
+            self.geo.bytes_sent() - geo_b0,
+            self.es_cpu.read() - es_c0,
+        )
+        expect = Expect.of(self.mnt, "steady", [])
+        stats = [r for c in es_cycles for r in c.get("stats") or []]
+        figures = {
+            "epochsync": {
+                "bytes_read": sum(r.get("bytes_pulled", 0) for r in stats)
+                + sum(c.get("verify_source_bytes", 0) for c in es_cycles),
+                "bytes_written": sum(r.get("bytes_written", 0) for r in stats),
+                "cpu_s": es_cpu,
+                "epochs": len(es_cycles),
+            },
+            "geo-replication": {"bytes_read": geo_bytes, "bytes_written": geo_bytes, "cpu_s": geo_cpu},
+            "rsync": {
+                "bytes_read": sum(r["bytes_read"] for r in rs_runs),
+                "bytes_written": sum(r["bytes_written"] for r in rs_runs),
+                "cpu_s": sum(r["cpu_s"] for r in rs_runs),
+                "runs": len(rs_runs),
+            },
+        }
+        for t, w in watchers.items():
+            lags = sorted(w.lags())
+            row = {f: None for f in FIELDS} | figures[t] | {"workload": "steady", "tool": t}
+            row["convergence_s"] = conv.get(t)
+            if lags:
+                row["lag_median_s"] = statistics.median(lags)
+                row["lag_p95_s"] = lags[min(len(lags) - 1, int(round(0.95 * (len(lags) - 1))))]
+            row["consistent_fraction"] = w.fraction()
+            row["samples"] = w.samples
+            row["files"] = n
+            row["visible"] = len(lags)
+            diffs = expect.differences(roots[t])
+            row["replica_equals_source"] = not diffs
+            if diffs:
+                row["differences"] = diffs[:3]
+            row["workload_s"] = round(t_end - t_start, 2)
+            row["loadavg_1m"] = [l0, load()]
+            self.rows.append(_rounded(row))
+            self.lag_series.append(
+                {
+                    "tool": t,
+                    "points": [
+                        [round(written[k] - t_start, 2), round(v, 2)] for k, v in sorted(w.lag_by_file().items())
+                    ],
+                }
+            )
+        for c in es_cycles:
+            self.stage_rows.append(_stage_row("steady", c))
+        say(
+            "steady: lag median "
+            + ", ".join(f"{r['tool']} {r['lag_median_s']}" for r in self.rows[-3:])
+            + "; consistent "
+            + ", ".join(f"{r['tool']} {r['consistent_fraction']}" for r in self.rows[-3:])
+        )
+
+    # ------------------------------------------------------------------ issue 31: cuts with probes
+    def run_cuts(self) -> None:
+        n = self.args.cuts
+        probe_dir = os.path.join(self.mnt, "probe")
+        os.makedirs(probe_dir, exist_ok=True)
+        stop = threading.Event()
+        writes: list[tuple[float, float]] = []
+        renames: list[tuple[float, float]] = []
+
+        def writer():
+            with open(os.path.join(probe_dir, "appends"), "ab", buffering=0) as f:
+                while not stop.is_set():
+                    t = time.time()
+                    f.write(b"x" * 512)
+                    writes.append((t, time.time() - t))
+                    stop.wait(0.05)
+
+        def renamer():
+            a, b = os.path.join(probe_dir, "ping"), os.path.join(probe_dir, "pong")
+            open(a, "wb").close()
+            while not stop.is_set():
+                t = time.time()
+                os.rename(a, b)
+                renames.append((t, time.time() - t))
+                a, b = b, a
+                stop.wait(0.05)
+
+        threads = [threading.Thread(target=f, daemon=True) for f in (writer, renamer)]
+        for th in threads:
+            th.start()
+        time.sleep(2)
+        say(f"cuts: {n} cuts with a writer and a renamer probe on the mount")
+        cuts = []
+        for _ in range(n):
+            t0 = time.time()
+            out = self.driver.call("cut")
+            cuts.append((t0, time.time(), out))
+            time.sleep(1.5)
+        stop.set()
+        for th in threads:
+            th.join(10)
+        for t0, t1, out in cuts:
+            c = out["cut"]
+            w = [d for t, d in writes if t0 - 0.5 <= t <= t1]
+            r = [d for t, d in renames if t0 - 0.5 <= t <= t1]
+            self.source_rows.append(
+                _rounded(
+                    {
+                        "row": "cut",
+                        "epoch": out["epoch"],
+                        "cut_total_s": c.get("total_s"),
+                        "end_to_end_s": t1 - t0,
+                        "barrier_on_s": c.get("barrier_on_s"),
+                        "snapshots_s": c.get("snapshots_s"),
+                        "barrier_off_s": c.get("barrier_off_s"),
+                        "held_s": c.get("held_s"),
+                        "rename_probe_max_s": max(r) if r else None,
+                        "write_probe_max_s": max(w) if w else None,
+                        "publish_s": (out.get("publish") or {}).get("resolve_s"),
+                        "loadavg_1m": load(),
+                    }
+                )
+            )
+        rows = [r for r in self.source_rows if r["row"] == "cut"]
+        summary = {
+            "row": "cuts-summary",
+            "cuts": len(rows),
+            "end_to_end_s_max": max(r["end_to_end_s"] for r in rows),
+            "end_to_end_s_median": statistics.median(r["end_to_end_s"] for r in rows),
+            "held_s_max": max((r["held_s"] for r in rows if r["held_s"] is not None), default=None),
+            "rename_probe_max_s": max((r["rename_probe_max_s"] or 0) for r in rows),
+            "write_probe_max_s": max((r["write_probe_max_s"] or 0) for r in rows),
+            "targets": {"end_to_end_s": 3, "held_s": 1, "write_probe_max_s": 0.5},
+            "loadavg_1m": load(),
+        }
+        self.source_rows.append(_rounded(summary))
+        say(
+            f"cuts: end to end median {summary['end_to_end_s_median']:.2f} s, max {summary['end_to_end_s_max']:.2f} s; "
+            f"held (brick logs) max {summary['held_s_max']}; rename probe max {summary['rename_probe_max_s']:.2f} s; "
+            f"slowest write {summary['write_probe_max_s']:.3f} s"
+        )
+        self.driver.call("cycle")  # the probes' cuts replicated, so the target is at the last cut
+
+    # ------------------------------------------------------------------ issue 31: live epochs under Airflow
+    def run_airflow(self) -> None:
+        from datetime import UTC, datetime
+
+        import yaml
+
+        from epochsync_dev.devstack import AirflowStandalone, airflow_environment, write_admin_password
+        from epochsync_dev.embedded import free_port
+
+        epochs, interval = self.args.live_epochs, 10
+        base = self.work / "live"
+        base.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        lead = 75
+        start = datetime.fromtimestamp(int(time.time() + lead) // 10 * 10 + 10, tz=UTC)
+        doc = self.master.config(
+            str(base / "warehouse"),
+            [{"name": "dr", "source": "live", "kind": "posix", "path": str(base / "replica")}],
+            source="live",
+            interval=f"{interval}s",
+            start=start.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        )
+        config = base / "epochsync.yaml"
+        config.write_text(yaml.safe_dump(doc, sort_keys=False))
+        home = base / "airflow-home"
+        password = write_admin_password(home)
+        env = airflow_environment(home, port=port, config=config, connections={}, spark_url=self.server.url)
+        env.pop("EPOCHSYNC_SCHEDULE_FROM", None)
+        af = AirflowStandalone(home, env, port)
+        dag = "epochsync__live__dr"
+        stop = threading.Event()
+
+        def writer():
+            k = 0
+            os.makedirs(os.path.join(self.mnt, "live"), exist_ok=True)
+            while not stop.is_set():
+                k += 1
+                with open(os.path.join(self.mnt, f"live/f{k:05d}"), "wb") as f:
+                    f.write(content(k))
+                stop.wait(0.5)
+
+        wt = threading.Thread(target=writer, daemon=True)
+        try:
+            say(f"airflow: airflow standalone with the live source's DAG ({interval} s epochs from {start:%H:%M:%S})")
+            af.start(timeout=600)
+            af.create_pools(config)
+            token = af.token(password)
+            _wait_dag(af, token, dag)
+            af.api("PATCH", f"/dags/{dag}", token, {"is_paused": False})
+            wt.start()
+            from epochsync.warehouse.paths import Warehouse, local_path
+
+            wh = Warehouse(f"file://{base / 'warehouse'}")
+            deadline = start.timestamp() + (epochs + 1) * interval + 600
+            while time.time() < deadline:
+                if os.path.exists(local_path(wh.stats("dr", epochs))):
+                    break
+                time.sleep(2)
+            stop.set()
+            delays = []
+            for e in range(1, epochs + 1):
+                spath = local_path(wh.stats("dr", e))
+                cpath = local_path(wh.cut("live", e))
+                if not (os.path.exists(spath) and os.path.exists(cpath)):
+                    delays.append({"epoch": e, "committed": False})
+                    continue
+                stats = json.loads(Path(spath).read_text())
+                cut = json.loads(Path(cpath).read_text())
+                delays.append(
+                    {
+                        "epoch": e,
+                        "committed": True,
+                        "cut_at_s": round(cut["time_ns"] / 1e9 - start.timestamp() - e * interval, 2),
+                        "commit_after_cut_s": round(stats["committed_at"] - cut["time_ns"] / 1e9, 2),
+                        "records_in": stats.get("records_in"),
+                    }
+                )
+            done = [d for d in delays if d.get("committed")]
+            self.source_rows.append(
+                _rounded(
+                    {
+                        "row": "live-airflow",
+                        "interval_s": interval,
+                        "epochs": epochs,
+                        "committed": len(done),
+                        "commit_after_cut_s_max": max((d["commit_after_cut_s"] for d in done), default=None),
+                        "commit_after_cut_s_median": statistics.median(d["commit_after_cut_s"] for d in done)
+                        if done
+                        else None,
+                        "target_s": 20,
+                        "per_epoch": delays,
+                        "loadavg_1m": load(),
+                    }
+                )
+            )
+            say(
+                f"airflow: {len(done)}/{epochs} epochs committed; commit after cut: {[d.get('commit_after_cut_s') for d in delays]}"
+            )
+        finally:
+            stop.set()
+            af.stop(grace=5)
+
+    # ------------------------------------------------------------------ results
+    def write(self, seconds: float, complete: bool) -> None:
+        from epochsync_dev.bench import results_dir, write_results
+
+        if self.args.no_write:
+            for r in self.rows + self.source_rows:
+                print(json.dumps(r))
+            return
+        path = write_results(self.args.results_name, self.rows)
+        d = results_dir()
+        name = self.args.results_name
+        (d / f"{name}.source.json").write_text(json.dumps(self.source_rows, indent=2) + "\n")
+        (d / f"{name}.lag.json").write_text(json.dumps(self.lag_series) + "\n")
+        (d / f"{name}.stages.json").write_text(json.dumps(self.stage_rows, indent=1) + "\n")
+        meta_path = d / f"{name}.meta.json"
+        meta = json.loads(meta_path.read_text())
+        meta.update(
+            {
+                "make_target": "bench-gluster",
+                "size": self.args.size,
+                "sizes": self.size,
+                "rollover_s": self.args.rollover,
+                "parts": self.args.parts,
+                "seconds": round(seconds, 1),
+                "complete": complete,
+                "load_average_before": self.load_before,
+                "load_average_after": [round(x, 2) for x in os.getloadavg()],
+            }
+        )
+        meta_path.write_text(json.dumps(meta, indent=2) + "\n")
+        say(f"results: {path} (+ .source, .lag, .stages)")
+
+
+# --------------------------------------------------------------------------- samplers
+
+
+class RenameSampler:
+    """Once a second per replica, during the rename: is the directory whole under exactly one of its names?"""
+
+    def __init__(self, bench: Bench, parent: str, name: str):
+        self.bench, self.parent, self.name = bench, parent, name
+        self.want = {
+            os.path.relpath(p, os.path.join(parent, name)): v
+            for p, v in walk(bench.mnt, os.path.join(parent, name), mtimes=False).items()
+        }
+        self.roots = {"epochsync": bench.replica_es, "geo-replication": bench.slave_mnt, "rsync": bench.replica_rsync}
+        self.counts: dict[str, int] = {}
+        self.good: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(t, r), daemon=True) for t, r in self.roots.items()]
+
+    def _state(self, root: str, name: str) -> dict | None:
+        base = os.path.join(self.parent, name)
+        if not os.path.isdir(os.path.join(root, base)):
+            return None
+        return {os.path.relpath(p, base): v for p, v in walk(root, base, mtimes=False).items()}
+
+    def _run(self, tool: str, root: str) -> None:
+        while not self._stop.is_set():
+            t = time.time()
+            a, b = self._state(root, self.name), self._state(root, self.name + "-renamed")
+            ok = (a == self.want and b is None) or (a is None and b == self.want)
+            self.counts[tool] = self.counts.get(tool, 0) + 1
+            self.good[tool] = self.good.get(tool, 0) + int(ok)
+            self._stop.wait(max(0.0, 1.0 - (time.time() - t)))
+
+    def start(self) -> None:
+        for th in self._threads:
+            th.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for th in self._threads:
+            th.join(120)
+
+    def fractions(self) -> dict[str, float]:
+        return {t: self.good.get(t, 0) / n for t, n in self.counts.items() if n}
+
+
+class SteadyWatcher:
+    """One replica during the steady writer: each file's first moment whole on it (every 0.5 s) and,
+    every other look, whether the whole folder equals the source after some number of steps."""
+
+    def __init__(self, tool: str, root: str, written: dict[int, float]):
+        self.tool, self.root, self.written = tool, root, written
+        self.seen: dict[int, float] = {}
+        self.samples = 0
+        self.good = 0
+        self.seen_all_at = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        d = os.path.join(self.root, "steady")
+        tick = 0
+        while not self._stop.is_set():
+            t = time.time()
+            tick += 1
+            try:
+                names = set(os.listdir(d))
+            except OSError:
+                names = set()
+            files = {int(n[1:]) for n in names if n.startswith("f") and n[1:].isdigit()}
+            for k in sorted(files - set(self.seen)):
+                try:
+                    with open(os.path.join(d, f"f{k:06d}"), "rb") as f:
+                        if f.read() == content(k):
+                            self.seen[k] = t
+                except OSError:
+                    pass
+            if tick % 2 == 0:
+                self.samples += 1
+                self.good += int(self._consistent(d, names, files))
+            self._stop.wait(max(0.0, 0.5 - (time.time() - t)))
+
+    def _consistent(self, d: str, names: set[str], files: set[int]) -> bool:
+        try:
+            with open(os.path.join(d, "journal"), "rb") as f:
+                journal = f.read()
+        except OSError:
+            return False
+        k = journal.count(b"\n")
+        if journal != "".join(f"{i}\n" for i in range(1, k + 1)).encode():
+            return False
+        if names != {"journal"} | {f"f{i:06d}" for i in range(1, k + 1)}:
+            return False
+        for i in range(1, k + 1):
+            try:
+                with open(os.path.join(d, f"f{i:06d}"), "rb") as f:
+                    if f.read() != content(i):
+                        return False
+            except OSError:
+                return False
+        return True
+
+    def complete(self, n: int) -> bool:
+        if len(self.seen) >= n:
+            self.seen_all_at = self.seen_all_at or max(self.seen.values())
+            return True
+        return False
+
+    def lag_by_file(self) -> dict[int, float]:
+        return {k: t - self.written[k] for k, t in self.seen.items() if k in self.written}
+
+    def lags(self) -> list[float]:
+        return list(self.lag_by_file().values())
+
+    def fraction(self) -> float | None:
+        return self.good / self.samples if self.samples else None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _rounded(row: dict) -> dict:
+    return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}
+
+
+def _stage_row(workload: str, cyc: dict) -> dict:
+    """Where an epochsync cycle's time went: the cut, then each epoch's stages (stats rows)."""
+    stages: dict[str, float] = {}
+    for r in cyc.get("stats") or []:
+        for k, v in (r.get("durations") or {}).items():
+            if isinstance(v, (int, float)):
+                stages[k] = stages.get(k, 0.0) + v
+    total = (cyc.get("t_end") or cyc["t_cut"]) - cyc["t0"]
+    cut = cyc.get("cut") or {}
+    return _rounded(
+        {
+            "workload": workload,
+            "epoch": cyc.get("epoch"),
+            "total_s": total,
+            "cut_s": cyc["t_cut"] - cyc["t0"],
+            "barrier_on_s": cut.get("barrier_on_s"),
+            "held_s": cut.get("held_s"),
+            "publish_s": (cyc.get("publish") or {}).get("resolve_s"),
+            "records": sum((cyc.get("publish") or {}).get("records", {}).values()),
+            "stages_s": {k: round(v, 3) for k, v in stages.items()},
+            "other_s": total - (cyc["t_cut"] - cyc["t0"]) - sum(stages.values()),
+        }
+    )
+
+
+def _every(root: str, sub: str, step: int) -> list[str]:
+    """Every ``step``-th file under ``root/sub`` in path order (the files whose bytes are compared)."""
+    files = sorted(p for p, v in walk(root, sub, mtimes=False).items() if v[0] == "f")
+    return files[::step]
+
+
+def _tarball() -> str:
+    from epochsync_dev.demo_gluster import tarball
+
+    return tarball()
+
+
+def _wait_dag(af, token: str, dag: str, timeout: float = 300) -> None:
+    import urllib.error
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            af.api("GET", f"/dags/{dag}", token)
+            return
+        except urllib.error.HTTPError as exc:
+            if exc.code != 404:
+                raise
+        time.sleep(2)
+    raise RuntimeError(f"airflow did not parse the DAG {dag} within {timeout:.0f} s:\n{af.tail()}")
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m epochsync_dev.bench gluster", description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--size",
+        choices=list(SIZES),
+        default="full",
+        help="full (the issue's sizes, default) or quick (a check of the harness)",
+    )
+    p.add_argument("--parts", default="issue33,cuts,airflow", help="which parts: issue33, cuts, airflow")
+    p.add_argument(
+        "--rollover",
+        type=int,
+        default=5,
+        help="changelog.rollover-time of the master (s); epochsync's steady epochs as long",
+    )
+    p.add_argument("--cuts", type=int, default=12, help="cuts measured with the writer and renamer probes")
+    p.add_argument("--live-epochs", type=int, default=6, help="10 s epochs run by the Airflow scheduler")
+    p.add_argument("--active-timeout", type=float, default=180, help="seconds for geo-replication to reach Active")
+    p.add_argument("--converge-timeout", type=float, default=900, help="seconds a replica may take to converge")
+    p.add_argument("--workdir", default="bench/scratch/gluster")
+    p.add_argument("--results-name", default="gluster")
+    p.add_argument("--no-write", action="store_true", help="print the rows, do not write bench/results/")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from epochsync.core.shutdown import Interrupted, signals_raise
+    from epochsync_dev.gluster import GlusterUnavailable
+
+    args = parse_args(argv)
+    parts = [x.strip() for x in args.parts.split(",") if x.strip()]
+    unknown = [x for x in parts if x not in ("issue33", "cuts", "airflow")]
+    if unknown:
+        say(f"--parts: no part named {', '.join(unknown)} (parts: issue33, cuts, airflow)")
+        return 2
+    bench = Bench(args)
+    bench.load_before = [round(x, 2) for x in os.getloadavg()]
+    shutil.rmtree(bench.work, ignore_errors=True)
+    bench.work.mkdir(parents=True)
+    t0 = time.monotonic()
+    complete = False
+    code = 1
+    try:
+        with signals_raise(), contextlib.ExitStack() as stack:
+            try:
+                bench.setup(stack)
+                if "issue33" in parts:
+                    bench.run_issue33()
+                if "cuts" in parts:
+                    bench.run_cuts()
+                if "airflow" in parts:
+                    bench.run_airflow()
+                complete = True
+                code = 0
+            finally:
+                bench.stop_event.set()
+                say("stopping: geo-replication session, sshd, Spark, volumes ...")
+    except GlusterUnavailable as exc:
+        say(f"cannot run a GlusterFS volume here: {exc}")
+        return 1
+    except KeyboardInterrupt as exc:
+        sig = Interrupted.of(exc)
+        say(f"stopped by {sig.name}; everything started was stopped")
+        code = sig.exit_code
+    except (RuntimeError, subprocess.CalledProcessError) as exc:
+        say(f"FAILED: {exc}")
+    seconds = time.monotonic() - t0
+    if bench.rows or bench.source_rows:
+        bench.write(seconds, complete)
+    say(f"{'done' if complete else 'INCOMPLETE'} in {seconds / 60:.1f} min (load {load()})")
+    if complete and any(r.get("replica_equals_source") is False for r in bench.rows):
+        say("FAILED: a replica did not end equal to the source (rows say which)")
+        return 1
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(driver_main(sys.argv[1:]))

@@ -1,0 +1,432 @@
+"""The pieces of ``make bench-gluster`` that are not epochsync: process accounting, tree manifests,
+our own sshd, a geo-replication session, rsync (see :mod:`epochsync_dev.bench.gluster`).
+
+Everything here starts only what it stops: :class:`Sshd` runs on a free loopback port with its own
+host key and config; :class:`GeoRep` creates, starts, stops and deletes one session between two
+volumes of ours and restores root's ``~/.ssh`` as it found it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import socket
+import stat as st
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from epochsync_dev.gluster import gluster, run
+
+CLK = os.sysconf("SC_CLK_TCK")
+
+# --------------------------------------------------------------------------- processes
+
+
+def processes() -> dict[int, tuple[int, int, str]]:
+    """``pid -> (ppid, CPU ticks, command line)``; the ticks are utime + stime + cutime + cstime
+    (a process's own time and that of the children it has waited for)."""
+    out: dict[int, tuple[int, int, str]] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                raw = f.read()
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = raw[raw.rindex(")") + 2 :].split()
+        out[int(d)] = (int(fields[1]), sum(int(x) for x in fields[11:15]), cmd)
+    return out
+
+
+def tree(procs: dict[int, tuple[int, int, str]], roots: set[int]) -> set[int]:
+    """``roots`` and every descendant of them in ``procs``."""
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _t, _c) in procs.items():
+        children.setdefault(ppid, []).append(pid)
+    seen: set[int] = set()
+    todo = [r for r in roots if r in procs]
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        todo.extend(children.get(p, []))
+    return seen
+
+
+class CpuMeter:
+    """CPU-seconds of a set of process trees: ``read()`` sums their processes' own and waited-for
+    children's time now; a window's CPU is the difference of two reads (a process that exits
+    inside the window is counted by the parent that waits for it)."""
+
+    def __init__(self, select):
+        self.select = select  # procs -> set of root pids
+
+    def read(self) -> float:
+        procs = processes()
+        pids = tree(procs, set(self.select(procs)))
+        return sum(procs[p][1] for p in pids) / CLK
+
+
+def cpu_of_pids(*pids: int) -> CpuMeter:
+    return CpuMeter(lambda procs: {p for p in pids if p})
+
+
+def cpu_of_matching(*needles: str, extra=lambda: ()) -> CpuMeter:
+    """Processes whose command line holds every needle, and ``extra()`` pids, with their trees."""
+
+    def select(procs):
+        found = {p for p, (_pp, _t, cmd) in procs.items() if all(n in cmd for n in needles)}
+        return found | set(extra())
+
+    return CpuMeter(select)
+
+
+def run_measured(cmd: list[str], *, cwd=None, env=None, nice: int = 0) -> tuple[int, float, str, float]:
+    """Runs ``cmd``; returns (exit code, wall seconds, stdout+stderr, CPU-seconds of it and its children)."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        preexec_fn=(lambda: os.nice(nice)) if nice else None,
+    )
+    out = proc.stdout.read() if proc.stdout else b""
+    _pid, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, time.monotonic() - t0, out.decode(errors="replace"), usage.ru_utime + usage.ru_stime
+
+
+# --------------------------------------------------------------------------- manifests
+
+TAIL = 128 * 1024
+
+
+def tail_sha(path: str, size: int) -> str | None:
+    """sha256 of a file's last 128 KiB (the whole of a smaller file); None when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            if size > TAIL:
+                f.seek(size - TAIL)
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
+
+
+def walk(root: str, sub: str, *, mtimes: bool = True) -> dict[str, tuple]:
+    """The tree under ``root/sub``: ``relpath -> ('d',) | ('f', size, mode, mtime s) | ('l', target)``
+    (relative to ``root``; an empty dict when ``root/sub`` is missing). Directory times are left
+    out (every tool sets them its own way); file times in whole seconds (tar's precision)."""
+    out: dict[str, tuple] = {}
+    base = os.path.join(root, sub)
+    if not os.path.isdir(base):
+        return out
+    stack = [base]
+    while stack:
+        d = stack.pop()
+        try:
+            entries = list(os.scandir(d))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for e in entries:
+            rel = os.path.relpath(e.path, root)
+            try:
+                s = e.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if st.S_ISDIR(s.st_mode):
+                out[rel] = ("d",)
+                stack.append(e.path)
+            elif st.S_ISLNK(s.st_mode):
+                try:
+                    out[rel] = ("l", os.readlink(e.path))
+                except OSError:
+                    continue
+            else:
+                out[rel] = ("f", s.st_size, s.st_mode & 0o7777, int(s.st_mtime) if mtimes else 0)
+    return out
+
+
+@dataclass
+class Expect:
+    """What a replica must hold under ``sub`` to equal the source: its tree and, for ``probes``,
+    the sha256 of each file's last 128 KiB."""
+
+    sub: str
+    entries: dict[str, tuple]
+    probes: dict[str, str | None]
+
+    @classmethod
+    def of(cls, root: str, sub: str, probe_paths) -> Expect:
+        entries = walk(root, sub)
+        probes = {p: tail_sha(os.path.join(root, p), entries[p][1]) for p in probe_paths if p in entries}
+        return cls(sub, entries, probes)
+
+    def differences(self, root: str, *, mtimes: bool = True, limit: int = 5) -> list[str]:
+        """How the tree at ``root`` differs (empty: equal)."""
+        have = walk(root, self.sub, mtimes=mtimes)
+        want = self.entries if mtimes else {k: (v[:3] + (0,) if v[0] == "f" else v) for k, v in self.entries.items()}
+        out = []
+        for p in sorted(set(want) | set(have)):
+            if want.get(p) != have.get(p):
+                out.append(f"{p}: {have.get(p)} (source {want.get(p)})")
+                if len(out) >= limit:
+                    return out
+        for p, sha in self.probes.items():
+            if tail_sha(os.path.join(root, p), self.entries[p][1]) != sha:
+                out.append(f"{p}: other bytes than the source's")
+                if len(out) >= limit:
+                    break
+        return out
+
+
+# --------------------------------------------------------------------------- sshd
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Sshd:
+    """An sshd of our own on a free loopback port (root logs in with a key), for geo-replication."""
+
+    def __init__(self, work: Path):
+        self.work = Path(work)
+        self.port = 0
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> int:
+        self.work.mkdir(parents=True, exist_ok=True)
+        key = self.work / "host_ed25519"
+        if not key.exists():
+            run(["ssh-keygen", "-q", "-N", "", "-t", "ed25519", "-f", str(key)])
+        self.port = free_port()
+        sftp = next(
+            (p for p in ("/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/sftp-server") if os.path.exists(p)),
+            "internal-sftp",
+        )
+        conf = self.work / "sshd_config"
+        conf.write_text(
+            "\n".join(
+                [
+                    "ListenAddress 127.0.0.1",
+                    f"Port {self.port}",
+                    f"HostKey {key}",
+                    f"PidFile {self.work / 'sshd.pid'}",
+                    "PermitRootLogin prohibit-password",
+                    "PasswordAuthentication no",
+                    "KbdInteractiveAuthentication no",
+                    "UsePAM no",
+                    "AuthorizedKeysFile .ssh/authorized_keys",
+                    "StrictModes no",
+                    "MaxStartups 200:30:400",
+                    "MaxSessions 200",
+                    "LogLevel ERROR",
+                    f"Subsystem sftp {sftp}",
+                    "",
+                ]
+            )
+        )
+        os.makedirs("/run/sshd", exist_ok=True)
+        sshd = shutil.which("sshd") or "/usr/sbin/sshd"
+        self.proc = subprocess.Popen(
+            [sshd, "-D", "-f", str(conf), "-E", str(self.work / "sshd.log")], start_new_session=True
+        )
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"sshd exited with {self.proc.returncode}: {_tail(self.work / 'sshd.log')}")
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return self.port
+            time.sleep(0.2)
+        raise RuntimeError(f"sshd did not listen on 127.0.0.1:{self.port} within 20 s")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, 15)
+                self.proc.wait(10)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                try:
+                    os.killpg(self.proc.pid, 9)
+                except ProcessLookupError:
+                    pass
+        self.proc = None
+
+
+def _tail(path: Path, n: int = 5) -> str:
+    try:
+        return " | ".join(path.read_text(errors="replace").strip().splitlines()[-n:])
+    except OSError:
+        return "(no log)"
+
+
+# --------------------------------------------------------------------------- geo-replication
+
+GEO_DIR = Path("/var/lib/glusterd/geo-replication")
+TOTALS = re.compile(r"Total bytes read: (\d+)")
+
+
+class GeoRep:
+    """A geo-replication session ``master -> host::slave`` (gsyncd, tarssh, change_interval 1) over
+    our own :class:`Sshd`. The slave's tar runs with ``--totals`` into ``totals_log``: the bytes
+    of every tar stream sent (:meth:`bytes_sent`)."""
+
+    def __init__(self, master: str, slave: str, host: str, work: Path):
+        self.master, self.slave, self.host = master, slave, host
+        self.work = Path(work)
+        self.sshd = Sshd(self.work / "sshd")
+        self.totals_log = self.work / "tar-totals.log"
+        self.created = False
+        self.session = f"{master} {host}::{slave}"
+        self._ssh_before: dict[str, bytes | None] = {}
+        self._ssh_dir_existed = True
+        self._gsec_existed = True
+
+    # -- root's ~/.ssh, restored by stop()
+    def _keys(self) -> None:
+        home = Path("/root/.ssh")
+        self._ssh_dir_existed = home.is_dir()
+        home.mkdir(mode=0o700, exist_ok=True)
+        for name in ("authorized_keys", "known_hosts", "id_ed25519", "id_ed25519.pub"):
+            p = home / name
+            self._ssh_before[name] = p.read_bytes() if p.exists() else None
+        identity = next((home / n for n in ("id_ed25519", "id_rsa", "id_ecdsa") if (home / n).exists()), None)
+        if identity is None:
+            identity = home / "id_ed25519"
+            run(["ssh-keygen", "-q", "-N", "", "-t", "ed25519", "-f", str(identity)])
+        pub = Path(str(identity) + ".pub").read_text().strip()
+        auth = home / "authorized_keys"
+        lines = auth.read_text().splitlines() if auth.exists() else []
+        if pub not in lines:
+            auth.write_text("\n".join([*lines, pub]) + "\n")
+        auth.chmod(0o600)
+
+    def _restore_keys(self) -> None:
+        home = Path("/root/.ssh")
+        if not self._ssh_before:
+            return
+        if not self._ssh_dir_existed:
+            shutil.rmtree(home, ignore_errors=True)
+            return
+        for name, data in self._ssh_before.items():
+            p = home / name
+            if data is None:
+                p.unlink(missing_ok=True)
+            else:
+                p.write_bytes(data)
+
+    def geo(self, *args: str, timeout: float = 180, check: bool = True):
+        return gluster(
+            "volume", "geo-replication", self.master, f"{self.host}::{self.slave}", *args, timeout=timeout, check=check
+        )
+
+    def start(self, *, active_timeout: float = 180, say=print) -> None:
+        self._gsec_existed = (GEO_DIR / "common_secret.pem.pub").exists()
+        self._keys()
+        port = self.sshd.start()
+        say(f"geo-replication: sshd on 127.0.0.1:{port}; session {self.session}")
+        check = subprocess.run(
+            ["ssh", "-p", str(port), "-oBatchMode=yes", "-oStrictHostKeyChecking=no", self.host, "true"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if check.returncode != 0:
+            raise RuntimeError(f"root cannot ssh into {self.host}:{port} with its key: {check.stderr.strip()[-300:]}")
+        gluster("system::", "execute", "gsec_create", timeout=120)
+        self.geo("create", "ssh-port", str(port), "push-pem", "force")
+        self.created = True
+        # the create hook copies the keys over scp and adds them to root's authorized_keys; do
+        # that step ourselves too (idempotent), then make the slave's tar report its totals
+        name = f"{self.master}_{self.slave}_common_secret.pem.pub"
+        shutil.copyfile(GEO_DIR / "common_secret.pem.pub", GEO_DIR / name)
+        gluster("system::", "execute", "add_secret_pub", "root", f"geo-replication/{name}")
+        # the slave's tar key: one line of ours (an earlier line for the same key would win)
+        kind, key = (GEO_DIR / "tar_ssh.pem.pub").read_text().split()[:2]
+        auth = Path("/root/.ssh/authorized_keys")
+        lines = [x for x in auth.read_text().splitlines() if key not in x]
+        lines.append(f'command="tar --totals ${{SSH_ORIGINAL_COMMAND#* }} 2>>{self.totals_log}" {kind} {key}')
+        auth.write_text("\n".join(lines) + "\n")
+        for k, v in (("ssh_port", str(port)), ("sync_method", "tarssh"), ("change_interval", "1")):
+            self.geo("config", k, v)
+        t0 = time.monotonic()
+        self.geo("start")
+        while True:
+            status = self.geo("status", check=False).stdout
+            rows = [line for line in status.splitlines() if self.master in line and "::" in line]
+            if rows and all(" Active " in r for r in rows):
+                say(f"geo-replication: {len(rows)} workers Active after {time.monotonic() - t0:.0f} s")
+                return
+            if time.monotonic() - t0 > active_timeout:
+                states = sorted(
+                    {
+                        w
+                        for r in rows
+                        for w in r.split()
+                        if w in ("Created", "Initializing...", "Passive", "Faulty", "Stopped", "Active")
+                    }
+                )
+                raise RuntimeError(
+                    f"geo-replication {self.session} did not reach Active within {active_timeout:.0f} s "
+                    f"(workers: {', '.join(states) or 'none listed'}; log /var/log/glusterfs/geo-replication/)"
+                )
+            time.sleep(2)
+
+    def cpu(self) -> CpuMeter:
+        """gsyncd (monitor, workers, the slave's side), its ssh and tar, the session's aux mounts, our sshd."""
+        return cpu_of_matching(self.master, self.slave, extra=lambda: [self.sshd.proc.pid] if self.sshd.proc else [])
+
+    def bytes_sent(self) -> int:
+        """Bytes of every tar stream the slave has extracted so far."""
+        try:
+            return sum(int(m) for m in TOTALS.findall(self.totals_log.read_text(errors="replace")))
+        except OSError:
+            return 0
+
+    def stop(self) -> None:
+        """Stops and deletes the session, stops sshd, restores root's ~/.ssh (idempotent)."""
+        if self.created:
+            self.geo("stop", "force", check=False, timeout=120)
+            self.geo("delete", "reset-sync-time", check=False, timeout=120)
+            self.created = False
+            (GEO_DIR / f"{self.master}_{self.slave}_common_secret.pem.pub").unlink(missing_ok=True)
+        self.sshd.stop()
+        self._restore_keys()
+        self._ssh_before = {}
+        if not self._gsec_existed:
+            for n in ("common_secret.pem.pub", "secret.pem", "secret.pem.pub", "tar_ssh.pem", "tar_ssh.pem.pub"):
+                (GEO_DIR / n).unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------------- rsync
+
+RSYNC_STATS = {
+    "transferred": re.compile(r"Total transferred file size: ([\d,]+)"),
+    "literal": re.compile(r"Literal data: ([\d,]+)"),
+}
+
+
+def rsync(src: str, dst: str, *, nice: int = 0) -> dict:
+    """``rsync -a --delete --stats src/ dst/``; returns seconds, CPU-seconds, bytes read and written."""
+    os.makedirs(dst, exist_ok=True)
+    code, seconds, out, cpu = run_measured(
+        ["rsync", "-a", "--delete", "--stats", src.rstrip("/") + "/", dst.rstrip("/") + "/"], nice=nice
+    )
+    if code not in (0, 24):  # 24: a source file vanished during the run (a writer is going on)
+        raise RuntimeError(f"rsync exited {code}: {out.strip()[-300:]}")
+    got = {k: int(m.group(1).replace(",", "")) if (m := rx.search(out)) else 0 for k, rx in RSYNC_STATS.items()}
+    # a local rsync copies whole files: it reads what it transfers and writes it
+    return {"seconds": seconds, "cpu_s": cpu, "bytes_read": got["transferred"], "bytes_written": got["literal"]}
