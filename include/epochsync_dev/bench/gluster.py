@@ -77,6 +77,7 @@ from pathlib import Path
 from epochsync_dev.bench.gluster_tools import CpuMeter, Expect, GeoRep, rsync, walk
 
 TOOLS = ("epochsync", "geo-replication", "rsync")
+PARTS = ("issue33", "steady", "cuts", "airflow")
 FIELDS = (
     "workload",
     "tool",
@@ -208,26 +209,88 @@ def driver_main(argv: list[str]) -> int:
         op = line.strip()
         c0, t0 = cpu(), time.time()
         try:
-            out = cut_source(cfg, source, progress=log)
-            t_cut = time.time()
-            cut = out["cuts"][-1]
-            doc = {"epoch": out["epoch"], "t0": t0, "t_cut": t_cut, "cut": cut["cut"], "publish": cut["publish"]}
-            if op == "cycle":
-                rows = replicate(cfg, target, out["epoch"], progress=log)
-                doc["t_end"] = time.time()
-                doc["stats"] = rows
-                verify = 0
-                for r in rows:
-                    stages = read_stage_stats(cfg.warehouse, target, r["epoch"])
-                    src = (stages.get("verify") or {}).get("source_requests") or {}
-                    verify += int(src.get("bytes_received", 0) or 0)
-                doc["verify_source_bytes"] = verify
+            if op == "window":
+                doc = _window(cfg, source, target, log)
+            else:
+                out = cut_source(cfg, source, progress=log)
+                cut = out["cuts"][-1]
+                doc = {
+                    "epoch": out["epoch"],
+                    "t0": t0,
+                    "t_cut": time.time(),
+                    "cut": cut["cut"],
+                    "publish": cut["publish"],
+                }
+                if op == "cycle":
+                    doc["stats"] = replicate(cfg, target, out["epoch"], progress=log)
+                    doc["t_end"] = time.time()
+            if doc.get("stats"):
+                doc["verify_source_bytes"] = _verify_bytes(cfg, target, doc["stats"], read_stage_stats)
             doc["cpu_s"] = cpu() - c0
             answer(doc)
         except Exception as exc:  # told to the harness, which stops
             log(f"FAILED: {type(exc).__name__}: {exc}")
             answer({"error": f"{type(exc).__name__}: {exc}"})
     return 0
+
+
+def _verify_bytes(cfg, target: str, rows: list[dict], read_stage_stats) -> int:
+    """Bytes verify read from the cut for the epochs of ``rows``."""
+    total = 0
+    for r in rows:
+        stages = read_stage_stats(cfg.warehouse, target, r["epoch"])
+        src = (stages.get("verify") or {}).get("source_requests") or {}
+        total += int(src.get("bytes_received", 0) or 0)
+    return total
+
+
+def _window(cfg, source: str, target: str, log) -> dict:
+    """Every cut epoch after the committed one in one pass, as the Airflow DAG replicates a window of
+    closed epochs (``max_epochs_per_run``): the stages of ``epochsync.airflow.stages`` in order."""
+    from epochsync.journal.lease import target_lease
+    from epochsync.journal.undo import mark_closed_seen, write_stage_stats
+    from epochsync.spark import spark_session
+    from epochsync.stages.apply import run_apply
+    from epochsync.stages.commit import run_commit
+    from epochsync.stages.context import _target_cfg, check_preconditions
+    from epochsync.stages.cut import published_epoch
+    from epochsync.stages.ingest import run_ingest
+    from epochsync.stages.merge import run_merge
+    from epochsync.stages.translate import run_translate
+    from epochsync.stages.verify import run_verify
+
+    t0 = time.time()
+    tcfg = _target_cfg(cfg, target)
+    through = published_epoch(cfg, source)
+    pre = check_preconditions(cfg, tcfg, through)
+    if pre["action"] == "noop":
+        return {"t0": t0, "t_end": time.time(), "first": through + 1, "through": through, "stats": []}
+    if pre["action"] != "run":
+        raise RuntimeError(pre["message"])
+    first = pre["committed"] + 1
+    spark = spark_session(f"epochsync-bench-{target}", cfg=cfg, session_key=f"bench/{cfg.file}/{target}")
+    durations = {}
+    with target_lease(cfg, tcfg):
+        for e in range(first, through + 1):
+            mark_closed_seen(cfg.warehouse, target, e)
+
+        def step(name, fn):
+            t = time.monotonic()
+            out = fn()
+            durations[name] = round(time.monotonic() - t, 3)
+            log(f"{target} epochs {first}..{through}: {name} done in {durations[name]:.1f}s")
+            if name in ("ingest", "merge"):
+                flat = {k: v for k, v in out.items() if isinstance(v, (int, float, str, bool))}
+                write_stage_stats(cfg.warehouse, target, through, name, {**flat, "seconds": durations[name]})
+            return out
+
+        step("ingest", lambda: run_ingest(cfg, source, first, through, spark, consumer=target))
+        step("merge", lambda: run_merge(cfg, target, first, through, spark))
+        step("translate", lambda: run_translate(cfg, target, through, spark, first_epoch=first))
+        step("apply", lambda: run_apply(cfg, target, through, spark, first_epoch=first))
+        step("verify", lambda: run_verify(cfg, target, through, spark, first_epoch=first))
+        row = step("commit", lambda: run_commit(cfg, target, through, first_epoch=first))
+    return {"t0": t0, "t_end": time.time(), "first": first, "through": through, "stats": [row]}
 
 
 # --------------------------------------------------------------------------- the bench
@@ -244,6 +307,7 @@ class Bench:
         self.stage_rows: list[dict] = []
         self.cycles: list[dict] = []
         self.stop_event = threading.Event()
+        self.phase_s: dict[str, float] = {}
 
     # ------------------------------------------------------------------ set-up
     def setup(self, stack) -> None:
@@ -293,7 +357,10 @@ class Bench:
         self.server.wait_warm_up(300)
         self.driver = Driver(self.config, "vol", "es", self.env, self.work / "driver.log")
         stack.callback(self.driver.stop)
-        self.es_cpu = CpuMeter(lambda procs: {self.driver.proc.pid, self.server.proc.pid})
+        # the steady writer's cuts come from a process of their own, on the epoch's schedule
+        self.cutter = Driver(self.config, "vol", "es", self.env, self.work / "cutter.log")
+        stack.callback(self.cutter.stop)
+        self.es_cpu = CpuMeter(lambda procs: {self.driver.proc.pid, self.cutter.proc.pid, self.server.proc.pid})
         first = self.driver.call("cycle")  # epoch 1: the empty volume, and the driver's first Spark session
         say(f"epochsync: epoch {first['epoch']} (the empty volume) in {first['t_end'] - first['t0']:.1f} s")
 
@@ -328,6 +395,7 @@ class Bench:
     # ------------------------------------------------------------------ one measured workload
     def measure(self, name: str, sub: str, work, probes=(), sampler=None) -> dict:
         """Runs ``work()`` on the mount and measures every tool (see the module docstring)."""
+        phase0 = time.monotonic()
         say(f"{name}: workload ...")
         geo_c0, geo_b0 = self.geo_cpu.read(), self.geo.bytes_sent()
         l0 = load()
@@ -391,6 +459,7 @@ class Bench:
             for r in self.rows[-3:]
         )
         say(f"{name}: convergence {line}; load {load()}")
+        self.phase_s[name] = round(time.monotonic() - phase0, 1)
         bad = [t for t, d in equal.items() if d]
         if bad:
             say(f"{name}: NOT EQUAL to the source: " + "; ".join(f"{t}: {equal[t][:2]}" for t in bad))
@@ -435,6 +504,7 @@ class Bench:
         t0 = time.monotonic()
         self._setup_append_small()
         self.converge_all("data", probes=_every(self.mnt, "data", 97))
+        self.phase_s["set-up of append and small-writes"] = round(time.monotonic() - t0, 1)
         say(f"set-up: every replica has them after {time.monotonic() - t0:.0f} s")
         rnd = random.Random(33)
         tails = {i: rnd.randbytes(64 * 1024) for i in range(s["append_files"])}
@@ -472,7 +542,6 @@ class Bench:
                 list(ex.map(lambda p: os.remove(os.path.join(self.mnt, p)), doomed))
 
         self.measure("delete", "data/small", deletes)
-        self.run_steady()
 
     def _setup_append_small(self) -> None:
         s = self.size
@@ -507,9 +576,10 @@ class Bench:
         l0 = load()
         done = threading.Event()
         es_cycles: list[dict] = []
+        es_cuts: list[dict] = []
         rs_runs: list[dict] = []
 
-        def epochsync_loop():
+        def epochsync_cuts():
             t0 = time.time()
             k = 0
             while not done.is_set():
@@ -517,18 +587,29 @@ class Bench:
                 wait = t0 + k * self.args.rollover - time.time()
                 if wait > 0 and done.wait(wait):
                     break
-                es_cycles.append(self.es_cycle())
+                es_cuts.append(self.cutter.call("cut"))
+
+        def epochsync_windows():
+            while not done.is_set():
+                out = self.driver.call("window")
+                if out["stats"]:
+                    es_cycles.append(out)
+                else:
+                    done.wait(0.2)
 
         def rsync_loop():
             while not done.is_set():
                 rs_runs.append(rsync(self.mnt, self.replica_rsync, nice=10))
 
-        threads = [threading.Thread(target=f, daemon=True) for f in (epochsync_loop, rsync_loop)]
+        threads = [threading.Thread(target=f, daemon=True) for f in (epochsync_cuts, epochsync_windows, rsync_loop)]
         for w in watchers.values():
             w.start()
         for th in threads:
             th.start()
-        say(f"steady: {n} files in {s['steady_s']} s; epochsync cuts every {self.args.rollover} s, rsync back to back")
+        say(
+            f"steady: {n} files in {s['steady_s']} s; epochsync cuts every {self.args.rollover} s and replicates "
+            "every cut epoch since its last commit in one pass (as a DAG run's window), rsync back to back"
+        )
         t_start = time.time()
         for k in range(1, n + 1):
             delay = t_start + k / s["steady_rate"] - time.time()
@@ -569,7 +650,8 @@ class Bench:
                 + sum(c.get("verify_source_bytes", 0) for c in es_cycles),
                 "bytes_written": sum(r.get("bytes_written", 0) for r in stats),
                 "cpu_s": es_cpu,
-                "epochs": len(es_cycles),
+                "epochs": len(es_cuts),
+                "passes": len(es_cycles),
             },
             "geo-replication": {"bytes_read": geo_bytes, "bytes_written": geo_bytes, "cpu_s": geo_cpu},
             "rsync": {
@@ -607,6 +689,19 @@ class Bench:
             )
         for c in es_cycles:
             self.stage_rows.append(_stage_row("steady", c))
+        self.source_rows.append(
+            _rounded(
+                {
+                    "row": "steady-cuts",
+                    "cuts": len(es_cuts),
+                    "end_to_end_s_median": statistics.median(c["t_cut"] - c["t0"] for c in es_cuts)
+                    if es_cuts
+                    else None,
+                    "held_s_max": max((c["cut"].get("held_s") or 0 for c in es_cuts), default=None),
+                    "loadavg_1m": load(),
+                }
+            )
+        )
         say(
             "steady: lag median "
             + ", ".join(f"{r['tool']} {r['lag_median_s']}" for r in self.rows[-3:])
@@ -823,6 +918,7 @@ class Bench:
                 "rollover_s": self.args.rollover,
                 "parts": self.args.parts,
                 "seconds": round(seconds, 1),
+                "phase_seconds": self.phase_s,
                 "complete": complete,
                 "load_average_before": self.load_before,
                 "load_average_after": [round(x, 2) for x in os.getloadavg()],
@@ -972,19 +1068,21 @@ def _stage_row(workload: str, cyc: dict) -> dict:
             if isinstance(v, (int, float)):
                 stages[k] = stages.get(k, 0.0) + v
     total = (cyc.get("t_end") or cyc["t_cut"]) - cyc["t0"]
+    cut_s = cyc["t_cut"] - cyc["t0"] if "t_cut" in cyc else 0.0
     cut = cyc.get("cut") or {}
     return _rounded(
         {
             "workload": workload,
-            "epoch": cyc.get("epoch"),
+            "epoch": cyc.get("epoch") or cyc.get("through"),
+            "first_epoch": cyc.get("first"),
             "total_s": total,
-            "cut_s": cyc["t_cut"] - cyc["t0"],
+            "cut_s": cut_s,
             "barrier_on_s": cut.get("barrier_on_s"),
             "held_s": cut.get("held_s"),
             "publish_s": (cyc.get("publish") or {}).get("resolve_s"),
             "records": sum((cyc.get("publish") or {}).get("records", {}).values()),
             "stages_s": {k: round(v, 3) for k, v in stages.items()},
-            "other_s": total - (cyc["t_cut"] - cyc["t0"]) - sum(stages.values()),
+            "other_s": total - cut_s - sum(stages.values()),
         }
     )
 
@@ -1027,7 +1125,11 @@ def parse_args(argv):
         default="full",
         help="full (the issue's sizes, default) or quick (a check of the harness)",
     )
-    p.add_argument("--parts", default="issue33,cuts,airflow", help="which parts: issue33, cuts, airflow")
+    p.add_argument(
+        "--parts",
+        default=",".join(PARTS),
+        help=f"which parts, in this order: {', '.join(PARTS)} (issue33: the five workloads; steady: the steady writer)",
+    )
     p.add_argument(
         "--rollover",
         type=int,
@@ -1050,9 +1152,9 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args(argv)
     parts = [x.strip() for x in args.parts.split(",") if x.strip()]
-    unknown = [x for x in parts if x not in ("issue33", "cuts", "airflow")]
+    unknown = [x for x in parts if x not in PARTS]
     if unknown:
-        say(f"--parts: no part named {', '.join(unknown)} (parts: issue33, cuts, airflow)")
+        say(f"--parts: no part named {', '.join(unknown)} (parts: {', '.join(PARTS)})")
         return 2
     bench = Bench(args)
     bench.load_before = [round(x, 2) for x in os.getloadavg()]
@@ -1064,13 +1166,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with signals_raise(), contextlib.ExitStack() as stack:
             try:
-                bench.setup(stack)
-                if "issue33" in parts:
-                    bench.run_issue33()
-                if "cuts" in parts:
-                    bench.run_cuts()
-                if "airflow" in parts:
-                    bench.run_airflow()
+                steps = [("set-up", lambda: bench.setup(stack))]
+                steps += [(p, getattr(bench, f"run_{p}")) for p in PARTS if p in parts]
+                for name, fn in steps:
+                    t_part = time.monotonic()
+                    fn()
+                    bench.phase_s[name] = round(time.monotonic() - t_part, 1)
                 complete = True
                 code = 0
             finally:

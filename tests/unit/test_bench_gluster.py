@@ -1,0 +1,177 @@
+"""The parts of ``make bench-gluster`` that run without a Gluster volume: tree manifests and their
+comparison, the steady writer's consistency rule, CPU accounting of process trees, rsync's
+figures, and the results page's layouts for its files."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from epochsync_dev.bench.gluster import SteadyWatcher, _stage_row, content
+from epochsync_dev.bench.gluster_tools import Expect, cpu_of_pids, processes, rsync, tree, walk
+from epochsync_dev.docs.benchmarks import LAYOUTS, line_chart
+
+
+def _tree(root, files: dict[str, bytes]) -> None:
+    for rel, data in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+        os.utime(p, (1_700_000_000, 1_700_000_000))
+
+
+def test_walk_and_expect_see_names_sizes_times_and_tail_bytes(tmp_path):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    files = {"w/a": b"x" * 10, "w/d/b": b"y" * 300_000, "other/c": b"z"}
+    _tree(src, files)
+    _tree(dst, files)
+    os.symlink("a", src / "w" / "link")
+    os.symlink("a", dst / "w" / "link")
+    tree_ = walk(str(src), "w")
+    assert set(tree_) == {"w/a", "w/d", "w/d/b", "w/link"}
+    assert tree_["w/d"] == ("d",) and tree_["w/link"] == ("l", "a") and tree_["w/a"][1] == 10
+    expect = Expect.of(str(src), "w", ["w/d/b"])
+    assert expect.differences(str(dst)) == []
+    # bytes changed inside the probed tail: found; the same size and time do not hide it
+    with open(dst / "w" / "d" / "b", "r+b") as f:
+        f.seek(299_000)
+        f.write(b"Q")
+    os.utime(dst / "w" / "d" / "b", (1_700_000_000, 1_700_000_000))
+    assert expect.differences(str(dst)) == ["w/d/b: other bytes than the source's"]
+    _tree(dst, {"w/d/b": files["w/d/b"]})
+    # a time that differs counts, unless times are left out (the geo-replication poll)
+    os.utime(dst / "w" / "a", (1_700_000_100, 1_700_000_100))
+    assert expect.differences(str(dst))[0].startswith("w/a:")
+    assert expect.differences(str(dst), mtimes=False) == []
+    # an extra and a missing entry
+    (dst / "w" / "extra").write_bytes(b"")
+    os.remove(dst / "w" / "link")
+    diffs = expect.differences(str(dst), mtimes=False)
+    assert [d.split(":")[0] for d in diffs] == ["w/extra", "w/link"]
+    assert walk(str(src), "missing") == {}
+
+
+def test_steady_consistency_is_a_prefix_of_whole_files_with_its_journal(tmp_path):
+    d = tmp_path / "steady"
+    d.mkdir()
+    w = SteadyWatcher("t", str(tmp_path), {})
+
+    def check() -> bool:
+        names = set(os.listdir(d))
+        return w._consistent(str(d), names, set())
+
+    (d / "journal").write_bytes(b"")
+    assert check()  # state 0
+    for k in (1, 2):
+        (d / f"f{k:06d}").write_bytes(content(k))
+    (d / "journal").write_bytes(b"1\n2\n")
+    assert check()  # state 2
+    (d / "f000003").write_bytes(content(3))
+    assert not check()  # a file the journal does not list yet
+    (d / "journal").write_bytes(b"1\n2\n3\n")
+    assert check()
+    (d / "f000003").write_bytes(content(3)[:4096])
+    assert not check()  # half a file
+    (d / "f000003").write_bytes(content(3))
+    os.remove(d / "f000002")
+    assert not check()  # a gap
+    (d / "f000002").write_bytes(content(2))
+    (d / ".f000004.tmp").write_bytes(b"")
+    assert not check()  # a reader sees a temporary name the source never had
+
+
+def test_cpu_meter_counts_a_tree_and_the_children_it_waited_for():
+    procs = processes()
+    me = os.getpid()
+    assert procs[me][0] == os.getppid()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert child.pid in tree(processes(), {me})
+    finally:
+        child.kill()
+        child.wait()
+    meter = cpu_of_pids(me)
+    before = meter.read()
+    subprocess.run([sys.executable, "-c", "x = 0\nfor i in range(6_000_000): x += i"], check=True)
+    assert meter.read() - before >= 0.1  # the busy child's time, once waited for
+
+
+@pytest.mark.skipif(shutil.which("rsync") is None, reason="no rsync")
+def test_rsync_figures(tmp_path):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    _tree(src, {"a": b"1" * 1000, "d/b": b"2" * 5000})
+    first = rsync(str(src), str(dst))
+    assert first["bytes_read"] == first["bytes_written"] == 6000
+    assert (dst / "d" / "b").read_bytes() == b"2" * 5000
+    os.remove(src / "a")
+    time.sleep(0.01)
+    second = rsync(str(src), str(dst))
+    assert second["bytes_written"] == 0 and not (dst / "a").exists()
+
+
+def test_stage_row_splits_a_cycle():
+    cyc = {
+        "epoch": 4,
+        "t0": 100.0,
+        "t_cut": 103.0,
+        "t_end": 110.0,
+        "cut": {"barrier_on_s": 2.2, "held_s": 2.3},
+        "publish": {"resolve_s": 0.1, "records": {"brick1": 3, "brick2": 4}},
+        "stats": [{"durations": {"merge": 2.0, "apply": 1.5}}, {"durations": {"merge": 1.0}}],
+    }
+    row = _stage_row("rename", cyc)
+    assert row["total_s"] == 10.0 and row["cut_s"] == 3.0 and row["records"] == 7
+    assert row["stages_s"] == {"merge": 3.0, "apply": 1.5}
+    assert row["other_s"] == pytest.approx(2.5)
+
+
+def test_results_page_layouts_of_the_gluster_files():
+    rows = [
+        {
+            "workload": "append",
+            "tool": t,
+            "convergence_s": s,
+            "lag_median_s": None,
+            "lag_p95_s": None,
+            "bytes_read": 1 << 20,
+            "bytes_written": 65536,
+            "cpu_s": 1.5,
+            "consistent_fraction": None,
+            "replica_equals_source": True,
+            "loadavg_1m": [1.0, 2.0],
+        }
+        for t, s in (("epochsync", 4.0), ("geo-replication", None), ("rsync", 2.0))
+    ]
+    text = "\n".join(LAYOUTS["gluster"](rows))
+    assert "`geo-replication`" in text and "did not converge" in text and "64.0 KiB" in text
+    assert "append: convergence" in text
+    lag = "\n".join(LAYOUTS["gluster.lag"]([{"tool": "epochsync", "points": [[0.0, 1.0], [2.0, 3.0]]}]))
+    assert "<polyline" in lag and "epochsync" in lag
+    assert line_chart("t", [("a", [])], "x", "y") == []
+    source = "\n".join(
+        LAYOUTS["gluster.source"](
+            [
+                {"row": "cut", "epoch": 2, "end_to_end_s": 2.9, "held_s": 2.4, "rename_probe_max_s": 2.5},
+                {"row": "cuts-summary", "cuts": 1, "end_to_end_s_max": 2.9, "end_to_end_s_median": 2.9},
+                {"row": "untar-replicated", "entries": 21116, "cut_to_commit_s": 50.0},
+                {
+                    "row": "live-airflow",
+                    "interval_s": 10,
+                    "epochs": 2,
+                    "committed": 1,
+                    "per_epoch": [
+                        {"epoch": 1, "committed": True, "commit_after_cut_s": 18.0},
+                        {"epoch": 2, "committed": False},
+                    ],
+                },
+            ]
+        )
+    )
+    assert "21,116 entries" in source and "18.0, not committed" in source and "| 2 |" in source
+    stages = "\n".join(LAYOUTS["gluster.stages"]([{"workload": "rename", "epoch": 3, "stages_s": {"merge": 2.0}}]))
+    assert "merge 2.0" in stages
