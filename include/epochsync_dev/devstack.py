@@ -198,6 +198,19 @@ class AirflowStandalone:
             text = resp.read()
             return json.loads(text) if text else {}
 
+    def wait_for_dag(self, token: str, dag_id: str, timeout: float = 300) -> None:
+        """Until the DAG processor has parsed ``dag_id`` (the REST API knows it)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                self.api("GET", f"/dags/{dag_id}", token)
+                return
+            except urllib.error.HTTPError as exc:
+                if exc.code != 404:
+                    raise
+            time.sleep(2)
+        raise TimeoutError(f"DAG {dag_id} not parsed within {timeout:.0f}s:\n{self.tail()}")
+
     def tail(self, n: int = 40) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])

@@ -136,7 +136,7 @@ class LiveEpochs:
             stack.start(timeout=600)
             stack.create_pools(config)  # as `make airflow`: the scheduler runs no task of a missing pool
             token = stack.token(password)
-            _wait_for_dag(stack, token, DAG)
+            stack.wait_for_dag(token, DAG)
             stack.api("PATCH", f"/dags/{DAG}", token, {"is_paused": False})
             facts["unpaused_before_epoch_1_closed"] = time.time() < start.timestamp() + INTERVAL
 
@@ -227,18 +227,3 @@ def _task_seconds(stack, token: str, run: dict, closed_at: float | None) -> dict
             "ran": round(_ts(ti["end_date"]) - _ts(ti["start_date"]), 1),
         }
     return dict(sorted(out.items(), key=lambda kv: kv[1].get("queued_at", 1e9)))
-
-
-def _wait_for_dag(stack, token: str, dag_id: str, timeout: float = 300) -> None:
-    import urllib.error
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            stack.api("GET", f"/dags/{dag_id}", token)
-            return
-        except urllib.error.HTTPError as exc:
-            if exc.code != 404:
-                raise
-        time.sleep(2)
-    raise TimeoutError(f"DAG {dag_id} not parsed within {timeout:.0f}s:\n{stack.tail()}")

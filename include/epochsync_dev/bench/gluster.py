@@ -790,7 +790,7 @@ class Bench:
             f"held (brick logs) max {summary['held_s_max']}; rename probe max {summary['rename_probe_max_s']:.2f} s; "
             f"slowest write {summary['write_probe_max_s']:.3f} s"
         )
-        self.driver.call("cycle")  # the probes' cuts replicated, so the target is at the last cut
+        self.driver.call("window")  # the probes' cuts replicated in one pass: the target is at the last cut
 
     # ------------------------------------------------------------------ issue 31: live epochs under Airflow
     def run_airflow(self) -> None:
@@ -839,7 +839,7 @@ class Bench:
             af.start(timeout=600)
             af.create_pools(config)
             token = af.token(password)
-            _wait_dag(af, token, dag)
+            af.wait_for_dag(token, dag)
             af.api("PATCH", f"/dags/{dag}", token, {"is_paused": False})
             wt.start()
             from epochsync.warehouse.paths import Warehouse, local_path
@@ -1099,21 +1099,6 @@ def _tarball() -> str:
     return tarball()
 
 
-def _wait_dag(af, token: str, dag: str, timeout: float = 300) -> None:
-    import urllib.error
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            af.api("GET", f"/dags/{dag}", token)
-            return
-        except urllib.error.HTTPError as exc:
-            if exc.code != 404:
-                raise
-        time.sleep(2)
-    raise RuntimeError(f"airflow did not parse the DAG {dag} within {timeout:.0f} s:\n{af.tail()}")
-
-
 # --------------------------------------------------------------------------- main
 
 
@@ -1184,7 +1169,7 @@ def main(argv: list[str] | None = None) -> int:
         sig = Interrupted.of(exc)
         say(f"stopped by {sig.name}; everything started was stopped")
         code = sig.exit_code
-    except (RuntimeError, subprocess.CalledProcessError) as exc:
+    except (RuntimeError, TimeoutError, subprocess.CalledProcessError) as exc:
         say(f"FAILED: {exc}")
     seconds = time.monotonic() - t0
     if bench.rows or bench.source_rows:
