@@ -156,8 +156,10 @@ def test_results_page_layouts_of_the_gluster_files():
     source = "\n".join(
         LAYOUTS["gluster.source"](
             [
-                {"row": "cut", "epoch": 2, "end_to_end_s": 2.9, "held_s": 2.4, "rename_probe_max_s": 2.5},
-                {"row": "cuts-summary", "cuts": 1, "end_to_end_s_max": 2.9, "end_to_end_s_median": 2.9},
+                {"row": "cut", "epoch": 2, "barrier": True, "end_to_end_s": 2.9, "held_s": 2.4},
+                {"row": "cut", "epoch": 3, "barrier": False, "end_to_end_s": 0.9, "rename_probe_max_s": 0.02},
+                {"row": "cuts-summary", "barrier": True, "cuts": 1, "end_to_end_s_max": 2.9},
+                {"row": "cuts-summary", "barrier": False, "cuts": 1, "end_to_end_s_max": 0.9},
                 {"row": "untar-replicated", "entries": 21116, "cut_to_commit_s": 50.0},
                 {
                     "row": "live-airflow",
@@ -172,6 +174,7 @@ def test_results_page_layouts_of_the_gluster_files():
             ]
         )
     )
-    assert "21,116 entries" in source and "18.0, not committed" in source and "| 2 |" in source
+    assert "21,116 entries" in source and "18.0, not committed" in source and "| 2 | on |" in source
+    assert "| 3 | off |" in source and "cuts without it (`cut.barrier: false`)" in source
     stages = "\n".join(LAYOUTS["gluster.stages"]([{"workload": "rename", "epoch": 3, "stages_s": {"merge": 2.0}}]))
     assert "merge 2.0" in stages

@@ -48,10 +48,10 @@ What each row measures (``bench/results/gluster.json``, one row per tool and wor
 Each replica is checked equal to the source (type, size, mode and mtime in seconds of every entry,
 the last 128 KiB of chosen files) through its read path once it converged: ``replica_equals_source``.
 
-Issue 31's rows (``bench/results/gluster.source.json``): ``--cuts`` cuts of the volume while a
-writer probe appends every 50 ms and a renamer probe renames a file back and forth (the slowest
-write, the longest rename: the hold seen from outside, beside the cut record's ``held_s`` from the
-brick logs); the untar's cut to its commit; live 10 s epochs under ``airflow standalone`` (each
+Issue 31's rows (``bench/results/gluster.source.json``): ``--cuts`` cuts of the volume with
+Gluster's barrier and as many without (``cut.barrier: false``), alternating, while a writer probe
+appends every 50 ms and a renamer probe renames a file back and forth (the slowest write, the
+longest rename: the hold seen from outside, beside the cut record's ``held_s`` from the brick logs); the untar's cut to its commit; live 10 s epochs under ``airflow standalone`` (each
 epoch's commit after its cut).
 
     python -m epochsync_dev.bench gluster [--size full|quick] [--parts issue33,cuts,airflow]
@@ -133,13 +133,16 @@ def content(k: int, n: int = STEADY_FILE) -> bytes:
 
 
 class Driver:
-    """The epochsync driver: ``python -m epochsync_dev.bench.gluster CONFIG SOURCE TARGET`` kept
-    running, told over its stdin to cut (``cut``) or to cut and replicate (``cycle``)."""
+    """The epochsync driver: ``python -m epochsync_dev.bench.gluster CONFIG SOURCE TARGET [CONFIG2]``
+    kept running, told over its stdin to cut (``cut``), to cut as ``CONFIG2`` says (``cut2``: the
+    same source with ``cut.barrier: false``), to cut and replicate (``cycle``) or to replicate every
+    cut epoch since the last commit (``window``)."""
 
-    def __init__(self, config: Path, source: str, target: str, env: dict, log: Path):
+    def __init__(self, config: Path, source: str, target: str, env: dict, log: Path, config2: Path | None = None):
         self.log = open(log, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "epochsync_dev.bench.gluster", str(config), source, target],
+            [sys.executable, "-m", "epochsync_dev.bench.gluster", str(config), source, target]
+            + ([str(config2)] if config2 else []),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.log,
@@ -191,8 +194,9 @@ def driver_main(argv: list[str]) -> int:
     from epochsync.stages.cut import cut_source
     from epochsync.stages.replicate import replicate
 
-    config, source, target = argv
+    config, source, target = argv[:3]
     cfg = load_config(config)
+    cfg2 = load_config(argv[3]) if len(argv) > 3 else None
 
     def cpu() -> float:
         a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -212,7 +216,9 @@ def driver_main(argv: list[str]) -> int:
             if op == "window":
                 doc = _window(cfg, source, target, log)
             else:
-                out = cut_source(cfg, source, progress=log)
+                if op == "cut2" and cfg2 is None:
+                    raise RuntimeError("cut2: the driver was started without a second config")
+                out = cut_source(cfg2 if op == "cut2" else cfg, source, progress=log)
                 cut = out["cuts"][-1]
                 doc = {
                     "epoch": out["epoch"],
@@ -351,11 +357,17 @@ class Bench:
         )
         self.config = self.work / "epochsync.yaml"
         self.config.write_text(yaml.safe_dump(doc, sort_keys=False))
+        # the same source cut without Gluster's barrier (``cut.barrier: false``), for the cuts part
+        doc["sources"][0]["cut"] = {"barrier": False}
+        self.config_nobarrier = self.work / "epochsync-nobarrier.yaml"
+        self.config_nobarrier.write_text(yaml.safe_dump(doc, sort_keys=False))
         from epochsync.spark import REMOTE_ENV
 
         self.env = dict(os.environ, **{REMOTE_ENV: url})
         self.server.wait_warm_up(300)
-        self.driver = Driver(self.config, "vol", "es", self.env, self.work / "driver.log")
+        self.driver = Driver(
+            self.config, "vol", "es", self.env, self.work / "driver.log", config2=self.config_nobarrier
+        )
         stack.callback(self.driver.stop)
         # the steady writer's cuts come from a process of their own, on the epoch's schedule
         self.cutter = Driver(self.config, "vol", "es", self.env, self.work / "cutter.log")
@@ -740,17 +752,21 @@ class Bench:
         for th in threads:
             th.start()
         time.sleep(2)
-        say(f"cuts: {n} cuts with a writer and a renamer probe on the mount")
+        say(
+            f"cuts: {n} cuts with Gluster's barrier and {n} without (cut.barrier: false), alternating, "
+            "with a writer and a renamer probe on the mount"
+        )
         cuts = []
-        for _ in range(n):
+        for i in range(2 * n):
+            barrier = i % 2 == 0
             t0 = time.time()
-            out = self.driver.call("cut")
-            cuts.append((t0, time.time(), out))
+            out = self.driver.call("cut" if barrier else "cut2")
+            cuts.append((t0, time.time(), barrier, out))
             time.sleep(1.5)
         stop.set()
         for th in threads:
             th.join(10)
-        for t0, t1, out in cuts:
+        for t0, t1, barrier, out in cuts:
             c = out["cut"]
             w = [d for t, d in writes if t0 - 0.5 <= t <= t1]
             r = [d for t, d in renames if t0 - 0.5 <= t <= t1]
@@ -759,6 +775,7 @@ class Bench:
                     {
                         "row": "cut",
                         "epoch": out["epoch"],
+                        "barrier": barrier,
                         "cut_total_s": c.get("total_s"),
                         "end_to_end_s": t1 - t0,
                         "barrier_on_s": c.get("barrier_on_s"),
@@ -772,24 +789,27 @@ class Bench:
                     }
                 )
             )
-        rows = [r for r in self.source_rows if r["row"] == "cut"]
-        summary = {
-            "row": "cuts-summary",
-            "cuts": len(rows),
-            "end_to_end_s_max": max(r["end_to_end_s"] for r in rows),
-            "end_to_end_s_median": statistics.median(r["end_to_end_s"] for r in rows),
-            "held_s_max": max((r["held_s"] for r in rows if r["held_s"] is not None), default=None),
-            "rename_probe_max_s": max((r["rename_probe_max_s"] or 0) for r in rows),
-            "write_probe_max_s": max((r["write_probe_max_s"] or 0) for r in rows),
-            "targets": {"end_to_end_s": 3, "held_s": 1, "write_probe_max_s": 0.5},
-            "loadavg_1m": load(),
-        }
-        self.source_rows.append(_rounded(summary))
-        say(
-            f"cuts: end to end median {summary['end_to_end_s_median']:.2f} s, max {summary['end_to_end_s_max']:.2f} s; "
-            f"held (brick logs) max {summary['held_s_max']}; rename probe max {summary['rename_probe_max_s']:.2f} s; "
-            f"slowest write {summary['write_probe_max_s']:.3f} s"
-        )
+        for barrier in (True, False):
+            rows = [r for r in self.source_rows if r["row"] == "cut" and r["barrier"] is barrier]
+            summary = {
+                "row": "cuts-summary",
+                "barrier": barrier,
+                "cuts": len(rows),
+                "end_to_end_s_max": max(r["end_to_end_s"] for r in rows),
+                "end_to_end_s_median": statistics.median(r["end_to_end_s"] for r in rows),
+                "held_s_max": max((r["held_s"] for r in rows if r["held_s"] is not None), default=None),
+                "rename_probe_max_s": max((r["rename_probe_max_s"] or 0) for r in rows),
+                "write_probe_max_s": max((r["write_probe_max_s"] or 0) for r in rows),
+                "targets": {"end_to_end_s": 3, "held_s": 1, "write_probe_max_s": 0.5},
+                "loadavg_1m": load(),
+            }
+            self.source_rows.append(_rounded(summary))
+            say(
+                f"cuts {'with' if barrier else 'without'} the barrier: end to end median "
+                f"{summary['end_to_end_s_median']:.2f} s, max {summary['end_to_end_s_max']:.2f} s; held (brick logs) "
+                f"max {summary['held_s_max']}; rename probe max {summary['rename_probe_max_s']:.2f} s; "
+                f"slowest write {summary['write_probe_max_s']:.3f} s"
+            )
         self.driver.call("window")  # the probes' cuts replicated in one pass: the target is at the last cut
 
     # ------------------------------------------------------------------ issue 31: live epochs under Airflow
@@ -1121,7 +1141,12 @@ def parse_args(argv):
         default=5,
         help="changelog.rollover-time of the master (s); epochsync's steady epochs as long",
     )
-    p.add_argument("--cuts", type=int, default=12, help="cuts measured with the writer and renamer probes")
+    p.add_argument(
+        "--cuts",
+        type=int,
+        default=8,
+        help="cuts measured with the writer and renamer probes, as many with the barrier as without",
+    )
     p.add_argument("--live-epochs", type=int, default=6, help="10 s epochs run by the Airflow scheduler")
     p.add_argument("--active-timeout", type=float, default=180, help="seconds for geo-replication to reach Active")
     p.add_argument("--converge-timeout", type=float, default=900, help="seconds a replica may take to converge")

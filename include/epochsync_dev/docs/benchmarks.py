@@ -476,6 +476,7 @@ def _gluster_source(data: Any) -> list[str]:
             cuts,
             [
                 ("epoch", _field("epoch")),
+                ("barrier", _field("barrier", lambda v: {True: "on", False: "off"}.get(v, ""))),
                 ("end to end s", _field("end_to_end_s", lambda v: _num(v, 2))),
                 ("barrier on s", _field("barrier_on_s", lambda v: _num(v, 2))),
                 ("held s (brick logs)", _field("held_s", lambda v: _num(v, 2))),
@@ -486,8 +487,11 @@ def _gluster_source(data: Any) -> list[str]:
         )
     for r in data:
         if r.get("row") == "cuts-summary":
+            mode = {True: " with Gluster's barrier", False: " without it (`cut.barrier: false`)"}.get(
+                r.get("barrier"), ""
+            )
             out += [
-                f"Over {_num(r.get('cuts'))} cuts: end to end median {_num(r.get('end_to_end_s_median'), 2)} s, "
+                f"Over {_num(r.get('cuts'))} cuts{mode}: end to end median {_num(r.get('end_to_end_s_median'), 2)} s, "
                 f"max {_num(r.get('end_to_end_s_max'), 2)} s (target ≤ 3 s); namespace operations held "
                 f"(brick logs) max {_num(r.get('held_s_max'), 2)} s, longest rename seen on the mount "
                 f"{_num(r.get('rename_probe_max_s'), 2)} s (target ≤ 1 s); slowest write "
