@@ -338,6 +338,7 @@ class Bench:
         self.geo = GeoRep(self.master.name, self.slave.name, self.master.host, self.work / "geo")
         stack.callback(self.geo.stop)
         self.geo.start(active_timeout=a.active_timeout, say=say)
+        self.check_geo_workers()
         self.geo_cpu = self.geo.cpu()
 
         self.server = SparkConnectServer(
@@ -375,6 +376,39 @@ class Bench:
         self.es_cpu = CpuMeter(lambda procs: {self.driver.proc.pid, self.cutter.proc.pid, self.server.proc.pid})
         first = self.driver.call("cycle")  # epoch 1: the empty volume, and the driver's first Spark session
         say(f"epochsync: epoch {first['epoch']} (the empty volume) in {first['t_end'] - first['t0']:.1f} s")
+
+    def check_geo_workers(self, files: int = 40, timeout: float = 90, attempts: int = 3) -> None:
+        """Every geo-replication worker replicates: files written on every master brick reach the slave.
+
+        A worker can be Active and still never receive a changelog from its brick (seen once: the
+        second brick's worker registered, went to Changelog Crawl and synced nothing for 15 minutes
+        while the first one synced 11,000 files). Such a session is restarted; after ``attempts``
+        the run stops, naming the silent bricks."""
+        sub = "geo-check"
+        os.makedirs(os.path.join(self.mnt, sub), exist_ok=True)
+        for attempt in range(1, attempts + 1):
+            names = [f"{sub}/a{attempt}-{i:03d}" for i in range(files)]
+            for n in names:
+                with open(os.path.join(self.mnt, n), "wb") as f:
+                    f.write(n.encode())
+            bricks = [b.split(":", 1)[1] for b in self.master.bricks]
+            # a file's brick holds its bytes (a DHT linkto elsewhere is empty)
+            owner = {n: next((b for b in bricks if _size(os.path.join(b, n))), "?") for n in names}
+            t0 = time.monotonic()
+            missing = names
+            while time.monotonic() - t0 < timeout:
+                missing = [n for n in names if not os.path.isfile(os.path.join(self.slave_brick, n))]
+                if not missing:
+                    say(f"geo-replication: every brick's worker replicates ({time.monotonic() - t0:.0f} s)")
+                    return
+                time.sleep(2)
+            silent = sorted({owner[n] for n in missing})
+            say(
+                f"geo-replication: nothing from {', '.join(silent)} after {timeout:.0f} s (attempt {attempt} of {attempts})"
+            )
+            if attempt < attempts:
+                self.geo.restart(active_timeout=self.args.active_timeout, say=say)
+        raise RuntimeError(f"geo-replication: the workers of {', '.join(silent)} replicate nothing (see gsyncd.log)")
 
     # ------------------------------------------------------------------ helpers
     def es_cycle(self) -> dict:
@@ -1105,6 +1139,13 @@ def _stage_row(workload: str, cyc: dict) -> dict:
             "other_s": total - cut_s - sum(stages.values()),
         }
     )
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
 
 
 def _every(root: str, sub: str, step: int) -> list[str]:

@@ -362,8 +362,18 @@ class GeoRep:
         auth.write_text("\n".join(lines) + "\n")
         for k, v in (("ssh_port", str(port)), ("sync_method", "tarssh"), ("change_interval", "1")):
             self.geo("config", k, v)
-        t0 = time.monotonic()
         self.geo("start")
+        self.wait_active(active_timeout, say)
+
+    def restart(self, *, active_timeout: float = 180, say=print) -> None:
+        """Stops the session's workers and starts them again (they register with the bricks anew)."""
+        self.geo("stop", "force")
+        self.geo("start")
+        self.wait_active(active_timeout, say)
+
+    def wait_active(self, active_timeout: float, say) -> None:
+        """Until every worker is Active; a RuntimeError naming the workers' states after ``active_timeout``."""
+        t0 = time.monotonic()
         while True:
             status = self.geo("status", check=False).stdout
             rows = [line for line in status.splitlines() if self.master in line and "::" in line]
