@@ -11,6 +11,9 @@ import pytest
 FIXTURES = Path(__file__).parent / "fixtures"
 
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+# a command without a configured server runs Spark in process here, as before: the local
+# server the CLI would otherwise start (and leave running until idle) has its own tests
+os.environ.setdefault("EPOCHSYNC_SPARK_AUTOSTART", "0")
 
 
 #: the longest files (about 200 s each in one process), started first so they run on different workers

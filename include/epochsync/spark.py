@@ -29,6 +29,14 @@ import threading
 import zipfile
 from pathlib import Path
 
+from epochsync.spark_server import (
+    SMALL_JVM_OPTIONS,
+    SMALL_SQL_CONF,
+    autostart_enabled,
+    ensure_server,
+    spark_profile,
+)
+
 #: environment variable naming the Spark Connect server (``sc://127.0.0.1:15002``)
 REMOTE_ENV = "EPOCHSYNC_SPARK_REMOTE"
 #: the Airflow connection (provider type ``spark_connect``) the stage tasks use
@@ -48,19 +56,6 @@ SESSION_CONF = {
     # was rewritten, and fail with FILE_NOT_EXIST (seen after an interrupted replicate).
     "spark.connect.session.planCache.enabled": "false",
 }
-
-#: SQL settings of the "small" profile: interpreted expressions and static plans.
-#: Epoch jobs on one machine are many small queries whose literals (epoch numbers, paths)
-#: change every run: compiling generated code and adaptive re-planning (one job per
-#: shuffle stage) cost more than they save (a small epoch's merge: 13 -> 5 JVM CPU-s).
-SMALL_SQL_CONF = {
-    "spark.sql.codegen.wholeStage": "false",
-    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
-    "spark.sql.adaptive.enabled": "false",
-}
-
-#: JVM options of a local Spark (the server's driver, a classic local session)
-SMALL_JVM_OPTIONS = "-XX:+UseSerialGC"
 
 DEFAULT_SHUFFLE_PARTITIONS = 4
 
@@ -96,6 +91,9 @@ def spark_session(
     session of its own.
     """
     url = None if master else resolve_remote(remote, cfg)
+    if url is None and master is None and autostart_enabled():
+        # no server configured: the local one this and later commands share (started if need be)
+        url = ensure_server(progress=lambda line: print(f"epochsync: {line}", file=sys.stderr, flush=True))
     if url:
         from pyspark.sql import SparkSession
 
@@ -228,15 +226,20 @@ def prepare_session(spark, *, shuffle_partitions: int | None = None, extra_conf:
     for k, v in (extra_conf or {}).items():
         if k.startswith("spark.sql."):
             conf[k] = v
-    set_all = getattr(spark.conf, "_set_all", None)  # Connect: every setting in one request
+    set_confs(spark, conf)
+    if is_connect(spark):
+        ship_package(spark)
+    return spark
+
+
+def set_confs(spark, conf: dict[str, str]) -> None:
+    """Set session settings: on Connect every one in a single request."""
+    set_all = getattr(spark.conf, "_set_all", None)
     if set_all is not None:
         set_all(conf, silent=False)
     else:
         for k, v in conf.items():
             spark.conf.set(k, v)
-    if is_connect(spark):
-        ship_package(spark)
-    return spark
 
 
 def session_master(spark) -> str:
@@ -245,17 +248,6 @@ def session_master(spark) -> str:
         return spark.conf.get("spark.master", "local") or "local"
     except Exception:  # a server that hides it: treat as a cluster
         return "cluster"
-
-
-def spark_profile(master: str) -> str:
-    """``small`` (local masters: interpreted SQL, static plans) or ``default`` (Spark's own).
-
-    ``$EPOCHSYNC_SPARK_PROFILE`` overrides: the benchmarks run with ``default``.
-    """
-    forced = os.environ.get("EPOCHSYNC_SPARK_PROFILE")
-    if forced:
-        return forced
-    return "small" if master.startswith("local") else "default"
 
 
 def executor_slots(spark) -> int:
@@ -322,11 +314,27 @@ def run_report_tasks(spark, n: int, task, *, tag: str, what: str) -> list[dict]:
     return [json.loads(r["report"]) for r in rows]
 
 
+def collect_arrow(df):
+    """``df``'s rows as an Arrow table, in one request.
+
+    pyspark's Connect ``toArrow()`` first asks the server for the schema (an analysis of the
+    whole plan) and then runs it (analyzed again): on the merge's plan that first request
+    was half of the stage (1.4 of 2.8 s, cProfile, 2026-11-27). The execute request alone
+    returns the Arrow batches with their types; a classic session has no such cost.
+    """
+    to_table = getattr(df, "_to_table", None)
+    if is_connect(df.sparkSession) and to_table is not None:
+        return to_table()[0]
+    return df.toArrow()
+
+
 #: inputs below this many rows are planned for one partition without broadcast joins
 TINY_INPUT_ROWS = 20_000
 
 
-def size_partitions(spark, rows: int, *, per_partition: int = 200_000, most: int | None = None) -> int:
+def size_partitions(
+    spark, rows: int, *, per_partition: int = 200_000, most: int | None = None, extra: dict[str, str] | None = None
+) -> int:
     """Set the session's shuffle partitions for an input of about ``rows`` rows; returns the number.
 
     A tiny input (below :data:`TINY_INPUT_ROWS`) gets one partition and no broadcast joins:
@@ -334,15 +342,18 @@ def size_partitions(spark, rows: int, *, per_partition: int = 200_000, most: int
     broadcast is a job of its own (measured on a 1,700-record merge: 25 jobs and 51 stages
     became 7 jobs and 24 stages, about 5 s to 3-4 s; docs/INTERNALS.md). Larger inputs get
     enough partitions that each stays in memory, and the server's broadcast threshold.
+    ``extra``: more session settings, sent in the same request.
     """
     most = most or int(os.environ.get("EPOCHSYNC_MAX_SHUFFLE_PARTITIONS", "64"))
+    conf = dict(extra or {})
     if rows < TINY_INPUT_ROWS:
         n = 1
-        spark.conf.set("spark.sql.autoBroadcastJoinThreshold", "-1")
+        conf["spark.sql.autoBroadcastJoinThreshold"] = "-1"
     else:
         n = max(2, min(most, -(-max(rows, 1) // per_partition)))
         spark.conf.unset("spark.sql.autoBroadcastJoinThreshold")
-    spark.conf.set("spark.sql.shuffle.partitions", str(n))
+    conf["spark.sql.shuffle.partitions"] = str(n)
+    set_confs(spark, conf)
     return n
 
 
@@ -424,40 +435,6 @@ def ship_package(spark) -> str:
             spark.conf.set(SHIPPED_CONF, name)
         _shipped[key] = path
         return path
-
-
-def local_checkpoint(spark, df):
-    """``df.localCheckpoint(eager=True)``, bound to ``spark`` (the session that holds it).
-
-    The Connect client (pyspark 4.2, ``conversion.proto_to_remote_cached_dataframe``) gives
-    the checkpoint's DataFrame to the process's *active* session, not to the one that ran
-    the command: in a process holding two sessions (``epochsync replicate`` opens a kept
-    session of its own beside the caller's) joining it with the stage's other DataFrames
-    failed with ``SESSION_NOT_SAME``, and dropping it would have asked the wrong session to
-    release it. Release it with :func:`release_checkpoint`.
-    """
-    out = df.localCheckpoint(eager=True)
-    rel = getattr(out, "_plan", None)
-    if not is_connect(spark) or type(rel).__name__ != "CachedRemoteRelation" or out.sparkSession is spark:
-        return out
-    from pyspark.sql.connect.dataframe import DataFrame as ConnectDataFrame
-    from pyspark.sql.connect.plan import CachedRemoteRelation
-
-    relation_id, rel._relation_id = rel._relation_id, None  # the misbound copy releases nothing
-    return ConnectDataFrame(plan=CachedRemoteRelation(relation_id, spark), session=spark)
-
-
-def release_checkpoint(df) -> None:
-    """Drop a Connect session's local checkpoint of ``df`` now, not when Python collects it:
-    kept sessions outlive the process, and a checkpoint lives as long as its session. (A
-    classic session's checkpoint goes with its last reference, by Spark's cleaner.)"""
-    rel = getattr(df, "_plan", None)
-    if type(rel).__name__ != "CachedRemoteRelation" or getattr(rel, "_relation_id", None) is None:
-        return
-    try:
-        rel.__del__()  # the client's own release request (RemoveCachedRemoteRelationCommand)
-    finally:
-        rel._relation_id = None  # and not again when the object is collected
 
 
 def is_session_closed(exc: BaseException) -> bool:
@@ -550,7 +527,7 @@ def run_session_remote(url: str, run_key: str) -> str:
 
     The session id is a UUID derived from ``run_key``; the server drops the session when it
     has been idle for ``spark.connect.session.manager.defaultSessionTimeout`` (the embedded
-    server and compose's: :data:`epochsync_dev.embedded.SESSION_IDLE_TIMEOUT`).
+    server and compose's: :data:`epochsync.spark_server.SESSION_IDLE_TIMEOUT`).
     """
     import uuid
 

@@ -19,18 +19,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from epochsync.core.errors import StoreError
+from epochsync.spark_server import (  # the product's local server builds its JVM the same way
+    free_port,
+    pyspark_home,
+    server_command,
+    server_env,
+)
 from epochsync.warehouse.paths import project_dir
 
 #: Credentials of the embedded stores. Test-only; real deployments use Airflow connections.
 EMBEDDED_ACCESS_KEY = "epochsync"
 EMBEDDED_SECRET_KEY = "epochsync-secret"
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 nobody listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _free_ports(n: int) -> list[int]:
@@ -212,19 +211,11 @@ class MotoS3:
 # --------------------------------------------------------------------------- Spark
 
 
-def pyspark_home() -> Path:
-    """The pyspark package folder: a complete ``SPARK_HOME`` (bin/, jars/) shipped in the venv."""
-    import pyspark
-
-    return Path(pyspark.__file__).resolve().parent
-
-
 #: PySpark's daemon with the executor imports done before it forks workers
 #: (``spark_apps/daemon/epochsync_daemon.py``); its folder is on the ``PYTHONPATH`` of every
 #: Spark process started here (:func:`_spark_env`), so a local master's and a
 #: :class:`SparkStandalone` worker's executors find it
 DAEMON_DIR = project_dir() / "spark_apps" / "daemon"
-DAEMON_CONF = {"spark.python.daemon.module": "epochsync_daemon"}
 
 
 def _switched_on(env: str) -> bool:
@@ -239,20 +230,7 @@ def warm_up_wanted() -> bool:
 
 
 def _spark_env(log_dir: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        SPARK_HOME=str(pyspark_home()),
-        SPARK_LOCAL_IP="127.0.0.1",  # loopback only, never the machine's other interfaces
-        SPARK_LOG_DIR=str(log_dir),
-        PYSPARK_PYTHON=env.get("EPOCHSYNC_PYSPARK_PYTHON", sys.executable),
-        PYSPARK_DRIVER_PYTHON=env.get("EPOCHSYNC_PYSPARK_PYTHON", sys.executable),
-    )
-    # the server's executors import epochsync from the artifact each session ships, not from
-    # here: their path gets only the folder of the daemon module (DAEMON_CONF)
-    env["PYTHONPATH"] = str(DAEMON_DIR)
-    env.pop("SPARK_REMOTE", None)
-    env.pop("SPARK_CONNECT_MODE_ENABLED", None)
-    return env
+    return server_env(log_dir)
 
 
 def _wait_port(port: int, proc: subprocess.Popen, timeout: float, what: str, log: Path) -> None:
@@ -290,10 +268,6 @@ def _stop_group(proc: subprocess.Popen | None, timeout: float = 20) -> None:
         except ProcessLookupError:
             pass
         proc.wait(timeout=10)
-
-
-#: idle time after which the server drops a Connect session (a DAG's kept one)
-SESSION_IDLE_TIMEOUT = "10min"
 
 
 class SparkConnectServer:
@@ -349,68 +323,16 @@ class SparkConnectServer:
         return f"sc://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
-        from epochsync.spark import SMALL_JVM_OPTIONS, SMALL_SQL_CONF, spark_profile
-
-        conf = {
-            "spark.connect.grpc.binding.address": "127.0.0.1",
-            "spark.connect.grpc.binding.port": str(self.port),
-            "spark.driver.host": "127.0.0.1",
-            "spark.driver.bindAddress": "127.0.0.1",
-            "spark.ui.enabled": "false",
-            "spark.ui.showConsoleProgress": "false",
-            "spark.sql.session.timeZone": "UTC",
-            "spark.sql.shuffle.partitions": "4",
-            "spark.python.worker.reuse": "true",
-            "spark.pyspark.python": sys.executable,
-            "spark.pyspark.driver.python": sys.executable,
-            "spark.local.dir": str(self.work_dir / "local"),
-            "spark.driver.extraJavaOptions": f"{SMALL_JVM_OPTIONS} -Dderby.system.home={self.work_dir}",
-            "spark.sql.warehouse.dir": str(self.work_dir / "spark-warehouse"),
-            "spark.log.level": os.environ.get("EPOCHSYNC_SPARK_LOG_LEVEL", "WARN"),
-            # an apply task must not be re-run behind the driver's back (see epochsync.stages.apply)
-            "spark.task.maxFailures": "1",
-            # the tasks of a DAG's runs share one session (epochsync.spark.open_keyed_remote);
-            # nobody releases it, so the server drops it once the DAG has been idle this long
-            "spark.connect.session.manager.defaultSessionTimeout": SESSION_IDLE_TIMEOUT,
-        }
-        if self.preload_daemon:
-            conf.update(DAEMON_CONF)
-        if not self.master.startswith("local"):
-            conf.update(
-                {
-                    "spark.executor.memory": os.environ.get("EPOCHSYNC_EXECUTOR_MEMORY", "2g"),
-                    "spark.executor.extraJavaOptions": SMALL_JVM_OPTIONS,
-                }
-            )
-        if spark_profile(self.master if self.master.startswith("local") else "local") == "small":
-            conf.update(SMALL_SQL_CONF)
-        if self.event_log is not None:
-            self.event_log.mkdir(parents=True, exist_ok=True)
-            conf.update(
-                {
-                    "spark.eventLog.enabled": "true",
-                    "spark.eventLog.dir": f"file://{self.event_log}",
-                    # plain JSON lines, one file: what epochsync_dev.demo.spark_tasks_by_tag reads
-                    "spark.eventLog.compress": "false",
-                    "spark.eventLog.rolling.enabled": "false",
-                }
-            )
-        conf.update(self.conf)
-        submit = str(pyspark_home() / "bin" / "spark-submit")
-        cmd = [
-            submit,
-            "--class",
-            self.CLASS,
-            "--master",
+        """The ``spark-submit`` of this server (:func:`epochsync.spark_server.server_command`)."""
+        return server_command(
             self.master,
-            "--name",
-            "epochsync",
-            "--driver-memory",
-            self.driver_memory,
-        ]
-        for k, v in conf.items():
-            cmd += ["--conf", f"{k}={v}"]
-        return cmd
+            self.port,
+            self.work_dir,
+            driver_memory=self.driver_memory,
+            event_log=self.event_log,
+            conf=self.conf,
+            preload_daemon=self.preload_daemon,
+        )
 
     def start(self) -> str:
         """Start the server; returns its ``sc://`` URL once it accepts connections (about 20 s)."""

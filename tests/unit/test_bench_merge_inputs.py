@@ -65,6 +65,7 @@ def test_mix_and_consistency_of_a_generated_epoch():
 def test_the_merge_of_a_generated_epoch_equals_the_oracle(spark, tmp_path):
     from epochsync.stages.merge import run_merge
     from epochsync.warehouse.paths import Warehouse
+    from epochsync.warehouse.snapshots import read_snapshot
 
     work = tmp_path / "merge_20k"
     bench_merge.generate(work, 20_000, seed=11)
@@ -84,7 +85,7 @@ def test_the_merge_of_a_generated_epoch_equals_the_oracle(spark, tmp_path):
         r["epoch"] = 2
     records = [_record({k: r[k] for k in (f for f in Record.__slots__)}) for r in rows]
     expected = replay(ROOT_FID, prev, records)
-    got = spark.read.schema(snapshot_struct_type()).parquet(Warehouse(cfg.warehouse).snapshot("bench", 2))
+    got = read_snapshot(spark, Warehouse(cfg.warehouse), "bench", 2, ROOT_FID)  # base and deltas, newest row per fid
     got_rows = {r.fid: r for r in got.select(*SNAPSHOT_FIELDS).collect()}
     want = spark.createDataFrame([tuple(r[f] for f in SNAPSHOT_FIELDS) for r in expected], snapshot_struct_type())
     want_rows = {r.fid: r for r in want.collect()}

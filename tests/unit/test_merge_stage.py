@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from pyspark.testing import assertDataFrameEqual
+from support.configs import sim_config
 
 from epochsync.core.config import load_config
 from epochsync.core.errors import EpochError
@@ -20,34 +21,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _config(tmp_path: Path) -> Path:
-    cfg = tmp_path / "epochsync.yaml"
-    cfg.write_text(
-        f"""
-warehouse: file://{tmp_path}/warehouse
-sources:
-  - name: sim
-    root_fid: "{ROOT_FID}"
-    servers: [MDT0000, MDT0001, OST0000, OST0001]
-    changelogs: {{uri: file://{tmp_path}/changelogs, format: jsonl}}
-    store: {{conn_id: source_s3, bucket: sim}}
-    epoch: {{interval: 5m, start: 2026-01-01T00:00:00Z}}
-targets:
-  - name: t
-    source: sim
-    kind: posix
-    path: {tmp_path}/replica
-  - name: cached
-    source: sim
-    kind: posix
-    path: {tmp_path}/replica-cached
-  - name: keep1
-    source: sim
-    kind: posix
-    path: {tmp_path}/replica-keep1
-    snapshot_retention: 1
-"""
+    return sim_config(
+        tmp_path,
+        [
+            {"name": "t", "kind": "posix", "path": f"{tmp_path}/replica"},
+            {"name": "cached", "kind": "posix", "path": f"{tmp_path}/replica-cached"},
+            {"name": "keep1", "kind": "posix", "path": f"{tmp_path}/replica-keep1", "snapshot_retention": 1},
+        ],
     )
-    return cfg
 
 
 @pytest.fixture(scope="module")
@@ -90,8 +71,10 @@ def test_app_then_window_match_the_oracle(spark, stage, capsys):
     multi = sorted(c for c, s in servers_of.items() if len(s) > 1)
     assert (stats["first_epoch"], stats["epoch"], stats["cookie_groups"]) == (2, 3, len(multi))
     expected = replay(ROOT_FID, hist.at(1).snapshot, hist.at(2).records + hist.at(3).records)
+    from epochsync.warehouse.snapshots import read_snapshot
+
     assertDataFrameEqual(
-        spark.read.parquet(wh.snapshot("t", 3)),
+        read_snapshot(spark, wh, "t", 3, ROOT_FID),
         spark.createDataFrame([tuple(r[f] for f in SNAPSHOT_FIELDS) for r in expected], snapshot_struct_type()),
     )
     changes = spark.read.parquet(wh.changes("t", 3))
@@ -128,17 +111,22 @@ def test_merge_prunes_snapshots_past_retention(spark, stage):
 
 
 def test_small_and_large_input_paths_write_the_same_tables(spark, stage, monkeypatch):
-    """Small inputs materialize the per-fid state in a scratch table; large ones persist the plan."""
+    """Small inputs are merged in one collect and written here; large ones are written on Spark."""
     from epochsync.stages.merge import run_merge
+    from epochsync.warehouse.snapshots import read_snapshot
 
     _, cfg_path, wh, _ = stage
     cfg = load_config(cfg_path)
     monkeypatch.setenv("EPOCHSYNC_MERGE_CACHE_MIN_ROWS", "0")  # every input counts as large here
-    run_merge(cfg, "cached", 1, 1, spark)
+    assert run_merge(cfg, "cached", 1, 1, spark)["merge_path"] == "large"
     run_merge(cfg, "cached", 2, 3, spark)
-    for table in (wh.snapshot, wh.changes, wh.cookie_groups):
+    for table in (wh.changes, wh.cookie_groups):
         assertDataFrameEqual(spark.read.parquet(table("cached", 3)), spark.read.parquet(table("t", 3)))
+    assertDataFrameEqual(read_snapshot(spark, wh, "cached", 3, ROOT_FID), read_snapshot(spark, wh, "t", 3, ROOT_FID))
     leftovers = [
-        p.name for p in Path(wh.changes("t", 3).removeprefix("file://")).parent.iterdir() if ".state-" in p.name
+        p.name
+        for table in (wh.changes, wh.snapshot)
+        for p in Path(table("t", 3).removeprefix("file://")).parent.iterdir()
+        if ".tmp-" in p.name or ".write-" in p.name
     ]
-    assert leftovers == []  # the small path's scratch tables are gone
+    assert leftovers == []  # nothing staged is left behind

@@ -9,7 +9,7 @@ from pathlib import Path
 INCLUDE = Path(__file__).resolve().parents[2] / "include"
 #: the folders of ``epochsync`` (README, "Layout"), and the only modules at its top
 FOLDERS = {"core", "formats", "warehouse", "stages", "journal", "stores", "sources", "targets", "report", "airflow"}
-TOP = {"__init__", "cli", "spark"}
+TOP = {"__init__", "cli", "spark", "spark_server"}
 
 
 def _modules(top: str) -> dict[str, Path]:
@@ -148,7 +148,7 @@ LAYERS = [
     "sources",
     "targets",
     "journal",
-    "spark",
+    "spark spark_server",
     "report.changes",
     "stages",
     "report",

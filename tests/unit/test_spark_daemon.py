@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from epochsync_dev.embedded import DAEMON_CONF, DAEMON_DIR
+from epochsync.spark_server import DAEMON_CONF
+from epochsync_dev.embedded import DAEMON_DIR
 
 PROBE = """
 import json, os, sys

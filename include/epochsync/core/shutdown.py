@@ -146,3 +146,33 @@ def stop_processes(procs: Iterable, *, grace: float = 10.0, keep: Iterable[int] 
             p.kill()
     psutil.wait_procs(alive, timeout=5)
     return len(victims)
+
+
+def process_start(pid: int) -> str | None:
+    """The start time of ``pid`` in clock ticks since boot (None: no such process; "" unreadable).
+
+    A pid and its start time name one process for good: a recycled pid starts later.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return ""
+    # the command name (field 2) may hold spaces and parentheses: split after its last ')'
+    fields = text[text.rfind(")") + 2 :].split()
+    return fields[19] if len(fields) > 19 else ""
+
+
+def process_running(pid: int, start: str = "") -> bool:
+    """Whether ``pid`` is a live process (a zombie is not), and the one that started at ``start`` when given."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return False
+    fields = text[text.rfind(")") + 2 :].split()
+    if not fields or fields[0] in ("Z", "X"):
+        return False
+    return not start or len(fields) <= 19 or fields[19] == start

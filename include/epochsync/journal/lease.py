@@ -47,6 +47,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from epochsync.core.errors import EpochError, EpochsyncError
+from epochsync.core.shutdown import process_start
 
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Callable, Iterator
@@ -125,20 +126,6 @@ def _pid_namespace() -> str:
         return ""
 
 
-def _process_start(pid: int) -> str | None:
-    """The start time of ``pid`` in clock ticks since boot (None: no such process)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            text = f.read()
-    except FileNotFoundError:
-        return None
-    except OSError:
-        return ""
-    # the command name (field 2) may hold spaces and parentheses: split after its last ')'
-    fields = text[text.rfind(")") + 2 :].split()
-    return fields[19] if len(fields) > 19 else ""
-
-
 _run_id: str | None = None
 
 
@@ -165,7 +152,7 @@ def owner_doc(token: str) -> dict:
         "boot_id": _read_first_line("/proc/sys/kernel/random/boot_id"),
         "pid_ns": _pid_namespace(),
         "pid": pid,
-        "pid_start": _process_start(pid) or "",
+        "pid_start": process_start(pid) or "",
         "run_id": run_id(),
         "token": token,
     }
@@ -187,7 +174,7 @@ def owner_alive(owner: dict) -> bool | None:
     )
     if not same_host or not owner.get("pid"):
         return None
-    start = _process_start(int(owner["pid"]))
+    start = process_start(int(owner["pid"]))
     if start is None:
         return False
     # a recycled pid is another process: the start time tells them apart

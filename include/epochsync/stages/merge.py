@@ -377,7 +377,9 @@ def xattr_changes(recs: DataFrame) -> DataFrame:
     )
 
 
-def write_chunks(writes: DataFrame, extents_known: bool) -> tuple[DataFrame, DataFrame]:
+def write_chunks(
+    writes: DataFrame, extents_known: bool, *, shared: Callable[[DataFrame], DataFrame] | None = None
+) -> tuple[DataFrame, DataFrame]:
     """The writes with their fid's final layout → (per-write rows, file-offset chunk rows).
 
     Each write carries its fid's final ``layout`` and ``set_ord`` (the order of its last size
@@ -387,7 +389,8 @@ def write_chunks(writes: DataFrame, extents_known: bool) -> tuple[DataFrame, Dat
     rows ``(fid, after_set, s, e)`` are the extents of ``identity`` and ``striped`` writes
     in file offsets, one per extent and stripe row, exploded with generators and plain
     arithmetic: no lambda runs per record (Spark interprets higher-order functions row by
-    row; they were most of the merge's time).
+    row; they were most of the merge's time). ``shared`` receives the per-write rows (both
+    outputs read them) before the chunks are derived from them.
     """
     from pyspark.sql import functions as F
 
@@ -413,6 +416,8 @@ def write_chunks(writes: DataFrame, extents_known: bool) -> tuple[DataFrame, Dat
         # RAID-0: object k of the layout holds file stripes j*count + k (DESIGN section 4)
         F.expr("array_position(layout.objects, named_struct('ost', object.ost, 'oid', object.oid)) - 1").alias("k"),
     ).withColumn("kind", F.expr(kind))
+    if shared is not None:
+        per_write = shared(per_write)
     extents = (
         per_write.filter(F.col("kind").isin("identity", "striped"))
         .select("fid", "after_set", "kind", "ss", "cnt", "k", F.explode("extents").alias("x"))
@@ -504,53 +509,49 @@ def write_data(per_write: DataFrame, chunks: DataFrame) -> DataFrame:
     return per_fid.withColumn("new_objects", F.expr(f"CASE WHEN size(objs) > 0 THEN {latest} END")).drop("objs")
 
 
-def merge_epoch(
+def merge_state(
     prev_snapshot: DataFrame,
     records: DataFrame,
     root_fid: str | Iterable[str],
     extents_known: bool = True,
     *,
-    cache: bool | list | Callable[[DataFrame], DataFrame] = False,
+    cache: bool | list = False,
     ranked: Callable[[DataFrame], DataFrame] | None = None,
-) -> tuple[DataFrame, DataFrame]:
-    """Snapshot E-1 and the records of E (or of a window) → (snapshot E, net change set).
+    shared: Callable[[DataFrame], DataFrame] | None = None,
+) -> DataFrame:
+    """The per-fid state of the merge: one row per fid a record of the window is about.
 
-    Pure transform: ``prev_snapshot`` has the snapshot columns (:data:`epochsync.core.model.SNAPSHOT_FIELDS`),
-    ``records`` the canonical record columns. Returns DataFrames with the columns and types
-    of ``snapshot_struct_type()`` and ``change_struct_type()``, in order (see
-    :mod:`epochsync.core.model` for their meaning). ``extents_known`` is False for sources whose
-    changelogs carry no byte ranges and no attribute values (Lustre text, Gluster).
+    Columns: ``fid``, ``type``, ``links`` (at E), ``existed_before``, ``exists_after``, the
+    E-1 values ``p_<column>`` and the E values ``n_<column>`` of the snapshot columns,
+    ``whole_file``, ``ranges``, ``old0`` (the E-1 size, 0 if none) and the facts the change
+    rules read (:func:`state_changes`). Only the rows of ``prev_snapshot`` whose fid a record
+    names are read: the caller may pass those alone (:func:`run_merge` does).
 
     A record that gives a name to a fid that neither exists at E-1 nor is created in the
     window fails the job with a message naming the fid (the snapshot and the changelog
     disagree), and so does a name whose adds and removes apply in no order (a name removed
     that the fid never held, added twice with no removal between...), naming its records
-    (``server index N (TYPE)``); :func:`run_merge` turns either into one-line ``EpochError``. Records about such fids that give no name (a late ``CLOSE`` or ``WRITE`` of a
-    file deleted before) change nothing, as in the oracle.
+    (``server index N (TYPE)``); :func:`run_merge` turns either into one-line ``EpochError``.
+    Records about such fids that give no name (a late ``CLOSE`` or ``WRITE`` of a file
+    deleted before) change nothing, as in the oracle.
 
     ``root_fid`` may be several fids: independent namespaces merged in one job (the tests
     batch many small histories this way); each root exists without links.
 
     ``cache`` (True, or a list that receives the persisted DataFrames so the caller can
-    ``unpersist()`` them) persists the ranked records (every aggregation reads them) and the
-    per-fid state both outputs derive from, so writing the snapshot and then the change set
-    computes the merge once. A callable ``cache`` instead receives the per-fid state and
-    returns it materialized (:func:`run_merge` writes it to a scratch table and reads it
-    back): the outputs' plans then start from its rows, which is what a small epoch wants
-    (the wide plan is planned once, not once per output).
-
+    ``unpersist()`` them) persists the ranked records (every aggregation reads them).
     ``ranked``, if given, receives the ranked records (:func:`prepare_records`: partitioned
     by fid, with the causal order) and returns them computed once, keeping that
-    partitioning (:func:`run_merge` takes a local checkpoint of them on a small epoch):
-    the five aggregations then start from their rows instead of each planning and running
-    the shuffle and the windows again.
+    partitioning: the five aggregations then start from their rows. ``shared``, if given,
+    receives the per-write rows too, the other sub-plan read twice (:func:`run_merge`
+    analyzes both once into the session's plan cache).
     """
     from pyspark.sql import functions as F
 
     recs = prepare_records(records)
     if ranked is not None:
         recs = ranked(recs)
-    if cache is not False and not callable(cache):
+    if cache is not False:
         # Five aggregations read the ranked records: shuffle and sort them once. The token
         # makes this plan (and the per-fid state built on it) this call's own: Spark matches
         # cached data by plan, across sessions, and a run killed before its unpersist()
@@ -599,7 +600,7 @@ def merge_epoch(
         .withColumn("layout", F.expr("CASE WHEN l_layout IS NULL THEN p_layout ELSE l_layout.v END"))
         .drop("l_layout", "p_layout")
     )
-    per_write, chunks = write_chunks(with_layout, extents_known)
+    per_write, chunks = write_chunks(with_layout, extents_known, shared=shared)
     data = write_data(per_write, chunks).withColumn("has_write", F.lit(True))
     touched = meta.join(data, "fid", "full")
     st = (
@@ -701,10 +702,101 @@ def merge_epoch(
             f" THEN coalesce(p_objects, {_empty(_OBJECT)}) ELSE {merged_objects} END"
         ),
     )
+    return st
 
+
+def _change_columns(extents_known: bool) -> list:
+    """The change-set columns (:data:`CHANGE_FIELDS`) of a per-fid state row, and ``_changed``."""
+    from pyspark.sql import functions as F
+
+    attrs_differ = " OR ".join(f"NOT (n_{c} <=> p_{c})" for c in ATTR_COLUMNS)
+    xattrs_differ = "(NOT existed_before AND size(n_xattrs) > 0) OR (existed_before AND NOT (n_xattrs <=> p_xattrs))"
+    if not extents_known:
+        attrs_differ += " OR coalesce(attr_touch, false)"
+        xattrs_differ = "coalesce(xattr_touch, false)"
+    flags = {
+        "created": "NOT existed_before AND exists_after",
+        "deleted": "existed_before AND NOT exists_after",
+        "links_changed": "existed_before <> exists_after OR NOT (links <=> p_links)",
+        "attrs_changed": f"exists_after AND (NOT existed_before OR {attrs_differ})",
+        "xattrs_changed": f"exists_after AND ({xattrs_differ})",
+        "data_changed": f"exists_after AND type = '{FILE}' AND (whole_file OR size(ranges) > 0 OR NOT (n_size <=> old0))",
+    }
+    cols = {c: F.expr(e).alias(c) for c, e in flags.items()}
+    cols.update(
+        fid=F.col("fid"),
+        type=F.col("type"),
+        whole_file=F.col("whole_file"),
+        ranges=F.col("ranges"),
+        old_size=F.col("p_size").alias("old_size"),
+        new_size=F.when(F.col("exists_after"), F.col("n_size")).alias("new_size"),
+    )
+    changed = F.expr(" OR ".join(f"({e})" for e in flags.values())).alias("_changed")
+    return [cols[c] for c in CHANGE_FIELDS] + [changed]
+
+
+def state_snapshot_rows(st: DataFrame) -> DataFrame:
+    """The snapshot rows at E of the state's fids that exist after the window."""
+    from pyspark.sql import functions as F
+
+    return st.filter("exists_after").select(
+        *(F.col(c if c in ("fid", "type", "links") else "n_" + c).alias(c) for c in SNAPSHOT_FIELDS)
+    )
+
+
+def state_changes(st: DataFrame, extents_known: bool) -> DataFrame:
+    """The change set (:data:`CHANGE_FIELDS`) of a per-fid state (:func:`merge_state`)."""
+    return conform(
+        st.filter("existed_before OR exists_after").select(*_change_columns(extents_known)).filter("_changed"),
+        _change_type(),
+    )
+
+
+def state_outcome(st: DataFrame, extents_known: bool) -> DataFrame:
+    """Both outputs of a per-fid state in one table, for one collect: per fid that existed
+    before or exists after, ``exists_after``, the snapshot columns at E (``s_<column>``;
+    null when it does not exist after), the change columns (``c_<column>``) and
+    ``changed`` (whether it is a row of the change set)."""
+    from pyspark.sql import functions as F
+
+    snap = [F.col(c if c in ("fid", "type", "links") else "n_" + c).alias("s_" + c) for c in SNAPSHOT_FIELDS]
+    change = [c.alias("c_" + n) for c, n in zip(_change_columns(extents_known), (*CHANGE_FIELDS, "_changed"))]
+    return st.filter("existed_before OR exists_after").select("exists_after", *snap, *change)
+
+
+def merge_epoch(
+    prev_snapshot: DataFrame,
+    records: DataFrame,
+    root_fid: str | Iterable[str],
+    extents_known: bool = True,
+    *,
+    cache: bool | list | Callable[[DataFrame], DataFrame] = False,
+    ranked: Callable[[DataFrame], DataFrame] | None = None,
+) -> tuple[DataFrame, DataFrame]:
+    """Snapshot E-1 and the records of E (or of a window) → (snapshot E, net change set).
+
+    Pure transform: ``prev_snapshot`` has the snapshot columns (:data:`epochsync.core.model.SNAPSHOT_FIELDS`),
+    ``records`` the canonical record columns. Returns DataFrames with the columns and types
+    of ``snapshot_struct_type()`` and ``change_struct_type()``, in order (see
+    :mod:`epochsync.core.model` for their meaning). ``extents_known`` is False for sources whose
+    changelogs carry no byte ranges and no attribute values (Lustre text, Gluster). The
+    per-fid state and its errors: :func:`merge_state`; rows of fids no record names are
+    copied from ``prev_snapshot``.
+
+    ``cache`` (True, or a list receiving the persisted DataFrames) also persists the
+    per-fid state both outputs derive from; a callable ``cache`` receives the state and
+    returns it materialized.
+    """
+
+    st = merge_state(
+        prev_snapshot,
+        records,
+        root_fid,
+        extents_known,
+        cache=cache if not callable(cache) else False,
+        ranked=ranked,
+    )
     if callable(cache):
-        # the caller materializes the per-fid state (one job); both outputs then plan from
-        # its rows, not from the whole merge (on a small epoch, planning is most of its time)
         st = cache(st)
     elif cache is not False:
         from pyspark import StorageLevel
@@ -712,38 +804,9 @@ def merge_epoch(
         st = st.persist(StorageLevel.MEMORY_AND_DISK)
         if isinstance(cache, list):
             cache.append(st)
-    new_rows = st.filter("exists_after").select(
-        *(F.col(c if c in ("fid", "type", "links") else "n_" + c).alias(c) for c in SNAPSHOT_FIELDS)
-    )
-    untouched = prev.join(st.select("fid"), "fid", "left_anti")
-    snapshot = conform(untouched.unionByName(new_rows), _snapshot_type())
-
-    attrs_differ = " OR ".join(f"NOT (n_{c} <=> p_{c})" for c in ATTR_COLUMNS)
-    xattrs_differ = "(NOT existed_before AND size(n_xattrs) > 0) OR (existed_before AND NOT (n_xattrs <=> p_xattrs))"
-    if not extents_known:
-        attrs_differ += " OR coalesce(attr_touch, false)"
-        xattrs_differ = "coalesce(xattr_touch, false)"
-    changes = (
-        st.filter("existed_before OR exists_after")
-        .select(
-            "fid",
-            "type",
-            F.expr("NOT existed_before AND exists_after").alias("created"),
-            F.expr("existed_before AND NOT exists_after").alias("deleted"),
-            F.expr("existed_before <> exists_after OR NOT (links <=> p_links)").alias("links_changed"),
-            F.expr(f"exists_after AND (NOT existed_before OR {attrs_differ})").alias("attrs_changed"),
-            F.expr(f"exists_after AND ({xattrs_differ})").alias("xattrs_changed"),
-            F.expr(
-                f"exists_after AND type = '{FILE}' AND (whole_file OR size(ranges) > 0 OR NOT (n_size <=> old0))"
-            ).alias("data_changed"),
-            "whole_file",
-            "ranges",
-            F.col("p_size").alias("old_size"),
-            F.when(F.col("exists_after"), F.col("n_size")).alias("new_size"),
-        )
-        .filter("created OR deleted OR links_changed OR attrs_changed OR xattrs_changed OR data_changed")
-    )
-    return snapshot, conform(changes, _change_type())
+    untouched = prev_snapshot.select(*SNAPSHOT_FIELDS).join(st.select("fid"), "fid", "left_anti")
+    snapshot = conform(untouched.unionByName(state_snapshot_rows(st)), _snapshot_type())
+    return snapshot, state_changes(st, extents_known)
 
 
 def cookie_groups(records: DataFrame) -> DataFrame:
@@ -824,13 +887,9 @@ def run_merge(
 
 
 def _run_merge_spark(cfg: Config, target_name: str, first_epoch: int, last_epoch: int, spark: SparkSession) -> dict:
-
-    from epochsync.spark import local_checkpoint, release_checkpoint, size_partitions
     from epochsync.stages.ingest import read_records
-    from epochsync.warehouse import fs as warehouse_fs
     from epochsync.warehouse.paths import Warehouse
-    from epochsync.warehouse.snapshots import read_snapshot
-    from epochsync.warehouse.tables import write_tables
+    from epochsync.warehouse.snapshots import snapshot_files
 
     if first_epoch < 1 or last_epoch < first_epoch:
         raise EpochError(f"bad epoch window {first_epoch}..{last_epoch}: need 1 <= first <= last")
@@ -838,79 +897,48 @@ def _run_merge_spark(cfg: Config, target_name: str, first_epoch: int, last_epoch
     target = cfg.target(target_name)
     source = cfg.source_of(target)
     wh = Warehouse(cfg.warehouse)
-    rows = _input_rows(wh, target.name, source.name, first_epoch, last_epoch)
-    size_partitions(spark, rows)
-    prev = read_snapshot(spark, wh, target.name, first_epoch - 1, source.root_fid)
-    # Caching pays for large inputs only: on a small epoch, persist() and unpersist() (each
-    # plans the whole merge on the server) cost more than the merge; a local checkpoint of
-    # the per-fid state plans it once (docs/INTERNALS.md, "Merge").
-    persisted: list = []
-    scratch: list[str] = []
-
-    def materialize(df: DataFrame) -> DataFrame:
-        uri = f"{wh.changes(target.name, last_epoch).rstrip('/')}.state-{uuid.uuid4().hex[:12]}"
-        scratch.append(uri)
-        df.write.mode("overwrite").parquet(uri)
-        return spark.read.parquet(uri)
-
-    checkpoints: list[DataFrame] = []
-
-    def checkpoint(df: DataFrame) -> DataFrame:
-        # in the session's block manager, partitioned as it was computed (by fid): a Parquet
-        # copy would lose that and cost the aggregations a shuffle each (measured: no gain)
-        checkpoints.append(local_checkpoint(spark, df))
-        return checkpoints[-1]
-
-    small = rows < cache_min_rows()
-    cache = materialize if small else persisted
-    records = read_records(spark, cfg.warehouse, source.name, first_epoch, last_epoch)
+    prev = snapshot_files(wh, target.name, first_epoch - 1, source.root_fid)
+    window = _window_facts(wh.records(source.name), first_epoch, last_epoch)
     out = MergeOutputs(
         wh.snapshot(target.name, last_epoch),
         wh.changes(target.name, last_epoch),
         wh.cookie_groups(target.name, last_epoch),
     )
-    try:
-        snapshot, changes = merge_epoch(
-            prev,
-            records,
-            source.root_fid,
-            extents_known_for(source.changelogs.format),
-            cache=cache,
-            ranked=checkpoint if small else None,
-        )
-        # published in this order, the snapshot last (its presence says the merge of this
-        # epoch is complete), and only once all three are written
-        write_tables(
-            spark, [(changes, out.changes), (cookie_groups(records), out.cookie_groups), (snapshot, out.snapshot)]
-        )
-    except Exception as exc:  # Py4J/Spark errors: surface raise_error messages as one line
-        raise _clean_error(exc, target.name, first_epoch, last_epoch) from None
-    finally:
-        for df in persisted:
-            df.unpersist()
-        for df in checkpoints:
-            release_checkpoint(df)
-        for uri in scratch:
-            warehouse_fs.delete(uri)
+    extents_known = extents_known_for(source.changelogs.format)
+    if window.merged == 0 and not window.cookies:
+        # nothing to merge (an empty epoch): no Spark job, snapshot E is E-1's files
+        path = "empty"
+        _publish_small(out, last_epoch, prev, None, extents_known)
+    elif window.records + len(window.fids) < cache_min_rows():
+        path = "small"
+
+        def records_of(token: str):
+            return read_records(spark, cfg.warehouse, source.name, first_epoch, last_epoch, read_token=token)
+
+        _merge_small(spark, out, last_epoch, prev, records_of, window, source.root_fid, extents_known, target.name)
+    else:
+        path = "large"
+        records = read_records(spark, cfg.warehouse, source.name, first_epoch, last_epoch)
+        _merge_large(spark, out, last_epoch, prev, records, window, source.root_fid, extents_known, target.name)
 
     # the figures come from the files just written, read here with pyarrow: no Spark job
     # re-reads a table only to count it (each would cost a round trip and a job)
-    counts = _table_counts(out, wh.records(source.name), first_epoch, last_epoch)
-    rec_counts = counts.pop("_records")
+    counts = _table_counts(out)
     snapshot_fids, groups = counts.pop("_snapshot_fids"), counts.pop("_cookie_groups")
     stats = {
         "target": target.name,
         "source": source.name,
         "first_epoch": first_epoch,
         "epoch": last_epoch,
-        "records": rec_counts["records"],
-        "merged_records": rec_counts["merged"],
+        "records": window.records,
+        "merged_records": window.merged,
         **counts,
         "snapshot_fids": snapshot_fids,
         "cookie_groups": groups,
-        "net_to_raw_ratio": counts["changes"] / rec_counts["merged"] if rec_counts["merged"] else 0.0,
+        "net_to_raw_ratio": counts["changes"] / window.merged if window.merged else 0.0,
         "snapshot": out.snapshot,
         "changes_uri": out.changes,
+        "merge_path": path,
         "seconds": round(time.monotonic() - t0, 3),
     }
     # snapshot retention: the committed epoch's snapshot (first - 1, what a rollback checks
@@ -923,30 +951,245 @@ def _run_merge_spark(cfg: Config, target_name: str, first_epoch: int, last_epoch
     return stats
 
 
-#: merge inputs (records + snapshot rows) from which the shared plan is cached
-CACHE_MIN_ROWS = 200_000
+@dataclass(frozen=True)
+class WindowFacts:
+    """What the merge needs to know of a window's records before Spark reads them (pyarrow, footers and two columns)."""
+
+    records: int
+    merged: int
+    cookies: bool
+    fids: list[str]
 
 
-def cache_min_rows() -> int:
-    """Input rows from which the merge persists its shared plan (``EPOCHSYNC_MERGE_CACHE_MIN_ROWS``)."""
-    return int(os.environ.get("EPOCHSYNC_MERGE_CACHE_MIN_ROWS", CACHE_MIN_ROWS))
-
-
-def _input_rows(wh, target: str, source: str, first: int, last: int) -> int:
-    """Rows of the merge's input (records of the window + snapshot first-1), from Parquet footers."""
-    from epochsync.warehouse.tables import table_rows
-
-    uris = [wh.records(source, e) for e in range(first, last + 1)] + [wh.snapshot(target, first - 1)]
-    return sum(table_rows(uri) for uri in uris)
-
-
-def _table_counts(out: MergeOutputs, records_uri: str, first: int, last: int) -> dict:
-    """The merge's figures from its outputs and its input records, read with pyarrow in this process."""
+def _window_facts(records_uri: str, first: int, last: int) -> WindowFacts:
+    """Counts and the fids the window's records name (``tfid``, ``sfid``): the snapshot rows the merge reads."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
 
+    from epochsync.warehouse import fs as warehouse_fs
     from epochsync.warehouse.paths import local_path
+
+    records = merged = 0
+    cookies = False
+    fids: set[str] = set()
+    merged_types = pa.array(list(MERGED_TYPES), pa.string())
+    for e in range(first, last + 1):
+        uri = f"{records_uri}/epoch={e}"
+        if not warehouse_fs.exists(uri):
+            raise EpochError(f"not ingested yet: {uri}")
+        t = ds.dataset(local_path(uri), format="parquet", partitioning="hive").to_table(
+            columns=["type", "tfid", "sfid", "cookie"]
+        )
+        records += t.num_rows
+        kept = pc.is_in(t["type"].cast(pa.string()), value_set=merged_types)
+        merged += int(pc.sum(pc.cast(kept, "int64")).as_py() or 0)
+        cookies = cookies or t["cookie"].null_count < t.num_rows
+        for col in ("tfid", "sfid"):
+            fids.update(pc.unique(pc.filter(t[col], kept).combine_chunks().drop_null()).to_pylist())
+    return WindowFacts(records, merged, cookies, sorted(fids))
+
+
+def _merge_small(spark, out, epoch, prev, records_of, window, root_fid, extents_known, target_name) -> None:
+    """A small window: the snapshot rows of the fids the records name go to Spark from here,
+    and both outputs and the cookie groups come back in one collect (one Spark job: planning
+    a wide plan costs more than its data here), then are written from this process.
+
+    The plan reads the ranked records five times and the per-write rows twice; a Connect
+    plan is a tree, so the server would analyze each copy. With the session's plan cache on
+    for the merge's requests, each of the two is analyzed once (its schema asked first) and
+    the copies in the collect's plan are taken from the cache: the collect's analysis went
+    from about 0.6-1.7 s to 0.05-0.1 s (docs/INTERNALS.md, "Merge"). The records' read
+    carries a token of this call, so the cache never serves a listing of files since
+    rewritten; the cache is turned off again afterwards.
+    """
+    from pyspark.sql import functions as F
+
+    from epochsync.spark import collect_arrow, size_partitions
+    from epochsync.warehouse.snapshot_files import snapshot_arrow_schema
+
+    prev_rows = prev.rows(window.fids)
+    size_partitions(spark, window.records + prev_rows.num_rows, extra={PLAN_CACHE_CONF: "true"})
+    try:
+        records = records_of(uuid.uuid4().hex)
+        prev_df = spark.createDataFrame(prev_rows.cast(snapshot_arrow_schema()), schema=_snapshot_type())
+        st = merge_state(prev_df, records, root_fid, extents_known, ranked=_analyzed_once, shared=_analyzed_once)
+        both = state_outcome(st, extents_known).unionByName(
+            cookie_groups(records).select(*(F.col(c).alias("g_" + c) for c in COOKIE_FIELDS)),
+            allowMissingColumns=True,
+        )
+        table = collect_arrow(both)
+    except Exception as exc:  # Spark errors: surface raise_error messages as one line
+        raise _clean_error(exc, target_name, epoch, epoch) from None
+    finally:
+        spark.conf.set(PLAN_CACHE_CONF, "false")
+    _publish_small(out, epoch, prev, table, extents_known)
+
+
+#: the Connect session's cache of analyzed plans (off in every epochsync session: epochsync.spark)
+PLAN_CACHE_CONF = "spark.connect.session.planCache.enabled"
+
+
+def _analyzed_once(df: DataFrame) -> DataFrame:
+    """``df`` after the server has analyzed it (its schema asked): with the plan cache on, the
+    copies of its plan inside a larger one are taken from the cache, not analyzed again."""
+    if os.environ.get("EPOCHSYNC_MERGE_PLAN_CACHE", "1") != "0":
+        df.schema  # noqa: B018 (the request is the point)
+    return df
+
+
+#: columns of the cookie groups table, in order (:func:`cookie_groups`)
+COOKIE_FIELDS = (
+    "cookie",
+    "servers",
+    "fids",
+    "types",
+    "records",
+    "first_epoch",
+    "last_epoch",
+    "first_time_ns",
+    "last_time_ns",
+)
+
+
+def _publish_small(out: MergeOutputs, epoch: int, prev, table, extents_known: bool) -> None:
+    """Split the collected outcome (:func:`state_outcome` rows and ``g_`` cookie rows) into the
+    three tables and publish them: change set, cookie groups, then the snapshot (its presence
+    says the merge of this epoch is complete)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from epochsync.warehouse.snapshot_files import DELETED, GEN, stage_delta, storage_arrow_schema
+    from epochsync.warehouse.tables import discard_staged, nullable_type, publish_staged, stage_arrow_table
+
+    change_schema = to_arrow_schema(nullable_type(_change_type()))
+    storage = storage_arrow_schema()
+    if table is None:
+        changes = change_schema.empty_table()
+        cookies = _cookie_arrow_schema().empty_table()
+        delta = storage.empty_table()
+    else:
+        is_fid = pc.is_valid(table["exists_after"])
+        fid_rows, cookie_rows = table.filter(is_fid), table.filter(pc.invert(is_fid))
+        changed = fid_rows.filter(pc.fill_null(fid_rows["c__changed"], False))
+        changes = pa.table({c: changed["c_" + c] for c in CHANGE_FIELDS}).cast(change_schema)
+        cookies = pa.table({c: cookie_rows["g_" + c] for c in COOKIE_FIELDS}).cast(_cookie_arrow_schema())
+        alive = pc.fill_null(fid_rows["exists_after"], False)
+        cols = {
+            c: pc.if_else(alive, fid_rows["s_" + c], pa.nulls(fid_rows.num_rows, fid_rows["s_" + c].type))
+            for c in SNAPSHOT_FIELDS
+        }
+        cols["fid"] = fid_rows["s_fid"]
+        cols[GEN] = pa.array([epoch] * fid_rows.num_rows, pa.int64())
+        cols[DELETED] = pc.invert(alive)
+        delta = pa.table(cols).cast(storage)
+    staged = [(stage_arrow_table(changes, out.changes), out.changes)]
+    staged.append((stage_arrow_table(cookies, out.cookie_groups), out.cookie_groups))
+    snapshot = None
+    try:
+        snapshot = stage_delta(out.snapshot, epoch, prev, delta)
+        publish_staged(staged)
+        snapshot.publish()
+    finally:
+        discard_staged(staged)
+        if snapshot is not None:
+            snapshot.discard()
+
+
+def _cookie_arrow_schema():
+    import pyarrow as pa
+
+    strings = pa.list_(pa.field("element", pa.string()))
+    return pa.schema(
+        [
+            ("cookie", pa.string()),
+            ("servers", strings),
+            ("fids", strings),
+            ("types", strings),
+            ("records", pa.int64()),
+            ("first_epoch", pa.int64()),
+            ("last_epoch", pa.int64()),
+            ("first_time_ns", pa.int64()),
+            ("last_time_ns", pa.int64()),
+        ]
+    )
+
+
+def _merge_large(spark, out, epoch, prev, records, window, root_fid, extents_known, target_name) -> None:
+    """A large window: Spark reads snapshot E-1's rows of the named fids, persists the per-fid
+    state and writes the three tables; snapshot E is E-1's files plus a delta, or a new base
+    when :func:`~epochsync.warehouse.snapshot_files.compaction_due`."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    from epochsync.spark import size_partitions
+    from epochsync.warehouse.snapshot_files import DELETED, GEN, compaction_due
+    from epochsync.warehouse.snapshots import read_snapshot_files, stage_snapshot_files
+    from epochsync.warehouse.tables import discard_staged, publish_staged, stage_tables
+
+    size_partitions(spark, window.records + prev.rows_count)
+    named = records.select(F.explode(F.array("tfid", "sfid")).alias("fid")).filter("fid IS NOT NULL").distinct()
+    prev_all = read_snapshot_files(spark, prev)
+    prev_df = prev_all.join(named, "fid", "left_semi")
+    persisted: list = []
+    staged: list[tuple[str, str]] = []
+    snapshot = None
+    try:
+        st = merge_state(prev_df, records, root_fid, extents_known, cache=persisted)
+        st = st.persist(StorageLevel.MEMORY_AND_DISK)
+        persisted.append(st)
+        staged = stage_tables(
+            [(state_changes(st, extents_known), out.changes), (cookie_groups(records), out.cookie_groups)]
+        )
+        counts = _table_counts(MergeOutputs("", staged[0][0], ""), snapshot=False)
+        live_rows = prev.rows_count + counts["created"] - counts["deleted"]
+        if compaction_due(prev, len(window.fids), live_rows):
+            rows = prev_all.join(st.select("fid"), "fid", "left_anti").unionByName(state_snapshot_rows(st))
+            rows = rows.select("*", F.lit(epoch).cast("bigint").alias(GEN), F.lit(False).alias(DELETED))
+            snapshot = stage_snapshot_files(out.snapshot, epoch, rows, live_rows=live_rows)
+        else:
+            kept = {"fid", "type", "links"}
+            rows = st.filter("existed_before OR exists_after").select(
+                "fid",
+                *(
+                    F.when(F.col("exists_after"), F.col(c if c in kept else "n_" + c)).alias(c)
+                    for c in SNAPSHOT_FIELDS
+                    if c != "fid"
+                ),
+                F.lit(epoch).cast("bigint").alias(GEN),
+                (~F.col("exists_after")).alias(DELETED),
+            )
+            snapshot = stage_snapshot_files(out.snapshot, epoch, rows, live_rows=live_rows, prev=prev)
+        # published in this order, the snapshot last (its presence says the merge is complete)
+        publish_staged(staged)
+        snapshot.publish()
+    except Exception as exc:  # Spark errors: surface raise_error messages as one line
+        raise _clean_error(exc, target_name, epoch, epoch) from None
+    finally:
+        for df in persisted:
+            df.unpersist()
+        discard_staged(staged)
+        if snapshot is not None:
+            snapshot.discard()
+
+
+#: merge inputs (records + snapshot rows named) from which the merge runs on Spark end to end
+CACHE_MIN_ROWS = 200_000
+
+
+def cache_min_rows() -> int:
+    """Input rows from which the merge writes its tables on Spark (``EPOCHSYNC_MERGE_CACHE_MIN_ROWS``)."""
+    return int(os.environ.get("EPOCHSYNC_MERGE_CACHE_MIN_ROWS", CACHE_MIN_ROWS))
+
+
+def _table_counts(out: MergeOutputs, *, snapshot: bool = True) -> dict:
+    """The merge's figures from its outputs, read with pyarrow in this process."""
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    from epochsync.warehouse.paths import local_path
+    from epochsync.warehouse.snapshot_files import read_layout
 
     def dataset(uri: str, **kw):
         return ds.dataset(local_path(uri), format="parquet", partitioning="hive", **kw)
@@ -958,15 +1201,10 @@ def _table_counts(out: MergeOutputs, records_uri: str, first: int, last: int) ->
         counts[c] = int(pc.sum(pc.cast(pc.fill_null(changes[c], False), "int64")).as_py() or 0)
     lengths = pc.struct_field(pc.list_flatten(changes["ranges"]), "length")
     counts["range_bytes"] = int(pc.sum(lengths).as_py() or 0)
-    counts["_snapshot_fids"] = dataset(out.snapshot).count_rows()
-    counts["_cookie_groups"] = dataset(out.cookie_groups).count_rows()
-    merged_types = pa.array(list(MERGED_TYPES), pa.string())
-    records = merged = 0
-    for e in range(first, last + 1):
-        types = dataset(f"{records_uri}/epoch={e}").to_table(columns=["type"])["type"].cast(pa.string())
-        records += len(types)
-        merged += int(pc.sum(pc.cast(pc.is_in(types, value_set=merged_types), "int64")).as_py() or 0)
-    counts["_records"] = {"records": records, "merged": merged}
+    if snapshot:
+        layout = read_layout(out.snapshot)
+        counts["_snapshot_fids"] = layout.rows if layout is not None else 0
+        counts["_cookie_groups"] = dataset(out.cookie_groups).count_rows()
     return counts
 
 

@@ -2,10 +2,11 @@
 
 Two halves:
 
-- :func:`plan_entries` (Spark): resolves every fid's paths in both snapshots, keeps
-  the paths inside the target's fileset, and returns one entry per fid whose visible
-  paths, attributes or data changed (descendants of a renamed directory included:
-  their paths differ between the snapshots). A move into or out of the fileset is
+- :func:`plan_entries` (the warehouse read here with pyarrow, in proportion to the
+  change: no Spark job): resolves the paths of the changed fids in both snapshots from
+  the directories' links, keeps the paths inside the target's fileset, and returns one
+  entry per fid whose visible paths, attributes or data changed (descendants of a
+  renamed directory included: their paths differ between the snapshots). A move into or out of the fileset is
   thereby a create or a delete. The root directory has no link; when the fileset holds
   it (no fileset, or ``/``) it is an entry of path ``""`` on both sides, so a change of
   its attributes or xattrs reaches the replica's root.
@@ -44,7 +45,7 @@ from epochsync.journal.undo import (
 from epochsync.stages.context import _config, _records_in, _store_dict, _target_cfg, _target_dict, plan_path
 from epochsync.targets.base import CONTROL_DIR, TargetLimitError, UnsafePathError, safe_relpath
 from epochsync.warehouse.paths import Warehouse
-from epochsync.warehouse.snapshots import resolve_links_of, visible
+from epochsync.warehouse.snapshots import directory_paths
 
 PLAN_VERSION = 1
 
@@ -803,50 +804,74 @@ def _striped_data_ops(e: dict, target: dict, store: dict, same_type: bool) -> li
     return [{**common, "key": stripes[0]["key"], "stripes": stripes, "extra_keys": []}]
 
 
-# --------------------------------------------------------------------------- Spark half
+# --------------------------------------------------------------------------- the entries
 
 
 def plan_entries(old_snapshot, new_snapshot, changes, *, root_fid: str, fileset=()) -> list[dict]:
-    """One dict per fid the target must act on (see the module docstring)."""
-    from pyspark.sql import functions as F
+    """One dict per fid the target must act on (see the module docstring).
 
+    ``old_snapshot``/``new_snapshot``: snapshots with the lookups of
+    :class:`~epochsync.warehouse.snapshot_files.SnapshotFiles` (or Arrow tables or Spark
+    DataFrames of snapshot rows); ``changes``: the change set (Arrow or Spark). Read in
+    this process, proportional to the change: the change set, every directory's links (a
+    path needs its ancestors), the rows of the fids that changed, and, only when a
+    directory's path changed, the fids linked under it (a scan of the ``links`` column).
+    """
+    from epochsync.warehouse.snapshot_files import snapshot_view
+
+    old = snapshot_view(old_snapshot, root_fid)
+    new = snapshot_view(new_snapshot, root_fid)
+    import pyarrow as pa
+
+    if not isinstance(changes, pa.Table):  # a Spark DataFrame
+        changes = changes.toArrow()
+    change_of = {c["fid"]: c for c in changes.to_pylist()}
+    dir_paths = {side: directory_paths(_dir_links(snap), root_fid) for side, snap in (("old", old), ("new", new))}
+    # a directory whose path changed moves everything under it: its subdirectories are
+    # here already (their paths changed too), the other fids are those linked under one
+    moved = {d for d in dir_paths["old"].keys() & dir_paths["new"].keys() if dir_paths["old"][d] != dir_paths["new"][d]}
+    moved.discard(root_fid)
+    candidates = set(change_of) | moved | set(new.linked_under(moved))
     with_root = in_fileset("", fileset)
-    # both snapshots' directory paths from one collect
-    resolved = dict(zip(("old", "new"), resolve_links_of([old_snapshot, new_snapshot], root_fid)))
+    old_rows = {r["fid"]: r for r in old.rows(candidates).to_pylist()}
+    new_rows = {r["fid"]: r for r in new.rows(candidates).to_pylist()}
 
-    def side(snap, name):
-        lk = visible(resolved[name], fileset)
-        if with_root:
-            # the root has no link, but its attributes are the replica root's: path ""
-            root = snap.filter(F.col("fid") == root_fid).select(
-                "fid", F.lit("").alias("pfid"), F.lit("").alias("name"), F.lit("").alias("path")
-            )
-            lk = lk.select("fid", "pfid", "name", "path").unionByName(root)
-        return lk.groupBy("fid").agg(
-            F.array_sort(F.collect_list(F.struct("path", "pfid", "name"))).alias(f"{name}_links")
-        )
+    def links(row: dict | None, side: str) -> list[dict]:
+        if row is None:
+            return []
+        out = []
+        if row["fid"] == root_fid and with_root:
+            out.append({"path": "", "pfid": "", "name": ""})  # the root's attributes are the replica root's
+        for lk in row["links"] or []:
+            parent = dir_paths[side].get(lk["pfid"])
+            if parent is None:
+                continue  # under no reachable directory
+            path = lk["name"] if parent == "" else f"{parent}/{lk['name']}"
+            if in_fileset(path, fileset):
+                out.append({"path": path, "pfid": lk["pfid"], "name": lk["name"]})
+        return sorted(out, key=lambda x: (x["path"], x["pfid"], x["name"]))
 
-    old_l, new_l = side(old_snapshot, "old"), side(new_snapshot, "new")
-    joined = old_l.join(new_l, "fid", "full_outer")
-    changed_fids = changes.select("fid", F.struct(*changes.columns).alias("change"))
-    cand = joined.join(changed_fids, "fid", "left")
-    cand = cand.filter(
-        F.col("change").isNotNull() | ~F.coalesce(F.col("old_links") == F.col("new_links"), F.lit(False))
-    ).filter(F.col("old_links").isNotNull() | F.col("new_links").isNotNull())
-    old_rows = old_snapshot.select("fid", F.struct(*old_snapshot.columns).alias("old"))
-    new_rows = new_snapshot.select("fid", F.struct(*new_snapshot.columns).alias("new"))
-    rows = cand.join(old_rows, "fid", "left").join(new_rows, "fid", "left").collect()
     entries = []
-    for r in rows:
-        d = r.asDict(recursive=True)
-        d["old_links"] = d.get("old_links") or []
-        d["new_links"] = d.get("new_links") or []
-        if d["new"] is None:
-            d["new_links"] = []
+    for fid in sorted(candidates):
+        old_row, new_row = old_rows.get(fid), new_rows.get(fid)
+        d = {
+            "fid": fid,
+            "old_links": links(old_row, "old"),
+            "new_links": links(new_row, "new"),
+            "change": change_of.get(fid),
+            "old": old_row,
+            "new": new_row,
+        }
+        if d["change"] is None and d["old_links"] == d["new_links"]:
+            continue
         if finish_entry(d):
             entries.append(d)
-    entries.sort(key=lambda e: e["fid"])
     return entries
+
+
+def _dir_links(snapshot) -> list[tuple[str, str, str]]:
+    """``(fid, pfid, name)`` of every link of every directory of ``snapshot``."""
+    return [(r["fid"], lk["pfid"], lk["name"]) for r in snapshot.directories().to_pylist() for lk in r["links"] or []]
 
 
 def finish_entry(d: dict) -> bool:
@@ -873,11 +898,9 @@ def run_translate(
     tcfg = _target_cfg(cfg, target)
     src = cfg.source_of(tcfg)
     first = first_epoch or epoch
-    if spark is None:
-        from epochsync.spark import spark_session
-
-        spark = spark_session(f"epochsync-translate-{tcfg.name}", cfg=cfg)
-    entries, records_in = _translate_entries_spark(cfg, tcfg, first, epoch, spark, whole_file)
+    # the entries are read here with pyarrow (a lookup of the changed fids: no Spark job);
+    # ``spark`` is accepted for the stage's common signature
+    entries, records_in = _translate_entries(cfg, tcfg, first, epoch, whole_file)
     plan = build_plan(entries, target=_target_dict(tcfg), store=_store_dict(cfg, tcfg), epoch=epoch, first_epoch=first)
     plan["source"] = src.name
     plan["snapshot"] = Warehouse(cfg.warehouse).snapshot(tcfg.name, epoch)
@@ -888,24 +911,27 @@ def run_translate(
     return summary
 
 
-def _translate_entries_spark(cfg: Config, tcfg: TargetConfig, first: int, epoch: int, spark, whole_file: bool):
-    from pyspark.sql import functions as F
+def _translate_entries(cfg: Config, tcfg: TargetConfig, first: int, epoch: int, whole_file: bool):
+    """The plan entries of ``first..epoch`` and the window's record count, read from the warehouse here."""
+    import pyarrow.dataset as ds
+    from pyspark.sql.pandas.types import to_arrow_schema
 
-    from epochsync.spark import size_partitions
-    from epochsync.stages.translate import plan_entries
-    from epochsync.warehouse.snapshots import path_exists, read_snapshot
-    from epochsync.warehouse.tables import table_rows
+    from epochsync.core.model import change_struct_type
+    from epochsync.warehouse import fs as warehouse_fs
+    from epochsync.warehouse.paths import local_path
+    from epochsync.warehouse.snapshots import snapshot_files
+    from epochsync.warehouse.tables import nullable_type
 
     src = cfg.source_of(tcfg)
     wh = Warehouse(cfg.warehouse)
-    old = read_snapshot(spark, wh, tcfg.name, first - 1, src.root_fid)
-    new = read_snapshot(spark, wh, tcfg.name, epoch, src.root_fid)
-    if not path_exists(spark, wh.changes(tcfg.name, epoch)):
+    old = snapshot_files(wh, tcfg.name, first - 1, src.root_fid)
+    new = snapshot_files(wh, tcfg.name, epoch, src.root_fid)
+    uri = wh.changes(tcfg.name, epoch)
+    if not warehouse_fs.exists(uri):
         raise EpochError(f"no change set for target {tcfg.name} epoch {epoch}: run the merge stage first")
-    # one partition and no broadcast jobs for a small epoch (its cost is Spark's per-job overhead)
-    size_partitions(spark, table_rows(wh.snapshot(tcfg.name, epoch)) + table_rows(wh.changes(tcfg.name, epoch)))
-    changes = spark.read.parquet(wh.changes(tcfg.name, epoch))
+    schema = to_arrow_schema(nullable_type(change_struct_type()))
+    changes = ds.dataset(local_path(uri), format="parquet").to_table(columns=schema.names).cast(schema)
     if whole_file:
-        changes = changes.withColumn("whole_file", F.col("data_changed"))
+        changes = changes.set_column(changes.column_names.index("whole_file"), "whole_file", changes["data_changed"])
     entries = plan_entries(old, new, changes, root_fid=src.root_fid, fileset=tcfg.fileset)
     return entries, _records_in(wh, src.name, first, epoch)

@@ -19,7 +19,7 @@ import re
 import stat
 from typing import TYPE_CHECKING
 
-from epochsync.core.errors import EpochError, SnapshotError
+from epochsync.core.errors import SnapshotError
 from epochsync.core.model import DIR, NODE_TYPES, SNAPSHOT_FIELDS
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -64,29 +64,124 @@ def _delete(spark: SparkSession | None, uri: str) -> None:
 def read_snapshot(spark: SparkSession, wh: Warehouse, target: str, epoch: int, root_fid: str) -> DataFrame:
     """Snapshot ``epoch`` of ``target``; epoch 0 is :func:`empty_snapshot` unless one was written.
 
-    A missing snapshot above 0 is an error that says what to run.
+    The files of the snapshot (:mod:`epochsync.warehouse.snapshot_files`) are read whole;
+    when deltas sit on the base, each fid's newest row is kept and tombstones dropped (a
+    window over the snapshot: readers of a few fids use
+    :class:`~epochsync.warehouse.snapshot_files.SnapshotFiles` instead). A missing snapshot
+    above 0 is an error that says what to run.
     """
-    from epochsync.core.model import snapshot_struct_type
+    return read_snapshot_files(spark, snapshot_files(wh, target, epoch, root_fid))
 
-    uri = wh.snapshot(target, epoch)
-    if path_exists(spark, uri):
-        return spark.read.schema(snapshot_struct_type()).parquet(uri)
-    if epoch == 0:
-        return empty_snapshot(spark, root_fid)
-    raise EpochError(
-        f"no snapshot of target {target!r} at epoch {epoch} ({uri}): merge epoch {epoch} first "
-        f"(epochsync replicate --target {target} --epoch {epoch}) or hydrate the target"
-    )
+
+def read_snapshot_files(spark: SparkSession, files) -> DataFrame:
+    """The snapshot held by ``files`` (a :class:`~epochsync.warehouse.snapshot_files.SnapshotFiles`) on Spark: see :func:`read_snapshot`."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    from epochsync.core.model import snapshot_struct_type
+    from epochsync.warehouse.snapshot_files import DELETED, GEN, storage_struct_type
+
+    layout = files.layout
+    if layout is None:
+        return empty_snapshot(spark, files.root_fid)
+    if layout.legacy:
+        return spark.read.schema(snapshot_struct_type()).parquet(files.uri)
+    df = spark.read.schema(storage_struct_type()).parquet(files.uri)
+    if layout.has_deltas:
+        newest = Window.partitionBy("fid").orderBy(F.col(GEN).desc())
+        df = df.withColumn("_newest", F.row_number().over(newest)).filter(
+            (F.col("_newest") == 1) & ~F.coalesce(F.col(DELETED), F.lit(False))
+        )
+    return df.select(*SNAPSHOT_FIELDS)
+
+
+def snapshot_files(wh: Warehouse, target: str, epoch: int, root_fid: str):
+    """Snapshot ``epoch`` of ``target`` for lookups in this process (:class:`~epochsync.warehouse.snapshot_files.SnapshotFiles`)."""
+    from epochsync.warehouse.snapshot_files import SnapshotFiles
+
+    return SnapshotFiles(wh.snapshot(target, epoch), epoch, root_fid, target=target)
 
 
 def write_snapshot(spark: SparkSession, wh: Warehouse, target: str, epoch: int, df: DataFrame) -> str:
-    """Write ``df`` (snapshot columns) as snapshot ``epoch`` of ``target``; returns its URI."""
+    """Write ``df`` (snapshot columns) as snapshot ``epoch`` of ``target``, a base of its own
+    (every row, bucketed by fid); returns its URI. Counts ``df`` first (cache it if it is
+    expensive to compute)."""
+    from pyspark.sql import functions as F
+
     from epochsync.core.model import snapshot_struct_type
-    from epochsync.warehouse.tables import conform, write_table
+    from epochsync.warehouse.snapshot_files import DELETED, GEN
+    from epochsync.warehouse.tables import conform
 
     uri = wh.snapshot(target, epoch)
-    write_table(spark, conform(df, snapshot_struct_type()), uri)
+    rows = conform(df, snapshot_struct_type()).select(
+        "*", F.lit(epoch).cast("bigint").alias(GEN), F.lit(False).alias(DELETED)
+    )
+    stage_snapshot_files(uri, epoch, rows, live_rows=rows.count()).publish()
     return uri
+
+
+def stage_snapshot_files(uri: str, epoch: int, rows: DataFrame, *, live_rows: int, prev=None):
+    """Write snapshot ``epoch`` beside ``uri`` on Spark: ``rows`` (storage columns) bucketed by fid;
+    returns the :class:`~epochsync.warehouse.snapshot_files.StagedSnapshot` to publish.
+
+    Without ``prev``, ``rows`` are the whole snapshot (a base of ``live_rows`` rows); with
+    ``prev`` (a :class:`~epochsync.warehouse.snapshot_files.SnapshotFiles`), they are this
+    epoch's delta over its files, and the snapshot then holds ``live_rows`` fids (what
+    :func:`~epochsync.warehouse.snapshot_files.stage_delta` writes, on Spark).
+    """
+    import os
+    import uuid
+
+    import pyarrow.parquet as pq
+    from pyspark.sql import functions as F
+
+    from epochsync.warehouse import fs as warehouse_fs
+    from epochsync.warehouse.paths import local_path
+    from epochsync.warehouse.snapshot_files import (
+        SnapshotLayout,
+        StagedSnapshot,
+        bucket_sql,
+        buckets_for,
+        link_or_copy,
+    )
+
+    kind = "base" if prev is None else "delta"
+    buckets = buckets_for(live_rows) if prev is None else prev.layout.buckets
+    out_uri = f"{uri.rstrip('/')}.write-{uuid.uuid4().hex[:12]}"
+    out = local_path(out_uri)
+    tmp = local_path(f"{uri.rstrip('/')}.tmp-{uuid.uuid4().hex[:12]}")
+    try:
+        (
+            rows.withColumn("_bucket", F.expr(bucket_sql(buckets)))
+            .repartition(min(buckets, 64), "_bucket")
+            .sortWithinPartitions("fid")
+            .write.mode("overwrite")
+            .partitionBy("_bucket")
+            .parquet(out_uri)
+        )
+        os.makedirs(tmp)
+        files = []
+        for f in prev.layout.files if prev is not None else []:
+            link_or_copy(os.path.join(local_path(prev.uri), f["name"]), os.path.join(tmp, f["name"]))
+            files.append(dict(f))
+        for folder in sorted(d for d in os.listdir(out) if d.startswith("_bucket=")):
+            bucket = int(folder.split("=", 1)[1])
+            names = sorted(n for n in os.listdir(os.path.join(out, folder)) if n.endswith(".parquet"))
+            for i, name in enumerate(names):
+                path = os.path.join(out, folder, name)
+                n = pq.ParquetFile(path).metadata.num_rows
+                if n:
+                    new = f"{kind}-{epoch}-b{bucket}-{i}.parquet"
+                    os.replace(path, os.path.join(tmp, new))
+                    files.append({"name": new, "kind": kind, "gen": epoch, "bucket": bucket, "rows": n})
+        layout = SnapshotLayout(epoch, buckets, live_rows, files)
+        layout.save(tmp)
+    except BaseException:
+        warehouse_fs.delete(tmp)
+        raise
+    finally:
+        warehouse_fs.delete(out)
+    return StagedSnapshot(uri, tmp, layout)
 
 
 def snapshot_epochs(spark: SparkSession, wh: Warehouse, target: str) -> list[int]:
@@ -249,50 +344,31 @@ def paths_at(spark: SparkSession, wh: Warehouse, target: str, epoch: int, root_f
 
 
 def resolve_links(snapshot, root_fid: str, *, max_depth: int = 4096):
-    """Every reachable link of a snapshot with its replica path: (fid, pfid, name, path).
+    """Every reachable link of a snapshot with its replica path: (fid, pfid, name, path), on Spark.
 
-    Directory paths are resolved on the driver from the directories' links alone
+    Directory paths are resolved in this process from the directories' links alone
     (one collect: directories are a small share of a namespace), walking up with a
     depth bound so hostile cycles cannot loop; a directory with several links uses
     its first. Then every link (files included) joins its parent's path in Spark.
-    Links under unreachable parents are dropped.
+    Links under unreachable parents are dropped. For readers of a whole snapshot
+    (rollback's check, feed dumps, change listings); translate resolves the paths of the
+    changed fids only (:func:`epochsync.stages.translate.plan_entries`).
     """
-    return resolve_links_of([snapshot], root_fid, max_depth=max_depth)[0]
-
-
-def resolve_links_of(snapshots: list, root_fid: str, *, max_depth: int = 4096) -> list:
-    """:func:`resolve_links` of each snapshot, with one collect for the directories of all of
-    them (translate resolves E-1 and E: one Spark job and round trip instead of two)."""
     from pyspark.sql import functions as F
 
-    spark = snapshots[0].sparkSession
-    links = [
-        snap.select("fid", "type", F.explode("links").alias("l")).select(
-            "fid", "type", F.col("l.pfid").alias("pfid"), F.col("l.name").alias("name")
-        )
-        for snap in snapshots
-    ]
-    dirs = None
-    for side, lk in enumerate(links):
-        d = lk.filter(F.col("type") == DIR).select(F.lit(side).alias("side"), "fid", "pfid", "name")
-        dirs = d if dirs is None else dirs.unionByName(d)
-    by_side: list[list[tuple]] = [[] for _ in snapshots]
-    for r in dirs.collect():
-        by_side[r["side"]].append((r["fid"], r["pfid"], r["name"]))
-    out = []
-    for lk, dir_links in zip(links, by_side):
-        paths = directory_paths(dir_links, root_fid, max_depth=max_depth)
-        rows = [(f, p) for f, p in paths.items() if p is not None]
-        parents = spark.createDataFrame(rows, "pfid string, ppath string")
-        out.append(
-            lk.join(F.broadcast(parents), "pfid").select(
-                "fid",
-                "pfid",
-                "name",
-                F.when(F.col("ppath") == "", F.col("name")).otherwise(F.concat_ws("/", "ppath", "name")).alias("path"),
-            )
-        )
-    return out
+    spark = snapshot.sparkSession
+    links = snapshot.select("fid", "type", F.explode("links").alias("l")).select(
+        "fid", "type", F.col("l.pfid").alias("pfid"), F.col("l.name").alias("name")
+    )
+    dir_links = [(r["fid"], r["pfid"], r["name"]) for r in links.filter(F.col("type") == DIR).collect()]
+    paths = directory_paths(dir_links, root_fid, max_depth=max_depth)
+    parents = spark.createDataFrame([(f, p) for f, p in paths.items() if p is not None], "pfid string, ppath string")
+    return links.join(F.broadcast(parents), "pfid").select(
+        "fid",
+        "pfid",
+        "name",
+        F.when(F.col("ppath") == "", F.col("name")).otherwise(F.concat_ws("/", "ppath", "name")).alias("path"),
+    )
 
 
 def directory_paths(dir_links, root_fid: str, *, max_depth: int = 4096) -> dict[str, str | None]:

@@ -28,20 +28,60 @@ def write_tables(spark: SparkSession, outputs: list[tuple[DataFrame, str]]) -> N
     in the list's order only once every one of them is written (so the presence of the last
     says the others are there), and a failed write publishes none of them.
     """
+    staged = stage_tables(outputs)
+    try:
+        publish_staged(staged)
+    finally:
+        discard_staged(staged)
+
+
+def stage_tables(outputs: list[tuple[DataFrame, str]]) -> list[tuple[str, str]]:
+    """Write each ``(df, uri)`` on Spark beside its place; returns ``(tmp, uri)`` pairs for
+    :func:`publish_staged` (a failed write leaves nothing behind)."""
+    staged: list[tuple[str, str]] = []
+    try:
+        for df, uri in outputs:
+            tmp = f"{uri.rstrip('/')}.tmp-{uuid.uuid4().hex[:12]}"
+            staged.append((tmp, uri))
+            df.write.mode("overwrite").parquet(tmp)
+    except BaseException:
+        discard_staged(staged)
+        raise
+    return staged
+
+
+def discard_staged(staged: list[tuple[str, str]]) -> None:
+    """Remove what is left of staged tables (nothing of those already published)."""
     from epochsync.warehouse import fs as warehouse_fs
 
-    tmps = [f"{uri.rstrip('/')}.tmp-{uuid.uuid4().hex[:12]}" for _, uri in outputs]
-    try:
-        for (df, _), tmp in zip(outputs, tmps):
-            df.write.mode("overwrite").parquet(tmp)
-        for tmp, (_, uri) in zip(tmps, outputs):
-            try:
-                warehouse_fs.move_replacing(tmp, uri)
-            except OSError as exc:
-                raise SnapshotError(f"could not move {tmp} to {uri}: {exc}") from None
-    finally:
-        for tmp in tmps:
-            warehouse_fs.delete(tmp)
+    for tmp, _ in staged:
+        warehouse_fs.delete(tmp)
+
+
+def stage_arrow_table(table, uri: str) -> str:
+    """Write an Arrow ``table`` as a Parquet table beside ``uri`` (one file); returns the staged
+    folder, for :func:`publish_staged`. What a small epoch's merge writes from its one collect."""
+    import os
+
+    import pyarrow.parquet as pq
+
+    from epochsync.warehouse.paths import local_path
+
+    tmp = f"{uri.rstrip('/')}.tmp-{uuid.uuid4().hex[:12]}"
+    os.makedirs(local_path(tmp))
+    pq.write_table(table, os.path.join(local_path(tmp), "part-00000.snappy.parquet"), compression="snappy")
+    return tmp
+
+
+def publish_staged(staged: list[tuple[str, str]]) -> None:
+    """Move each staged folder onto its table (``(tmp, uri)``, in order), replacing it."""
+    from epochsync.warehouse import fs as warehouse_fs
+
+    for tmp, uri in staged:
+        try:
+            warehouse_fs.move_replacing(tmp, uri)
+        except OSError as exc:
+            raise SnapshotError(f"could not move {tmp} to {uri}: {exc}") from None
 
 
 def table_rows(uri: str) -> int:

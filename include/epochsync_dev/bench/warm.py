@@ -8,6 +8,12 @@ One run, one machine, one server (``local[2]``), started once and warmed by epoc
 - ``dag-run-fresh-process``: the same epoch into another posix target with
   ``python -m epochsync.airflow.dagtest`` (Airflow's start-up included);
 - ``cli-replicate``: ``epochsync replicate`` of the same epoch into a second posix target;
+- ``cli-replicate-empty-epoch``: ``epochsync replicate`` of an epoch with no change (every
+  server's changelog holds its ``EPOCH`` record only), into that target;
+- ``cli-no-server-first``, ``cli-no-server-second``, ``cli-no-server-third``:
+  ``epochsync replicate`` of epochs 1, 2 and 3 into a third target with no server
+  configured: the first call starts the local Spark server (:mod:`epochsync.spark_server`),
+  the later ones find it (``--no-server-rows`` off: skipped);
 - ``catch-up-100``: 100 closed epochs of another source through the Airflow DAG, in runs of
   ``max_epochs_per_run`` epochs (``--catchup-window``, default 25), into a posix target,
   in one kept ``dag.test()`` process;
@@ -112,6 +118,34 @@ def _posix_targets(config: Path, names: list[str]) -> None:
     config.write_text(yaml.safe_dump(doc, sort_keys=False))
 
 
+def append_empty_epoch(sim: Path) -> int:
+    """Close one more epoch with no change: every server's changelog gets a file holding its
+    ``EPOCH`` record alone, and the ground truth of the epoch is the last one's. Returns the epoch."""
+    last = max(int(p.stem.split("=", 1)[1]) for p in (sim / "truth").glob("epoch=*.jsonl"))
+    epoch = last + 1
+    for server in sorted(p for p in (sim / "changelogs").iterdir() if p.is_dir()):
+        newest = sorted(server.glob("*.jsonl"))[-1]
+        final = json.loads(newest.read_text().splitlines()[-1])
+        record = {
+            "server": server.name,
+            "index": final["index"] + 1,
+            "epoch": epoch,
+            "type": "EPOCH",
+            "time_ns": final["time_ns"] + 1000,
+        }
+        (server / f"{epoch:06d}.jsonl").write_text(json.dumps(record) + "\n")
+    shutil.copyfile(sim / "truth" / f"epoch={last}.jsonl", sim / "truth" / f"epoch={epoch}.jsonl")
+    return epoch
+
+
+def _replicate(config: Path, target: str, epoch: int, env: dict) -> tuple[float, subprocess.CompletedProcess]:
+    """``epochsync replicate`` of one epoch as a user runs it; returns its seconds and the process."""
+    cmd = [sys.executable, "-m", "epochsync.cli", "replicate", "--config", str(config), "--target", target]
+    t0 = time.monotonic()
+    done = subprocess.run([*cmd, "--epoch", str(epoch)], env=env, capture_output=True, text=True)
+    return time.monotonic() - t0, done
+
+
 def _equals_truth(config: Path, target: str, epoch: int) -> bool:
     from epochsync.core.config import load_config
     from epochsync.targets import open_target
@@ -158,6 +192,60 @@ def _stage_seconds(config: Path, target: str, epoch: int) -> dict:
     return {k: round(v, 2) for k, v in (stats.get("durations") or {}).items() if isinstance(v, (int, float))}
 
 
+def _no_server_rows(config: Path, env: dict, work: Path, records, say) -> list[dict]:
+    """Epochs 1-3 into target ``auto`` by ``epochsync replicate`` with no server configured, one
+    call each: the first starts the local Spark server, the later ones find it warm. The
+    server is stopped afterwards (``epochsync spark stop``)."""
+    home = work / "spark-home"
+    local = {k: v for k, v in env.items() if k not in ("EPOCHSYNC_SPARK_REMOTE", "SPARK_REMOTE")}
+    local.update(EPOCHSYNC_SPARK_HOME=str(home), EPOCHSYNC_SPARK_AUTOSTART="1")
+    out = []
+    try:
+        for e, name in ((1, "first"), (2, "second"), (3, "third")):
+            say(f"epoch {e} through epochsync replicate with no server configured ({name} call) ...")
+            seconds, done = _replicate(config, "auto", e, local)
+            ok = done.returncode == 0 and _equals_truth(config, "auto", e)
+            started = "starting a local Spark server" in done.stderr
+            out.append(
+                _row(
+                    f"cli-no-server-{name}",
+                    seconds,
+                    epoch=e,
+                    records=records if e == 2 else None,
+                    equals_truth=ok,
+                    started_server=started,
+                    stages=_stage_seconds(config, "auto", e),
+                    note="no EPOCHSYNC_SPARK_REMOTE: the first call starts the local server, later calls find it",
+                )
+            )
+    finally:
+        subprocess.run(
+            [sys.executable, "-m", "epochsync.cli", "spark", "stop", "--now"], env=local, capture_output=True
+        )
+    return out
+
+
+#: the rows whose Spark operations are broken down from the server's event log, and their target and epoch
+_BROKEN_DOWN = {"dag-run": ("dag", 2), "cli-replicate": ("cli", 2), "cli-replicate-empty-epoch": ("cli", None)}
+
+
+def _attach_breakdown(rows: list[dict], event_log: Path) -> None:
+    """Per stage of a row: where its Spark seconds went (:func:`epochsync_dev.eventlog.connect_breakdown`)."""
+    from epochsync_dev.eventlog import connect_breakdown
+
+    try:
+        tags = connect_breakdown(event_log)
+    except OSError:
+        return
+    for r in rows:
+        if r["name"] not in _BROKEN_DOWN:
+            continue
+        target, epoch = _BROKEN_DOWN[r["name"]]
+        epoch = epoch if epoch is not None else r.get("epoch")
+        suffix = f"-{target}-e{epoch}"
+        r["spark"] = {t[len("epochsync-") : -len(suffix)]: v for t, v in tags.items() if t.endswith(suffix)}
+
+
 def main(argv: list[str] | None = None) -> int:
     from epochsync_dev.bench import write_results
     from epochsync_dev.demo import demo_environment, migrate_airflow_db, target_environment
@@ -168,6 +256,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--catchup-epochs", type=int, default=100)
     p.add_argument("--catchup-window", type=int, default=25, help="max_epochs_per_run of the catch-up runs")
     p.add_argument("--no-write", action="store_true", help="print the rows, do not write bench/results/warm.json")
+    p.add_argument(
+        "--no-server-rows",
+        dest="no_server_rows",
+        action="store_false",
+        help="skip the rows of epochsync replicate with no server configured (they start a local server)",
+    )
     p.add_argument(
         "--no-preload-daemon",
         action="store_true",
@@ -184,7 +278,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench warm: {msg}", file=sys.stderr, flush=True)
 
     with SeaweedFS(work / "seaweedfs") as endpoint:
-        server = SparkConnectServer("local[2]", work_dir=work / "spark", preload_daemon=not args.no_preload_daemon)
+        server = SparkConnectServer(
+            "local[2]",
+            work_dir=work / "spark",
+            preload_daemon=not args.no_preload_daemon,
+            event_log=work / "eventlog",
+        )
         t0 = time.monotonic()
         url = server.start()
         rows.append(
@@ -209,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
                     bucket="warm-src",
                     extra=["--mdts", "2", "--osts", "4"],
                 )
-                _posix_targets(config, ["dag", "fresh", "cli"])
+                empty_epoch = append_empty_epoch(work / "sim")
+                _posix_targets(config, ["dag", "fresh", "cli", "auto"])
                 env["EPOCHSYNC_CONFIG"] = str(config)
                 tenv = target_environment(env, work, "dag")
                 fenv = target_environment(env, work, "fresh")
@@ -269,25 +369,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 )
                 say("epoch 2 through epochsync replicate ...")
-                t0 = time.monotonic()
-                done = subprocess.run(
-                    [
-                        sys.executable,
-                        "-m",
-                        "epochsync.cli",
-                        "replicate",
-                        "--config",
-                        str(config),
-                        "--target",
-                        "cli",
-                        "--epoch",
-                        "2",
-                    ],
-                    env=env,
-                    capture_output=True,
-                    text=True,
-                )
-                seconds = time.monotonic() - t0
+                seconds, done = _replicate(config, "cli", 2, env)
                 ok = done.returncode == 0 and _equals_truth(config, "cli", 2)
                 rows.append(
                     _row(
@@ -296,9 +378,27 @@ def main(argv: list[str] | None = None) -> int:
                         records=records,
                         equals_truth=ok,
                         stages=_stage_seconds(config, "cli", 2),
-                        target_s=5,
+                        target_s=4,
                     )
                 )
+                say(f"epoch 3, then the empty epoch {empty_epoch}, through epochsync replicate ...")
+                for e in range(3, empty_epoch):
+                    _replicate(config, "cli", e, env)
+                seconds, done = _replicate(config, "cli", empty_epoch, env)
+                ok = done.returncode == 0 and _equals_truth(config, "cli", empty_epoch)
+                rows.append(
+                    _row(
+                        "cli-replicate-empty-epoch",
+                        seconds,
+                        epoch=empty_epoch,
+                        records=0,
+                        equals_truth=ok,
+                        stages=_stage_seconds(config, "cli", empty_epoch),
+                        target_s=1.5,
+                    )
+                )
+                if args.no_server_rows:
+                    rows.extend(_no_server_rows(config, env, work, records, say))
 
                 n, window = args.catchup_epochs, args.catchup_window
                 say(f"simulating a source of {n} closed epochs for the catch-up ...")
@@ -339,6 +439,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(_row("server-peak-rss", 0, peak_rss_bytes=sampler.peak))
         finally:
             server.stop()
+    _attach_breakdown(rows, work / "eventlog")
     for r in rows:
         print(json.dumps(r), flush=True)
         if r.get("equals_truth") is False:

@@ -265,8 +265,21 @@ def _dedupe(reports: list[dict]) -> list[dict]:
     return [by_file[k] for k in sorted(by_file)]
 
 
-def read_records(spark, warehouse: str, source: str, first_epoch: int, last_epoch: int | None = None):
-    """Ingested records of epochs ``first..last`` as a DataFrame in the canonical schema."""
+def read_records(
+    spark,
+    warehouse: str,
+    source: str,
+    first_epoch: int,
+    last_epoch: int | None = None,
+    *,
+    read_token: str | None = None,
+):
+    """Ingested records of epochs ``first..last`` as a DataFrame in the canonical schema.
+
+    ``read_token`` makes this read's plan differ from every other read of the same files
+    (an option the Parquet source ignores): a Connect session's plan cache, when a stage
+    turns it on, then never serves a file listing from before a rewrite.
+    """
     from pyspark.sql import functions as F
 
     from epochsync.core.schema import record_struct_type
@@ -280,5 +293,8 @@ def read_records(spark, warehouse: str, source: str, first_epoch: int, last_epoc
     missing = [p for p in paths if not warehouse_fs.exists(p)]
     if missing:
         raise EpochError(f"not ingested yet: {', '.join(missing)}")
-    df = spark.read.schema(schema).option("basePath", wh.records(source)).parquet(*paths)
+    reader = spark.read.schema(schema).option("basePath", wh.records(source))
+    if read_token:
+        reader = reader.option("epochsync.read", read_token)
+    df = reader.parquet(*paths)
     return df.filter(F.col("epoch").between(first_epoch, last_epoch)).select(*schema.fieldNames())
