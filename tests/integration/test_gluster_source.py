@@ -103,8 +103,12 @@ def test_namespace_operations_of_a_real_volume(hist):
     assert {"RENME", "HLINK", "UNLNK", "SLINK", "XATTR", "WRITE", "MKDIR"} <= {r["type"] for r in records}
     writes = {r["tfid"]: r["extents"] for r in records if r["type"] == "WRITE"}
     # what was written moves, not the files: 4 KiB into big.bin; 64 KiB + 4 KiB into the sharded file
-    moved = sorted(sum(e["length"] for e in ex) for ex in writes.values() if ex[0]["offset"] > 0)
+    moved = sorted(sum(e["length"] for e in ex) for ex in writes.values() if ex[0]["offset"] > 8)
     assert moved == [4096, 64 * 1024 + 4096], writes
+    # f38 (8 bytes, inline in btrfs's metadata) truncated up: its 8 bytes compared equal and not
+    # sent, only the rest of its first block (the rest of the file is a hole)
+    grown = [ex for ex in writes.values() if ex[0]["offset"] == 8]
+    assert len(grown) == 1 and sum(e["length"] for e in grown[0]) <= 4096, writes
     stats = json.loads((hist.folder / f"warehouse/stats/target=local/epoch={epoch}.json").read_text())
     assert stats["bytes_pulled"] <= 1024 * 1024
 

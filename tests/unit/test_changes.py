@@ -19,6 +19,8 @@ from epochsync.report.changes import (
     check_inputs,
     committed_windows,
     diff_entries,
+    glusterfind_lines,
+    glusterfind_path,
     quote_path,
     to_json_line,
     to_text,
@@ -241,3 +243,80 @@ def test_pruned_snapshot_and_missing_change_set_are_named(tmp_path):
     # epoch 0 is the empty tree: no snapshot needed
     with pytest.raises(EpochError, match=r"change set for committed epoch\(s\) 1, 4"):
         check_inputs(cfg, t, 0, 4, [(1, 1), (2, 2), (3, 3), (4, 4)])
+
+
+# --------------------------------------------------------------------------- --format glusterfind
+
+GLUSTERFIND_UTILS = "/usr/lib/x86_64-linux-gnu/glusterfs/glusterfind/utils.py"
+
+
+def test_glusterfind_lines_tell_the_diff_as_glusterfind_does():
+    data = {"data_changed": True, "whole_file": True, "ranges": [], "old_size": 10, "new_size": 10}
+    lines = glusterfind_lines(
+        [
+            entry("D", ["d"], ["e"], type_="dir"),  # a directory renamed ...
+            entry("X", ["d/x"], []),  # ... a file in it deleted: named under the new name
+            entry("Y", ["d/y"], ["y"]),  # ... a file moved out of it
+            entry("G", ["gone"], [], type_="dir"),  # a directory removed with its files
+            entry("G1", ["gone/a"], []),
+            entry("G2", ["gone/sub"], [], type_="dir"),
+            entry("G3", ["gone/sub/b"], []),
+            entry("H", ["h"], ["h", "h2"], windows=[data]),  # a new name and a data change
+            entry("T", ["t"], ["t"], old=row(), new=row(mode=0o600)),  # attributes only
+            entry("N", [], ["new dir"], type_="dir"),
+            entry("M", [], ["new dir/100%\nx"]),
+        ]
+    )
+    assert lines == [
+        "DELETE gone/sub/b",
+        "DELETE e/x",
+        "DELETE gone/a",
+        "DELETE gone/sub",
+        "DELETE gone",
+        "RENAME d e",
+        "RENAME e/y y",
+        "NEW h2",
+        "NEW new%20dir",
+        "NEW new%20dir/100%25%0Ax",
+        "MODIFY h",
+        "MODIFY h2",
+        "MODIFY t",
+    ]
+
+
+def test_glusterfind_encoding_no_encode_prefix_and_separator():
+    entries = [entry("F", [], ["a b/c%d\te\u00fc\nf"])]
+    assert glusterfind_lines(entries) == ["NEW a%20b/c%25d\te\u00fc%0Af"]  # a tab and non-ASCII stay as they are
+    assert glusterfind_lines(entries, encode=False) == ["NEW a b/c%d\te\u00fc\nf"]
+    assert glusterfind_lines(entries, prefix="/mnt/my vol/") == ["NEW /mnt/my%20vol/a%20b/c%25d\te\u00fc%0Af"]
+    assert glusterfind_lines([entry("D", ["a"], ["b"], type_="dir")], separator="::") == ["RENAME::a::b"]
+
+
+@pytest.mark.skipif(not os.path.exists(GLUSTERFIND_UTILS), reason="glusterfind is not installed here")
+def test_glusterfind_path_encodes_as_glusterfind_itself():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gf_utils", GLUSTERFIND_UTILS)
+    utils = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(utils)
+    for name in ["plain", "a b", "100%", "new\nline", "tab\there", "\u00fcn\u00ef", "%20 %25\n", "x\r\x01y"]:
+        assert glusterfind_path(name) == utils.quote_plus_space_newline(name), name
+        assert utils.unquote_plus_space_newline(glusterfind_path(name)) == name
+
+
+def test_the_verb_writes_glusterfind_lines_and_refuses_its_options_elsewhere(monkeypatch, capsys):
+    from epochsync.cli import main
+    from epochsync.report import changes
+
+    monkeypatch.setattr(changes, "entries_between", lambda *a, **k: [entry("L", ["a"], ["a", "b c"])])
+    base = ["changes", "--config", "x.yaml", "--target", "t", "--from", "1", "--to", "2"]
+    assert main([*base, "--format", "glusterfind"]) == 0
+    assert capsys.readouterr().out == "NEW b%20c\n"
+    assert (
+        main([*base, "--format", "glusterfind", "--no-encode", "--field-separator", ",", "--output-prefix", "m"]) == 0
+    )
+    assert capsys.readouterr().out == "NEW,m/b c\n"
+    assert main([*base]) == 0
+    assert capsys.readouterr().out == "LINK b%20c a\n"
+    assert main([*base, "--no-encode"]) == 1
+    assert "go with --format glusterfind" in capsys.readouterr().err

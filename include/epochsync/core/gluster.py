@@ -81,18 +81,26 @@ def gluster_cli() -> str:
     return str(found)
 
 
-def run_tool(cmd: list[str], what: str, *, timeout: float = 120.0, missing: str | None = None) -> str:
+def run_tool(
+    cmd: list[str],
+    what: str,
+    *,
+    timeout: float = 120.0,
+    missing: str | None = None,
+    error: type[EpochsyncError] = GlusterError,
+) -> str:
     """Runs ``cmd``; returns its stdout. Not installed (``missing`` says how to get it), no answer within
-    ``timeout`` or a failure is one GlusterError line naming ``what``, with the tool's last words."""
+    ``timeout`` or a failure is one ``error`` line (a GlusterError unless told) naming ``what``, with the
+    tool's last words."""
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     except FileNotFoundError:
-        raise GlusterError(missing or f"{cmd[0]} is not installed here") from None
+        raise error(missing or f"{cmd[0]} is not installed here") from None
     except subprocess.TimeoutExpired:
-        raise GlusterError(f"{what}: no answer in {timeout:g} s") from None
+        raise error(f"{what}: no answer in {timeout:g} s") from None
     if done.returncode != 0:
         said = (done.stderr.strip() or done.stdout.strip() or f"exit status {done.returncode}").splitlines()[-1]
-        raise GlusterError(f"{what} failed: {said}")
+        raise error(f"{what} failed: {said}")
     return done.stdout
 
 

@@ -28,7 +28,8 @@ target's ``snapshot_retention`` are pruned; asking for one is an error naming th
 epochs still available.
 
 The same records, one window at a time, are what a feed target publishes
-(:mod:`epochsync.stages.publish`).
+(:mod:`epochsync.stages.publish`). ``--format glusterfind`` tells them in the lines
+``glusterfind pre`` writes (:func:`glusterfind_lines`), for scripts written for it.
 """
 
 from __future__ import annotations
@@ -36,11 +37,12 @@ from __future__ import annotations
 import base64
 import json
 import os
+import posixpath
 import sys
 from typing import Any
 
 from epochsync.core.config import Config, TargetConfig, load_config
-from epochsync.core.errors import EpochError
+from epochsync.core.errors import EpochError, EpochsyncError
 from epochsync.core.model import FILE
 from epochsync.warehouse.paths import Warehouse, epoch_partitions, local_path
 
@@ -350,8 +352,9 @@ def apply_to_listing(listing: dict[str, str], records: list[dict]) -> dict[str, 
 # --------------------------------------------------------------------------- the API
 
 
-def changes_between(cfg, target, e1: int, e2: int, spark=None) -> list[dict]:
-    """The change records between committed epochs ``e1`` and ``e2`` of ``target``."""
+def entries_between(cfg, target, e1: int, e2: int, spark=None) -> list[dict]:
+    """The :func:`gather_entries` entries between committed epochs ``e1`` and ``e2`` of ``target``
+    (the windows and inputs checked first; a local Spark session when none is given)."""
     from epochsync.journal.undo import manifest_epoch
     from epochsync.targets import open_target
 
@@ -364,7 +367,80 @@ def changes_between(cfg, target, e1: int, e2: int, spark=None) -> list[dict]:
         from epochsync.spark import spark_session
 
         spark = spark_session(f"epochsync-changes-{tcfg.name}", cfg=cfg)
-    return diff_entries(gather_entries(spark, cfg, tcfg, e1, e2, windows))
+    return gather_entries(spark, cfg, tcfg, e1, e2, windows)
+
+
+def changes_between(cfg, target, e1: int, e2: int, spark=None) -> list[dict]:
+    """The change records between committed epochs ``e1`` and ``e2`` of ``target``."""
+    return diff_entries(entries_between(cfg, target, e1, e2, spark))
+
+
+# --------------------------------------------------------------------------- glusterfind's format
+
+#: what glusterfind encodes in a path (its ``utils.quote_plus_space_newline``), in this order;
+#: nothing else is (tabs, other control characters and non-ASCII stay as they are)
+GLUSTERFIND_ESCAPES = (("%", "%25"), (" ", "%20"), ("\n", "%0A"))
+
+
+def glusterfind_path(path: str, *, encode: bool = True, prefix: str = ".") -> str:
+    """A path as glusterfind writes it: under ``prefix`` (its ``--output-prefix``; ``.``: none),
+    then encoded as glusterfind encodes (unless ``encode`` is false: its ``--no-encode``)."""
+    if prefix != ".":
+        path = posixpath.join(prefix, path).replace("//", "/").removesuffix("/")
+    if encode:
+        for raw, quoted in GLUSTERFIND_ESCAPES:
+            path = path.replace(raw, quoted)
+    return path
+
+
+def glusterfind_lines(
+    entries: list[dict], *, encode: bool = True, prefix: str = ".", separator: str = " "
+) -> list[str]:
+    """The listing of :func:`gather_entries`' entries in glusterfind's line format.
+
+    ``NEW path``, ``MODIFY path``, ``DELETE path``, ``RENAME old new`` (glusterfind's only
+    kinds, fields joined by ``separator``), the entries of :func:`diff_entries` told the way
+    ``glusterfind pre`` tells them:
+
+    - a hard link (``LINK``) is a ``NEW`` of its path;
+    - a ``MODIFY`` (data, attributes or xattrs alike) is listed for every name of the file;
+    - a deleted directory's entries are each listed too, children before their directory;
+    - a path on the left (``DELETE``, the first of ``RENAME``) names the entry as at E1 but
+      under the E2 name of a renamed ancestor, as glusterfind resolves an old parent by its
+      gfid when it lists.
+
+    Deletes come first (deepest first), then renames (parents first), ``NEW`` and ``MODIFY``.
+    """
+    records = diff_entries(entries)
+    renames = {r["old_path"]: r["path"] for r in records if r["kind"] == "RENAME"}
+    lines_at = {**renames, **{r["path"]: None for r in records if r["kind"] == "DELETE"}}
+
+    def old_name(path: str) -> str:
+        parent, _, name = path.rpartition("/")
+        return f"{_mapped(parent, renames)}/{name}" if parent else path
+
+    deletes = {r["path"] for r in records if r["kind"] == "DELETE"}
+    for e in entries:
+        deletes.update(p for p in e["old_paths"] if _mapped(p, lines_at) is None)
+    by_fid = {e["fid"]: e for e in entries}
+    modified = sorted({p for r in records if r["kind"] == "MODIFY" for p in by_fid[r["fid"]]["new_paths"]})
+
+    def out(*fields: str) -> str:
+        return separator.join(fields)
+
+    def name(path: str) -> str:
+        return glusterfind_path(path, encode=encode, prefix=prefix)
+
+    lines = [out("DELETE", name(old_name(p))) for p in sorted(deletes, key=lambda p: (-_depth(p), p))]
+    lines += [
+        out("RENAME", name(old_name(src)), name(dst))
+        for src, dst in sorted(renames.items(), key=lambda x: (_depth(x[0]), x))
+    ]
+    lines += [
+        out("NEW", name(r["path"])) for r in sorted(records, key=lambda r: r["path"]) if r["kind"] in ("NEW", "LINK")
+    ]
+    lines += [out("MODIFY", name(p)) for p in modified]
+    return lines
 
 
 def quote_path(path: str) -> str:
@@ -415,18 +491,41 @@ def configure_changes(parser) -> None:
     parser.add_argument("--to", dest="to_epoch", type=int, required=True, metavar="E2", help="committed epoch, > E1")
     parser.add_argument(
         "--format",
-        choices=("text", "jsonl"),
+        choices=("text", "jsonl", "glusterfind"),
         default="text",
-        help="text: KIND path [path|what] per line (default); jsonl: one JSON record per line",
+        help="text: KIND path [path|what] per line (default); jsonl: one JSON record per line; glusterfind: "
+        "the lines glusterfind pre writes (NEW, MODIFY, DELETE, RENAME), paths encoded as it encodes them",
+    )
+    gf = parser.add_argument_group("glusterfind's options (with --format glusterfind)")
+    gf.add_argument("--no-encode", action="store_true", help="paths as they are (glusterfind pre --no-encode)")
+    gf.add_argument(
+        "--output-prefix",
+        default=".",
+        metavar="PREFIX",
+        help="put PREFIX in front of every path (glusterfind pre --output-prefix); default: none",
+    )
+    gf.add_argument(
+        "--field-separator",
+        default=" ",
+        metavar="SEP",
+        help="between a line's fields (glusterfind pre --field-separator); default: a space",
     )
 
 
 def run_changes(args) -> int:
     """The ``changes`` verb: print the change records between two committed epochs; returns 0."""
-    records = changes_between(args.config, args.target, args.from_epoch, args.to_epoch)
-    write = to_json_line if args.format == "jsonl" else to_text
+    if args.format != "glusterfind" and (args.no_encode or args.output_prefix != "." or args.field_separator != " "):
+        raise EpochsyncError("--no-encode, --output-prefix and --field-separator go with --format glusterfind")
+    entries = entries_between(args.config, args.target, args.from_epoch, args.to_epoch)
+    if args.format == "glusterfind":
+        lines = glusterfind_lines(
+            entries, encode=not args.no_encode, prefix=args.output_prefix, separator=args.field_separator
+        )
+    else:
+        write = to_json_line if args.format == "jsonl" else to_text
+        lines = [write(rec) for rec in diff_entries(entries)]
     out = sys.stdout
-    for rec in records:
-        out.write(write(rec) + "\n")
+    for line in lines:
+        out.write(line + "\n")
     out.flush()
     return 0

@@ -1,11 +1,12 @@
-"""btrfs, as a cut uses it: a brick's subvolume, read-only snapshots, and which byte ranges two
-snapshots of a file do not share (FIEMAP).
+"""btrfs, as a cut uses it: a brick's subvolume, read-only snapshots (:mod:`epochsync.core.btrfs`),
+and which byte ranges two snapshots of a file do not share (FIEMAP).
 
 A btrfs snapshot is atomic for its subvolume and shares every extent with it until one side
 writes: a range of a file whose physical extent is the same in two snapshots holds the same
 bytes in both. So the bytes a file changed between two cuts are the ranges whose extents
 differ (plus the ranges where one side has a hole and the other data). Inline extents (small
-files kept in the metadata) have no address to compare and count as changed.
+files kept in the metadata) have no address to compare: such ranges, when small, are read and
+compared byte for byte (:func:`drop_unchanged`).
 """
 
 from __future__ import annotations
@@ -15,10 +16,21 @@ import fcntl
 import os
 import struct
 
-from epochsync.core.gluster import GlusterError, run_tool
+from epochsync.core.btrfs import BTRFS_SUBVOLUME_INO, is_subvolume, mount_of, snapshot
+from epochsync.core.btrfs import delete_subvolume as delete_snapshot
+from epochsync.core.gluster import GlusterError
 
-#: subvolume roots (and the file system's top level) have this inode number on btrfs
-BTRFS_SUBVOLUME_INO = 256
+#: the cut's btrfs calls, from here (the snapshot functions are :mod:`epochsync.core.btrfs`'s)
+__all__ = [
+    "changed_ranges",
+    "delete_snapshot",
+    "drop_unchanged",
+    "fiemap",
+    "is_subvolume",
+    "mount_of",
+    "snapshot",
+    "subvolume_of",
+]
 
 FS_IOC_FIEMAP = 0xC020660B
 FIEMAP_FLAG_SYNC = 0x1
@@ -33,20 +45,6 @@ _NO_ADDRESS = FIEMAP_EXTENT_UNKNOWN | FIEMAP_EXTENT_DELALLOC | FIEMAP_EXTENT_DAT
 _HEADER = struct.Struct("=QQIIII")
 _EXTENT = struct.Struct("=QQQQQI12x")
 _BATCH = 512
-
-
-def mount_of(path: str) -> tuple[str, str]:
-    """Returns ``(mount point, file system type)`` of the mount holding ``path``."""
-    best = ("/", "")
-    real = os.path.realpath(path)
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            point = left.split()[4].encode().decode("unicode_escape")
-            fstype = right.split()[0]
-            if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= len(best[0]):
-                best = (point, fstype)
-    return best
 
 
 def subvolume_of(path: str) -> str:
@@ -70,34 +68,6 @@ def subvolume_of(path: str) -> str:
             break
         cur = os.path.dirname(cur)
     return point
-
-
-def _btrfs(args: list[str], what: str, timeout: float = 120.0) -> str:
-    return run_tool(
-        ["btrfs", *args],
-        what,
-        timeout=timeout,
-        missing="the btrfs command is not installed here (Debian: apt-get install btrfs-progs)",
-    )
-
-
-def snapshot(subvolume: str, dest: str) -> None:
-    """A read-only snapshot of ``subvolume`` at ``dest`` (its parent must exist, on the same file system)."""
-    _btrfs(["subvolume", "snapshot", "-r", subvolume, dest], f"btrfs snapshot of {subvolume} to {dest}")
-
-
-def delete_snapshot(dest: str) -> None:
-    """Deletes the snapshot at ``dest`` (nothing when it is gone already)."""
-    if os.path.lexists(dest):
-        _btrfs(["subvolume", "delete", dest], f"btrfs subvolume delete {dest}")
-
-
-def is_subvolume(path: str) -> bool:
-    """Is ``path`` the root of a btrfs subvolume (a snapshot, say)?"""
-    try:
-        return os.lstat(path).st_ino == BTRFS_SUBVOLUME_INO
-    except OSError:
-        return False
 
 
 # --------------------------------------------------------------------------- extents
@@ -196,3 +166,47 @@ def changed_ranges(old, new, old_size: int, new_size: int) -> list[tuple[int, in
             else:
                 changed.append([x, y])
     return [(a, b - a) for a, b in changed]
+
+
+#: ranges FIEMAP calls changed are read and compared when, within the old size, they add up to at
+#: most this many bytes: a small file's extent is often inline (in btrfs's metadata, no address),
+#: so an attribute change, a new name or a rename would otherwise publish its bytes as changed
+COMPARE_BYTES_UP_TO = 64 * 1024
+#: what is compared at once: a block that differs is published whole
+COMPARE_BLOCK = 4096
+
+
+def drop_unchanged(
+    old_path: str, new_path: str, ranges: list[tuple[int, int]], old_size: int, limit: int = COMPARE_BYTES_UP_TO
+) -> list[tuple[int, int]]:
+    """``ranges`` (of :func:`changed_ranges`) without the blocks (:data:`COMPARE_BLOCK`) whose bytes
+    are the same in both files, when the parts within ``old_size`` add up to at most ``limit`` bytes (else ``ranges`` as
+    they are). Bytes past ``old_size`` always stay changed (the replica has none there)."""
+    inside = [(o, min(o + n, old_size) - o) for o, n in ranges if o < old_size]
+    if not inside or sum(n for _, n in inside) > limit:
+        return ranges
+    out: list[tuple[int, int]] = []
+
+    def keep(o: int, n: int) -> None:
+        if out and out[-1][0] + out[-1][1] == o:
+            out[-1] = (out[-1][0], out[-1][1] + n)
+        elif n > 0:
+            out.append((o, n))
+
+    a = os.open(old_path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        b = os.open(new_path, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            for o, n in ranges:
+                end = min(o + n, old_size)
+                for x in range(o, end, COMPARE_BLOCK):
+                    m = min(COMPARE_BLOCK, end - x)
+                    if os.pread(a, m, x) != os.pread(b, m, x):
+                        keep(x, m)
+                if o + n > old_size:
+                    keep(max(o, old_size), o + n - max(o, old_size))
+        finally:
+            os.close(b)
+    finally:
+        os.close(a)
+    return out

@@ -24,7 +24,8 @@ Each touched gfid then gets the records that take the published state to the cut
 name of a gfid that is gone; one ``SATTR`` with every attribute's value; an ``XATTR`` per
 ``user.*`` xattr (a null value: removed); and for a file whose bytes may differ, one ``WRITE``
 whose extents are the byte ranges the two cuts' snapshots do not share (FIEMAP; a sharded
-file's blocks mapped to its offsets), pinned to this epoch's cut (``object.version``). These
+file's blocks mapped to its offsets; up to 64 KiB of them read and compared, since an inline
+extent has no address to compare), pinned to this epoch's cut (``object.version``). These
 are canonical records with values and extents, so the merge treats the source like JSON Lines.
 
 A gfid's records go to the brick holding its data (directories: the first brick), with that
@@ -39,7 +40,7 @@ from dataclasses import dataclass, field
 from epochsync.core.gluster import INTERNAL_GFIDS, ROOT_GFID, SHARD_REMOVE_ME_GFID, SHARD_ROOT_GFID
 from epochsync.core.schema import Extent, ObjectRef, Record
 from epochsync.sources.gluster.backend import BrickView, Node, shard_base
-from epochsync.sources.gluster.btrfs import changed_ranges, fiemap
+from epochsync.sources.gluster.btrfs import changed_ranges, drop_unchanged, fiemap
 from epochsync.sources.gluster.state import Known, SourceState
 
 _SHARD_DIRS = (SHARD_ROOT_GFID, SHARD_REMOVE_ME_GFID)
@@ -348,7 +349,8 @@ class Resolver:
         self.figures["fiemap_files"] += 1
         try:
             if not node.shard_block:
-                return changed_ranges(fiemap(old.path), fiemap(node.path), old.size, size)
+                ranges = changed_ranges(fiemap(old.path), fiemap(node.path), old.size, size)
+                return drop_unchanged(old.path, node.path, ranges, old.size)
             return self._changed_shards(g, old, node, old_view, a.brick)
         except OSError:
             self.figures["whole_files"] += 1
@@ -375,7 +377,10 @@ class Resolver:
                 new_path = _shard_on(new_views, g, i)
             old_ext = fiemap(old_path) if old_path else []
             new_ext = fiemap(new_path) if new_path else []
-            for o, n in changed_ranges(old_ext, new_ext, n_old, n_new):
+            ranges = changed_ranges(old_ext, new_ext, n_old, n_new)
+            if old_path and new_path:
+                ranges = drop_unchanged(old_path, new_path, ranges, n_old)
+            for o, n in ranges:
                 if out and out[-1][0] + out[-1][1] == lo + o:
                     out[-1] = (out[-1][0], out[-1][1] + n)
                 else:
