@@ -124,6 +124,25 @@ def gluster_stack(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def btrfs_dir(tmp_path_factory):
+    """A btrfs file system for the run (``epochsync_dev.btrfs.BtrfsLoop``: a sparse 1 GiB loop
+    image, mounted); yields its mount point. Skipped where it cannot be made (not root, no loop
+    devices, no btrfs-progs), but failed instead when ``EPOCHSYNC_REQUIRE_BTRFS`` is set (CI sets
+    it where those are there), as the gluster stack is."""
+    from epochsync_dev.btrfs import REQUIRE_ENV, BtrfsLoop, BtrfsUnavailable
+
+    loop = BtrfsLoop(tmp_path_factory.mktemp("btrfs"))
+    try:
+        mount = loop.start()
+    except BtrfsUnavailable as exc:
+        if os.environ.get(REQUIRE_ENV):
+            pytest.fail(f"{REQUIRE_ENV} is set but no btrfs loop can be made here: {exc}")
+        pytest.skip(f"no btrfs here: {exc}")
+    yield mount
+    loop.stop()
+
+
+@pytest.fixture(scope="session")
 def fixtures_dir() -> Path:
     return FIXTURES
 

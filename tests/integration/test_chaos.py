@@ -210,8 +210,8 @@ def test_kill_9_in_apply_rollback_and_commit_then_rerun_equals_the_ground_truth(
             assert_at_truth(out, cfg, target, e - 1)
             COUNTS["kills_survived"] += 2
         else:
-            # 3. the commit killed before one of its five steps (1-2: before the manifest, 3-5: after it)
-            step = rng.randrange(5)
+            # 3. the commit killed before one of its six steps (1-2: before the manifest, 3-6: after it)
+            step = rng.randrange(6)
             point.update(commit_after=step)
             killed(
                 cli_replicate(

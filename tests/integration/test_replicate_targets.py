@@ -1,5 +1,8 @@
 """Target contract suite: the same plans applied to a posix and an s3 (SeaweedFS) target.
 
+The posix target runs twice: in a plain directory, and as a btrfs subvolume (a loop image) whose
+committed view is on (``posix-btrfs``; skipped where no btrfs loop can be made, see ``btrfs_dir``).
+
 Plans are built by the real planner from hand-written snapshot entries (no Spark), the
 source bytes live in a versioned SeaweedFS bucket, and every test asserts the replica's
 exact bytes and namespace, after apply and after rollback.
@@ -56,11 +59,14 @@ def env(seaweed, tmp_path_factory):
     return {"seaweed": seaweed, "source": src, "store": store, "tmp": tmp_path_factory.mktemp("contract")}
 
 
-@pytest.fixture(params=["posix", "s3", "s3-striped"])
+@pytest.fixture(params=["posix", "posix-btrfs", "s3", "s3-striped"])
 def target(request, env):
     name = "t" + uuid.uuid4().hex[:6]
     if request.param == "posix":
         cfg = TargetConfig(name=name, source="sim", kind="posix", path=str(env["tmp"] / name))
+    elif request.param == "posix-btrfs":
+        # the same contract where the replica is a btrfs subvolume with a committed view
+        cfg = TargetConfig(name=name, source="sim", kind="posix", path=str(request.getfixturevalue("btrfs_dir") / name))
     else:
         stripes = {"stripe_size": 1024, "stripe_count": 3} if request.param == "s3-striped" else {}
         cfg = TargetConfig(
@@ -223,13 +229,9 @@ def test_dropping_one_hard_link_then_committing_keeps_the_next_epochs_fence_clea
     assert tree(target)["a/f"][2] == 0o600
 
 
-@pytest.mark.parametrize("k", [0, 1, 2, 3, 5])
-def test_fault_after_k_mutations_rolls_back_exactly(env, target, k, tmp_path):
-    from epochsync.journal.faults import FaultCounter, FaultSpec, InjectedFailure
-
-    entries, st = epoch1(env)
-    run(env, target, entries, 1)
-    t1 = tree(target)
+def second_epoch(env, st, target) -> list[dict]:
+    """Epoch 2 after :func:`epoch1`: a directory renamed, its file rewritten whole (two names), a new
+    directory, the symlink removed."""
     new_data = os.urandom(4000)
     v2 = env["source"].put("F", new_data)
     f2 = row("file", size=4000, version=v2, fid="F")
@@ -254,6 +256,17 @@ def test_fault_after_k_mutations_rolls_back_exactly(env, target, k, tmp_path):
         ):
             en["old_links"] = [{"pfid": p, "name": n, "path": x} for p, n, x in links_old]
             en["new_links"] = [{"pfid": p, "name": n, "path": x} for p, n, x in links_new]
+    return entries2
+
+
+@pytest.mark.parametrize("k", [0, 1, 2, 3, 5])
+def test_fault_after_k_mutations_rolls_back_exactly(env, target, k, tmp_path):
+    from epochsync.journal.faults import FaultCounter, FaultSpec, InjectedFailure
+
+    entries, st = epoch1(env)
+    run(env, target, entries, 1)
+    t1 = tree(target)
+    entries2 = second_epoch(env, st, target)
     spec = FaultSpec(after=k)
     counter = FaultCounter(spec, str(tmp_path / "count"), str(tmp_path / "fired"))
     with pytest.raises(InjectedFailure):
@@ -265,6 +278,36 @@ def test_fault_after_k_mutations_rolls_back_exactly(env, target, k, tmp_path):
     plan, _, _, src_io = run(env, target, entries2, 2, inject=counter)
     assert verify_plan(plan, target, src_io, env["store"]["bucket"])["ok"]
     assert sorted(tree(target)) == ["e", "z", "z/f", "z/hard"]
+
+
+def test_the_committed_view_is_the_manifests_epoch_whatever_apply_does(env, target, tmp_path):
+    """Where the target has a committed view (posix on btrfs) it is the manifest's epoch, exactly,
+    through a half-applied epoch and its rollback; elsewhere the target says why it has none."""
+    from epochsync.core.config import ViewConfig
+    from epochsync.journal.faults import FaultCounter, FaultSpec, InjectedFailure
+
+    entries, st = epoch1(env)
+    run(env, target, entries, 1)
+    t1 = tree(target)
+    target.write_manifest({"epoch": 1, "target": target.name, "committed_at": 1.5})
+    published = target.publish_view()
+    status = target.view_status()
+    if not status["available"]:
+        assert published is None and status["reason"], status
+        return
+    assert published["made"] and status["current"] == 1 and status["kept"] == [1]
+    snap = open_target(
+        TargetConfig(
+            name="reader", source="sim", kind="posix", path=published["snapshot"], view=ViewConfig(snapshots="never")
+        )
+    )
+    assert tree(snap) == t1
+    counter = FaultCounter(FaultSpec(after=2), str(tmp_path / "count"), str(tmp_path / "fired"))
+    with pytest.raises(InjectedFailure):
+        run(env, target, second_epoch(env, st, target), 2, inject=counter)
+    assert tree(target) != t1 and tree(snap) == t1 and target.view_status()["current"] == 1
+    rollback(target, str(env["tmp"] / f"undo-{target.name}-2"))
+    assert target.publish_view() == {"epoch": 1, "snapshot": published["snapshot"], "made": False, "deleted": []}
 
 
 def test_paths_outside_the_replica_are_refused(env, target):

@@ -49,6 +49,7 @@ TargetKindName = Literal["s3", "posix", "feed"]
 FeedFormatName = Literal["jsonl", "parquet"]
 FeedEventName = Literal["create", "delete", "rename", "data", "attrs", "xattrs"]
 OnBadRecordName = Literal["fail", "quarantine"]
+ViewSnapshotsName = Literal["auto", "required", "never"]
 
 FORMATS: tuple[str, ...] = typing.get_args(FormatName)
 EPOCH_SOURCES: tuple[str, ...] = typing.get_args(EpochSource)
@@ -60,6 +61,8 @@ TARGET_KINDS: tuple[str, ...] = typing.get_args(TargetKindName)
 FEED_FORMATS: tuple[str, ...] = typing.get_args(FeedFormatName)
 FEED_EVENTS: tuple[FeedEventName, ...] = typing.get_args(FeedEventName)
 ON_BAD_RECORD: tuple[str, ...] = typing.get_args(OnBadRecordName)
+#: a posix target's committed view (``targets[].view.snapshots``)
+VIEW_SNAPSHOTS: tuple[str, ...] = typing.get_args(ViewSnapshotsName)
 #: target keys of earlier versions that now stop the load with a way forward
 REMOVED_TARGET_KEYS = {
     "engine": "removed: Spark is the only engine of merge and translate; delete this key",
@@ -67,6 +70,8 @@ REMOVED_TARGET_KEYS = {
 }
 #: keys only ``kind: s3`` targets take (a feed takes conn_id, bucket and prefix too)
 S3_ONLY_KEYS = ("conn_id", "bucket", "prefix", "stripe_size", "stripe_count")
+#: keys only ``kind: posix`` targets take
+POSIX_ONLY_KEYS = ("view",)
 MIN_PART_SIZE = 5 * 1024 * 1024
 #: ``targets[].small_file``'s default: on this machine's SeaweedFS a GET of 256 KiB took as long as
 #: a ranged GET of 4 KiB of it (docs/INTERNALS.md, "Requests per changed file")
@@ -304,6 +309,7 @@ OnBadRecord = Annotated[OnBadRecordName, BeforeValidator(_choice(ON_BAD_RECORD))
 TargetKind = Annotated[TargetKindName, BeforeValidator(_choice(TARGET_KINDS))]
 FeedFormat = Annotated[FeedFormatName, BeforeValidator(_choice(FEED_FORMATS))]
 FeedEvent = Annotated[FeedEventName, BeforeValidator(_choice(FEED_EVENTS))]
+ViewSnapshots = Annotated[ViewSnapshotsName, BeforeValidator(_choice(VIEW_SNAPSHOTS))]
 Epochs = Annotated[int, Field(ge=0), BeforeValidator(_int_range(0))]
 AtLeastOne = Annotated[int, Field(ge=1), BeforeValidator(_int_range(1))]
 StripeCount = Annotated[int, Field(ge=1, le=65535), BeforeValidator(_int_range(1, 65535))]
@@ -652,6 +658,26 @@ class FeedRetentionConfig:
     """a consumer with unacknowledged epochs that has not acknowledged for this long is idle"""
 
 
+@_constructed
+@dataclass(frozen=True, config=_KEYS)
+class ViewConfig:
+    """A posix target's committed view (``targets[].view``): every committed epoch published as a
+    read-only btrfs snapshot of the replica, and a ``current`` link to the newest, flipped at
+    commit, so a reader of ``current`` never sees an epoch half applied."""
+
+    snapshots: ViewSnapshots = "auto"
+    """auto: where the replica's path is a btrfs subvolume (a new path whose parent is on btrfs is
+    made one), none elsewhere, as epochsync status says; required: refuse to apply to a replica
+    that cannot have them; never: no snapshots"""
+    path: LocalPath | None = None
+    """the folder of the snapshots (epoch-NNNNNNNNNN) and of the current link, on the replica's
+    btrfs file system (relative: to the config file's directory); default: <path>.epochs beside
+    the replica"""
+    keep: AtLeastOne = 2
+    """how many snapshots are kept, the newest included; older ones are deleted at commit, so a
+    reader who opened current keeps a whole epoch for keep - 1 more commits"""
+
+
 @dataclass(frozen=True, config=_KEYS, kw_only=True)
 class _TargetKeys:
     """The keys every kind of target takes (described with Field: the subclasses that
@@ -716,6 +742,7 @@ class PosixTargetKeys(_TargetKeys):
     kind: Literal["posix"]
     path: LocalPath
     """the replica's directory (relative: to the config file's directory)"""
+    view: ViewConfig = dataclasses.field(default_factory=ViewConfig)
 
 
 @dataclass(frozen=True, config=_KEYS, kw_only=True)
@@ -758,9 +785,13 @@ class FeedTargetKeys(_TargetKeys):
 
 #: keys a kind of target refuses with a reason of their own rather than "unknown key"
 _REFUSED_KEYS: dict[type, dict[str, str]] = {
-    S3TargetKeys: REMOVED_TARGET_KEYS,
+    S3TargetKeys: {**REMOVED_TARGET_KEYS, **dict.fromkeys(POSIX_ONLY_KEYS, "only posix targets take this key")},
     PosixTargetKeys: {**REMOVED_TARGET_KEYS, **dict.fromkeys(S3_ONLY_KEYS, "only s3 targets take this key")},
-    FeedTargetKeys: {**REMOVED_TARGET_KEYS, **dict.fromkeys(S3_ONLY_KEYS[3:], "only s3 targets take this key")},
+    FeedTargetKeys: {
+        **REMOVED_TARGET_KEYS,
+        **dict.fromkeys(S3_ONLY_KEYS[3:], "only s3 targets take this key"),
+        **dict.fromkeys(POSIX_ONLY_KEYS, "only posix targets take this key"),
+    },
 }
 
 TargetKeys = Annotated[S3TargetKeys | PosixTargetKeys | FeedTargetKeys, Discriminator("kind")]
@@ -784,6 +815,8 @@ class TargetConfig(_TargetKeys):
     format: str = "jsonl"
     events: tuple[str, ...] = FEED_EVENTS
     retention: FeedRetentionConfig = dataclasses.field(default_factory=FeedRetentionConfig)
+    #: posix targets: the committed view (read-only snapshots, a ``current`` link)
+    view: ViewConfig = dataclasses.field(default_factory=ViewConfig)
 
     @classmethod
     def of(cls, keys: S3TargetKeys | PosixTargetKeys | FeedTargetKeys) -> TargetConfig:

@@ -13,7 +13,7 @@ A spec says when a stage of an epoch fails::
   post operations (links, attributes, deletes).
 - ``at=F`` (0 <= F < 1, apply only): ``after`` is that share of the plan's operations.
 - ``stage=commit``: the commit's steps are counted instead (1 stats row, 2 manifest,
-  3 scratch area, 4 consumer cursor, 5 undo journal); ``after=1`` dies before the manifest,
+  3 scratch area, 4 committed view, 5 consumer cursor, 6 undo journal); ``after=1`` dies before the manifest,
   ``after=2`` right after it. ``stage=rollback``: each undo entry replayed is one, then
   the scratch clean-up. ``stage=cut`` (a live source's cut; ``target`` names the source): 1
   the snapshots taken and recorded, 2 the epoch's records published, before the source's

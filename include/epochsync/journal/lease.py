@@ -200,9 +200,10 @@ def ttl_seconds() -> float:
 class PosixLease:
     """``<replica>/.epochsync/lease``: an ``flock`` held while writing, the owner inside."""
 
-    def __init__(self, target_name: str, path: str):
+    def __init__(self, target_name: str, path: str, make_place=None):
         self.target = target_name
         self.path = path
+        self.make_place = make_place  # creates the replica's directory the first time (its own way)
         self.fd: int | None = None
         self.doc: dict = {}
 
@@ -219,6 +220,8 @@ class PosixLease:
 
     def acquire(self) -> None:
         """Take the lock and write our owner record; raises :class:`TargetBusyError` if a live process holds it."""
+        if self.make_place is not None:
+            self.make_place()
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
@@ -501,7 +504,7 @@ def open_lease(tcfg: TargetConfig) -> tuple[str, PosixLease | S3Lease]:
 
     tgt = open_target(tcfg)
     if tgt.kind == "posix":
-        return f"posix:{tgt.root}", PosixLease(tcfg.name, os.path.join(tgt.control, "lease"))
+        return f"posix:{tgt.root}", PosixLease(tcfg.name, os.path.join(tgt.control, "lease"), tgt.make_root)
     if tgt.kind == "s3":
         key = tgt._control_key("lease.json")
         where = f"s3:{tgt.io.settings.endpoint_url or ''}/{tgt.bucket}/{key}"

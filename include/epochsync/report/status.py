@@ -121,6 +121,7 @@ def target_status(cfg: Config, tcfg: TargetConfig, *, checkpoint: datetime | Non
     out["pending"] = pending_operations(cfg, src.name, committed, closed)
     cursor = read_json(local_path(wh.cursor(src.name, tcfg.name)), None)
     out["cursors"] = (cursor or {}).get("servers", {})
+    out["view"] = _view_status(tcfg)
     if checkpoint is not None:
         out["checkpoint"] = checkpoint.isoformat().replace("+00:00", "Z")
         out["checkpoint_completed"] = bool(synced_until and synced_until >= checkpoint)
@@ -133,6 +134,30 @@ def target_status(cfg: Config, tcfg: TargetConfig, *, checkpoint: datetime | Non
     else:
         out["status"] = "Lagging"
     return out
+
+
+def _view_status(tcfg: TargetConfig) -> dict | None:
+    """The target's committed view (:meth:`epochsync.targets.base.Target.view_status`), or the error
+    that stopped reading it."""
+    from epochsync.targets import open_target
+
+    try:
+        return open_target(tcfg).view_status()
+    except (EpochsyncError, OSError) as exc:
+        return {"available": False, "reason": f"cannot tell: {exc}"}
+
+
+def view_line(view: dict) -> str:
+    """The status line of a committed view: where readers read whole epochs, or why they cannot."""
+    if not view.get("available"):
+        return f"  committed view: none: {view.get('reason')}; readers of the replica can see an epoch half applied"
+    current = view.get("current")
+    kept = ", ".join(map(str, view.get("kept") or [])) or "none"
+    at = f"epoch {current}" if current is not None else "no epoch committed yet"
+    return (
+        f"  committed view: {view.get('link')} -> {at} (read-only btrfs snapshots, newest {view.get('keep')} kept: "
+        f"{kept})"
+    )
 
 
 def _fmt_secs(s) -> str:
@@ -212,6 +237,8 @@ def format_table(rows: list[dict]) -> str:
                 f"  last failure: {f.get('event')} at {_iso(f.get('at'))}, epoch {f.get('epoch')}: "
                 f"{f.get('message', '')}".rstrip(": ")
             )
+        if r.get("view"):
+            out.append(view_line(r["view"]))
         if r.get("cursors"):
             out.append("  cursors: " + ", ".join(f"{k}={v}" for k, v in sorted(r["cursors"].items())))
         if "checkpoint" in r:

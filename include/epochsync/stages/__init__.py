@@ -24,9 +24,10 @@ first one when a run merges a window of several closed epochs, default ``epoch``
     Checks every touched path against the source at E; raises if anything differs.
 ``commit.run_commit(cfg, target, epoch, first_epoch=None) -> dict``
     Requires a passed verify; writes the stats row, then the manifest (the commit
-    point, atomically; the last write that changes what readers see), then drops the
-    posix scratch area, advances the consumer cursor and removes the undo journal;
-    returns the stats row.
+    point, atomically; the last write that changes what readers of the manifest see), then
+    drops the posix scratch area, publishes the committed view (posix on btrfs: a read-only
+    snapshot, the ``current`` link flipped to it), advances the consumer cursor and removes
+    the undo journal; returns the stats row.
 ``rollback.run_rollback(cfg, target, spark=None) -> dict``
     Replays the undo journal of the unfinished epoch in reverse (idempotent, resumable),
     then checks the target against the snapshot of its committed epoch. A no-op when

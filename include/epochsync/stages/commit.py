@@ -1,4 +1,5 @@
-"""The commit stage: the stats row, then the manifest (the commit point), then the journal's end."""
+"""The commit stage: the stats row, then the manifest (the commit point), then the committed view
+(posix on btrfs) and the journal's end."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from epochsync.journal.undo import (
     remove_journal,
     write_json_atomic,
 )
-from epochsync.stages.context import _config, _target_cfg, load_plan
+from epochsync.stages.context import _config, _target_cfg, load_plan, unfinished_epochs
 from epochsync.targets import open_target
 from epochsync.warehouse.events import COMMITTED, record_event
 from epochsync.warehouse.paths import Warehouse, local_path
@@ -53,8 +54,11 @@ def run_commit(cfg, target, epoch: int, first_epoch: int | None = None) -> dict:
     tgt = open_target(tcfg)
     committed = manifest_epoch(tgt.read_manifest())
     if committed >= epoch:
-        # a commit that died after its manifest: finish its garbage collection
+        # a commit that died after its manifest: finish its garbage collection, and publish the
+        # view of the committed epoch unless a later epoch is half applied (its apply publishes it)
         tgt.finish_commit(epoch)
+        if not unfinished_epochs(cfg, tcfg, committed):
+            tgt.publish_view()
         remove_journal(journal_dir(cfg.warehouse, tcfg.name, epoch))
         return {"noop": True, "message": f"target {tcfg.name} is already at epoch {committed}"}
     pdir = plan_dir(cfg.warehouse, tcfg.name, epoch)
@@ -81,6 +85,10 @@ def run_commit(cfg, target, epoch: int, first_epoch: int | None = None) -> dict:
     # after the manifest, garbage only: the moved-aside originals of the epoch's deletes
     # (under .epochsync/, never seen by readers); a crash here is finished by a rerun
     tgt.finish_commit(epoch)
+    fault("committed view")
+    # readers of the view's current link move to epoch E (posix on btrfs); a crash before is
+    # finished by a rerun, or by the next apply before it changes anything
+    tgt.publish_view()
     fault("consumer cursor")
     # a cursor ahead of the manifest could let records be purged too early
     advance_cursor(cfg.warehouse, src.name, tcfg.name, epoch, _last_indexes(cfg, src.name, first, epoch))

@@ -18,6 +18,9 @@ A target holds one replica. The data plane talks to it only through this contrac
   ``.epochsync/``: what tests and the rollback check compare.
 - ``finish_commit(epoch)`` / ``finish_rollback(epoch)``: drop or clean the epoch's
   scratch area (posix moved-aside originals).
+- ``publish_view()`` / ``view_status()``: the committed view, where the backend has one
+  (posix on btrfs: a read-only snapshot per committed epoch and a ``current`` link);
+  published after the manifest, idempotent.
 
 Paths are replica-relative (``a/b/c``). :func:`safe_relpath` refuses anything that
 could address something outside the replica, whatever names a changelog holds.
@@ -201,6 +204,19 @@ class Target:
 
     def finish_rollback(self, epoch: int) -> None:
         """Remove what is left of the epoch's scratch area after a rollback."""
+
+    def publish_view(self) -> dict | None:
+        """Publish the committed epoch as a view readers can trust; returns what was done, or None
+        (the default: this backend has no committed view)."""
+        return None
+
+    def view_status(self) -> dict | None:
+        """The committed view for ``epochsync status``: ``available``, and ``reason`` when it is not
+        (the default: objects are changed in place during apply)."""
+        return {
+            "available": False,
+            "reason": f"{self.kind} targets have no snapshots: objects change in place while an epoch applies",
+        }
 
 
 class UndoProgress:

@@ -212,6 +212,10 @@ class FeedTarget(Target):
 
     kind = "feed"
 
+    def view_status(self) -> dict | None:
+        """None: a feed's epoch files are published whole (no replica to view)."""
+        return None
+
     def __init__(self, cfg, store: FeedStore | None = None):
         super().__init__(cfg)
         self.store = store or open_feed_store(cfg)

@@ -9,6 +9,13 @@ xattrs in the ``user.`` namespace only.
 Path safety: every path is checked with :func:`epochsync.targets.base.safe_relpath`
 and no parent component may be a symlink (a replicated symlink must never let a
 later write land outside the tree); final components are never followed.
+
+The committed view (``view``, docs/INTERNALS.md "Committed view"): the replica is changed in
+place while an epoch applies, so where ``path`` is a btrfs subvolume every committed epoch is
+also published as a read-only snapshot ``<view folder>/epoch-NNNNNNNNNN``, and the symlink
+``<view folder>/current`` is flipped to it (after the manifest, the commit point; again before
+the next epoch changes anything, should a commit have died in between). Readers of
+``current`` see whole epochs only; the newest ``view.keep`` snapshots are kept.
 """
 
 from __future__ import annotations
@@ -17,10 +24,12 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat as st
 from typing import Any
 
+from epochsync.core import btrfs
 from epochsync.core.errors import EpochsyncError, StoreError
 from epochsync.targets.base import (
     CONTROL_DIR,
@@ -33,6 +42,20 @@ from epochsync.targets.base import (
 from epochsync.warehouse.fs import write_json_atomic
 
 XATTR_NAMESPACE = "user."
+#: in the view folder: the link readers open, and the snapshots' names
+VIEW_LINK = "current"
+_VIEW_NAME = re.compile(r"epoch-(\d{10})")
+
+
+def view_name(epoch: int) -> str:
+    """Returns the name of an epoch's snapshot in a posix target's view folder."""
+    return f"epoch-{int(epoch):010d}"
+
+
+def _nearest_existing(path: str) -> str:
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
 
 
 def _type_of(mode: int) -> str:
@@ -72,6 +95,10 @@ class PosixTarget(Target):
         self.root = os.path.abspath(cfg.path)
         self.control = os.path.join(self.root, self.control_dir)
         self.as_root = os.geteuid() == 0
+        view = getattr(cfg, "view", None)
+        self.view_mode = getattr(view, "snapshots", "never")
+        self.view_keep = int(getattr(view, "keep", 2))
+        self.view_dir = os.path.abspath(getattr(view, "path", None) or self.root.rstrip("/") + ".epochs")
 
     def describe(self) -> str:
         """Returns ``posix:<root>``."""
@@ -270,7 +297,15 @@ class PosixTarget(Target):
 
     # ------------------------------------------------------------------ mutations
     def prepare(self, epoch: int) -> None:
-        """Create the epoch's scratch folder and the parents of the fileset's subtrees."""
+        """Create the epoch's scratch folder and the parents of the fileset's subtrees; before that,
+        a new replica on btrfs becomes a subvolume, and the committed epoch's view is published if
+        a commit died before it was (the replica is still at that epoch here)."""
+        self.make_root()
+        why = self.view_unavailable()
+        if why is None:
+            self.publish_view()
+        elif self.view_mode == "required":
+            raise EpochsyncError(f"target {self.name}: view.snapshots is required, but {why}")
         os.makedirs(self.tmp_dir(epoch), exist_ok=True)
         # parents of the fileset's subtrees are scaffolding, not replicated entries
         for sub in self.cfg.fileset:
@@ -508,6 +543,127 @@ class PosixTarget(Target):
         manifest = os.path.join(self.control, "manifest.json")
         if os.path.exists(manifest):
             os.utime(manifest)
+
+    # ------------------------------------------------------------------ committed view
+    def make_root(self) -> None:
+        """Makes a replica directory that does not exist yet a btrfs subvolume (it can then be
+        snapshotted) when its parent is on btrfs, unless ``view.snapshots`` is ``never``; the lease
+        calls it before it makes the control directory, and :meth:`prepare` before an apply."""
+        if os.path.lexists(self.root) or self.view_mode == "never":
+            return
+        parent = os.path.dirname(self.root)
+        os.makedirs(parent, exist_ok=True)
+        if btrfs.mount_of(parent)[1] == "btrfs" and shutil.which("btrfs"):
+            btrfs.create_subvolume(self.root)
+
+    def view_unavailable(self) -> str | None:
+        """None when this replica can publish its committed view; else why not, in a phrase."""
+        if self.view_mode == "never":
+            return "view.snapshots is never"
+        probe = _nearest_existing(self.root)
+        point, fstype = btrfs.mount_of(probe)
+        if fstype != "btrfs":
+            return f"{self.root} is on {fstype or 'an unknown file system'}, not btrfs: it has no snapshots"
+        if os.path.exists(self.root) and not btrfs.is_subvolume(self.root):
+            return (
+                f"{self.root} is a directory on btrfs, not a subvolume: it has no snapshots (make it one: "
+                "btrfs subvolume create NEW, cp -a --reflink=always the replica into it, swap the two)"
+            )
+        view = self.view_dir.rstrip("/")
+        if view == self.root or view.startswith(self.root.rstrip("/") + "/"):
+            return f"the view folder {self.view_dir} is inside the replica"
+        if btrfs.mount_of(_nearest_existing(self.view_dir))[0] != point:
+            return f"the view folder {self.view_dir} is not on the replica's btrfs file system ({point})"
+        if shutil.which("btrfs") is None:
+            return "the btrfs command is not installed here (btrfs-progs)"
+        return None
+
+    def _view_epochs(self) -> dict[int, str]:
+        try:
+            names = os.listdir(self.view_dir)
+        except FileNotFoundError:
+            return {}
+        return {int(m.group(1)): n for n in names if (m := _VIEW_NAME.fullmatch(n))}
+
+    def _view_current(self) -> str | None:
+        try:
+            return os.readlink(os.path.join(self.view_dir, VIEW_LINK))
+        except OSError:
+            return None
+
+    def _snapshot_matches(self, snap: str, manifest: dict) -> bool | None:
+        """Is the snapshot at ``snap`` of the commit ``manifest`` names? None: it holds no manifest
+        where one is looked for (the control directory, then the default one: a relocated replica)."""
+        for control in dict.fromkeys((self.control_dir, CONTROL_DIR)):
+            try:
+                with open(os.path.join(snap, control, "manifest.json"), encoding="utf-8") as f:
+                    doc = json.load(f)
+            except (OSError, ValueError):
+                continue
+            return doc.get("epoch") == manifest.get("epoch") and doc.get("committed_at") == manifest.get("committed_at")
+        return None
+
+    def publish_view(self) -> dict | None:
+        """Publish the committed epoch (the manifest's) as the view: a read-only snapshot of the
+        replica, ``current`` flipped to it, then the snapshots past ``view.keep`` deleted. Idempotent;
+        run at commit (after the manifest) and before an epoch's first change. Returns what it did
+        (``epoch``, ``snapshot``, ``made``, ``deleted``), or None when there is no view to publish."""
+        if self.view_unavailable() is not None:
+            return None
+        manifest = self.read_manifest()
+        epoch = int((manifest or {}).get("epoch") or 0)
+        if manifest is None or epoch <= 0:
+            return None
+        name = view_name(epoch)
+        dest = os.path.join(self.view_dir, name)
+        current = self._view_current()
+        made = False
+        if current != name or self._snapshot_matches(dest, manifest) is False:
+            if os.path.lexists(dest) and (
+                not btrfs.is_subvolume(dest) or self._snapshot_matches(dest, manifest) is False
+            ):
+                if current == name or not btrfs.is_subvolume(dest):
+                    raise EpochsyncError(
+                        f"target {self.name}: {dest} is not the snapshot of the committed epoch {epoch} (another "
+                        f"replica's view?); move {self.view_dir} away (readers of {VIEW_LINK} keep theirs), then run "
+                        "again"
+                    )
+                btrfs.delete_subvolume(dest)
+            if not os.path.lexists(dest):
+                os.makedirs(self.view_dir, exist_ok=True)
+                btrfs.snapshot(self.root, dest)
+                made = True
+            tmp = os.path.join(self.view_dir, f".{VIEW_LINK}.tmp")
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
+            os.symlink(name, tmp)
+            os.replace(tmp, os.path.join(self.view_dir, VIEW_LINK))
+            _fsync_dir(self.view_dir)
+        deleted = []
+        newest = sorted((e for e in self._view_epochs() if e <= epoch), reverse=True)[: self.view_keep]
+        for e, n in sorted(self._view_epochs().items()):
+            if e not in newest and n != name:
+                btrfs.delete_subvolume(os.path.join(self.view_dir, n))
+                deleted.append(e)
+        return {"epoch": epoch, "snapshot": dest, "made": made, "deleted": deleted}
+
+    def view_status(self) -> dict:
+        """The committed view as ``epochsync status`` shows it: ``available`` and, when it is,
+        ``current`` (the epoch readers of the link see) and ``kept`` (epochs with a snapshot);
+        when not, ``reason``. Reads only."""
+        out: dict[str, Any] = {"snapshots": self.view_mode, "folder": self.view_dir, "keep": self.view_keep}
+        why = self.view_unavailable()
+        if why is not None:
+            return {**out, "available": False, "reason": why}
+        current = self._view_current()
+        found = _VIEW_NAME.fullmatch(current or "")
+        return {
+            **out,
+            "available": True,
+            "link": os.path.join(self.view_dir, VIEW_LINK),
+            "current": int(found.group(1)) if found else None,
+            "kept": sorted(self._view_epochs()),
+        }
 
     def move_control_dir(self, old: str) -> str:
         """Move the control directory from ``old`` to ``control_dir``; returns a line saying what moved."""
