@@ -7,6 +7,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from support.machine import cannot_run_here
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -116,9 +117,7 @@ def gluster_stack(tmp_path_factory):
     try:
         stack.start(install=bool(os.environ.get(REQUIRE_ENV)))
     except GlusterUnavailable as exc:
-        if os.environ.get(REQUIRE_ENV):
-            pytest.fail(f"{REQUIRE_ENV} is set but Gluster cannot run here: {exc}")
-        pytest.skip(f"Gluster cannot run here: {exc}")
+        cannot_run_here(REQUIRE_ENV, "Gluster", exc)
     yield stack
     stack.stop()
 
@@ -135,9 +134,7 @@ def btrfs_dir(tmp_path_factory):
     try:
         mount = loop.start()
     except BtrfsUnavailable as exc:
-        if os.environ.get(REQUIRE_ENV):
-            pytest.fail(f"{REQUIRE_ENV} is set but no btrfs loop can be made here: {exc}")
-        pytest.skip(f"no btrfs here: {exc}")
+        cannot_run_here(REQUIRE_ENV, "a btrfs loop image", exc)
     yield mount
     loop.stop()
 

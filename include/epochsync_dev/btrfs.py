@@ -12,13 +12,12 @@ Needs root, loop devices and btrfs-progs; :class:`BtrfsUnavailable` says in one 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import secrets
 import tempfile
 from pathlib import Path
 
-from epochsync_dev.gluster import REGISTRY, _bytes, _which, cleanup_stale, run, teardown
+from epochsync_dev.gluster import REGISTRY, _bytes, _which, cleanup_stale, register, run, teardown
 
 #: ``EPOCHSYNC_REQUIRE_BTRFS=1`` (CI): a test that cannot make a btrfs loop fails instead of skipping
 REQUIRE_ENV = "EPOCHSYNC_REQUIRE_BTRFS"
@@ -77,16 +76,7 @@ class BtrfsLoop:
 
     def stop(self) -> None:
         """Unmounts, detaches and removes what :meth:`start` made (idempotent)."""
-        teardown(
-            {
-                "volume": None,
-                "mounts": list(self._mounts),
-                "loops": list(self._loops),
-                "work_dir": str(self.work_dir),
-                "own_dir": self._own_dir,
-                "started_glusterd": False,
-            }
-        )
+        teardown(self._made())
         if not self._own_dir:
             with contextlib.suppress(FileNotFoundError):
                 (self.work_dir / "btrfs.img").unlink()
@@ -100,17 +90,15 @@ class BtrfsLoop:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def _register(self) -> None:
-        REGISTRY.mkdir(parents=True, exist_ok=True)
-        doc = {
-            "pid": os.getpid(),
+    def _made(self) -> dict:
+        return {
             "volume": None,
-            "mounts": self._mounts,
-            "loops": self._loops,
+            "mounts": list(self._mounts),
+            "loops": list(self._loops),
             "work_dir": str(self.work_dir),
             "own_dir": self._own_dir,
             "started_glusterd": False,
         }
-        tmp = REGISTRY / f".{self.name}.json.tmp"
-        tmp.write_text(json.dumps(doc))
-        os.replace(tmp, REGISTRY / f"{self.name}.json")
+
+    def _register(self) -> None:
+        register(self.name, **self._made())

@@ -298,19 +298,33 @@ class GlusterStack:
         self.stop()
 
     def _register(self) -> None:
-        REGISTRY.mkdir(parents=True, exist_ok=True)
-        doc = {
-            "pid": os.getpid(),
-            "volume": self.name if self._created else None,
-            "mounts": self._mounts,
-            "loops": self._loops,
-            "work_dir": str(self.work_dir),
-            "own_dir": self._own_dir,
-            "started_glusterd": self._started_glusterd,
-        }
-        tmp = REGISTRY / f".{self.name}.json.tmp"
-        tmp.write_text(json.dumps(doc))
-        os.replace(tmp, REGISTRY / f"{self.name}.json")
+        register(
+            self.name,
+            volume=self.name if self._created else None,
+            mounts=self._mounts,
+            loops=self._loops,
+            work_dir=self.work_dir,
+            own_dir=self._own_dir,
+            started_glusterd=self._started_glusterd,
+        )
+
+
+def register(name: str, *, volume, mounts, loops, work_dir, own_dir: bool, started_glusterd: bool) -> None:
+    """Writes what a stack (or a btrfs loop) of this process has made to :data:`REGISTRY`, so that
+    :func:`cleanup_stale` can tear it down should the process die."""
+    REGISTRY.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "pid": os.getpid(),
+        "volume": volume,
+        "mounts": list(mounts),
+        "loops": list(loops),
+        "work_dir": str(work_dir),
+        "own_dir": own_dir,
+        "started_glusterd": started_glusterd,
+    }
+    tmp = REGISTRY / f".{name}.json.tmp"
+    tmp.write_text(json.dumps(doc))
+    os.replace(tmp, REGISTRY / f"{name}.json")
 
 
 def _bytes(size: str) -> int:

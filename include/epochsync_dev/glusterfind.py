@@ -38,6 +38,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from epochsync_dev.gluster import gluster, run
+
 #: glusterfind's session folder (``session_dir`` in its tool.conf)
 SESSIONS = Path("/var/lib/glusterd/glusterfind")
 #: ``glusterfind create`` fails without it, and the Debian package does not make it
@@ -93,17 +95,9 @@ def check_glusterfind() -> str:
     return cmd
 
 
-def _run(args: list[str], what: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    done = subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False)
-    if done.returncode != 0:
-        said = (done.stderr.strip() or done.stdout.strip() or f"exit status {done.returncode}").splitlines()[-1]
-        raise RuntimeError(f"{what} failed: {said}")
-    return done
-
-
 def rollover_seconds(volume: str) -> int:
     """The volume's ``changelog.rollover-time`` (what glusterfind's ``pre`` subtracts from now)."""
-    done = _run(["gluster", "volume", "get", volume, "changelog.rollover-time"], "gluster volume get")
+    done = gluster("volume", "get", volume, "changelog.rollover-time")
     for line in done.stdout.splitlines():
         if line.startswith("changelog.rollover-time"):
             return int(line.split()[1])
@@ -124,7 +118,7 @@ class Session:
         cmd = check_glusterfind()
         KEYS.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
-        _run([cmd, "create", self.name, self.volume], f"glusterfind create {self.name} {self.volume}")
+        run([cmd, "create", self.name, self.volume], timeout=300)
         took = time.monotonic() - t0
         self.rollover = rollover_seconds(self.volume)
         if wait:
@@ -137,14 +131,14 @@ class Session:
         args += ["--no-encode"] if no_encode else []
         args += ["--regenerate-outfile"] if regenerate else []
         t0 = time.monotonic()
-        _run(args, f"glusterfind pre {self.name}")
+        run(args, timeout=300)
         took = time.monotonic() - t0
         return Path(out).read_text(encoding="utf-8").splitlines(), took
 
     def post(self) -> float:
         """``glusterfind post``: the next ``pre`` starts where the last one ended; returns its seconds."""
         t0 = time.monotonic()
-        _run([_glusterfind() or "glusterfind", "post", self.name, self.volume], f"glusterfind post {self.name}")
+        run([_glusterfind() or "glusterfind", "post", self.name, self.volume], timeout=300)
         return time.monotonic() - t0
 
     def delete(self) -> None:
@@ -311,7 +305,7 @@ def compare_window(
         args = [sys.executable, "-m", "epochsync.cli", "changes", "--config", str(cfg.file), "--target", target]
         args += ["--from", str(e1), "--to", str(e2), "--format", "glusterfind"]
         t0 = time.monotonic()
-        done = _run(args, "epochsync changes")
+        done = run(args, timeout=300)
         cli_s = time.monotonic() - t0
         if done.stdout.splitlines() != ours:
             raise AssertionError(

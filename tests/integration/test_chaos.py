@@ -39,6 +39,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.machine import wait_for
 
 from epochsync.core.config import load_config
 from epochsync.journal.undo import journal_dir, journal_exists, read_journal
@@ -267,14 +268,6 @@ def test_two_writers_racing_one_proceeds_the_other_is_refused_by_name(hist, kind
         COUNTS["races"] += 1
         COUNTS["races_refused"] += 1
         COUNTS.setdefault("race_offsets_s", []).append(round(offset, 3))
-
-
-def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert proc.poll() is None, f"exited {proc.returncode} before stalling: {proc.stderr.read()[-3000:]}"
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.05)
 
 
 def group_alive(pgid: int) -> list[int]:

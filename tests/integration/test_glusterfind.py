@@ -17,12 +17,12 @@ is set (CI: ``.ci/run`` installs glusterfs and python3-pyxattr).
 
 from __future__ import annotations
 
-import os
 import secrets
 from pathlib import Path
 
 import pytest
 from support.gluster import GlusterHistory
+from support.machine import cannot_run_here
 
 from epochsync_dev.gluster import REQUIRE_ENV
 from epochsync_dev.glusterfind import GlusterfindUnavailable, Session, check_glusterfind, compare_window
@@ -61,9 +61,7 @@ def windows(gluster_stack, spark, tmp_path_factory):
     try:
         check_glusterfind()
     except GlusterfindUnavailable as exc:
-        if os.environ.get(REQUIRE_ENV):
-            pytest.fail(f"{REQUIRE_ENV} is set but glusterfind cannot run here: {exc}")
-        pytest.skip(f"glusterfind cannot run here: {exc}")
+        cannot_run_here(REQUIRE_ENV, "glusterfind", exc)
     folder = tmp_path_factory.mktemp("glusterfind")
     target = {"name": "gfr", "source": "gf", "kind": "posix", "path": str(folder / "replica")}
     h = GlusterHistory(gluster_stack, folder, spark, [target], source="gf")

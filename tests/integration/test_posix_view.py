@@ -24,12 +24,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 from support.histories import simulate
+from support.machine import wait_for
 
 from epochsync.cli import main
 from epochsync.core.config import TargetConfig, ViewConfig, load_config
@@ -111,27 +111,13 @@ def test_a_reader_of_current_never_sees_an_epoch_half_applied(hist):
     out, cfg = hist
     stalled = Path(plan_dir(cfg.warehouse, "view", 4)) / "fault.fired.stalled"
     env = dict(os.environ, PYTHONPATH=str(ROOT / "include"), EPOCHSYNC_INJECT_FAILURE="at=0.5,epoch=4,mode=stall")
-    cmd = [
-        sys.executable,
-        "-m",
-        "epochsync.cli",
-        "replicate",
-        "--config",
-        cfg.file,
-        "--target",
-        "view",
-        "--through",
-        "4",
-    ]
+    args = ["replicate", "--config", cfg.file, "--target", "view", "--through", "4"]
+    cmd = [sys.executable, "-m", "epochsync.cli", *args]
     proc = subprocess.Popen(
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
     try:
-        deadline = time.monotonic() + 300
-        while not stalled.exists():
-            assert proc.poll() is None, f"exited {proc.returncode} before stalling: {proc.stderr.read()[-3000:]}"
-            assert time.monotonic() < deadline, "the apply never stalled"
-            time.sleep(0.05)
+        wait_for(stalled, proc, timeout=300)
         # the replica is half way from epoch 3 to epoch 4; current is epoch 3, exactly
         assert problems(out, cfg.target("view").path, 3) != []
         assert problems(out, cfg.target("view").path, 4) != []
