@@ -17,7 +17,7 @@ import secrets
 import tempfile
 from pathlib import Path
 
-from epochsync_dev.gluster import REGISTRY, _bytes, _which, cleanup_stale, register, run, teardown
+from epochsync_dev.gluster import REGISTRY, _which, btrfs_image, cleanup_stale, register, teardown
 
 #: ``EPOCHSYNC_REQUIRE_BTRFS=1`` (CI): a test that cannot make a btrfs loop fails instead of skipping
 REQUIRE_ENV = "EPOCHSYNC_REQUIRE_BTRFS"
@@ -58,17 +58,7 @@ class BtrfsLoop:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         try:
             self._register()
-            img = self.work_dir / "btrfs.img"
-            with open(img, "wb") as f:
-                f.truncate(_bytes(self.size))
-            dev = run(["losetup", "--find", "--show", str(img)]).stdout.strip()
-            self._loops.append(dev)
-            self._register()
-            run(["mkfs.btrfs", "-q", "-f", dev])
-            self.mount.mkdir(exist_ok=True)
-            run(["mount", dev, str(self.mount)])
-            self._mounts.append(str(self.mount))
-            self._register()
+            btrfs_image(self.work_dir / "btrfs.img", self.size, self.mount, self._loops, self._mounts, self._register)
             return self.mount
         except BaseException:
             self.stop()

@@ -245,18 +245,8 @@ class GlusterStack:
         raise RuntimeError(f"glusterd did not answer within 60 s (log: {log})")
 
     def _brick(self, i: int) -> str:
-        img = self.work_dir / f"brick{i}.img"
-        with open(img, "wb") as f:
-            f.truncate(_bytes(self.brick_size))
-        dev = run(["losetup", "--find", "--show", str(img)]).stdout.strip()
-        self._loops.append(dev)
-        self._register()
-        run(["mkfs.btrfs", "-q", "-f", dev])
         fs = self.work_dir / f"b{i}"
-        fs.mkdir(exist_ok=True)
-        run(["mount", dev, str(fs)])
-        self._mounts.append(str(fs))
-        self._register()
+        btrfs_image(self.work_dir / f"brick{i}.img", self.brick_size, fs, self._loops, self._mounts, self._register)
         run(["btrfs", "subvolume", "create", str(fs / "vol")])
         (fs / "vol" / "brick").mkdir()
         return f"{self.host}:{fs / 'vol' / 'brick'}"
@@ -325,6 +315,22 @@ def register(name: str, *, volume, mounts, loops, work_dir, own_dir: bool, start
     tmp = REGISTRY / f".{name}.json.tmp"
     tmp.write_text(json.dumps(doc))
     os.replace(tmp, REGISTRY / f"{name}.json")
+
+
+def btrfs_image(img: Path, size: str, mount: Path, loops: list[str], mounts: list[str], note) -> None:
+    """A sparse image of ``size`` at ``img`` on a loop device, made btrfs and mounted at ``mount``. The
+    device and the mount are added to ``loops`` and ``mounts`` (and ``note()`` called, to register
+    them) as soon as each exists, so a teardown finds them whatever fails after."""
+    with open(img, "wb") as f:
+        f.truncate(_bytes(size))
+    dev = run(["losetup", "--find", "--show", str(img)]).stdout.strip()
+    loops.append(dev)
+    note()
+    run(["mkfs.btrfs", "-q", "-f", dev])
+    mount.mkdir(exist_ok=True)
+    run(["mount", dev, str(mount)])
+    mounts.append(str(mount))
+    note()
 
 
 def _bytes(size: str) -> int:
