@@ -122,6 +122,17 @@ def gluster_stack(tmp_path_factory):
     stack.stop()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _kept_dag_processes():
+    """Ends the kept ``dag.test()`` processes (``epochsync.airflow.dagtest.kept_process``) when the run
+    ends, also when it is interrupted: one in the middle of a DAG run does not read the end of its
+    input, ignores SIGTERM (Airflow's handler) and outlived an interrupted run by minutes."""
+    yield
+    from epochsync.airflow.dagtest import close_kept_processes
+
+    close_kept_processes()
+
+
 @pytest.fixture(scope="session")
 def btrfs_dir(tmp_path_factory):
     """A btrfs file system for the run (``epochsync_dev.btrfs.BtrfsLoop``: a sparse 1 GiB loop
