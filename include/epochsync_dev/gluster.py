@@ -30,6 +30,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from epochsync.core.shutdown import process_running
+
 #: command -> Debian package
 PACKAGES = {
     "gluster": "glusterfs-server",
@@ -105,16 +107,6 @@ def gluster(*args: str, timeout: float = 120, check: bool = True) -> subprocess.
 def glusterd_running() -> bool:
     """Is a glusterd running on this machine?"""
     return run(["pgrep", "-x", "glusterd"], check=False).returncode == 0
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @dataclass
@@ -380,7 +372,7 @@ def cleanup_stale(progress=None) -> list[str]:
             doc = json.loads(entry.read_text())
         except (OSError, ValueError):
             continue
-        if _alive(int(doc.get("pid") or 0)):
+        if process_running(int(doc.get("pid") or 0)):
             continue
         say(f"gluster: removing the stack of a process that died: volume {doc.get('volume')} in {doc.get('work_dir')}")
         teardown(doc)

@@ -41,6 +41,7 @@ import time
 from dataclasses import dataclass
 
 from epochsync.core.errors import EpochsyncError
+from epochsync.core.shutdown import process_running
 
 ENV_VAR = "EPOCHSYNC_INJECT_FAILURE"
 
@@ -201,17 +202,7 @@ def _stall(fired_file: str, work_dir: str, owner_pid: int, owner_boot: str, limi
         f.write(f"{os.getpid()}\n")
     deadline = time.monotonic() + limit_s
     while not INTERRUPTED.is_set() and time.monotonic() < deadline:
-        gone = _boot_id() == owner_boot and not _alive(owner_pid)
+        gone = _boot_id() == owner_boot and not process_running(owner_pid)
         if gone or os.path.exists(os.path.join(work_dir, "ABORTED")):
             return
         time.sleep(0.05)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
