@@ -258,7 +258,7 @@ def _window(cfg, source: str, target: str, log) -> dict:
     from epochsync.spark import spark_session
     from epochsync.stages.apply import run_apply
     from epochsync.stages.commit import run_commit
-    from epochsync.stages.context import _target_cfg, check_preconditions
+    from epochsync.stages.context import _target_cfg, check_preconditions, committed_epoch
     from epochsync.stages.cut import published_epoch
     from epochsync.stages.ingest import run_ingest
     from epochsync.stages.merge import run_merge
@@ -268,7 +268,8 @@ def _window(cfg, source: str, target: str, log) -> dict:
     t0 = time.time()
     tcfg = _target_cfg(cfg, target)
     through = published_epoch(cfg, source)
-    pre = check_preconditions(cfg, tcfg, through)
+    # the window starts after the committed epoch (without first_epoch, a window of several epochs is a "gap")
+    pre = check_preconditions(cfg, tcfg, through, first_epoch=committed_epoch(cfg, tcfg) + 1)
     if pre["action"] == "noop":
         return {"t0": t0, "t_end": time.time(), "first": through + 1, "through": through, "stats": []}
     if pre["action"] != "run":
@@ -956,14 +957,28 @@ class Bench:
             for r in self.rows + self.source_rows:
                 print(json.dumps(r))
             return
-        path = write_results(self.args.results_name, self.rows)
         d = results_dir()
         name = self.args.results_name
-        (d / f"{name}.source.json").write_text(json.dumps(self.source_rows, indent=2) + "\n")
-        (d / f"{name}.lag.json").write_text(json.dumps(self.lag_series) + "\n")
-        (d / f"{name}.stages.json").write_text(json.dumps(self.stage_rows, indent=1) + "\n")
+        earlier = _earlier_results(d, name) if self.args.merge else None
+        rows, source_rows, lag, stage_rows = self.rows, self.source_rows, self.lag_series, self.stage_rows
+        if earlier:
+            # this run's rows replace the earlier run's of the same workloads and kinds; the rest are kept
+            mine = {r["workload"] for r in rows}
+            rows = [r for r in earlier["rows"] if r.get("workload") not in mine] + rows
+            kinds = {r["row"] for r in source_rows}
+            source_rows = [r for r in earlier["source"] if r.get("row") not in kinds] + source_rows
+            lag = lag or earlier["lag"]
+            staged = {r["workload"] for r in stage_rows}
+            stage_rows = [r for r in earlier["stages"] if r.get("workload") not in staged] + stage_rows
+        path = write_results(name, rows)
+        (d / f"{name}.source.json").write_text(json.dumps(source_rows, indent=2) + "\n")
+        (d / f"{name}.lag.json").write_text(json.dumps(lag) + "\n")
+        (d / f"{name}.stages.json").write_text(json.dumps(stage_rows, indent=1) + "\n")
         meta_path = d / f"{name}.meta.json"
         meta = json.loads(meta_path.read_text())
+        if earlier:
+            prev = earlier["meta"]
+            meta["merged_with"] = [*prev.pop("merged_with", []), prev]
         meta.update(
             {
                 "make_target": "bench-gluster",
@@ -1141,6 +1156,20 @@ def _stage_row(workload: str, cyc: dict) -> dict:
     )
 
 
+def _earlier_results(d: Path, name: str) -> dict | None:
+    """The rows of an earlier run's results files (``--merge``), or None when there are none."""
+    try:
+        return {
+            "rows": json.loads((d / f"{name}.json").read_text()),
+            "source": json.loads((d / f"{name}.source.json").read_text()),
+            "lag": json.loads((d / f"{name}.lag.json").read_text()),
+            "stages": json.loads((d / f"{name}.stages.json").read_text()),
+            "meta": json.loads((d / f"{name}.meta.json").read_text()),
+        }
+    except (OSError, ValueError):
+        return None
+
+
 def _size(path: str) -> int:
     try:
         return os.path.getsize(path)
@@ -1194,6 +1223,11 @@ def parse_args(argv):
     p.add_argument("--workdir", default="bench/scratch/gluster")
     p.add_argument("--results-name", default="gluster")
     p.add_argument("--no-write", action="store_true", help="print the rows, do not write bench/results/")
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the rows of the results files' other workloads and parts (a rerun of some --parts)",
+    )
     return p.parse_args(argv)
 
 

@@ -194,6 +194,15 @@ def _run_line(meta: dict[str, Any]) -> str:
         line += f"; 1-minute load average {_load(before)} before, {_load(after)} after"
     if meta.get("complete") is False:
         line += "; **incomplete run**"
+    for prev in meta.get("merged_with") or []:  # rows kept from an earlier run of other parts
+        done = [p for p in str(prev.get("parts", "")).split(",") if p in (prev.get("phase_seconds") or {})]
+        line += (
+            f"; with the rows of other parts from an earlier run (parts done: {', '.join(done) or '?'}, "
+            f"{_num((prev.get('seconds') or 0) / 60)} min; "
+            f"load {_load(prev.get('load_average_before'))} before, {_load(prev.get('load_average_after'))} after"
+            + ("; incomplete" if prev.get("complete") is False else "")
+            + ")"
+        )
     return line + "."
 
 
