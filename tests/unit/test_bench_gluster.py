@@ -178,3 +178,35 @@ def test_results_page_layouts_of_the_gluster_files():
     assert "| 3 | off |" in source and "cuts without it (`cut.barrier: false`)" in source
     stages = "\n".join(LAYOUTS["gluster.stages"]([{"workload": "rename", "epoch": 3, "stages_s": {"merge": 2.0}}]))
     assert "merge 2.0" in stages
+
+
+def test_merge_keeps_the_other_parts_rows_and_names_the_earlier_run(tmp_path, monkeypatch):
+    import json
+
+    from epochsync_dev.bench.gluster import Bench, parse_args
+    from epochsync_dev.docs.benchmarks import _run_line
+
+    monkeypatch.setenv("EPOCHSYNC_BENCH_RESULTS", str(tmp_path))
+
+    def run(parts: str, workloads: list[str], kinds: list[str], merge: bool) -> dict:
+        argv = ["--parts", parts, "--workdir", str(tmp_path / "w")] + (["--merge"] if merge else [])
+        bench = Bench(parse_args(argv))
+        bench.rows = [{"workload": w, "tool": "epochsync", "run": parts} for w in workloads]
+        bench.source_rows = [{"row": k, "run": parts} for k in kinds]
+        bench.stage_rows = [{"workload": w, "run": parts} for w in workloads]
+        bench.phase_s = {p: 1.0 for p in parts.split(",")}
+        bench.load_before = [3.0, 2.0, 1.0]
+        bench.write(60.0, complete=True)
+        return {n: json.loads((tmp_path / f"gluster{n}.json").read_text()) for n in ("", ".source", ".stages", ".meta")}
+
+    run("issue33", ["untar", "rename"], ["untar-replicated"], merge=False)
+    out = run("steady,cuts", ["steady", "rename"], ["cut", "cuts-summary"], merge=True)
+    assert [(r["workload"], r["run"]) for r in out[""]] == [
+        ("untar", "issue33"),
+        ("steady", "steady,cuts"),
+        ("rename", "steady,cuts"),
+    ]
+    assert [r["row"] for r in out[".source"]] == ["untar-replicated", "cut", "cuts-summary"]
+    assert [r["workload"] for r in out[".stages"]] == ["untar", "steady", "rename"]
+    assert out[".meta"]["merged_with"][0]["parts"] == "issue33"
+    assert "earlier run (parts done: issue33, 1.0 min" in _run_line(out[".meta"])
