@@ -101,6 +101,22 @@ def test_cpu_meter_counts_a_tree_and_the_children_it_waited_for():
     assert meter.read() - before >= 0.1  # the busy child's time, once waited for
 
 
+def test_cpu_reading_never_loses_a_process_that_exits_unwaited_for():
+    from epochsync_dev.bench.gluster_tools import CLK, CpuReading
+
+    t = lambda s: int(s * CLK)  # noqa: E731
+    # 1 (root) and its children 2 (5 s before the window) and 3 (a worker with 30 s before it)
+    earlier = CpuReading({1: (0, t(10), 0), 2: (1, t(5), 0), 3: (1, t(30), 0)})
+    # 2 exited and 1 waited for it (1's children's ticks grew by 2's whole life, 5 + 2 s; 1 ran 1 s)
+    waited = CpuReading({1: (0, t(18), t(7)), 3: (1, t(31), 0)})
+    assert waited - earlier == pytest.approx(4.0, abs=0.05)  # 1 s of 1, 2 s of 2, 1 s of 3
+    # 3 exited unwaited-for (orphaned): its ticks left with it; 1 ran 1 s
+    orphaned = CpuReading({1: (0, t(11), 0), 2: (1, t(5), 0)})
+    assert orphaned - earlier == pytest.approx(1.0, abs=0.05)  # a plain sum of totals: -29 s
+    new = CpuReading({1: (0, t(10), 0), 4: (1, t(2), 0)}) - CpuReading({1: (0, t(10), 0)})
+    assert new == pytest.approx(2.0, abs=0.05)
+
+
 @pytest.mark.skipif(shutil.which("rsync") is None, reason="no rsync")
 def test_rsync_figures(tmp_path):
     src, dst = tmp_path / "src", tmp_path / "dst"

@@ -26,10 +26,11 @@ CLK = os.sysconf("SC_CLK_TCK")
 # --------------------------------------------------------------------------- processes
 
 
-def processes() -> dict[int, tuple[int, int, str]]:
-    """``pid -> (ppid, CPU ticks, command line)``; the ticks are utime + stime + cutime + cstime
-    (a process's own time and that of the children it has waited for)."""
-    out: dict[int, tuple[int, int, str]] = {}
+def processes() -> dict[int, tuple[int, int, str, int]]:
+    """``pid -> (ppid, CPU ticks, command line, waited-for children's ticks)``; the CPU ticks are
+    utime + stime + cutime + cstime (a process's own time and that of the children it has waited
+    for), the last cutime + cstime alone."""
+    out: dict[int, tuple[int, int, str, int]] = {}
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
@@ -41,14 +42,15 @@ def processes() -> dict[int, tuple[int, int, str]]:
         except OSError:
             continue
         fields = raw[raw.rindex(")") + 2 :].split()
-        out[int(d)] = (int(fields[1]), sum(int(x) for x in fields[11:15]), cmd)
+        own, waited = sum(int(x) for x in fields[11:13]), sum(int(x) for x in fields[13:15])
+        out[int(d)] = (int(fields[1]), own + waited, cmd, waited)
     return out
 
 
-def tree(procs: dict[int, tuple[int, int, str]], roots: set[int]) -> set[int]:
+def tree(procs: dict[int, tuple[int, int, str, int]], roots: set[int]) -> set[int]:
     """``roots`` and every descendant of them in ``procs``."""
     children: dict[int, list[int]] = {}
-    for pid, (ppid, _t, _c) in procs.items():
+    for pid, (ppid, _t, _c, _w) in procs.items():
         children.setdefault(ppid, []).append(pid)
     seen: set[int] = set()
     todo = [r for r in roots if r in procs]
@@ -61,18 +63,37 @@ def tree(procs: dict[int, tuple[int, int, str]], roots: set[int]) -> set[int]:
     return seen
 
 
+class CpuReading(dict):
+    """``pid -> (ppid, CPU ticks, waited-for children's ticks)`` of a set of process trees at one
+    moment; ``later - earlier`` is the CPU-seconds between the two readings."""
+
+    def __sub__(self, earlier: CpuReading) -> float:  # type: ignore[override]
+        ticks = 0
+        for pid, (_ppid, t, _w) in self.items():
+            ticks += t - earlier[pid][1] if pid in earlier else t
+        for pid, (ppid, t, _w) in earlier.items():
+            if pid in self:
+                continue
+            # gone: a parent that waited for it has its whole life in its children's ticks, so the
+            # part before the window goes; one that exited unwaited-for (orphaned, or reaped by a
+            # process outside the trees) took its ticks along and nothing is subtracted (a plain
+            # sum of the trees' totals went negative here: the Spark server's workers)
+            reaped = self[ppid][2] - earlier[ppid][2] if ppid in self and ppid in earlier else 0
+            ticks -= min(t, max(0, reaped))
+        return ticks / CLK
+
+
 class CpuMeter:
-    """CPU-seconds of a set of process trees: ``read()`` sums their processes' own and waited-for
-    children's time now; a window's CPU is the difference of two reads (a process that exits
-    inside the window is counted by the parent that waits for it)."""
+    """CPU-seconds of a set of process trees: ``read()`` takes every tree process's own and
+    waited-for children's ticks now; a window's CPU is ``later - earlier`` (:class:`CpuReading`)."""
 
     def __init__(self, select):
         self.select = select  # procs -> set of root pids
 
-    def read(self) -> float:
+    def read(self) -> CpuReading:
         procs = processes()
         pids = tree(procs, set(self.select(procs)))
-        return sum(procs[p][1] for p in pids) / CLK
+        return CpuReading({p: (procs[p][0], procs[p][1], procs[p][3]) for p in pids})
 
 
 def cpu_of_pids(*pids: int) -> CpuMeter:
@@ -83,7 +104,7 @@ def cpu_of_matching(*needles: str, extra=lambda: ()) -> CpuMeter:
     """Processes whose command line holds every needle, and ``extra()`` pids, with their trees."""
 
     def select(procs):
-        found = {p for p, (_pp, _t, cmd) in procs.items() if all(n in cmd for n in needles)}
+        found = {p for p, (_pp, _t, cmd, _w) in procs.items() if all(n in cmd for n in needles)}
         return found | set(extra())
 
     return CpuMeter(select)
