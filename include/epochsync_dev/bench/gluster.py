@@ -308,6 +308,8 @@ class Bench:
         self.args = args
         self.size = SIZES[args.size]
         self.work = Path(args.workdir).resolve()
+        self.parts = [x.strip() for x in args.parts.split(",") if x.strip()]
+        self.replica_rsync = str(self.work / "replica-rsync")
         self.rows: list[dict] = []
         self.source_rows: list[dict] = []
         self.lag_series: list[dict] = []
@@ -318,9 +320,6 @@ class Bench:
 
     # ------------------------------------------------------------------ set-up
     def setup(self, stack) -> None:
-        import yaml
-
-        from epochsync_dev.embedded import SparkConnectServer
         from epochsync_dev.gluster import GlusterStack
 
         a = self.args
@@ -329,6 +328,16 @@ class Bench:
         stack.callback(self.master_stack.stop)
         self.master = self.master_stack.start(progress=say)
         self.mnt = self.master.mount
+        if not {"issue33", "steady"} & set(self.parts):
+            say("no part compares tools: no slave volume, geo-replication or rsync")
+        else:
+            self._setup_peers(stack)
+        self._setup_epochsync(stack)
+
+    def _setup_peers(self, stack) -> None:
+        from epochsync_dev.gluster import GlusterStack
+
+        a = self.args
         self.slave_stack = GlusterStack(
             self.work / "slave", bricks=1, brick_size="8G" if a.size == "full" else "3G", rollover=a.rollover
         )
@@ -342,6 +351,12 @@ class Bench:
         self.check_geo_workers()
         self.geo_cpu = self.geo.cpu()
 
+    def _setup_epochsync(self, stack) -> None:
+        import yaml
+
+        from epochsync_dev.embedded import SparkConnectServer
+
+        a = self.args
         self.server = SparkConnectServer(
             "local[2]", work_dir=self.work / "spark", event_log=self.work / "spark-events", warm_up=True
         )
@@ -349,7 +364,6 @@ class Bench:
         url = self.server.start()
         say(f"Spark Connect server {url} (warming up)")
         self.replica_es = str(self.work / "replica-epochsync")
-        self.replica_rsync = str(self.work / "replica-rsync")
         os.makedirs(self.replica_rsync, exist_ok=True)
         doc = self.master.config(
             str(self.work / "warehouse"),
@@ -378,7 +392,7 @@ class Bench:
         first = self.driver.call("cycle")  # epoch 1: the empty volume, and the driver's first Spark session
         say(f"epochsync: epoch {first['epoch']} (the empty volume) in {first['t_end'] - first['t0']:.1f} s")
 
-    def check_geo_workers(self, files: int = 40, timeout: float = 90, attempts: int = 3) -> None:
+    def check_geo_workers(self, files: int = 40, timeout: float = 60, attempts: int = 5) -> None:
         """Every geo-replication worker replicates: files written on every master brick reach the slave.
 
         A worker can be Active and still never receive a changelog from its brick (seen once: the
