@@ -165,6 +165,10 @@ def test_results_page_layouts_of_the_gluster_files():
     ]
     text = "\n".join(LAYOUTS["gluster"](rows))
     assert "`geo-replication`" in text and "did not converge" in text and "64.0 KiB" in text
+    assert "not measured" not in text
+    rows[0]["cpu_s"] = -35.5  # a meter that lost a process tree: said, not printed as a figure
+    text = "\n".join(LAYOUTS["gluster"](rows))
+    assert "| not measured* |" in text and "append epochsync -35.5" in text
     assert "append: convergence" in text
     lag = "\n".join(LAYOUTS["gluster.lag"]([{"tool": "epochsync", "points": [[0.0, 1.0], [2.0, 3.0]]}]))
     assert "<polyline" in lag and "epochsync" in lag

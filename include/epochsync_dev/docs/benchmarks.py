@@ -434,10 +434,18 @@ def _gluster(data: Any) -> list[str]:
             ("convergence s", _field("convergence_s", _seconds_or_timeout)),
             ("read", _field("bytes_read", _bytes)),
             ("written", _field("bytes_written", _bytes)),
-            ("CPU-s", _field("cpu_s")),
+            ("CPU-s", _field("cpu_s", lambda v: "not measured*" if isinstance(v, (int, float)) and v < 0 else _num(v))),
             ("equals source", _field("replica_equals_source")),
         ],
     )
+    lost = [r for r in data if isinstance(r.get("cpu_s"), (int, float)) and r["cpu_s"] < 0]
+    if lost:
+        out += [
+            "\\* The CPU meter of this run lost a process tree that exited unwaited-for (recorded: "
+            + ", ".join(f"{r.get('workload')} {r.get('tool')} {_num(r['cpu_s'])}" for r in lost)
+            + "); the harness reads CPU per process since.",
+            "",
+        ]
     sampled = [r for r in data if r.get("consistent_fraction") is not None or r.get("lag_median_s") is not None]
     if sampled:
         out += [
