@@ -486,7 +486,7 @@ def _gluster_lag(data: Any) -> list[str]:
 
 
 def _gluster_source(data: Any) -> list[str]:
-    out = ["The live source's own figures (issue 31), from the same run (`gluster.source.json`):", ""]
+    out = ["The live source's own figures (issue 31, `gluster.source.json`):", ""]
     cuts = [r for r in data if r.get("row") == "cut"]
     if cuts:
         out += _columns(
@@ -507,10 +507,15 @@ def _gluster_source(data: Any) -> list[str]:
             mode = {True: " with Gluster's barrier", False: " without it (`cut.barrier: false`)"}.get(
                 r.get("barrier"), ""
             )
+            held = (
+                "none held (no barrier)"
+                if r.get("barrier") is False
+                else f"held (brick logs) max {_num(r.get('held_s_max'), 2)} s"
+            )
             out += [
                 f"Over {_num(r.get('cuts'))} cuts{mode}: end to end median {_num(r.get('end_to_end_s_median'), 2)} s, "
-                f"max {_num(r.get('end_to_end_s_max'), 2)} s (target ≤ 3 s); namespace operations held "
-                f"(brick logs) max {_num(r.get('held_s_max'), 2)} s, longest rename seen on the mount "
+                f"max {_num(r.get('end_to_end_s_max'), 2)} s (target ≤ 3 s); namespace operations {held}, "
+                "longest rename seen on the mount "
                 f"{_num(r.get('rename_probe_max_s'), 2)} s (target ≤ 1 s); slowest write "
                 f"{_num(r.get('write_probe_max_s'), 3)} s (target ≤ 0.5 s).",
                 "",
@@ -553,10 +558,8 @@ def _gluster_stages(data: Any) -> list[str]:
     out += _table(["workload", "epoch", "records", "total s", "cut s", "stages (s)"], rows)
     if steady:
         mean = lambda k: sum(r.get(k) or 0 for r in steady) / len(steady)  # noqa: E731
-        out += [
-            f"Steady writer: {len(steady)} cycles, mean {_num(mean('total_s'))} s each (cut {_num(mean('cut_s'))} s).",
-            "",
-        ]
+        cut = f" (cut {_num(mean('cut_s'))} s)" if mean("cut_s") else " (cut by a process of its own)"
+        out += [f"Steady writer: {len(steady)} passes, mean {_num(mean('total_s'))} s each{cut}.", ""]
     return out
 
 
