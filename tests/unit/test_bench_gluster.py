@@ -229,4 +229,7 @@ def test_merge_keeps_the_other_parts_rows_and_names_the_earlier_run(tmp_path, mo
     assert [r["row"] for r in out[".source"]] == ["untar-replicated", "cut", "cuts-summary"]
     assert [r["workload"] for r in out[".stages"]] == ["untar", "steady", "rename"]
     assert out[".meta"]["merged_with"][0]["parts"] == "issue33"
-    assert "earlier run (parts done: issue33, 1.0 min" in _run_line(out[".meta"])
+    assert "earlier run (its parts kept: issue33, 1.0 min" in _run_line(out[".meta"])
+    again = run("steady,cuts", ["steady"], ["cut"], merge=True)  # replaces every row of the second run
+    assert len(again[".meta"]["merged_with"]) == 2
+    assert _run_line(again[".meta"]).count("earlier run") == 1

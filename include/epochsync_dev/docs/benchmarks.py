@@ -194,10 +194,22 @@ def _run_line(meta: dict[str, Any]) -> str:
         line += f"; 1-minute load average {_load(before)} before, {_load(after)} after"
     if meta.get("complete") is False:
         line += "; **incomplete run**"
-    for prev in meta.get("merged_with") or []:  # rows kept from an earlier run of other parts
-        done = [p for p in str(prev.get("parts", "")).split(",") if p in (prev.get("phase_seconds") or {})]
+    earlier = meta.get("merged_with") or []  # rows kept from earlier runs of other parts, oldest first
+
+    def done(m: dict[str, Any]) -> list[str]:
+        return [p for p in str(m.get("parts", "")).split(",") if p in (m.get("phase_seconds") or {})]
+
+    for i, prev in enumerate(earlier):
+        later = {
+            p
+            for m in [*earlier[i + 1 :], meta]
+            for p in (done(m) if m is not meta else str(m.get("parts", "")).split(","))
+        }
+        kept = [p for p in done(prev) if p not in later]
+        if not kept:
+            continue  # every row of that run was replaced by a later one
         line += (
-            f"; with the rows of other parts from an earlier run (parts done: {', '.join(done) or '?'}, "
+            f"; with the rows of other parts from an earlier run (its parts kept: {', '.join(kept)}, "
             f"{_num((prev.get('seconds') or 0) / 60)} min; "
             f"load {_load(prev.get('load_average_before'))} before, {_load(prev.get('load_average_after'))} after"
             + ("; incomplete" if prev.get("complete") is False else "")
