@@ -233,3 +233,32 @@ def test_merge_keeps_the_other_parts_rows_and_names_the_earlier_run(tmp_path, mo
     again = run("steady,cuts", ["steady"], ["cut"], merge=True)  # replaces every row of the second run
     assert len(again[".meta"]["merged_with"]) == 2
     assert _run_line(again[".meta"]).count("earlier run") == 1
+
+
+def test_readme_headline_rows_of_the_gluster_results(tmp_path):
+    import json
+
+    from epochsync_dev.docs.benchmarks import headline_rows
+
+    def summary(barrier, end_to_end, held):
+        return {"row": "cuts-summary", "barrier": barrier, "end_to_end_s_median": end_to_end, "held_s_max": held}
+
+    (tmp_path / "gluster.source.json").write_text(json.dumps([summary(True, 2.17, 2.1), summary(False, 0.017, None)]))
+    assert headline_rows(tmp_path) == [
+        [
+            "a cut of a live GlusterFS volume (barrier on / off)",
+            "2.17 s, namespace operations held up to 2.10 s / 0.017 s, nothing held",
+            "",
+        ]
+    ]
+    rows = [
+        {"workload": "append", "tool": "epochsync", "bytes_written": 1310720},
+        {"workload": "append", "tool": "geo-replication", "bytes_written": 2098483200},
+    ]
+    (tmp_path / "gluster.json").write_text(json.dumps(rows))
+    what = [r[0] for r in headline_rows(tmp_path)]
+    assert what == [
+        "a cut of a live GlusterFS volume (barrier on / off)",
+        "64 KiB appended to 20 files of 100 MiB on GlusterFS: bytes written to the replica",
+    ]
+    assert "geo-replication 2.0 GiB" in headline_rows(tmp_path)[1][1]

@@ -711,6 +711,28 @@ def headline_rows(results: Path) -> list[list[str]]:
                 date("e2e"),
             ]
         )
+    gluster = found.get("gluster", {})
+    cuts = {r.get("barrier"): r for r in gluster.get("gluster.source") or [] if r.get("row") == "cuts-summary"}
+    if True in cuts and False in cuts:
+        on, off = cuts[True], cuts[False]
+        rows.append(
+            [
+                "a cut of a live GlusterFS volume (barrier on / off)",
+                f"{_num(on['end_to_end_s_median'], 2)} s, namespace operations held up to {_num(on['held_s_max'], 2)} s"
+                f" / {_num(off['end_to_end_s_median'], 3)} s, nothing held",
+                date("gluster"),
+            ]
+        )
+    appends = {r.get("tool"): r for r in get("gluster") or [] if r.get("workload") == "append"}
+    if "epochsync" in appends and "geo-replication" in appends:
+        rows.append(
+            [
+                "64 KiB appended to 20 files of 100 MiB on GlusterFS: bytes written to the replica",
+                f"epochsync {_bytes(appends['epochsync']['bytes_written'])}, "
+                f"geo-replication {_bytes(appends['geo-replication']['bytes_written'])}",
+                date("gluster"),
+            ]
+        )
     return rows
 
 
@@ -724,7 +746,7 @@ def readme_with_figures(readme: str, results: Path) -> str:
     machines = sorted(
         {
             f"{m.get('machine', '?')}, {m.get('cpus', '?')} CPUs"
-            for stem in ("ingest", "merge", "warm", "e2e")
+            for stem in ("ingest", "merge", "warm", "e2e", "gluster")
             if (m := _meta(results, stem, None)) and "machine" in m
         }
     )
