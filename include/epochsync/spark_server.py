@@ -430,14 +430,14 @@ def _stop_recorded(d: Path, info: ServerInfo, timeout: float = 20.0) -> None:
         if info.supervisor_alive():
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(info.pid, signal.SIGKILL)
-    if _is_our_jvm(info.jvm_pid, d):  # a supervisor killed with -9 leaves its JVM
+    if _is_our_java(info.jvm_pid, d):  # a supervisor killed with -9 leaves its JVM
         with contextlib.suppress(ProcessLookupError):
             os.killpg(info.jvm_pid, signal.SIGKILL)
     with contextlib.suppress(FileNotFoundError):
         (d / INFO).unlink()
 
 
-def _is_our_jvm(pid: int, d: Path) -> bool:
+def _is_our_java(pid: int, d: Path) -> bool:
     try:
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
     except OSError:
