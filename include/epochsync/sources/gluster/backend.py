@@ -108,7 +108,7 @@ class BrickView:
                 return None  # a dangling handle: the directory is gone (being removed)
             if m is None or not st.S_ISDIR(ds.st_mode):
                 return None
-            node = self._node(gfid, path, ds, "dir", full)
+            node = self._node(gfid, path, ds, "dir", full, _listxattr(path, follow=True) if full else None)
             node.names = [(m.group(1), m.group(2))]
             return node
         if is_linkto(path, s):
@@ -122,16 +122,26 @@ class BrickView:
             if st.S_ISLNK(s.st_mode)
             else "other"
         )
-        node = self._node(gfid, path, s, kind, full)
+        listed = _listxattr(path, follow=kind == "dir") if full else None
+        node = self._node(gfid, path, s, kind, full, listed)
         if kind == "symlink":
             node.symlink = os.readlink(path)
         if full and kind != "dir":
             # a name's gfid2path xattr outlives a rename over that name when the file has other
-            # links (seen on Gluster 10.3): a name counts only while its entry is this gfid's
-            node.names = [(p, n) for p, n in gfid2path(path) if self.lookup_name(p, n) == gfid]
+            # links (seen on Gluster 10.3): a name counts only while its entry is this gfid's.
+            # The brick's link count is the names plus the handle, so when it matches, no name is
+            # stale (a stale one always adds an xattr without a link) and none is looked up.
+            names = gfid2path(path, listed)
+            if s.st_nlink != len(names) + 1:
+                names = [(p, n) for p, n in names if self.lookup_name(p, n) == gfid]
+            node.names = names
         return node
 
-    def _node(self, gfid: str, path: str, s: os.stat_result, kind: str, full: bool) -> Node:
+    def _node(
+        self, gfid: str, path: str, s: os.stat_result, kind: str, full: bool, listed: list[str] | None = None
+    ) -> Node:
+        """``listed``: the xattr names of ``path`` (with ``full``, read only the ones there; most files
+        have no shard or user xattr); None: ask for each."""
         node = Node(
             gfid=gfid,
             type=kind,
@@ -144,7 +154,12 @@ class BrickView:
             ctime_ns=s.st_ctime_ns,
             path=path,
         )
-        if kind == "file":
+        follow = kind == "dir"
+
+        def has(name: str) -> bool:
+            return listed is None or name in listed
+
+        if kind == "file" and has(SHARD_BLOCK_XATTR):
             block = _xattr(path, SHARD_BLOCK_XATTR, follow=False)
             if block is not None and len(block) >= 8:
                 node.shard_block = int.from_bytes(block[:8], "big")
@@ -152,12 +167,11 @@ class BrickView:
                 if size is not None and len(size) >= 8:
                     node.size = int.from_bytes(size[:8], "big")
         if full:
-            follow = kind == "dir"
-            md = _xattr(path, MDATA_XATTR, follow=follow)
+            md = _xattr(path, MDATA_XATTR, follow=follow) if has(MDATA_XATTR) else None
             if md is not None and len(md) >= _MDATA.size and md[0] == 1:
                 _v, _f, cs, cn, ms, mn, as_, an = _MDATA.unpack_from(md)
                 node.ctime_ns, node.mtime_ns, node.atime_ns = cs * 10**9 + cn, ms * 10**9 + mn, as_ * 10**9 + an
-            node.xattrs = user_xattrs(path, follow=follow)
+            node.xattrs = user_xattrs(path, follow=follow, listed=listed)
         return node
 
     def lookup_name(self, pgfid: str, name: str) -> str | None:
@@ -220,14 +234,19 @@ def _has(path: str, name: str) -> bool:
     return _xattr(path, name, follow=False) is not None
 
 
-def user_xattrs(path: str, *, follow: bool = False) -> dict[str, bytes]:
-    """The ``user.*`` xattrs of ``path`` (what a client lists)."""
-    out = {}
+def _listxattr(path: str, *, follow: bool) -> list[str] | None:
+    """The xattr names of ``path``; None when they cannot be listed (then each is asked for)."""
     try:
-        names = os.listxattr(path, follow_symlinks=follow)
+        return os.listxattr(path, follow_symlinks=follow)
     except OSError:
-        return out
-    for n in names:
+        return None
+
+
+def user_xattrs(path: str, *, follow: bool = False, listed: list[str] | None = None) -> dict[str, bytes]:
+    """The ``user.*`` xattrs of ``path`` (what a client lists); ``listed``: its xattr names, if known."""
+    out = {}
+    names = listed if listed is not None else _listxattr(path, follow=follow)
+    for n in names or ():
         if n.startswith(USER_PREFIX):
             v = _xattr(path, n, follow=follow)
             if v is not None:
@@ -235,14 +254,12 @@ def user_xattrs(path: str, *, follow: bool = False) -> dict[str, bytes]:
     return out
 
 
-def gfid2path(path: str) -> list[tuple[str, str]]:
-    """A non-directory's names on its brick, from its ``trusted.gfid2path.*`` xattrs, sorted."""
+def gfid2path(path: str, listed: list[str] | None = None) -> list[tuple[str, str]]:
+    """A non-directory's names on its brick, from its ``trusted.gfid2path.*`` xattrs, sorted;
+    ``listed``: its xattr names, if known."""
     out = []
-    try:
-        names = os.listxattr(path, follow_symlinks=False)
-    except OSError:
-        return out
-    for n in names:
+    names = listed if listed is not None else _listxattr(path, follow=False)
+    for n in names or ():
         if n.startswith(GFID2PATH_PREFIX):
             v = _xattr(path, n, follow=False)
             if not v:
