@@ -77,6 +77,7 @@ def test_design_example_loads(tmp_path):
         ('    root_fid: "[0x200000007:0x1:0x0]"\n', "", "sources[0].root_fid", "missing required key"),
         ("interval: 5m", "interval: soon", "sources[0].epoch.interval", "positive duration"),
         ("sample: 1.0", "sample: 1.5", "targets[0].verify.sample", "ratio"),
+        ("sample: 1.0", "sample: 1.0, contents: some", "targets[0].verify.contents", "one of changed, full"),
         ("format: jsonl", "format: csv", "sources[0].changelogs.format", "one of jsonl, lustre, gluster"),
         ("source: lustre1\n    kind: s3", "source: nosuch\n    kind: s3", "targets[0].source", "no source named"),
         ("path: replica-tree", "path: replica-tree\n    bucket: x", "targets[1].bucket", "only s3 targets"),

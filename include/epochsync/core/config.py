@@ -50,6 +50,7 @@ FeedFormatName = Literal["jsonl", "parquet"]
 FeedEventName = Literal["create", "delete", "rename", "data", "attrs", "xattrs"]
 OnBadRecordName = Literal["fail", "quarantine"]
 ViewSnapshotsName = Literal["auto", "required", "never"]
+VerifyContentsName = Literal["changed", "full"]
 
 FORMATS: tuple[str, ...] = typing.get_args(FormatName)
 EPOCH_SOURCES: tuple[str, ...] = typing.get_args(EpochSource)
@@ -63,6 +64,7 @@ FEED_EVENTS: tuple[FeedEventName, ...] = typing.get_args(FeedEventName)
 ON_BAD_RECORD: tuple[str, ...] = typing.get_args(OnBadRecordName)
 #: a posix target's committed view (``targets[].view.snapshots``)
 VIEW_SNAPSHOTS: tuple[str, ...] = typing.get_args(ViewSnapshotsName)
+VERIFY_CONTENTS: tuple[str, ...] = typing.get_args(VerifyContentsName)
 #: target keys of earlier versions that now stop the load with a way forward
 REMOVED_TARGET_KEYS = {
     "engine": "removed: Spark is the only engine of merge and translate; delete this key",
@@ -310,6 +312,7 @@ TargetKind = Annotated[TargetKindName, BeforeValidator(_choice(TARGET_KINDS))]
 FeedFormat = Annotated[FeedFormatName, BeforeValidator(_choice(FEED_FORMATS))]
 FeedEvent = Annotated[FeedEventName, BeforeValidator(_choice(FEED_EVENTS))]
 ViewSnapshots = Annotated[ViewSnapshotsName, BeforeValidator(_choice(VIEW_SNAPSHOTS))]
+VerifyContents = Annotated[VerifyContentsName, BeforeValidator(_choice(VERIFY_CONTENTS))]
 Epochs = Annotated[int, Field(ge=0), BeforeValidator(_int_range(0))]
 AtLeastOne = Annotated[int, Field(ge=1), BeforeValidator(_int_range(1))]
 StripeCount = Annotated[int, Field(ge=1, le=65535), BeforeValidator(_int_range(1, 65535))]
@@ -642,6 +645,11 @@ class VerifyConfig:
 
     sample: Ratio = 1.0
     """share of changed files whose bytes are compared"""
+    contents: VerifyContents = "changed"
+    """changed: read only what no checksum covers (s3: the store's checksums of apply's writes;
+    posix: the ranges apply wrote, against its checksums of them, and nothing of a file only moved
+    or re-attributed unless it changed since apply); full: every compared file whole, from the
+    replica and the source"""
 
 
 @_constructed

@@ -270,6 +270,10 @@ def apply_plan(plan: dict, target, source_io, source_bucket: str, jdir: str, sta
     facts.update(take())
     if dir_times is not None:
         target.restore_dir_times(dir_times, plan)
+    settle = getattr(target, "settle_facts", None)
+    if settle is not None:
+        # posix: the written ranges' checksums and each file's identity after the apply's last change
+        facts = settle(facts, plan)
     t3 = time.monotonic()
     src, tgt = Counters(), Counters()
     src.add(source_io.counters.as_dict())
@@ -290,7 +294,8 @@ def apply_plan(plan: dict, target, source_io, source_bucket: str, jdir: str, sta
         "target_requests": tgt.as_dict(),
         "durations": {"namespace": t1 - t0, "data": t2 - t1, "post": t3 - t2},
         "ops": {"namespace": len(plan["namespace"]), "data": len(ops), "post": len(plan["post"])},
-        # s3: key -> the version the apply wrote, its metadata and size (from the responses): verify's facts
+        # verify's facts. s3: key -> the version the apply wrote, its metadata and size (from the
+        # responses); posix: path -> the file's identity after apply and the ranges it wrote, hashed
         "facts": facts,
     }
 

@@ -103,6 +103,28 @@ def covered(item: dict, key: str, facts: dict, current: str | None = None, _dept
     return bool(item.get("unchanged"))
 
 
+def posix_contents(item: dict, fact: dict | None, identity: list | None) -> str:
+    """How verify checks the contents of a posix file whose attributes and size are right, from
+    apply's fact of it (:meth:`PosixTarget.settle_facts`) and its :meth:`PosixTarget.identity` now:
+
+    - ``"ranges"``: apply wrote it and nobody changed it since (the identity is the one apply
+      left): read back only the ranges apply wrote and compare them with the checksums of the
+      bytes it wrote there (the source's at E, in hand when it wrote them). The ranges it did
+      not write hold what E-1's verify proved, and the source's change detection says they did
+      not change at E; the write fence proved them untouched since E-1's commit.
+    - ``"covered"``: apply did not write it, its bytes are those of E-1 (translate's
+      ``unchanged``: a rename, a new link, an attribute change) and nobody changed it since
+      the apply (the fence: nor before it, since E-1's commit): no read.
+    - ``"whole"``: anything else (no fact, another identity): read whole and compared with the
+      source's bytes at E.
+    """
+    if not fact or identity is None or list(fact.get("id") or ()) != list(identity):
+        return "whole"
+    if fact.get("ranges") is not None:
+        return "ranges"
+    return "covered" if item.get("unchanged") else "whole"
+
+
 def source_bytes(src: dict, size: int, source_io, bucket: str) -> bytes:
     """A file's bytes at E from its source objects (pinned versions)."""
     if src["layout"] is None:
@@ -136,6 +158,7 @@ def verify_plan(
     sample: float = 1.0,
     facts: dict | None = None,
     spark=None,
+    contents: str = "changed",
 ) -> dict:
     """Check the target against the plan's ``verify`` items; returns figures and problems.
 
@@ -152,11 +175,20 @@ def verify_plan(
     is given and at least ``EXECUTOR_MIN_FILES`` files are to be read (their botocore
     requests are CPU-bound: one interpreter is one core), else here. Paths whose source
     bytes are the same objects (hard links) share one read of them.
+
+    With ``contents="changed"`` (``verify.contents``) facts spare reads: on s3 the files the
+    store's checksums cover (:func:`covered`); on posix the ranges apply did not write and the
+    files it only moved or re-attributed (:func:`posix_contents`), whose written ranges are read
+    back and compared with apply's checksums instead (:func:`check_written_ranges`). With
+    ``"full"`` every sampled file is read whole from both sides.
     """
     t0 = time.monotonic()
     posix = target.kind == "posix"
     owners = not posix or getattr(target, "as_root", False)
     present, gone = plan["verify"]["present"], plan["verify"]["absent"]
+    facts = facts or {}
+    use_facts = bool(facts) and contents == "changed"
+    idents: dict = {}  # posix: path -> the file's identity now, where apply left a fact of it
     stats: dict = {}
     heads: dict = {}
     exists: dict = {}
@@ -202,6 +234,8 @@ def verify_plan(
         if head and not have_stripes(head) and int(head.get("ContentLength", size)) != size:
             # the object's own length (a listing's or a HEAD's), not only the size its metadata says
             return [*problems, f"{path}: object of {head.get('ContentLength')} bytes, expected {size}"], 1, False
+        if use_facts and posix and path in facts:
+            idents[path] = target.identity(path)  # here, in the threads: one lstat more per file
         return problems, 1, True
 
     def absent(path: str) -> list[str]:
@@ -220,13 +254,29 @@ def verify_plan(
 
     # the files whose contents a checksum the store gave covers (see :func:`covered`) are not read;
     # the others that ``sample`` picks are read, grouped by their source bytes (hard links share them)
-    by_checksum = 0
+    by_checksum = by_identity = 0
     groups: dict[str, dict] = {}
+    written: list[tuple[int, str, list]] = []  # posix: (index, path, ranges apply wrote) to read back
     for index, (item, (_, _, right)) in enumerate(zip(present, results)):
         if not right:
             continue
+        if use_facts and posix:
+            fact = facts.get(item["path"])
+            how = posix_contents(item, fact, idents.get(item["path"]))
+            if how == "covered":
+                by_identity += 1
+                continue
+            if how == "ranges":
+                assert fact is not None  # posix_contents says "ranges" only with one
+                if sampled(item["path"], sample):
+                    written.append((index, item["path"], fact["ranges"]))
+                continue
         current = (heads.get(item["path"]) or {}).get("VersionId")
-        if facts and hasattr(target, "key_of") and covered(item, target.key_of(item["path"], "file"), facts, current):
+        if (
+            use_facts
+            and hasattr(target, "key_of")
+            and covered(item, target.key_of(item["path"], "file"), facts, current)
+        ):
             by_checksum += 1
             continue
         if sampled(item["path"], sample):
@@ -236,16 +286,23 @@ def verify_plan(
             # the bytes of the version whose attributes were just checked (no second HEAD on s3)
             group["paths"].append([index, item["path"], heads.get(item["path"])])
     t1 = time.monotonic()
-    contents = check_contents(list(groups.values()), target, source_io, bucket, plan["epoch"], spark=spark)
+    read = check_contents(list(groups.values()), target, source_io, bucket, plan["epoch"], spark=spark)
+    ranges = check_written_ranges(written, target, plan["epoch"])
     t2 = time.monotonic()
-    late = contents.pop("problems")
+    late = read.pop("problems")
+    for index, found in ranges.pop("problems").items():
+        late.setdefault(index, []).extend(found)
+    read["bytes_read_target"] += ranges["bytes_read_target"]
     problems = [p for index, r in enumerate(results) for p in r[0] + late.get(index, [])]
     problems += [p for m in missing for p in m]
     return {
         "ok": not problems,
         "paths_checked": sum(r[1] for r in results),
         "files_by_checksum": by_checksum,
-        **contents,
+        "files_by_write_checksum": ranges["files"],
+        "files_by_identity": by_identity,
+        "bytes_by_write_checksum": ranges["bytes_read_target"],
+        **read,
         "durations": {"attributes": round(t1 - t0, 3), "contents": round(t2 - t1, 3)},
         "problems": problems[:200],
         "problem_count": len(problems),
@@ -297,6 +354,36 @@ def check_contents(groups: list[dict], target, source_io, bucket: str, epoch: in
     }
 
 
+def check_written_ranges(jobs: list[tuple[int, str, list]], target, epoch: int) -> dict:
+    """Read back the ranges apply wrote (``jobs``: ``(path index, path, [[offset, length,
+    checksum], ...])``) from a posix target and compare each with the checksum apply computed of
+    the bytes it wrote there; returns ``files``, ``bytes_read_target`` and ``problems`` (``{path
+    index: [problem]}``). On the driver, in ``VERIFY_THREADS`` threads (hashing releases the GIL)."""
+
+    def one(job) -> tuple[list[str], int]:
+        index, path, ranges = job
+        got = _target_read(path, target.range_checksums, path, [(o, n) for o, n, _ in ranges])
+        found = [
+            f"{path}: bytes {o}..{o + n} differ from what apply wrote there at epoch {epoch} (its checksum)"
+            for (o, n, want), have in zip(ranges, got)
+            if have != want
+        ]
+        return found, sum(n for _, n, _ in ranges)
+
+    if len(jobs) >= 2:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(VERIFY_THREADS, thread_name_prefix="epochsync-verify-ranges") as pool:
+            results = list(pool.map(one, jobs))
+    else:
+        results = [one(j) for j in jobs]
+    problems: dict[int, list[str]] = {}
+    for (index, _, _), (found, _) in zip(jobs, results):
+        if found:
+            problems[index] = found
+    return {"files": len(jobs), "bytes_read_target": sum(r[1] for r in results), "problems": problems}
+
+
 def contents_task(groups: list[dict], target, source_io, bucket: str, epoch: int) -> dict:
     """One task's share of :func:`check_contents` (an executor's, or the driver's): its report."""
 
@@ -314,14 +401,7 @@ def contents_task(groups: list[dict], target, source_io, bucket: str, epoch: int
             ) from exc
         found, read = [], 0
         for index, path, head in group["paths"]:
-            try:
-                data = target.read_file(path, head=head) if head else target.read_file(path)
-            except EpochsyncError:
-                raise
-            except Exception as exc:
-                raise EpochsyncError(
-                    f"verify: {path}: cannot read the target's bytes: {type(exc).__name__}: {exc}"
-                ) from exc
+            data = _target_read(path, target.read_file, path, **({"head": head} if head else {}))
             read += len(data)
             if data != expected:
                 where = _first_difference(data, expected)
@@ -342,6 +422,17 @@ def contents_task(groups: list[dict], target, source_io, bucket: str, epoch: int
         "bytes_read_target": sum(r[2] for r in results),
         "source": source_io.counters.as_dict(),
     }
+
+
+def _target_read(path: str, read, *args, **kwargs):
+    """``read(*args, **kwargs)``: a read of the target's bytes at ``path``; a failure is an
+    EpochsyncError naming the path."""
+    try:
+        return read(*args, **kwargs)
+    except EpochsyncError:
+        raise
+    except Exception as exc:
+        raise EpochsyncError(f"verify: {path}: cannot read the target's bytes: {type(exc).__name__}: {exc}") from exc
 
 
 def _first_difference(data: bytes, expected: bytes) -> str:
@@ -442,7 +533,14 @@ def run_verify(cfg, target, epoch: int, spark=None, first_epoch: int | None = No
     source_io, bucket = source_access(cfg, tcfg, epoch)
     applied = read_json(os.path.join(plan_dir(cfg.warehouse, tcfg.name, epoch), APPLIED_FACTS)) or {}
     result = verify_plan(
-        plan, tgt, source_io, bucket, sample=tcfg.verify.sample, facts=applied.get("facts"), spark=spark
+        plan,
+        tgt,
+        source_io,
+        bucket,
+        sample=tcfg.verify.sample,
+        facts=applied.get("facts"),
+        spark=spark,
+        contents=tcfg.verify.contents,
     )
     result["seconds"] = round(time.monotonic() - t0, 3)
     write_json_atomic(os.path.join(plan_dir(cfg.warehouse, tcfg.name, epoch), "verify.json"), result)

@@ -73,6 +73,18 @@ def safe_relpath(path: str, what: str = "path", control_dir: str = CONTROL_DIR) 
     return path
 
 
+def drain(written: dict) -> dict:
+    """Every item of ``written``, removed from it (threads may still be adding: one atomic
+    ``popitem`` at a time); the targets' ``take_written``."""
+    out = {}
+    while True:
+        try:
+            k, v = written.popitem()
+        except KeyError:
+            return out
+        out[k] = v
+
+
 @dataclass
 class Entry:
     """One path of a replica as a reader sees it (what replicas are compared on)."""

@@ -36,12 +36,15 @@ from epochsync.targets.base import (
     Entry,
     Target,
     UnsafePathError,
+    drain,
     moved_control_dir_error,
     safe_relpath,
 )
 from epochsync.warehouse.fs import write_json_atomic
 
 XATTR_NAMESPACE = "user."
+#: bytes read at once when a range of a replica file is hashed
+READ_BLOCK = 8 << 20
 #: in the view folder: the link readers open, and the snapshots' names
 VIEW_LINK = "current"
 _VIEW_NAME = re.compile(r"epoch-(\d{10})")
@@ -50,6 +53,12 @@ _VIEW_NAME = re.compile(r"epoch-(\d{10})")
 def view_name(epoch: int) -> str:
     """Returns the name of an epoch's snapshot in a posix target's view folder."""
     return f"epoch-{int(epoch):010d}"
+
+
+def range_checksum(data: bytes) -> str:
+    """The checksum of a written range that verify compares with a read-back (SHA-256: 1.7 GB/s
+    here, with the CPU's SHA instructions)."""
+    return hashlib.sha256(data).hexdigest()
 
 
 def _nearest_existing(path: str) -> str:
@@ -99,6 +108,8 @@ class PosixTarget(Target):
         self.view_mode = getattr(view, "snapshots", "never")
         self.view_keep = int(getattr(view, "keep", 2))
         self.view_dir = os.path.abspath(getattr(view, "path", None) or self.root.rstrip("/") + ".epochs")
+        #: path -> the ranges this process's data operations wrote there (:meth:`take_written`)
+        self._written: dict[str, list[list]] = {}
 
     def describe(self) -> str:
         """Returns ``posix:<root>``."""
@@ -260,6 +271,69 @@ class PosixTarget(Target):
         with open(self._abs(path), "rb") as f:
             return f.read()
 
+    def range_checksums(self, path: str, ranges: list[tuple[int, int]]) -> list[str]:
+        """The :func:`range_checksum` of each ``(offset, length)`` of the file at ``path``, read in
+        blocks (a range may be a whole large file)."""
+        out = []
+        fd = os.open(self._abs(path), os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            for offset, length in ranges:
+                h = hashlib.sha256()
+                pos, end = int(offset), int(offset) + int(length)
+                while pos < end:
+                    block = os.pread(fd, min(READ_BLOCK, end - pos), pos)
+                    if not block:  # past the end: the file is shorter than the range
+                        break
+                    h.update(block)
+                    pos += len(block)
+                out.append(h.hexdigest() if pos == end else "")
+        finally:
+            os.close(fd)
+        return out
+
+    def identity(self, path: str) -> list[int] | None:
+        """What proves nobody changed the file at ``path`` since it was taken: ``[st_dev, st_ino,
+        st_size, st_mtime_ns, st_ctime_ns]`` (a write, a truncate, ``utime``, ``chmod``, an xattr or a
+        link sets the ctime to now, and no caller can set it back), None when it is not a file."""
+        found = self._lstat(path)
+        if found is None or not st.S_ISREG(found[1].st_mode):
+            return None
+        s = found[1]
+        return [s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns]
+
+    # ------------------------------------------------------------------ verify's facts
+    def take_written(self) -> dict[str, list[list]]:
+        """The ranges this process's data operations wrote since the last call, path ->
+        ``[[offset, length, sha256 of the bytes written], ...]``, and forget them (threads may be
+        writing: one atomic ``popitem`` at a time)."""
+        return drain(self._written)
+
+    def settle_facts(self, written: dict[str, list[list]], plan: dict) -> dict[str, dict]:
+        """Verify's facts of an apply that has made its last change (``written``: the data
+        operations' :meth:`take_written`): for each file the plan's ``verify`` names, its
+        :meth:`identity` now and, where the apply wrote it (at this path or another link of the
+        same inode), the ranges it wrote with their checksums; for a file the apply did not write
+        whose bytes are those of E-1 (``unchanged``: a rename, a new link, an attribute change),
+        the identity alone. Other files get no fact (verify reads them whole)."""
+        by_inode = {}
+        for path, ranges in written.items():
+            ident = self.identity(path)
+            if ident is not None:
+                by_inode[(ident[0], ident[1])] = ranges
+        facts = {}
+        for item in plan["verify"]["present"]:
+            if item["attrs"].get("type") != "file":
+                continue
+            ident = self.identity(item["path"])
+            if ident is None:
+                continue
+            ranges = by_inode.get((ident[0], ident[1]))
+            if ranges is not None:
+                facts[item["path"]] = {"id": ident, "ranges": ranges}
+            elif item.get("unchanged"):
+                facts[item["path"]] = {"id": ident}
+        return facts
+
     def stat(self, path: str, type_hint: str | None = None) -> Entry | None:
         """The entry at ``path`` (``""``: the root), None when the replica holds none."""
         found = self._lstat(path)
@@ -386,15 +460,21 @@ class PosixTarget(Target):
             journal.append(
                 {"op": "write", "path": rel, "old_size": old_size, "preimages": pre, "old": self._attrs_of(path)}
             )
+        wrote = []
         try:
             if os.fstat(fd).st_size != new_size:
                 os.ftruncate(fd, new_size)
             for offset, data in chunks:
                 if offset < new_size:
-                    os.pwrite(fd, data[: new_size - offset], offset)
+                    data = data[: new_size - offset]
+                    os.pwrite(fd, data, offset)
+                    if data:
+                        wrote.append([offset, len(data), range_checksum(data)])
             os.fsync(fd)
         finally:
             os.close(fd)
+        # verify's fact: what this operation wrote, hashed from the bytes in hand (the source's at E)
+        self._written[rel] = wrote
         if op.get("attrs"):
             self._set_attrs(path, op["attrs"])
 

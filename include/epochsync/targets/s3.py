@@ -39,6 +39,7 @@ from epochsync.targets.base import (
     Target,
     UndoProgress,
     UnsafePathError,
+    drain,
     moved_control_dir_error,
     safe_relpath,
 )
@@ -1099,13 +1100,7 @@ class S3Target(Target):
     def take_written(self) -> dict[str, dict]:
         """The versions this process wrote since the last call, key -> ``{version, meta, size}``,
         and forget them (threads may be writing: one atomic ``popitem`` at a time)."""
-        out = {}
-        while True:
-            try:
-                k, v = self._written.popitem()
-            except KeyError:
-                return out
-            out[k] = v
+        return drain(self._written)
 
     def copy(self, journal, state: dict, rel_key: str, src_key: str, meta: dict, size: int) -> None:
         """Server-side copy of the E-1 version of ``src_key`` to ``rel_key`` with new metadata."""
