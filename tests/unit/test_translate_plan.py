@@ -290,3 +290,49 @@ def test_unwritten_objects_of_a_versioned_source_are_zeros_not_a_later_epochs_by
     assert source_objects("f", row, store)["objects"][2] == {"key": "OST0002/0x1", "version": None}
     unstriped = {"layout": None, "objects": []}
     assert source_objects("f", unstriped, {**store, "versioned": True})["objects"] == [None]
+
+
+def test_a_renamed_directory_fences_its_new_name_once_not_every_descendant(tmp_path):
+    # a directory moved with its children: each child's new path is implied absent by the new name
+    before = {"a": "dir", "a/s": "dir", "a/s/x": "symlink:x", "a/y": "symlink:y"}
+    entries = [
+        ent("A", [("R", "a", "a")], [("R", "b", "b")]),
+        ent("S", [("A", "s", "a/s")], [("A", "s", "b/s")]),
+        ent("X", [("S", "x", "a/s/x")], [("S", "x", "b/s/x")], type_="symlink", symlink="x"),
+        ent("Y", [("A", "y", "a/y")], [("A", "y", "b/y")], type_="symlink", symlink="y"),
+    ]
+    plan, after = apply_ns(tmp_path, before, entries)
+    assert after == {"b": "dir", "b/s": "dir", "b/s/x": "symlink:x", "b/y": "symlink:y"}
+    absent = [it["path"] for it in plan["fence"] if it["type"] is None]
+    assert absent == ["b"]
+    # every old path is still fenced as it was
+    assert {it["path"] for it in plan["fence"] if it["type"]} == {"a", "a/s", "a/s/x", "a/y"}
+
+
+def test_the_fence_still_refuses_a_descendant_of_a_new_name_that_someone_made(tmp_path):
+    root = tmp_path / "replica"
+    root.mkdir()
+    make_tree(root, {"a": "dir", "a/y": "symlink:y", "b": "dir", "b/y": "symlink:z"})
+    target = PosixTarget(TargetConfig(name="t", source="s", kind="posix", path=str(root)))
+    entries = [
+        ent("A", [("R", "a", "a")], [("R", "b", "b")]),
+        ent("Y", [("A", "y", "a/y")], [("A", "y", "b/y")], type_="symlink", symlink="y"),
+    ]
+    plan = build_plan(entries, target=tdict(), store=STORE, epoch=2)
+    problems, _ = target.fence_check(plan["fence"], None)
+    assert problems == ["b: exists but the replica at the last epoch did not have it"]
+
+
+def test_a_read_only_pass_resolves_each_parent_once_and_still_refuses_a_symlinked_parent(tmp_path):
+    from epochsync.targets.base import UnsafePathError
+
+    root = tmp_path / "replica"
+    root.mkdir()
+    make_tree(root, {"d": "dir", "d/e": "symlink:e", "link": "symlink:d"})
+    target = PosixTarget(TargetConfig(name="t", source="s", kind="posix", path=str(root)))
+    with target.reading():
+        assert target._lstat("d/e") is not None
+        assert target._parents and os.path.join(str(root), "d") in target._parents
+        with pytest.raises(UnsafePathError):
+            target._abs("link/e")
+    assert target._parents is None

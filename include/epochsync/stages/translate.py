@@ -538,7 +538,7 @@ def _plan_posix(entries: list[dict], target: dict, store: dict, epoch: int) -> d
         "namespace": ns,
         "data": sorted(data, key=lambda o: o["path"]),
         "post": sorted(links, key=lambda o: o["path"]) + attrs,
-        "fence": _dedupe_fence(fence, "path"),
+        "fence": _implied_absent_dropped(_dedupe_fence(fence, "path")),
         "scratch": f"@tmp/{epoch}",
     }
 
@@ -570,6 +570,14 @@ def _dedupe_fence(items: list[dict], key: str) -> list[dict]:
             continue
         seen[it[key]] = it
     return [seen[k] for k in sorted(seen)]
+
+
+def _implied_absent_dropped(fence: list[dict]) -> list[dict]:
+    """A posix fence without the absent paths under an absent path: when ``d`` is not in the
+    replica, nothing under it is (a directory renamed onto a new name fences every descendant's
+    new path; one check of the new name says as much)."""
+    absent = {it["path"] for it in fence if it.get("type") is None}
+    return [it for it in fence if it.get("type") is not None or _nearest_ancestor(it["path"], absent) is None]
 
 
 def _plan_s3(entries: list[dict], target: dict, store: dict, epoch: int) -> dict:

@@ -20,6 +20,7 @@ the next epoch changes anything, should a commit have died in between). Readers 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -110,6 +111,8 @@ class PosixTarget(Target):
         self.view_dir = os.path.abspath(getattr(view, "path", None) or self.root.rstrip("/") + ".epochs")
         #: path -> the ranges this process's data operations wrote there (:meth:`take_written`)
         self._written: dict[str, list[list]] = {}
+        # resolved parent directories during a read-only pass (:meth:`reading`), else None
+        self._parents: dict[str, str] | None = None
 
     def describe(self) -> str:
         """Returns ``posix:<root>``."""
@@ -129,9 +132,34 @@ class PosixTarget(Target):
         safe_relpath(rel, control_dir=self.control_dir)
         path = os.path.join(self.root, rel)
         parent = os.path.dirname(path)
-        if os.path.realpath(parent) != os.path.join(os.path.realpath(self.root), os.path.dirname(rel)).rstrip("/"):
+        if self._real(parent) != os.path.join(self._real(self.root), os.path.dirname(rel)).rstrip("/"):
             raise UnsafePathError(f"refusing path {rel!r}: a parent directory is a symlink or missing")
         return path
+
+    def _real(self, path: str) -> str:
+        """``os.path.realpath(path)``, once per path during a read-only pass (:meth:`reading`)."""
+        memo = self._parents
+        if memo is None:
+            return os.path.realpath(path)
+        real = memo.get(path)
+        if real is None:
+            real = memo[path] = os.path.realpath(path)
+        return real
+
+    @contextlib.contextmanager
+    def reading(self):
+        """A pass that changes nothing in the replica (the write fence, verify's checks): each
+        parent directory is resolved once, not once per path under it (a realpath is a system
+        call per component; a renamed directory of 10,000 files had its parents resolved 10,000
+        times). Nothing may rename or replace directories of the replica inside it."""
+        outer = self._parents is not None
+        if not outer:
+            self._parents = {}
+        try:
+            yield self
+        finally:
+            if not outer:
+                self._parents = None
 
     def _existing(self, rel: str) -> str | None:
         """Absolute path of ``rel`` when every parent component is a real directory of the
@@ -344,6 +372,11 @@ class PosixTarget(Target):
         """Returns one problem line per fenced path that differs from the last commit (type, size,
         ctime), and no state."""
         problems = []
+        with self.reading():
+            self._fence_items(expect, since_ns, problems)
+        return problems, {}
+
+    def _fence_items(self, expect: list[dict], since_ns: int | None, problems: list[str]) -> None:
         for item in expect:
             rel = item["path"]
             try:
@@ -367,7 +400,6 @@ class PosixTarget(Target):
                 problems.append(f"{rel}: size {s.st_size}, expected {item['size']}")
             elif want != "dir" and since_ns is not None and s.st_ctime_ns > since_ns:
                 problems.append(f"{rel}: changed after the last commit (ctime)")
-        return problems, {}
 
     # ------------------------------------------------------------------ mutations
     def prepare(self, epoch: int) -> None:
