@@ -343,6 +343,10 @@ class PosixTarget(Target):
         same inode), the ranges it wrote with their checksums; for a file the apply did not write
         whose bytes are those of E-1 (``unchanged``: a rename, a new link, an attribute change),
         the identity alone. Other files get no fact (verify reads them whole)."""
+        with self.reading():  # the apply has made its last change: nothing moves any more
+            return self._settled(written, plan)
+
+    def _settled(self, written: dict[str, list[list]], plan: dict) -> dict[str, dict]:
         by_inode = {}
         for path, ranges in written.items():
             ident = self.identity(path)
