@@ -336,3 +336,59 @@ def test_a_read_only_pass_resolves_each_parent_once_and_still_refuses_a_symlinke
         with pytest.raises(UnsafePathError):
             target._abs("link/e")
     assert target._parents is None
+
+
+def _deletes(tmp_path, n):
+    root = tmp_path / "replica"
+    root.mkdir()
+    before = {"d": "dir", **{f"d/f{i:02d}": f"symlink:t{i}" for i in range(n)}}
+    make_tree(root, before)
+    entries = [
+        ent(f"F{i}", [("D", f"f{i:02d}", f"d/f{i:02d}")], None, type_="symlink", symlink=f"t{i}") for i in range(n)
+    ]
+    target = PosixTarget(TargetConfig(name="t", source="s", kind="posix", path=str(root)))
+    return root, before, target, build_plan(entries, target=tdict(), store=STORE, epoch=2)
+
+
+def test_moves_to_scratch_are_journaled_in_one_batch_before_the_first_of_them(tmp_path, monkeypatch):
+    from epochsync.stages.apply import apply_plan
+
+    root, before, target, plan = _deletes(tmp_path, 12)
+    jdir = str(tmp_path / "undo")
+    seen = []
+    real_rename = os.rename
+
+    def rename(src, dst):
+        seen.append(len([e for e in read_journal(jdir) if e["op"] == "rename"]))
+        real_rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", rename)
+    apply_plan(plan, target, S3Access(S3Settings("none")), "src", jdir, {})
+    assert seen[:12] == [12] * 12  # every entry durable before the first move
+    assert read_tree(root) == {"d": "dir"}
+
+
+def test_a_batch_of_moves_that_stops_half_way_rolls_back_exactly(tmp_path, monkeypatch):
+    from epochsync.core.errors import EpochsyncError
+    from epochsync.stages.apply import apply_plan
+
+    root, before, target, plan = _deletes(tmp_path, 12)
+    jdir = str(tmp_path / "undo")
+    real_rename = os.rename
+    calls = []
+
+    def rename(src, dst):
+        calls.append(dst)
+        if len(calls) == 5:
+            raise OSError("disk gone")
+        real_rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", rename)
+    with pytest.raises((OSError, EpochsyncError)):
+        apply_plan(plan, target, S3Access(S3Settings("none")), "src", jdir, {})
+    monkeypatch.setattr(os, "rename", real_rename)
+    assert len(read_journal(jdir)) == 12  # journaled, though only 4 moves ran
+    for e in reversed(read_journal(jdir)):
+        target.undo(e, jdir)
+    target.finish_rollback(2)
+    assert read_tree(root) == before

@@ -212,6 +212,9 @@ def _data_partition(index: int, ops, target, source_io, source_bucket: str, jdir
             result["pulled"] += r["pulled"]
             result["written"] += r["written"]
             result["ops"] += 1
+    flush = getattr(target, "flush_written", None)
+    if flush is not None and result["ops"]:
+        flush()  # posix: the partition's files durable before it reports done (one syncfs)
     result["source"] = source_io.counters.as_dict()
     result["target"] = target.io.counters.as_dict() if hasattr(target, "io") else {}
     result["facts"] = target.take_written() if hasattr(target, "take_written") else {}
@@ -234,12 +237,16 @@ def apply_plan(plan: dict, target, source_io, source_bucket: str, jdir: str, sta
     facts: dict = take()  # nothing of an earlier apply in this process
     many = getattr(target, "delete_many", None)
     with UndoJournal(jdir, "ns", PHASE_NAMESPACE, faults) as journal:
-        run_in_order(
-            target,
-            plan["namespace"],
-            lambda op: target.run_namespace_op(op, journal, state),
-            (lambda keys: many(journal, state, keys)) if many else None,
-        )
+        in_order = getattr(target, "run_namespace_ops", None)  # posix: moves to scratch journaled in batches
+        if in_order is not None:
+            in_order(plan["namespace"], journal, state)
+        else:
+            run_in_order(
+                target,
+                plan["namespace"],
+                lambda op: target.run_namespace_op(op, journal, state),
+                (lambda keys: many(journal, state, keys)) if many else None,
+            )
     facts = take()
     t1 = time.monotonic()
     token = start_run(jdir)  # the data tasks' owner token (a late straggler finds another)

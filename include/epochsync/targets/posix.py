@@ -85,6 +85,28 @@ def _parent(path: str) -> str | None:
     return path.rsplit("/", 1)[0] if "/" in path else ""
 
 
+def _to_scratch(op: dict) -> bool:
+    """Is ``op`` a move of a replica entry into the epoch's scratch area (``@tmp/<epoch>/<n>``)?"""
+    return op.get("op") == "rename" and op["dst"].startswith("@tmp/") and not op["src"].startswith("@tmp/")
+
+
+def _syncfs(fd: int) -> int:
+    """``syncfs(2)`` of the file system holding ``fd``; -1 where it is not available (the caller then syncs all)."""
+    global _LIBC
+    try:
+        if _LIBC is None:
+            import ctypes
+            import ctypes.util
+
+            _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        return int(_LIBC.syncfs(fd))
+    except (OSError, AttributeError):
+        return -1
+
+
+_LIBC = None
+
+
 def _fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -424,6 +446,38 @@ class PosixTarget(Target):
                 parent = safe_relpath(parent, "fileset parent", self.control_dir)
                 os.makedirs(os.path.join(self.root, parent), exist_ok=True)
 
+    #: moves into the scratch area journaled together: one fsync for up to this many
+    SCRATCH_MOVES_PER_FSYNC = 512
+
+    def run_namespace_ops(self, ops: list[dict], journal, state: dict) -> None:
+        """The plan's namespace operations, in order. A run of moves into the epoch's scratch area
+        (the plan's first phase: what is deleted or moved away, children first) is journaled
+        ``SCRATCH_MOVES_PER_FSYNC`` at a time with one fsync, then made: 10,000 deletes cost 10,000
+        fsyncs before. Still write-ahead: a move runs only after its entry is durable, and the undo
+        of a move whose unique scratch name does not exist is a no-op, so the entries of a batch
+        whose moves never ran undo nothing. Validating a batch's paths first is the same as before
+        each move: children go first, so no move of a batch is under another's source."""
+        i = 0
+        while i < len(ops):
+            j = i
+            while j < len(ops) and j - i < self.SCRATCH_MOVES_PER_FSYNC and _to_scratch(ops[j]):
+                j += 1
+            if j - i >= 2:
+                self._scratch_moves(ops[i:j], journal)
+                i = j
+            else:
+                self.run_namespace_op(ops[i], journal, state)
+                i += 1
+
+    def _scratch_moves(self, ops: list[dict], journal) -> None:
+        with self.reading():  # nothing moves while the batch's paths are checked
+            paths = [(self._abs(op["src"]), self._abs(op["dst"])) for op in ops]
+        journal.append_many([{"op": "rename", "src": op["src"], "dst": op["dst"]} for op in ops])
+        for op, (src, dst) in zip(ops, paths):
+            if os.path.lexists(dst):
+                raise StoreError(f"{self.describe()}: cannot move {op['src']} to {op['dst']}: destination exists")
+            os.rename(src, dst)
+
     def run_namespace_op(self, op: dict, journal, state: dict) -> None:
         """Run one namespace operation (rename, mkdir, symlink, mknod, ...), journaled first."""
         kind = op["op"]
@@ -506,13 +560,27 @@ class PosixTarget(Target):
                     os.pwrite(fd, data, offset)
                     if data:
                         wrote.append([offset, len(data), range_checksum(data)])
-            os.fsync(fd)
         finally:
             os.close(fd)
+        # durable with the others of its partition, in one syncfs (:meth:`flush_written`), not one
+        # fsync each: an undo needs only the journal (fsynced before this write), and the commit
+        # comes after every partition has flushed
         # verify's fact: what this operation wrote, hashed from the bytes in hand (the source's at E)
         self._written[rel] = wrote
         if op.get("attrs"):
             self._set_attrs(path, op["attrs"])
+
+    def flush_written(self) -> None:
+        """Make what this process's data operations wrote durable: one ``syncfs`` of the replica's
+        file system (every dirty page of it, on this host) instead of an fsync per file, which
+        cost an untar of 20,281 files more than its writes did. Called by each partition of data
+        operations at its end (threads of one process may each call it: no state is shared)."""
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            if _syncfs(fd) != 0:
+                os.sync()
+        finally:
+            os.close(fd)
 
     # ------------------------------------------------------------------ directory times
     def dir_times_before(self, plan: dict) -> dict:
