@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from epochsync_dev.bench.gluster import SteadyWatcher, _stage_row, content
+from epochsync_dev.bench.gluster import Background, RenameSampler, SteadyWatcher, _stage_row, committed_view, content
 from epochsync_dev.bench.gluster_tools import Expect, cpu_of_pids, processes, rsync, tree, walk
 from epochsync_dev.docs.benchmarks import LAYOUTS, line_chart
 
@@ -59,7 +59,7 @@ def test_walk_and_expect_see_names_sizes_times_and_tail_bytes(tmp_path):
 def test_steady_consistency_is_a_prefix_of_whole_files_with_its_journal(tmp_path):
     d = tmp_path / "steady"
     d.mkdir()
-    w = SteadyWatcher("t", str(tmp_path), {})
+    w = SteadyWatcher("t", lambda: str(tmp_path), {})
 
     def check() -> bool:
         names = set(os.listdir(d))
@@ -262,3 +262,49 @@ def test_readme_headline_rows_of_the_gluster_results(tmp_path):
         "64 KiB appended to 20 files of 100 MiB on GlusterFS: bytes written to the replica",
     ]
     assert "geo-replication 2.0 GiB" in headline_rows(tmp_path)[1][1]
+
+
+def test_readers_of_epochsync_resolve_current_once_per_sample(tmp_path):
+    """The committed view as the samplers read it: ``current`` resolved to one epoch's folder, which
+    a sample walks even when the link flips under it; nothing before the first commit."""
+    view = tmp_path / "replica.epochs"
+    view.mkdir()
+    assert not os.path.exists(committed_view(str(view)))  # no epoch committed: an empty view
+    for e in (1, 2):
+        _tree(view / f"epoch-{e:010d}", {f"w/d/f{e}": b"x"})
+    os.symlink("epoch-0000000001", view / "current")
+    seen = committed_view(str(view))
+    assert seen == str(view / "epoch-0000000001")
+    os.symlink("epoch-0000000002", view / ".current.tmp")
+    os.replace(view / ".current.tmp", view / "current")  # the flip at commit
+    assert sorted(walk(seen, "w")) == ["w/d", "w/d/f1"]  # the resolved epoch is still read whole
+    assert committed_view(str(view)) == str(view / "epoch-0000000002")
+
+
+def test_rename_sampler_counts_a_directory_whole_under_one_name(tmp_path):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    files = {"p/d/a": b"1", "p/d/s/b": b"22"}
+    _tree(src, files)
+    bench = type("B", (), {"mnt": str(src), "readers": lambda self: {"t": lambda: str(dst)}})()
+    sampler = RenameSampler(bench, "p", "d")
+    _tree(dst, files)
+    assert sampler.consistent(str(dst))  # before the rename
+    os.rename(dst / "p" / "d", dst / "p" / "d-renamed")
+    assert sampler.consistent(str(dst))  # after it
+    (dst / "p" / "d").mkdir()
+    assert not sampler.consistent(str(dst))  # under both names: a state the source never had
+    os.rmdir(dst / "p" / "d")
+    os.remove(dst / "p" / "d-renamed" / "s" / "b")
+    assert not sampler.consistent(str(dst))  # half moved
+
+
+def test_background_returns_the_value_or_raises_the_error():
+    assert Background("sum", lambda: 1 + 1).result() == 2
+
+    def fails():
+        raise RuntimeError("no volume")
+
+    with pytest.raises(RuntimeError, match="no volume"):
+        Background("fails", fails).result()
+    with pytest.raises(TimeoutError, match="slow: still running"):
+        Background("slow", lambda: time.sleep(5)).result(timeout=0.1)

@@ -7,13 +7,17 @@ Set-up (everything is stopped and removed at the end, also on Ctrl-C or SIGTERM)
   ``--rollover`` seconds, sharding off) mounted with FUSE; a 1-brick slave volume;
 - **epochsync**: one warm Spark Connect server; a driver process (imported once, as an Airflow
   worker keeps its imports) that cuts the volume (``cut_source``) and replicates the cut into a
-  posix target (``replicate``) when told, as an operator triggers an on-demand epoch;
+  posix target (``replicate``) when told, as an operator triggers an on-demand epoch; the target
+  is on a btrfs loop image of its own (:class:`epochsync_dev.btrfs.BtrfsLoop`) with its committed
+  view (``view.snapshots: required``, ``keep: 3``): readers read ``<view>/current``;
 - **geo-replication**: a session master -> slave (gsyncd, ``sync_method tarssh``,
   ``change_interval 1``) over an sshd of our own; it must reach Active within ``--active-timeout``;
 - **rsync**: ``rsync -a --delete`` from the master's mount into a directory.
 
-The three read the same changelogs at the same rollover (one volume). Workloads, each in its own
-folder of the volume, each replicated by all three before the next starts:
+The three read the same changelogs at the same rollover (one volume). Set-up steps that wait on
+each other run at once (:data:`OVERLAPPED`, also in the meta file); a measured workload never
+shares the machine with another or with a set-up step. Workloads, each in its own folder of the
+volume, each replicated by all three before the next starts:
 
 - ``untar``: Debian's glibc source tarball (``glibc-source``, installed when missing) untarred;
 - ``rename``: its ``sysdeps`` directory (12,053 entries) renamed;
@@ -40,8 +44,9 @@ What each row measures (``bench/results/gluster.json``, one row per tool and wor
   their ssh and tar, the session's aux mounts and our sshd, from the start of the workload to
   convergence; rsync: its process;
 - ``consistent_fraction`` (steady, rename): once a second a reader walks the replica through the
-  tool's read path (epochsync: its posix target; geo-replication: the slave volume's FUSE mount;
-  rsync: its directory) and the sample counts when it equals a state the source was in. The
+  tool's read path (epochsync: its committed view, ``current`` resolved once per sample;
+  geo-replication: the slave volume's FUSE mount; rsync: its directory) and the sample counts
+  when it equals a state the source was in. The
   harness is the only writer, so it knows every state: after each of the steady writer's steps
   (files 1..k, the journal's k lines), before and after the rename.
 
@@ -52,9 +57,10 @@ Issue 31's rows (``bench/results/gluster.source.json``): ``--cuts`` cuts of the 
 Gluster's barrier and as many without (``cut.barrier: false``), alternating, while a writer probe
 appends every 50 ms and a renamer probe renames a file back and forth (the slowest write, the
 longest rename: the hold seen from outside, beside the cut record's ``held_s`` from the brick logs); the untar's cut to its commit; live 10 s epochs under ``airflow standalone`` (each
-epoch's commit after its cut).
+epoch's commit after its cut: :class:`LiveAirflow`, the first part, its Airflow started during
+the set-up).
 
-    python -m epochsync_dev.bench gluster [--size full|quick] [--parts issue33,cuts,airflow]
+    python -m epochsync_dev.bench gluster [--size full|quick] [--parts airflow,issue33,steady,cuts]
                                           [--rollover 5] [--workdir bench/scratch/gluster] [--no-write]
 """
 
@@ -71,13 +77,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from epochsync_dev.bench.gluster_tools import CpuMeter, Expect, GeoRep, rsync, walk
 
 TOOLS = ("epochsync", "geo-replication", "rsync")
-PARTS = ("issue33", "steady", "cuts", "airflow")
+PARTS = ("airflow", "issue33", "steady", "cuts")
 FIELDS = (
     "workload",
     "tool",
@@ -89,6 +96,17 @@ FIELDS = (
     "cpu_s",
     "consistent_fraction",
 )
+#: the set-up steps that run at the same time as another (the meta file's ``overlapped``); no
+#: measured workload shares the machine with another measured workload or a set-up step
+OVERLAPPED = [
+    "set-up: the Spark Connect server starts and warms up while the master volume, the slave volume and "
+    "geo-replication are made and checked",
+    "set-up: airflow standalone starts (the airflow part's) while geo-replication starts and is checked, "
+    "the Spark server warms up and epochsync's epoch 1 runs; the airflow part runs first, before the workloads",
+    "set-up of append and small-writes (and of the steady writer's folder): epochsync's epoch and rsync run at "
+    "once, geo-replication replicates meanwhile",
+    "after each workload: the three replicas are compared with the source at once",
+]
 SIZES = {
     "full": {
         "untar_members": [],  # everything: 21,116 entries
@@ -317,17 +335,32 @@ class Bench:
         self.cycles: list[dict] = []
         self.stop_event = threading.Event()
         self.phase_s: dict[str, float] = {}
+        self.phase_load: dict[str, list[float]] = {}  # 1-minute load average at each phase's start and end
 
     # ------------------------------------------------------------------ set-up
     def setup(self, stack) -> None:
+        """Everything the parts need, with what waits on something else overlapped: the Spark server
+        starts (and warms up) while the volumes are made; Airflow (for the airflow part) starts while
+        geo-replication starts and is checked; the epochsync target's btrfs loop meanwhile."""
+        from epochsync_dev.embedded import SparkConnectServer
         from epochsync_dev.gluster import GlusterStack
 
         a = self.args
+        self.server = SparkConnectServer(
+            "local[2]", work_dir=self.work / "spark", event_log=self.work / "spark-events", warm_up=True
+        )
+        stack.callback(self.server.stop)
+        spark = Background("the Spark Connect server", self.server.start)
         brick = "6G" if a.size == "full" else "2G"
         self.master_stack = GlusterStack(self.work / "master", bricks=2, brick_size=brick, rollover=a.rollover)
         stack.callback(self.master_stack.stop)
         self.master = self.master_stack.start(progress=say)
         self.mnt = self.master.mount
+        url = spark.result()
+        say(f"Spark Connect server {url} (warming up)")
+        if "airflow" in self.parts:
+            self.airflow = LiveAirflow(self, stack)
+            self.airflow_ready = Background("airflow standalone", self.airflow.prepare)
         if not {"issue33", "steady"} & set(self.parts):
             say("no part compares tools: no slave volume, geo-replication or rsync")
         else:
@@ -354,23 +387,27 @@ class Bench:
     def _setup_epochsync(self, stack) -> None:
         import yaml
 
-        from epochsync_dev.embedded import SparkConnectServer
+        from epochsync_dev.btrfs import BtrfsLoop
 
         a = self.args
-        self.server = SparkConnectServer(
-            "local[2]", work_dir=self.work / "spark", event_log=self.work / "spark-events", warm_up=True
-        )
-        stack.callback(self.server.stop)
-        url = self.server.start()
-        say(f"Spark Connect server {url} (warming up)")
-        self.replica_es = str(self.work / "replica-epochsync")
+        # the posix target on a btrfs file system of its own, with its committed view: readers
+        # (the samplers, the lag watcher, the final comparison) read ``current``, its documented read path
+        self.es_loop = BtrfsLoop(self.work / "target-btrfs", size="12G" if a.size == "full" else "4G")
+        stack.callback(self.es_loop.stop)
+        fs = self.es_loop.start()
+        self.replica_es = str(fs / "replica-epochsync")
+        self.view_es = str(fs / "replica-epochsync.epochs")
+        say(f"epochsync: posix target {self.replica_es} on a btrfs loop image, committed view {self.view_es}/current")
         os.makedirs(self.replica_rsync, exist_ok=True)
-        doc = self.master.config(
-            str(self.work / "warehouse"),
-            [{"name": "es", "source": "vol", "kind": "posix", "path": self.replica_es}],
-            source="vol",
-            interval=f"{a.rollover}s",
-        )
+        target = {
+            "name": "es",
+            "source": "vol",
+            "kind": "posix",
+            "path": self.replica_es,
+            # keep 3: a reader who resolved current keeps its epoch for 2 more commits (a rename walk spans one)
+            "view": {"snapshots": "required", "path": self.view_es, "keep": 3},
+        }
+        doc = self.master.config(str(self.work / "warehouse"), [target], source="vol", interval=f"{a.rollover}s")
         self.config = self.work / "epochsync.yaml"
         self.config.write_text(yaml.safe_dump(doc, sort_keys=False))
         # the same source cut without Gluster's barrier (``cut.barrier: false``), for the cuts part
@@ -379,7 +416,7 @@ class Bench:
         self.config_nobarrier.write_text(yaml.safe_dump(doc, sort_keys=False))
         from epochsync.spark import REMOTE_ENV
 
-        self.env = dict(os.environ, **{REMOTE_ENV: url})
+        self.env = dict(os.environ, **{REMOTE_ENV: self.server.url})
         self.server.wait_warm_up(300)
         self.driver = Driver(
             self.config, "vol", "es", self.env, self.work / "driver.log", config2=self.config_nobarrier
@@ -392,13 +429,24 @@ class Bench:
         first = self.driver.call("cycle")  # epoch 1: the empty volume, and the driver's first Spark session
         say(f"epochsync: epoch {first['epoch']} (the empty volume) in {first['t_end'] - first['t0']:.1f} s")
 
-    def check_geo_workers(self, files: int = 40, timeout: float = 60, attempts: int = 5) -> None:
+    def readers(self) -> dict[str, Callable[[], str]]:
+        """Per tool, the folder its documented read path shows now (called once per sample):
+        epochsync's ``current`` resolved, the slave volume's FUSE mount, rsync's directory."""
+        return {
+            "epochsync": lambda: committed_view(self.view_es),
+            "geo-replication": lambda: self.slave_mnt,
+            "rsync": lambda: self.replica_rsync,
+        }
+
+    def check_geo_workers(self, files: int = 40, timeout: float = 30, attempts: int = 5) -> None:
         """Every geo-replication worker replicates: files written on every master brick reach the slave.
 
         A worker can be Active and still never receive a changelog from its brick (seen once: the
         second brick's worker registered, went to Changelog Crawl and synced nothing for 15 minutes
         while the first one synced 11,000 files). Such a session is restarted; after ``attempts``
-        the run stops, naming the silent bricks."""
+        the run stops, naming the silent bricks. A worker that replicates brought the files over in
+        5 to 14 s (a restart's history crawl included); 30 s, not the 60 s of earlier runs, is when a
+        silent one is restarted (3 of 5 set-ups up to 2026-11-27 had one)."""
         sub = "geo-check"
         os.makedirs(os.path.join(self.mnt, sub), exist_ok=True)
         for attempt in range(1, attempts + 1):
@@ -416,7 +464,7 @@ class Bench:
                 if not missing:
                     say(f"geo-replication: every brick's worker replicates ({time.monotonic() - t0:.0f} s)")
                     return
-                time.sleep(2)
+                time.sleep(1)
             silent = sorted({owner[n] for n in missing})
             say(
                 f"geo-replication: nothing from {', '.join(silent)} after {timeout:.0f} s (attempt {attempt} of {attempts})"
@@ -426,6 +474,11 @@ class Bench:
         raise RuntimeError(f"geo-replication: the workers of {', '.join(silent)} replicate nothing (see gsyncd.log)")
 
     # ------------------------------------------------------------------ helpers
+    def phase(self, name: str, t0: float, load0: float) -> None:
+        """Records a phase's seconds (from ``time.monotonic()`` ``t0``) and its load at start and end."""
+        self.phase_s[name] = round(time.monotonic() - t0, 1)
+        self.phase_load[name] = [load0, load()]
+
     def es_cycle(self) -> dict:
         out = self.driver.call("cycle")
         self.cycles.append(out)
@@ -440,13 +493,25 @@ class Bench:
             time.sleep(1)
         return None
 
-    def converge_all(self, sub: str, probes=(), timeout: float = 1200) -> None:
-        """Bring every replica to the source's state (a set-up step, not measured)."""
-        expect = Expect.of(self.mnt, sub, probes)
+    def converge_all(self, subs: list[str], probes=(), timeout: float = 1200) -> None:
+        """Bring every replica to the source's state under ``subs`` (a set-up step, not measured):
+        epochsync's cycle and rsync at once, then geo-replication polled."""
+        expects = [Expect.of(self.mnt, sub, probes) for sub in subs]
+        copy = Background("rsync", lambda: rsync(self.mnt, self.replica_rsync))
         self.es_cycle()
-        rsync(self.mnt, self.replica_rsync)
-        if self.wait_geo(expect, time.time(), timeout) is None:
-            raise RuntimeError(f"geo-replication did not bring {sub} to the slave within {timeout:.0f} s")
+        copy.result()
+        for expect in expects:
+            if self.wait_geo(expect, time.time(), timeout) is None:
+                raise RuntimeError(f"geo-replication did not bring {expect.sub} to the slave within {timeout:.0f} s")
+
+    def compare(self, expect: Expect) -> dict[str, list[str]]:
+        """Per tool, how its replica read through its read path differs from ``expect`` (the
+        three walks at once: the slave's FUSE mount is the slow one)."""
+        walks = {
+            t: Background(f"{t}'s comparison", lambda read=read: expect.differences(read()))
+            for t, read in self.readers().items()
+        }
+        return {t: w.result() for t, w in walks.items()}
 
     def sh(self, script: str) -> float:
         t0 = time.monotonic()
@@ -456,7 +521,7 @@ class Bench:
     # ------------------------------------------------------------------ one measured workload
     def measure(self, name: str, sub: str, work, probes=(), sampler=None) -> dict:
         """Runs ``work()`` on the mount and measures every tool (see the module docstring)."""
-        phase0 = time.monotonic()
+        phase0, load0 = time.monotonic(), load()
         say(f"{name}: workload ...")
         geo_c0, geo_b0 = self.geo_cpu.read(), self.geo.bytes_sent()
         l0 = load()
@@ -485,8 +550,7 @@ class Bench:
         expect: Expect = result["expect"]
         say(f"{name}: rsync ...")
         rs = rsync(self.mnt, self.replica_rsync)
-        reads = {"epochsync": self.replica_es, "geo-replication": self.slave_mnt, "rsync": self.replica_rsync}
-        equal = {t: expect.differences(root) for t, root in reads.items()}
+        equal = self.compare(expect)
         stats = cyc.get("stats") or []
         es_row = {
             "convergence_s": cyc["t_end"] - t_end,
@@ -520,7 +584,7 @@ class Bench:
             for r in self.rows[-3:]
         )
         say(f"{name}: convergence {line}; load {load()}")
-        self.phase_s[name] = round(time.monotonic() - phase0, 1)
+        self.phase(name, phase0, load0)
         bad = [t for t, d in equal.items() if d]
         if bad:
             say(f"{name}: NOT EQUAL to the source: " + "; ".join(f"{t}: {equal[t][:2]}" for t in bad))
@@ -562,10 +626,14 @@ class Bench:
         )
 
         say(f"set-up: {s['append_files']} files of {s['append_mib']} MiB and {s['small_files']:,} files of 8 KiB ...")
-        t0 = time.monotonic()
+        t0, load0 = time.monotonic(), load()
         self._setup_append_small()
-        self.converge_all("data", probes=_every(self.mnt, "data", 97))
-        self.phase_s["set-up of append and small-writes"] = round(time.monotonic() - t0, 1)
+        subs = ["data"]
+        if "steady" in self.parts:  # the steady writer's folder, converged with the rest, not on its own
+            self._setup_steady()
+            subs.append("steady")
+        self.converge_all(subs, probes=_every(self.mnt, "data", 97))
+        self.phase("set-up of append and small-writes", t0, load0)
         say(f"set-up: every replica has them after {time.monotonic() - t0:.0f} s")
         rnd = random.Random(33)
         tails = {i: rnd.randbytes(64 * 1024) for i in range(s["append_files"])}
@@ -604,14 +672,22 @@ class Bench:
 
         self.measure("delete", "data/small", deletes)
 
+    def _setup_steady(self) -> None:
+        os.makedirs(os.path.join(self.mnt, "steady"), exist_ok=True)
+        open(os.path.join(self.mnt, "steady/journal"), "wb").close()
+
     def _setup_append_small(self) -> None:
+        """The append and small-write data, written through the mount by several threads at once
+        (FUSE round trips, not bytes, bound the small files)."""
         s = self.size
         os.makedirs(os.path.join(self.mnt, "data/big"), exist_ok=True)
         chunk = os.urandom(1 << 20)
-        for i in range(s["append_files"]):
+
+        def big(i):
             with open(os.path.join(self.mnt, f"data/big/f{i:02d}"), "wb") as f:
                 for m in range(s["append_mib"]):
                     f.write(f"{i:02d}:{m:06d}".encode() + chunk[9:])
+
         for d in range((s["small_files"] + 999) // 1000):
             os.makedirs(os.path.join(self.mnt, f"data/small/d{d:03d}"), exist_ok=True)
         base = os.urandom(SMALL_FILE)
@@ -620,19 +696,26 @@ class Bench:
             with open(os.path.join(self.mnt, f"data/small/d{(i // 1000):03d}/f{i:06d}"), "wb") as f:
                 f.write(f"{i:08d}".encode() + base[8:])
 
-        with ThreadPoolExecutor(8) as ex:
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(4) as ex:
+            list(ex.map(big, range(s["append_files"])))
+        t1 = time.monotonic()
+        with ThreadPoolExecutor(16) as ex:
             list(ex.map(one, range(s["small_files"])))
+        say(
+            f"set-up: {s['append_files']} big files written in {t1 - t0:.0f} s, "
+            f"{s['small_files']:,} small ones in {time.monotonic() - t1:.0f} s"
+        )
 
     # ------------------------------------------------------------------ steady writer
     def run_steady(self) -> None:
         s = self.size
-        os.makedirs(os.path.join(self.mnt, "steady"), exist_ok=True)
-        open(os.path.join(self.mnt, "steady/journal"), "wb").close()
-        self.converge_all("steady")
+        if not os.path.exists(os.path.join(self.mnt, "steady/journal")):  # without the issue33 part
+            self._setup_steady()
+            self.converge_all(["steady"])
         n = int(s["steady_s"] * s["steady_rate"])
         written: dict[int, float] = {}
-        roots = {"epochsync": self.replica_es, "geo-replication": self.slave_mnt, "rsync": self.replica_rsync}
-        watchers = {t: SteadyWatcher(t, root, written) for t, root in roots.items()}
+        watchers = {t: SteadyWatcher(t, read, written) for t, read in self.readers().items()}
         geo_c0, geo_b0, es_c0 = self.geo_cpu.read(), self.geo.bytes_sent(), self.es_cpu.read()
         l0 = load()
         done = threading.Event()
@@ -704,6 +787,7 @@ class Bench:
             self.es_cpu.read() - es_c0,
         )
         expect = Expect.of(self.mnt, "steady", [])
+        diffs_of = self.compare(expect)
         stats = [r for c in es_cycles for r in c.get("stats") or []]
         figures = {
             "epochsync": {
@@ -733,7 +817,7 @@ class Bench:
             row["samples"] = w.samples
             row["files"] = n
             row["visible"] = len(lags)
-            diffs = expect.differences(roots[t])
+            diffs = diffs_of[t]
             row["replica_equals_source"] = not diffs
             if diffs:
                 row["differences"] = diffs[:3]
@@ -863,105 +947,8 @@ class Bench:
 
     # ------------------------------------------------------------------ issue 31: live epochs under Airflow
     def run_airflow(self) -> None:
-        from datetime import UTC, datetime
-
-        import yaml
-
-        from epochsync_dev.devstack import AirflowStandalone, airflow_environment, write_admin_password
-        from epochsync_dev.embedded import free_port
-
-        epochs, interval = self.args.live_epochs, 10
-        base = self.work / "live"
-        base.mkdir(parents=True, exist_ok=True)
-        port = free_port()
-        lead = 75
-        start = datetime.fromtimestamp(int(time.time() + lead) // 10 * 10 + 10, tz=UTC)
-        doc = self.master.config(
-            str(base / "warehouse"),
-            [{"name": "dr", "source": "live", "kind": "posix", "path": str(base / "replica")}],
-            source="live",
-            interval=f"{interval}s",
-            start=start.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        )
-        config = base / "epochsync.yaml"
-        config.write_text(yaml.safe_dump(doc, sort_keys=False))
-        home = base / "airflow-home"
-        password = write_admin_password(home)
-        env = airflow_environment(home, port=port, config=config, connections={}, spark_url=self.server.url)
-        env.pop("EPOCHSYNC_SCHEDULE_FROM", None)
-        af = AirflowStandalone(home, env, port)
-        dag = "epochsync__live__dr"
-        stop = threading.Event()
-
-        def writer():
-            k = 0
-            os.makedirs(os.path.join(self.mnt, "live"), exist_ok=True)
-            while not stop.is_set():
-                k += 1
-                with open(os.path.join(self.mnt, f"live/f{k:05d}"), "wb") as f:
-                    f.write(content(k))
-                stop.wait(0.5)
-
-        wt = threading.Thread(target=writer, daemon=True)
-        try:
-            say(f"airflow: airflow standalone with the live source's DAG ({interval} s epochs from {start:%H:%M:%S})")
-            af.start(timeout=600)
-            af.create_pools(config)
-            token = af.token(password)
-            af.wait_for_dag(token, dag)
-            af.api("PATCH", f"/dags/{dag}", token, {"is_paused": False})
-            wt.start()
-            from epochsync.warehouse.paths import Warehouse, local_path
-
-            wh = Warehouse(f"file://{base / 'warehouse'}")
-            deadline = start.timestamp() + (epochs + 1) * interval + 600
-            while time.time() < deadline:
-                if os.path.exists(local_path(wh.stats("dr", epochs))):
-                    break
-                time.sleep(2)
-            stop.set()
-            delays = []
-            for e in range(1, epochs + 1):
-                spath = local_path(wh.stats("dr", e))
-                cpath = local_path(wh.cut("live", e))
-                if not (os.path.exists(spath) and os.path.exists(cpath)):
-                    delays.append({"epoch": e, "committed": False})
-                    continue
-                stats = json.loads(Path(spath).read_text())
-                cut = json.loads(Path(cpath).read_text())
-                delays.append(
-                    {
-                        "epoch": e,
-                        "committed": True,
-                        "cut_at_s": round(cut["time_ns"] / 1e9 - start.timestamp() - e * interval, 2),
-                        "commit_after_cut_s": round(stats["committed_at"] - cut["time_ns"] / 1e9, 2),
-                        "records_in": stats.get("records_in"),
-                    }
-                )
-            done = [d for d in delays if d.get("committed")]
-            self.source_rows.append(
-                _rounded(
-                    {
-                        "row": "live-airflow",
-                        "interval_s": interval,
-                        "epochs": epochs,
-                        "committed": len(done),
-                        "commit_after_cut_s_max": max((d["commit_after_cut_s"] for d in done), default=None),
-                        "commit_after_cut_s_median": statistics.median(d["commit_after_cut_s"] for d in done)
-                        if done
-                        else None,
-                        "target_s": 20,
-                        "per_epoch": delays,
-                        "loadavg_1m": load(),
-                    }
-                )
-            )
-            say(
-                f"airflow: {len(done)}/{epochs} epochs committed; commit after cut: {[d.get('commit_after_cut_s') for d in delays]}"
-            )
-        finally:
-            stop.set()
-            af.stop(grace=5)
+        self.airflow_ready.result()
+        self.airflow.run()
 
     # ------------------------------------------------------------------ results
     def write(self, seconds: float, complete: bool) -> None:
@@ -1002,6 +989,8 @@ class Bench:
                 "parts": self.args.parts,
                 "seconds": round(seconds, 1),
                 "phase_seconds": self.phase_s,
+                "phase_load_1m": self.phase_load,
+                "overlapped": OVERLAPPED,
                 "complete": complete,
                 "load_average_before": self.load_before,
                 "load_average_after": [round(x, 2) for x in os.getloadavg()],
@@ -1011,11 +1000,152 @@ class Bench:
         say(f"results: {path} (+ .source, .lag, .stages)")
 
 
+# --------------------------------------------------------------------------- live epochs under Airflow
+
+
+class LiveAirflow:
+    """The airflow part: ``airflow standalone`` schedules 10 s epochs of a second source (``live``,
+    the same volume) into a posix target while a writer adds a file every 0.5 s.
+
+    :meth:`prepare` (in the background during the set-up: it mostly waits) writes the config, with
+    the epochs starting ``--airflow-lead`` seconds later, starts Airflow and waits for the DAG;
+    :meth:`run` (the part, the first after the set-up: a source's first cut publishes the whole
+    volume, so it runs before the workloads fill it) unpauses the DAG, writes, and reads each
+    epoch's cut and commit times. Should the set-up take longer than the lead, the first epochs
+    are late: the row says by how much (``late_s``)."""
+
+    interval = 10
+
+    def __init__(self, bench: Bench, stack):
+        from epochsync_dev.devstack import AirflowStandalone, airflow_environment, write_admin_password
+        from epochsync_dev.embedded import free_port
+
+        self.bench = bench
+        self.epochs = bench.args.live_epochs
+        self.base = bench.work / "live"
+        self.base.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        self.config = self.base / "epochsync.yaml"
+        home = self.base / "airflow-home"
+        self.password = write_admin_password(home)
+        env = airflow_environment(home, port=port, config=self.config, connections={}, spark_url=bench.server.url)
+        env.pop("EPOCHSYNC_SCHEDULE_FROM", None)
+        self.af = AirflowStandalone(home, env, port)
+        stack.callback(self.af.stop)
+        self.dag = "epochsync__live__dr"
+        self.start_at = 0.0
+        self.token = ""
+
+    def prepare(self) -> None:
+        from datetime import UTC, datetime
+
+        import yaml
+
+        t0, load0 = time.monotonic(), load()
+        lead = self.bench.args.airflow_lead
+        self.start_at = float(int(time.time() + lead) // self.interval * self.interval + self.interval)
+        start = datetime.fromtimestamp(self.start_at, tz=UTC)
+        doc = self.bench.master.config(
+            str(self.base / "warehouse"),
+            [{"name": "dr", "source": "live", "kind": "posix", "path": str(self.base / "replica")}],
+            source="live",
+            interval=f"{self.interval}s",
+            start=start.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        )
+        self.config.write_text(yaml.safe_dump(doc, sort_keys=False))
+        self.af.start(timeout=600)
+        self.af.create_pools(self.config)
+        self.token = self.af.token(self.password)
+        self.af.wait_for_dag(self.token, self.dag)
+        self.bench.phase("airflow start (during the set-up)", t0, load0)
+        say(
+            f"airflow: standalone up, DAG {self.dag} parsed in {time.monotonic() - t0:.0f} s; epochs from {start:%H:%M:%S}"
+        )
+
+    def run(self) -> None:
+        from epochsync.warehouse.paths import Warehouse, local_path
+
+        mnt = self.bench.mnt
+        stop = threading.Event()
+
+        def writer():
+            k = 0
+            os.makedirs(os.path.join(mnt, "live"), exist_ok=True)
+            while not stop.is_set():
+                k += 1
+                with open(os.path.join(mnt, f"live/f{k:05d}"), "wb") as f:
+                    f.write(content(k))
+                stop.wait(0.5)
+
+        late = max(0.0, time.time() - self.start_at)
+        say(
+            f"airflow: {self.epochs} epochs of {self.interval} s from "
+            f"{time.strftime('%H:%M:%S', time.gmtime(self.start_at))}"
+            + (f" (the set-up ended {late:.0f} s after their start)" if late else "")
+        )
+        wt = threading.Thread(target=writer, daemon=True)
+        try:
+            self.af.api("PATCH", f"/dags/{self.dag}", self.token, {"is_paused": False})
+            wt.start()
+            wh = Warehouse(f"file://{self.base / 'warehouse'}")
+            deadline = self.start_at + (self.epochs + 1) * self.interval + 600
+            while time.time() < deadline:
+                if os.path.exists(local_path(wh.stats("dr", self.epochs))):
+                    break
+                time.sleep(1)
+            stop.set()
+            delays = []
+            for e in range(1, self.epochs + 1):
+                spath = local_path(wh.stats("dr", e))
+                cpath = local_path(wh.cut("live", e))
+                if not (os.path.exists(spath) and os.path.exists(cpath)):
+                    delays.append({"epoch": e, "committed": False})
+                    continue
+                stats = json.loads(Path(spath).read_text())
+                cut = json.loads(Path(cpath).read_text())
+                delays.append(
+                    {
+                        "epoch": e,
+                        "committed": True,
+                        "cut_at_s": round(cut["time_ns"] / 1e9 - self.start_at - e * self.interval, 2),
+                        "commit_after_cut_s": round(stats["committed_at"] - cut["time_ns"] / 1e9, 2),
+                        "records_in": stats.get("records_in"),
+                    }
+                )
+            done = [d for d in delays if d.get("committed")]
+            self.bench.source_rows.append(
+                _rounded(
+                    {
+                        "row": "live-airflow",
+                        "interval_s": self.interval,
+                        "epochs": self.epochs,
+                        "committed": len(done),
+                        "commit_after_cut_s_max": max((d["commit_after_cut_s"] for d in done), default=None),
+                        "commit_after_cut_s_median": statistics.median(d["commit_after_cut_s"] for d in done)
+                        if done
+                        else None,
+                        "target_s": 20,
+                        "late_s": round(late, 1),
+                        "per_epoch": delays,
+                        "loadavg_1m": load(),
+                    }
+                )
+            )
+            say(
+                f"airflow: {len(done)}/{self.epochs} epochs committed; commit after cut: "
+                f"{[d.get('commit_after_cut_s') for d in delays]}"
+            )
+        finally:
+            stop.set()
+            self.af.stop(grace=5)
+
+
 # --------------------------------------------------------------------------- samplers
 
 
 class RenameSampler:
-    """Once a second per replica, during the rename: is the directory whole under exactly one of its names?"""
+    """Once a second per replica, during the rename: is the directory whole under exactly one of its
+    names? Each sample reads one folder of the tool's read path (:meth:`Bench.readers`, resolved once)."""
 
     def __init__(self, bench: Bench, parent: str, name: str):
         self.bench, self.parent, self.name = bench, parent, name
@@ -1023,11 +1153,11 @@ class RenameSampler:
             os.path.relpath(p, os.path.join(parent, name)): v
             for p, v in walk(bench.mnt, os.path.join(parent, name), mtimes=False).items()
         }
-        self.roots = {"epochsync": bench.replica_es, "geo-replication": bench.slave_mnt, "rsync": bench.replica_rsync}
+        self.readers = bench.readers()
         self.counts: dict[str, int] = {}
         self.good: dict[str, int] = {}
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, args=(t, r), daemon=True) for t, r in self.roots.items()]
+        self._threads = [threading.Thread(target=self._run, args=(t, r), daemon=True) for t, r in self.readers.items()]
 
     def _state(self, root: str, name: str) -> dict | None:
         base = os.path.join(self.parent, name)
@@ -1035,11 +1165,14 @@ class RenameSampler:
             return None
         return {os.path.relpath(p, base): v for p, v in walk(root, base, mtimes=False).items()}
 
-    def _run(self, tool: str, root: str) -> None:
+    def consistent(self, root: str) -> bool:
+        a, b = self._state(root, self.name), self._state(root, self.name + "-renamed")
+        return (a == self.want and b is None) or (a is None and b == self.want)
+
+    def _run(self, tool: str, read: Callable[[], str]) -> None:
         while not self._stop.is_set():
             t = time.time()
-            a, b = self._state(root, self.name), self._state(root, self.name + "-renamed")
-            ok = (a == self.want and b is None) or (a is None and b == self.want)
+            ok = self.consistent(read())
             self.counts[tool] = self.counts.get(tool, 0) + 1
             self.good[tool] = self.good.get(tool, 0) + int(ok)
             self._stop.wait(max(0.0, 1.0 - (time.time() - t)))
@@ -1061,8 +1194,8 @@ class SteadyWatcher:
     """One replica during the steady writer: each file's first moment whole on it (every 0.5 s) and,
     every other look, whether the whole folder equals the source after some number of steps."""
 
-    def __init__(self, tool: str, root: str, written: dict[int, float]):
-        self.tool, self.root, self.written = tool, root, written
+    def __init__(self, tool: str, read: Callable[[], str], written: dict[int, float]):
+        self.tool, self.read, self.written = tool, read, written
         self.seen: dict[int, float] = {}
         self.samples = 0
         self.good = 0
@@ -1071,11 +1204,11 @@ class SteadyWatcher:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        d = os.path.join(self.root, "steady")
         tick = 0
         while not self._stop.is_set():
             t = time.time()
             tick += 1
+            d = os.path.join(self.read(), "steady")  # one folder per look (epochsync: current resolved)
             try:
                 names = set(os.listdir(d))
             except OSError:
@@ -1137,6 +1270,44 @@ class SteadyWatcher:
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def committed_view(view_dir: str) -> str:
+    """The folder a reader of epochsync's committed view reads now: ``<view>/current`` resolved once
+    (as a reader who opens a path through it does), so a sample walks one epoch's read-only
+    snapshot even when ``current`` flips during the walk. Before the first commit: a folder that
+    does not exist (an empty view)."""
+    from epochsync.targets.posix import VIEW_LINK
+
+    try:
+        return os.path.join(view_dir, os.readlink(os.path.join(view_dir, VIEW_LINK)))
+    except OSError:
+        return os.path.join(view_dir, "no-epoch-committed")
+
+
+class Background:
+    """``fn()`` in a daemon thread; :meth:`result` waits for it and returns its value or raises
+    what it raised (a set-up step overlapped with another)."""
+
+    def __init__(self, what: str, fn: Callable[[], object]):
+        self.what = what
+        self._out: dict = {}
+        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True, name=what)
+        self._thread.start()
+
+    def _run(self, fn) -> None:
+        try:
+            self._out["value"] = fn()
+        except BaseException as exc:  # handed to the caller of result()
+            self._out["error"] = exc
+
+    def result(self, timeout: float | None = None):
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"{self.what}: still running after {timeout:.0f} s")
+        if "error" in self._out:
+            raise self._out["error"]
+        return self._out.get("value")
 
 
 def _rounded(row: dict) -> dict:
@@ -1232,6 +1403,12 @@ def parse_args(argv):
         help="cuts measured with the writer and renamer probes, as many with the barrier as without",
     )
     p.add_argument("--live-epochs", type=int, default=6, help="10 s epochs run by the Airflow scheduler")
+    p.add_argument(
+        "--airflow-lead",
+        type=float,
+        default=120,
+        help="seconds from Airflow's start (during the set-up) to its first epoch's start: the set-up's rest must fit",
+    )
     p.add_argument("--active-timeout", type=float, default=180, help="seconds for geo-replication to reach Active")
     p.add_argument("--converge-timeout", type=float, default=900, help="seconds a replica may take to converge")
     p.add_argument("--workdir", default="bench/scratch/gluster")
@@ -1268,9 +1445,9 @@ def main(argv: list[str] | None = None) -> int:
                 steps = [("set-up", lambda: bench.setup(stack))]
                 steps += [(p, getattr(bench, f"run_{p}")) for p in PARTS if p in parts]
                 for name, fn in steps:
-                    t_part = time.monotonic()
+                    t_part, load0 = time.monotonic(), load()
                     fn()
-                    bench.phase_s[name] = round(time.monotonic() - t_part, 1)
+                    bench.phase(name, t_part, load0)
                 complete = True
                 code = 0
             finally:
