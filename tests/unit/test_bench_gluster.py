@@ -54,6 +54,9 @@ def test_walk_and_expect_see_names_sizes_times_and_tail_bytes(tmp_path):
     diffs = expect.differences(str(dst), mtimes=False)
     assert [d.split(":")[0] for d in diffs] == ["w/extra", "w/link"]
     assert walk(str(src), "missing") == {}
+    # a number of probes: every n-th file of the same walk, in path order
+    assert sorted(Expect.of(str(src), "w", 2).probes) == ["w/a"]
+    assert sorted(Expect.of(str(src), "w", 1).probes) == ["w/a", "w/d/b"]
 
 
 def test_steady_consistency_is_a_prefix_of_whole_files_with_its_journal(tmp_path):
@@ -308,3 +311,26 @@ def test_background_returns_the_value_or_raises_the_error():
         Background("fails", fails).result()
     with pytest.raises(TimeoutError, match="slow: still running"):
         Background("slow", lambda: time.sleep(5)).result(timeout=0.1)
+
+
+def test_join_background_cancels_a_step_until_it_ends_also_one_that_starts_late(tmp_path):
+    from epochsync_dev.bench.gluster import Bench, parse_args
+
+    bench = Bench(parse_args(["--workdir", str(tmp_path / "w")]))
+    running: dict[str, bool] = {}
+    stopped: list[str] = []
+
+    def step():  # its "process" starts after the teardown began, then runs until stopped
+        time.sleep(0.3)
+        running["p"] = True
+        while running.get("p"):
+            time.sleep(0.05)
+
+    def cancel():
+        if running.get("p"):
+            running["p"] = False
+            stopped.append("p")
+
+    job = bench.background("a late start", step, cancel=cancel)
+    bench.join_background()
+    assert stopped == ["p"] and not job.alive() and bench.stop_event.is_set()

@@ -336,6 +336,7 @@ class Bench:
         self.stop_event = threading.Event()
         self.phase_s: dict[str, float] = {}
         self.phase_load: dict[str, list[float]] = {}  # 1-minute load average at each phase's start and end
+        self.jobs: list[Background] = []  # set-up steps run in the background
 
     # ------------------------------------------------------------------ set-up
     def setup(self, stack) -> None:
@@ -350,7 +351,7 @@ class Bench:
             "local[2]", work_dir=self.work / "spark", event_log=self.work / "spark-events", warm_up=True
         )
         stack.callback(self.server.stop)
-        spark = Background("the Spark Connect server", self.server.start)
+        spark = self.background("the Spark Connect server", self.server.start, cancel=self.server.stop)
         brick = "6G" if a.size == "full" else "2G"
         self.master_stack = GlusterStack(self.work / "master", bricks=2, brick_size=brick, rollover=a.rollover)
         stack.callback(self.master_stack.stop)
@@ -360,12 +361,38 @@ class Bench:
         say(f"Spark Connect server {url} (warming up)")
         if "airflow" in self.parts:
             self.airflow = LiveAirflow(self, stack)
-            self.airflow_ready = Background("airflow standalone", self.airflow.prepare)
+            self.airflow_ready = self.background(
+                "airflow standalone", self.airflow.prepare, cancel=self.airflow.af.stop
+            )
+        peers = None
         if not {"issue33", "steady"} & set(self.parts):
             say("no part compares tools: no slave volume, geo-replication or rsync")
         else:
-            self._setup_peers(stack)
+            peers = self.background("geo-replication's set-up", lambda: self._setup_peers(stack))
         self._setup_epochsync(stack)
+        if peers is not None:
+            peers.result()
+        # epoch 1: the volume before the workloads (geo-replication's check files), the driver's first Spark session
+        first = self.driver.call("cycle")
+        say(f"epochsync: epoch {first['epoch']} (the empty volume) in {first['t_end'] - first['t0']:.1f} s")
+
+    def background(self, what: str, fn, cancel=None) -> Background:
+        """``fn()`` in a thread beside the set-up's next steps; :meth:`join_background` waits for it
+        (calling ``cancel`` meanwhile) before anything is torn down, so nothing it makes is missed."""
+        job = Background(what, fn, cancel)
+        self.jobs.append(job)
+        return job
+
+    def join_background(self) -> None:
+        """Before the teardown: each background step ends (cancelled: its processes stopped, again
+        until its thread is done, since a stop can come before the start it should undo)."""
+        self.stop_event.set()
+        for job in self.jobs:
+            while job.alive():
+                if job.cancel is not None:
+                    with contextlib.suppress(Exception):
+                        job.cancel()
+                job.join(1.0)
 
     def _setup_peers(self, stack) -> None:
         from epochsync_dev.gluster import GlusterStack
@@ -426,8 +453,6 @@ class Bench:
         self.cutter = Driver(self.config, "vol", "es", self.env, self.work / "cutter.log")
         stack.callback(self.cutter.stop)
         self.es_cpu = CpuMeter(lambda procs: {self.driver.proc.pid, self.cutter.proc.pid, self.server.proc.pid})
-        first = self.driver.call("cycle")  # epoch 1: the empty volume, and the driver's first Spark session
-        say(f"epochsync: epoch {first['epoch']} (the empty volume) in {first['t_end'] - first['t0']:.1f} s")
 
     def readers(self) -> dict[str, Callable[[], str]]:
         """Per tool, the folder its documented read path shows now (called once per sample):
@@ -460,6 +485,8 @@ class Bench:
             t0 = time.monotonic()
             missing = names
             while time.monotonic() - t0 < timeout:
+                if self.stop_event.is_set():
+                    raise RuntimeError("geo-replication's check: the run is stopping")
                 missing = [n for n in names if not os.path.isfile(os.path.join(self.slave_brick, n))]
                 if not missing:
                     say(f"geo-replication: every brick's worker replicates ({time.monotonic() - t0:.0f} s)")
@@ -535,7 +562,7 @@ class Bench:
         result: dict = {}
 
         def expect_and_geo():
-            result["expect"] = Expect.of(self.mnt, sub, probes(sub) if callable(probes) else probes)
+            result["expect"] = Expect.of(self.mnt, sub, probes)
             result["geo"] = self.wait_geo(result["expect"], t_end, self.args.converge_timeout)
             result["geo_cpu"] = self.geo_cpu.read() - geo_c0
             result["geo_bytes"] = self.geo.bytes_sent() - geo_b0
@@ -600,7 +627,7 @@ class Bench:
             "untar",
             "untar",
             lambda: self.sh(f"tar -xJf {tarball} -C untar --no-same-owner {members}"),
-            probes=lambda sub: _every(self.mnt, sub, 50),
+            probes=50,  # every 50th file's tail
         )
         cyc = untar["cycle"]
         self.source_rows.append(
@@ -632,7 +659,7 @@ class Bench:
         if "steady" in self.parts:  # the steady writer's folder, converged with the rest, not on its own
             self._setup_steady()
             subs.append("steady")
-        self.converge_all(subs, probes=_every(self.mnt, "data", 97))
+        self.converge_all(subs, probes=97)
         self.phase("set-up of append and small-writes", t0, load0)
         say(f"set-up: every replica has them after {time.monotonic() - t0:.0f} s")
         rnd = random.Random(33)
@@ -692,15 +719,24 @@ class Bench:
             os.makedirs(os.path.join(self.mnt, f"data/small/d{d:03d}"), exist_ok=True)
         base = os.urandom(SMALL_FILE)
 
-        def one(i):
-            with open(os.path.join(self.mnt, f"data/small/d{(i // 1000):03d}/f{i:06d}"), "wb") as f:
-                f.write(f"{i:08d}".encode() + base[8:])
+        def one(i):  # open, write, close: no buffered file object's extra fstat through FUSE
+            fd = os.open(
+                os.path.join(self.mnt, f"data/small/d{(i // 1000):03d}/f{i:06d}"),
+                os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                0o644,
+            )
+            try:
+                os.write(fd, f"{i:08d}".encode() + base[8:])
+            finally:
+                os.close(fd)
 
         t0 = time.monotonic()
-        with ThreadPoolExecutor(4) as ex:
-            list(ex.map(big, range(s["append_files"])))
+        # one big file after the other, as before: geo-replication (running all along) sends a file
+        # whole for every changelog that names it, so files written over many rollovers at once cost it more
+        for i in range(s["append_files"]):
+            big(i)
         t1 = time.monotonic()
-        with ThreadPoolExecutor(16) as ex:
+        with ThreadPoolExecutor(8) as ex:
             list(ex.map(one, range(s["small_files"])))
         say(
             f"set-up: {s['append_files']} big files written in {t1 - t0:.0f} s, "
@@ -895,7 +931,7 @@ class Bench:
             t0 = time.time()
             out = self.driver.call("cut" if barrier else "cut2")
             cuts.append((t0, time.time(), barrier, out))
-            time.sleep(1.5)
+            time.sleep(1.0)  # a cut's probe window starts 0.5 s before it: the windows never overlap
         stop.set()
         for th in threads:
             th.join(10)
@@ -943,7 +979,7 @@ class Bench:
                 f"max {summary['held_s_max']}; rename probe max {summary['rename_probe_max_s']:.2f} s; "
                 f"slowest write {summary['write_probe_max_s']:.3f} s"
             )
-        self.driver.call("window")  # the probes' cuts replicated in one pass: the target is at the last cut
+        # the last part: the probes' cuts are not replicated (nothing measured follows)
 
     # ------------------------------------------------------------------ issue 31: live epochs under Airflow
     def run_airflow(self) -> None:
@@ -1287,10 +1323,10 @@ def committed_view(view_dir: str) -> str:
 
 class Background:
     """``fn()`` in a daemon thread; :meth:`result` waits for it and returns its value or raises
-    what it raised (a set-up step overlapped with another)."""
+    what it raised (a set-up step overlapped with another). ``cancel`` stops what it started."""
 
-    def __init__(self, what: str, fn: Callable[[], object]):
-        self.what = what
+    def __init__(self, what: str, fn: Callable[[], object], cancel: Callable[[], object] | None = None):
+        self.what, self.cancel = what, cancel
         self._out: dict = {}
         self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True, name=what)
         self._thread.start()
@@ -1300,6 +1336,12 @@ class Background:
             self._out["value"] = fn()
         except BaseException as exc:  # handed to the caller of result()
             self._out["error"] = exc
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
 
     def result(self, timeout: float | None = None):
         self._thread.join(timeout)
@@ -1360,12 +1402,6 @@ def _size(path: str) -> int:
         return os.path.getsize(path)
     except OSError:
         return 0
-
-
-def _every(root: str, sub: str, step: int) -> list[str]:
-    """Every ``step``-th file under ``root/sub`` in path order (the files whose bytes are compared)."""
-    files = sorted(p for p, v in walk(root, sub, mtimes=False).items() if v[0] == "f")
-    return files[::step]
 
 
 def _tarball() -> str:
@@ -1451,7 +1487,7 @@ def main(argv: list[str] | None = None) -> int:
                 complete = True
                 code = 0
             finally:
-                bench.stop_event.set()
+                bench.join_background()
                 say("stopping: geo-replication session, sshd, Spark, volumes ...")
     except GlusterUnavailable as exc:
         say(f"cannot run a GlusterFS volume here: {exc}")

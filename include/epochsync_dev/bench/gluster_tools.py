@@ -188,7 +188,11 @@ class Expect:
 
     @classmethod
     def of(cls, root: str, sub: str, probe_paths) -> Expect:
+        """``probe_paths``: the files whose tails are compared, or a number ``n``: every n-th file
+        in path order (from the same walk: the source, a FUSE mount, is walked once)."""
         entries = walk(root, sub)
+        if isinstance(probe_paths, int):
+            probe_paths = sorted(p for p, v in entries.items() if v[0] == "f")[::probe_paths]
         probes = {p: tail_sha(os.path.join(root, p), entries[p][1]) for p in probe_paths if p in entries}
         return cls(sub, entries, probes)
 
