@@ -505,6 +505,7 @@ class Bench:
         """Records a phase's seconds (from ``time.monotonic()`` ``t0``) and its load at start and end."""
         self.phase_s[name] = round(time.monotonic() - t0, 1)
         self.phase_load[name] = [load0, load()]
+        say(f"phase {name}: {self.phase_s[name]:.0f} s (load {load0} -> {self.phase_load[name][1]})")
 
     def es_cycle(self) -> dict:
         out = self.driver.call("cycle")
@@ -993,6 +994,7 @@ class Bench:
         if self.args.no_write:
             for r in self.rows + self.source_rows:
                 print(json.dumps(r))
+            print(json.dumps({"run": self.run_doc(seconds, complete)}))
             return
         d = results_dir()
         name = self.args.results_name
@@ -1016,24 +1018,26 @@ class Bench:
         if earlier:
             prev = earlier["meta"]
             meta["merged_with"] = [*prev.pop("merged_with", []), prev]
-        meta.update(
-            {
-                "make_target": "bench-gluster",
-                "size": self.args.size,
-                "sizes": self.size,
-                "rollover_s": self.args.rollover,
-                "parts": self.args.parts,
-                "seconds": round(seconds, 1),
-                "phase_seconds": self.phase_s,
-                "phase_load_1m": self.phase_load,
-                "overlapped": OVERLAPPED,
-                "complete": complete,
-                "load_average_before": self.load_before,
-                "load_average_after": [round(x, 2) for x in os.getloadavg()],
-            }
-        )
+        meta.update(self.run_doc(seconds, complete))
         meta_path.write_text(json.dumps(meta, indent=2) + "\n")
         say(f"results: {path} (+ .source, .lag, .stages)")
+
+    def run_doc(self, seconds: float, complete: bool) -> dict:
+        """What the meta file says of this run: sizes, parts, phases (seconds and load), overlaps."""
+        return {
+            "make_target": "bench-gluster",
+            "size": self.args.size,
+            "sizes": self.size,
+            "rollover_s": self.args.rollover,
+            "parts": self.args.parts,
+            "seconds": round(seconds, 1),
+            "phase_seconds": self.phase_s,
+            "phase_load_1m": self.phase_load,
+            "overlapped": OVERLAPPED,
+            "complete": complete,
+            "load_average_before": self.load_before,
+            "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        }
 
 
 # --------------------------------------------------------------------------- live epochs under Airflow
@@ -1446,7 +1450,13 @@ def parse_args(argv):
         help="seconds from Airflow's start (during the set-up) to its first epoch's start: the set-up's rest must fit",
     )
     p.add_argument("--active-timeout", type=float, default=180, help="seconds for geo-replication to reach Active")
-    p.add_argument("--converge-timeout", type=float, default=900, help="seconds a replica may take to converge")
+    p.add_argument(
+        "--converge-timeout",
+        type=float,
+        default=300,
+        help="seconds a replica may take to converge (the slowest seen: geo-replication's untar, 122 s at load 11); "
+        "a row past it says it did not converge",
+    )
     p.add_argument("--workdir", default="bench/scratch/gluster")
     p.add_argument("--results-name", default="gluster")
     p.add_argument("--no-write", action="store_true", help="print the rows, do not write bench/results/")
