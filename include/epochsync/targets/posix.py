@@ -530,7 +530,8 @@ class PosixTarget(Target):
         path = self._abs(rel)
         new_size = int(op["new_size"])
         if op.get("create"):
-            journal.append({"op": "create", "path": rel})
+            if not op.get("journaled"):
+                journal.append({"op": "create", "path": rel})
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         else:
             fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
@@ -569,6 +570,19 @@ class PosixTarget(Target):
         self._written[rel] = wrote
         if op.get("attrs"):
             self._set_attrs(path, op["attrs"])
+
+    def journal_creates(self, ops: list[dict], journal) -> list[dict]:
+        """Journal the creates among ``ops`` (data operations about to run, in order) in one entry
+        batch with one fsync; returns the ops, those marked ``journaled``. Still write-ahead: each
+        file is created after its entry is durable. A create's path holds nothing before it (the
+        write fence checked it was absent, or the first phase moved what was there into the
+        scratch area), so the undo of an entry whose create never ran finds nothing and does
+        nothing. An untar of 20,281 files paid an fsync for each of them before."""
+        creates = [op for op in ops if op.get("create")]
+        if len(creates) < 2:
+            return ops
+        journal.append_many([{"op": "create", "path": op["path"]} for op in creates])
+        return [dict(op, journaled=True) if op.get("create") else op for op in ops]
 
     def flush_written(self) -> None:
         """Make what this process's data operations wrote durable: one ``syncfs`` of the replica's
