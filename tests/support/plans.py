@@ -33,3 +33,19 @@ def entry(fid, old=None, new=None, old_paths=(), new_paths=(), change=None):
         "new_paths": sorted(new_paths),
         "change": change,
     }
+
+
+#: a source store of versioned objects, one per file (``data/<fid>``), as translate's plans name them
+STORE = {"key": "{ost}/{oid}", "unstriped_key": "data/{fid}", "bucket": "src", "versioned": True}
+
+#: a posix target as ``build_plan`` takes it
+POSIX_TARGET = {
+    "name": "t",
+    "kind": "posix",
+    "fileset": [],
+    "coalesce_gap": 1024,
+    "part_size": 8 << 20,
+    "small_object": 8 << 20,
+    "stripe_size": None,
+    "stripe_count": None,
+}

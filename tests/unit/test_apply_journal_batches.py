@@ -7,7 +7,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from support.plans import row
+from support.plans import POSIX_TARGET as TARGET
+from support.plans import STORE, row
 
 from epochsync.core.config import TargetConfig
 from epochsync.journal.undo import read_journal
@@ -15,18 +16,6 @@ from epochsync.stages import apply as apply_stage
 from epochsync.stages.translate import build_plan
 from epochsync.targets.posix import PosixTarget
 from epochsync.targets.s3 import Counters
-
-STORE = {"key": "{ost}/{oid}", "unstriped_key": "data/{fid}", "bucket": "src", "versioned": True}
-TARGET = {
-    "name": "t",
-    "kind": "posix",
-    "fileset": [],
-    "coalesce_gap": 1024,
-    "part_size": 8 << 20,
-    "small_object": 8 << 20,
-    "stripe_size": None,
-    "stripe_count": None,
-}
 
 
 class Source:

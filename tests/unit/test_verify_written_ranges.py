@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from support.plans import row
+from support.plans import POSIX_TARGET as TARGET
+from support.plans import STORE, row
 
 from epochsync.core.config import TargetConfig
 from epochsync.stages.apply import apply_plan
@@ -20,18 +21,6 @@ from epochsync.stages.translate import build_plan
 from epochsync.stages.verify import posix_contents, verify_plan
 from epochsync.targets.posix import PosixTarget, range_checksum
 from epochsync.targets.s3 import Counters
-
-STORE = {"key": "{ost}/{oid}", "unstriped_key": "data/{fid}", "bucket": "src", "versioned": True}
-TARGET = {
-    "name": "t",
-    "kind": "posix",
-    "fileset": [],
-    "coalesce_gap": 1024,
-    "part_size": 8 << 20,
-    "small_object": 8 << 20,
-    "stripe_size": None,
-    "stripe_count": None,
-}
 
 A1 = os.urandom(300_000)
 A2 = A1[:1000] + os.urandom(100) + A1[1100:] + os.urandom(65536)  # a patch and an append
