@@ -265,6 +265,16 @@ def test_readme_headline_rows_of_the_gluster_results(tmp_path):
         "64 KiB appended to 20 files of 100 MiB on GlusterFS: bytes written to the replica",
     ]
     assert "geo-replication 2.0 GiB" in headline_rows(tmp_path)[1][1]
+    rows += [
+        {"workload": "untar", "tool": "epochsync", "convergence_s": 41.7},
+        {"workload": "untar", "tool": "geo-replication", "convergence_s": 16.1},
+        {"workload": "delete", "tool": "epochsync", "convergence_s": 20.2},
+        {"workload": "delete", "tool": "geo-replication", "convergence_s": None},
+    ]
+    (tmp_path / "gluster.json").write_text(json.dumps(rows))
+    converge = headline_rows(tmp_path)[1]
+    assert converge[0].startswith("GlusterFS, seconds from a workload's end to an equal replica")
+    assert converge[1] == "untar of 21,000 entries 42 s / 16 s, 10,000 deletes 20 s / timeout"
 
 
 def test_readers_of_epochsync_resolve_current_once_per_sample(tmp_path):

@@ -723,6 +723,21 @@ def headline_rows(results: Path) -> list[list[str]]:
                 date("gluster"),
             ]
         )
+    converged = {
+        (r.get("workload"), r.get("tool")): r["convergence_s"] for r in get("gluster") or [] if "convergence_s" in r
+    }
+    shown = [(w, label) for w, label in GLUSTER_WORKLOADS if (w, "epochsync") in converged]
+    if shown:
+        rows.append(
+            [
+                "GlusterFS, seconds from a workload's end to an equal replica: epochsync / geo-replication",
+                ", ".join(
+                    f"{label} {_seconds(converged[(w, 'epochsync')])} / {_seconds(converged.get((w, 'geo-replication')))}"
+                    for w, label in shown
+                ),
+                date("gluster"),
+            ]
+        )
     appends = {r.get("tool"): r for r in get("gluster") or [] if r.get("workload") == "append"}
     if "epochsync" in appends and "geo-replication" in appends:
         rows.append(
@@ -734,6 +749,21 @@ def headline_rows(results: Path) -> list[list[str]]:
             ]
         )
     return rows
+
+
+#: bench-gluster's workloads in the README's convergence row, with their words there
+GLUSTER_WORKLOADS = (
+    ("untar", "untar of 21,000 entries"),
+    ("rename", "rename of a 12,000-entry directory"),
+    ("append", "appends"),
+    ("small-writes", "small writes"),
+    ("delete", "10,000 deletes"),
+)
+
+
+def _seconds(value) -> str:
+    """A convergence time as the README prints it (``timeout`` where the tool never converged)."""
+    return "timeout" if value is None else f"{float(value):.0f} s"
 
 
 def readme_with_figures(readme: str, results: Path) -> str:
