@@ -224,11 +224,9 @@ def _data_partition(index: int, ops, target, source_io, source_bucket: str, jdir
     result: dict = {"pulled": 0, "written": 0, "ops": 0}
     ahead = getattr(target, "journal_creates", None)
     with UndoJournal(jdir, f"data-{index:05d}", PHASE_DATA, faults, run=run) as journal:
-        batch: list[dict] = []
-        for op in _chunks(ops, CREATES_PER_FSYNC if ahead is not None else 1):
-            batch = ahead(op, journal) if ahead is not None else op
-            for one in batch:
-                r = run_data_op(one, target, journal, source_io, source_bucket)
+        for chunk in _chunks(ops, CREATES_PER_FSYNC if ahead is not None else 1):
+            for op in ahead(chunk, journal) if ahead is not None else chunk:
+                r = run_data_op(op, target, journal, source_io, source_bucket)
                 result["pulled"] += r["pulled"]
                 result["written"] += r["written"]
                 result["ops"] += 1
