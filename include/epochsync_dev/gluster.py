@@ -255,6 +255,20 @@ class GlusterStack:
         self._mounts.insert(0, mount)
         self._register()
 
+    def mount_client(self, path: str | os.PathLike) -> str:
+        """Another FUSE client of the volume at ``path`` (one client's requests go through one FUSE
+        channel: a second one adds round trips in flight); unmounted by :meth:`unmount_client` or
+        the teardown."""
+        os.makedirs(path, exist_ok=True)
+        self._mount(str(path))
+        return str(path)
+
+    def unmount_client(self, path: str | os.PathLike) -> None:
+        _umount(str(path))
+        with contextlib.suppress(ValueError):
+            self._mounts.remove(str(path))
+        self._register()
+
     # ------------------------------------------------------------------ stop
     def stop(self) -> None:
         """Tears down what this stack made (idempotent; also after a failed start)."""

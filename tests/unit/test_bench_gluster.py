@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -344,3 +345,88 @@ def test_join_background_cancels_a_step_until_it_ends_also_one_that_starts_late(
     job = bench.background("a late start", step, cancel=cancel)
     bench.join_background()
     assert stopped == ["p"] and not job.alive() and bench.stop_event.is_set()
+
+
+class _FakeSource:
+    """A cutter and a driver over one counter of published epochs, with a lock per process as the
+    real drivers have (one call at a time)."""
+
+    def __init__(self, window_s: float):
+        self.published = 0
+        self.committed = 0
+        self.window_s = window_s
+        self.lock = threading.Lock()
+
+    def cutter(self):
+        src = self
+
+        class Cutter:
+            lock = threading.Lock()
+
+            def call(self, op):
+                with self.lock:
+                    t0 = time.time()
+                    time.sleep(0.01)
+                    src.published += 1
+                    return {"epoch": src.published, "t0": t0, "t_cut": time.time(), "cut": {}, "publish": {}}
+
+        return Cutter()
+
+    def driver(self):
+        src = self
+
+        class Window:
+            lock = threading.Lock()
+
+            def call(self, op):
+                with self.lock:
+                    t0, through = time.time(), src.published
+                    if through <= src.committed:
+                        return {"t0": t0, "t_end": time.time(), "through": through, "stats": []}
+                    time.sleep(src.window_s)
+                    first, src.committed = src.committed + 1, through
+                    row = {"epoch": through, "durations": {"merge": src.window_s}}
+                    return {"t0": t0, "t_end": time.time(), "first": first, "through": through, "stats": [row]}
+
+        return Window()
+
+
+def test_epoch_schedule_commits_the_on_demand_cut_and_times_the_final_pass_from_the_end():
+    from epochsync_dev.bench.gluster import EpochSchedule, _live_stage_rows
+
+    src = _FakeSource(window_s=0.15)
+    schedule = EpochSchedule(src.cutter(), src.driver(), interval=0.05).start()
+    time.sleep(0.5)  # the workload: scheduled cuts, windows back to back
+    t_end = time.time()
+    final = schedule.finish(timeout=10)
+    assert len(schedule.cuts) >= 3 and len(schedule.passes) >= 2
+    assert final is schedule.passes[-1] and final["through"] == schedule.final_cut["epoch"] == src.published
+    assert src.committed == src.published  # nothing cut after the final cut; every epoch committed
+    rows = _live_stage_rows("untar", t_end, schedule.passes, schedule.final_cut)
+    assert [r["pass"] for r in rows] == list(range(1, len(rows) + 1))
+    assert [r["final"] for r in rows] == [False] * (len(rows) - 1) + [True]
+    last = rows[-1]
+    # the final pass is timed from the workload's end: cut, the window queued behind a running one, stages
+    assert last["total_s"] == pytest.approx(final["t_end"] - t_end, abs=0.002)
+    assert last["cut_s"] + last["window_queued_s"] + sum(last["stages_s"].values()) + last["other_s"] == (
+        pytest.approx(last["total_s"], abs=0.005)
+    )
+    assert rows[0]["cut_s"] == 0 and "window_queued_s" not in rows[0]
+    table = "\n".join(LAYOUTS["gluster.stages"](rows))
+    assert f"| {len(rows)} of {len(rows)}, final (from the workload's end; queued: cut" in table
+    assert "| 1 of " in table
+
+
+def test_epoch_schedule_raises_what_a_driver_raised():
+    from epochsync_dev.bench.gluster import EpochSchedule
+
+    src = _FakeSource(window_s=0.01)
+
+    class Broken:
+        def call(self, op):
+            raise RuntimeError("epochsync window: no space left")
+
+    schedule = EpochSchedule(src.cutter(), Broken(), interval=0.05).start()
+    time.sleep(0.1)
+    with pytest.raises(RuntimeError, match="no space left"):
+        schedule.finish(timeout=5)

@@ -5,11 +5,12 @@ Set-up (everything is stopped and removed at the end, also on Ctrl-C or SIGTERM)
 
 - a master volume (:class:`epochsync_dev.gluster.GlusterStack`: 2 btrfs bricks, changelog on,
   ``--rollover`` seconds, sharding off) mounted with FUSE; a 1-brick slave volume;
-- **epochsync**: one warm Spark Connect server; a driver process (imported once, as an Airflow
-  worker keeps its imports) that cuts the volume (``cut_source``) and replicates the cut into a
-  posix target (``replicate``) when told, as an operator triggers an on-demand epoch; the target
-  is on a btrfs loop image of its own (:class:`epochsync_dev.btrfs.BtrfsLoop`) with its committed
-  view (``view.snapshots: required``, ``keep: 3``): readers read ``<view>/current``;
+- **epochsync**: one warm Spark Connect server; two driver processes (imported once, as an Airflow
+  worker keeps its imports): a cutter that cuts the volume (``cut_source``) and a driver that
+  replicates every cut epoch since the last commit in one pass (a window, as a DAG run's
+  ``max_epochs_per_run``) into a posix target; the target is on a btrfs loop image of its own
+  (:class:`epochsync_dev.btrfs.BtrfsLoop`) with its committed view (``view.snapshots: required``,
+  ``keep: 3``): readers read ``<view>/current``;
 - **geo-replication**: a session master -> slave (gsyncd, ``sync_method tarssh``,
   ``change_interval 1``) over an sshd of our own; it must reach Active within ``--active-timeout``;
 - **rsync**: ``rsync -a --delete`` from the master's mount into a directory.
@@ -25,22 +26,35 @@ volume, each replicated by all three before the next starts:
 - ``small-writes``: 4 KiB written into 1 % of 50,000 files of 8 KiB;
 - ``delete``: 10,000 of those files deleted;
 - ``steady``: a writer creating 3 files of 8 KiB a second for 2 minutes, each followed by a line
-  appended to a journal file; epochsync cuts every ``--rollover`` seconds, rsync runs back to back.
+  appended to a journal file; epochsync's schedule as above (no final cut: its convergence is
+  when every file is whole in ``current``), rsync runs back to back.
 
 What each row measures (``bench/results/gluster.json``, one row per tool and workload):
 
-- ``convergence_s``: from the end of the workload until the replica equals the source. epochsync:
-  the cut is triggered at the end of the workload; the row's time is its commit. geo-replication:
-  it runs all along; its replica is polled (its brick, every second) until it equals the source.
-  rsync: one run started once the others converged (the source is quiet by then);
+- ``convergence_s``: from the end of the workload until the replica equals the source.
+  epochsync (``--epochsync live``, the default): its schedule runs during the workload as an
+  operator runs it all the time (:class:`EpochSchedule`: a cut every ``--rollover`` seconds,
+  windows back to back, each replicating every epoch cut since the last commit); at the workload's
+  end an on-demand cut is taken and the row's time is the commit of the window that holds it.
+  That time includes waiting for a scheduled cut that was running at the end (it started before
+  the end, so it cannot hold the final state) and for the window that was running then (the
+  driver runs one window at a time, as a DAG runs one at a time for a target). The stage rows
+  (``gluster.stages.json``) have one row per window (``pass`` k of ``passes``); the ``final``
+  one is timed from the workload's end: the cut (``cut_queued_s`` of it waiting for a scheduled
+  one), ``window_queued_s``, then its stages. ``--epochsync at-end``, the old way: nothing during
+  the workload, one cut at its end and one epoch (the meta file's ``epochsync_mode`` says which
+  ran; so does each epochsync row). geo-replication: it runs all along; its replica is polled
+  (its brick, every second) until it equals the source. rsync: one run started once the others
+  converged (the source is quiet by then);
 - ``lag_median_s``, ``lag_p95_s`` (steady): from a file's write on the mount to the moment it is
   whole on the replica (polled every 0.5 s through the tool's read path);
-- ``bytes_read`` / ``bytes_written``: epochsync: the bytes its apply and verify read from the cut,
-  the bytes its apply wrote (stats rows); geo-replication: the bytes of the tar streams its slave
+- ``bytes_read`` / ``bytes_written``: epochsync: the bytes its apply and verify read from the cuts,
+  the bytes its apply wrote (stats rows of every window from the workload's start); geo-replication: the bytes of the tar streams its slave
   extracted (tar ``--totals``: whole files plus 512-byte headers; the master's tar reads as much);
   rsync: ``--stats`` (a local rsync copies whole files);
-- ``cpu_s``: epochsync: the driver (with the cut's ``gluster``/``btrfs`` commands) and the Spark
-  server's share during its cycles; geo-replication: gsyncd (monitor, workers, the slave's side),
+- ``cpu_s``: epochsync: the cutter and the driver (with the cuts' ``gluster``/``btrfs`` commands)
+  and the Spark server, from the start of the workload to the final commit (``at-end``: from its
+  end); geo-replication: gsyncd (monitor, workers, the slave's side),
   their ssh and tar, the session's aux mounts and our sshd, from the start of the workload to
   convergence; rsync: its process;
 - ``consistent_fraction`` (steady, rename): once a second a reader walks the replica through the
@@ -56,12 +70,14 @@ the last 128 KiB of chosen files) through its read path once it converged: ``rep
 Issue 31's rows (``bench/results/gluster.source.json``): ``--cuts`` cuts of the volume with
 Gluster's barrier and as many without (``cut.barrier: false``), alternating, while a writer probe
 appends every 50 ms and a renamer probe renames a file back and forth (the slowest write, the
-longest rename: the hold seen from outside, beside the cut record's ``held_s`` from the brick logs); the untar's cut to its commit; live 10 s epochs under ``airflow standalone`` (each
-epoch's commit after its cut: :class:`LiveAirflow`, the first part, its Airflow started during
+longest rename: the hold seen from outside, beside the cut record's ``held_s`` from the brick logs); the untar's cut to its commit
+(``live``: the on-demand cut at its end; the schedule's epochs before it hold the rest); live 10 s
+epochs under ``airflow standalone`` (each epoch's commit after its cut: :class:`LiveAirflow`, the first part, its Airflow started during
 the set-up).
 
     python -m epochsync_dev.bench gluster [--size full|quick] [--parts airflow,issue33,steady,cuts]
-                                          [--rollover 5] [--workdir bench/scratch/gluster] [--no-write]
+                                          [--rollover 5] [--epochsync live|at-end]
+                                          [--workdir bench/scratch/gluster] [--no-write]
 """
 
 from __future__ import annotations
@@ -103,8 +119,9 @@ OVERLAPPED = [
     "geo-replication are made and checked",
     "set-up: airflow standalone starts (the airflow part's) while geo-replication starts and is checked, "
     "the Spark server warms up and epochsync's epoch 1 runs; the airflow part runs first, before the workloads",
-    "set-up of append and small-writes (and of the steady writer's folder): epochsync's epoch and rsync run at "
-    "once, geo-replication replicates meanwhile",
+    "set-up of append and small-writes (and of the steady writer's folder): epochsync's schedule runs while the "
+    "files are written (live; at-end: one epoch after), then its last epoch, rsync and the source's walk run at "
+    "once; geo-replication replicates meanwhile",
     "after each workload: the three replicas are compared with the source at once",
 ]
 SIZES = {
@@ -318,6 +335,110 @@ def _window(cfg, source: str, target: str, log) -> dict:
     return {"t0": t0, "t_end": time.time(), "first": first, "through": through, "stats": [row]}
 
 
+class EpochSchedule:
+    """epochsync's epoch schedule, as an operator runs it all the time: the cutter process cuts the
+    volume every ``interval`` seconds and the driver replicates, back to back, every cut epoch since
+    the last commit in one pass (a DAG run's window, the driver's ``window`` op).
+
+    :meth:`finish` is the workload's end: no scheduled cut starts after it; an on-demand cut is
+    taken at once (the cutter serves one call at a time, so a scheduled cut running then is waited
+    for: it started before the end and cannot hold the final state); the windows go on until one
+    has committed the epoch of that cut. A window running at the end is waited for (the driver
+    serves one call at a time), as an operator's on-demand epoch would queue behind it: that wait
+    is part of the convergence. :meth:`stop` ends the schedule without a final cut (the steady
+    writer's, whose convergence is what its watchers see)."""
+
+    def __init__(self, cutter: Driver, driver: Driver, interval: float):
+        self.cutter, self.driver, self.interval = cutter, driver, interval
+        self.cuts: list[dict] = []  # the scheduled cuts, in order
+        self.passes: list[dict] = []  # every window that replicated something, in order
+        self.final_cut: dict | None = None
+        self.final_epoch: int | None = None
+        self.committed = 0  # the last epoch a window committed
+        self.errors: list[BaseException] = []
+        self._no_more_cuts = threading.Event()
+        # held through each scheduled cut: once finish() has it, no scheduled cut starts after the end
+        self._cut_gate = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._guard, args=(f,), daemon=True, name=f.__name__)
+            for f in (self._cut_loop, self._window_loop)
+        ]
+
+    def _guard(self, fn) -> None:
+        try:
+            fn()
+        except BaseException as exc:  # raised by finish() or stop()
+            self.errors.append(exc)
+            self._no_more_cuts.set()
+            self._stop.set()
+
+    def _cut_loop(self) -> None:
+        t0 = time.time()
+        k = 0
+        while not self._no_more_cuts.is_set():
+            k += 1
+            wait = t0 + k * self.interval - time.time()
+            if wait > 0 and self._no_more_cuts.wait(wait):
+                break
+            with self._cut_gate:
+                if self._no_more_cuts.is_set():
+                    break
+                self.cuts.append(self.cutter.call("cut"))
+
+    def _window_loop(self) -> None:
+        while not self._stop.is_set():
+            if self.final_epoch is not None and self.committed >= self.final_epoch:
+                return
+            out = self.driver.call("window")
+            if out["stats"]:
+                self.passes.append(out)
+                self.committed = max(self.committed, out["through"])
+            else:
+                self._stop.wait(0.2)
+
+    def start(self) -> EpochSchedule:
+        for th in self._threads:
+            th.start()
+        return self
+
+    def finish(self, timeout: float) -> dict:
+        """The on-demand cut at the workload's end and the window that commits it; returns that
+        window (its ``t_end`` is the commit), with ``final_cut`` the cut's answer."""
+        t = time.time()
+        with self._cut_gate:  # a scheduled cut running now ends first (it cannot hold the final state)
+            self._no_more_cuts.set()
+            self.final_cut = self.cutter.call("cut")
+        self.final_cut["called_at"] = t
+        self.final_epoch = self.final_cut["epoch"]
+        self._threads[0].join()
+        self._threads[1].join(timeout)
+        if self._threads[1].is_alive():
+            self._stop.set()
+            raise TimeoutError(f"epochsync: epoch {self.final_epoch} not committed within {timeout:.0f} s")
+        self._raise()
+        final = self.passes[-1]
+        if final["through"] < self.final_epoch:
+            raise RuntimeError(f"epochsync: the windows ended before epoch {self.final_epoch} was committed")
+        return final
+
+    def stop(self) -> None:
+        self._no_more_cuts.set()
+        self._stop.set()
+        for th in self._threads:
+            th.join(600)
+        self._raise()
+
+    def abort(self) -> None:
+        """Stops scheduling without waiting (the workload failed; the teardown stops the drivers)."""
+        self._no_more_cuts.set()
+        self._stop.set()
+
+    def _raise(self) -> None:
+        if self.errors:
+            raise self.errors[0]
+
+
 # --------------------------------------------------------------------------- the bench
 
 
@@ -521,14 +642,24 @@ class Bench:
             time.sleep(1)
         return None
 
-    def converge_all(self, subs: list[str], probes=(), timeout: float = 1200) -> None:
+    def converge_all(self, subs: list[str], probes=(), timeout: float = 1200, schedule: EpochSchedule | None = None):
         """Bring every replica to the source's state under ``subs`` (a set-up step, not measured):
-        epochsync's cycle and rsync at once, then geo-replication polled."""
-        expects = [Expect.of(self.mnt, sub, probes) for sub in subs]
+        epochsync's last epoch (``schedule``, the schedule that ran while the set-up wrote: its
+        on-demand cut and the window that commits it; without one, a cycle), rsync and the walks of
+        the source that geo-replication's poll compares with, at once; then geo-replication polled."""
+        walks = Background("the source's walk", lambda: [Expect.of(self.mnt, sub, probes) for sub in subs])
         copy = Background("rsync", lambda: rsync(self.mnt, self.replica_rsync))
-        self.es_cycle()
+        if schedule is not None:
+            t = time.time()
+            final = schedule.finish(timeout)
+            say(
+                f"set-up: epochsync's {len(schedule.cuts) + 1} epochs of it committed in {len(schedule.passes)} "
+                f"passes, the last {final['t_end'] - t:.0f} s after the writing"
+            )
+        else:
+            self.es_cycle()
         copy.result()
-        for expect in expects:
+        for expect in walks.result():
             if self.wait_geo(expect, time.time(), timeout) is None:
                 raise RuntimeError(f"geo-replication did not bring {expect.sub} to the slave within {timeout:.0f} s")
 
@@ -550,16 +681,27 @@ class Bench:
     def measure(self, name: str, sub: str, work, probes=(), sampler=None) -> dict:
         """Runs ``work()`` on the mount and measures every tool (see the module docstring)."""
         phase0, load0 = time.monotonic(), load()
-        say(f"{name}: workload ...")
+        live = self.args.epochsync == "live"
+        say(f"{name}: workload ..." + (" (epochsync's schedule live)" if live else ""))
         geo_c0, geo_b0 = self.geo_cpu.read(), self.geo.bytes_sent()
+        es_c0 = self.es_cpu.read()
         l0 = load()
         if sampler:
             sampler.start()
+        schedule = EpochSchedule(self.cutter, self.driver, self.args.rollover).start() if live else None
         t_start = time.time()
-        work()
+        try:
+            work()
+        except BaseException:
+            if schedule is not None:
+                schedule.abort()
+            raise
         t_end = time.time()
-        say(f"{name}: workload done in {t_end - t_start:.1f} s; epochsync cut, geo-replication polled")
-        es_c0 = self.es_cpu.read()
+        say(
+            f"{name}: workload done in {t_end - t_start:.1f} s; epochsync "
+            + ("cut on demand, the windows go on until its epoch is committed" if live else "cut")
+            + ", geo-replication polled"
+        )
         result: dict = {}
 
         def expect_and_geo():
@@ -570,7 +712,13 @@ class Bench:
 
         th = threading.Thread(target=expect_and_geo, daemon=True)
         th.start()
-        cyc = self.es_cycle()
+        if schedule is not None:
+            final = schedule.finish(self.args.converge_timeout)
+            passes, final_cut = schedule.passes, schedule.final_cut
+        else:
+            es_c0 = self.es_cpu.read()  # the old way: epochsync does nothing before the end
+            final = self.es_cycle()
+            passes, final_cut = [final], final
         es_cpu = self.es_cpu.read() - es_c0
         th.join()
         if sampler:
@@ -579,12 +727,16 @@ class Bench:
         say(f"{name}: rsync ...")
         rs = rsync(self.mnt, self.replica_rsync)
         equal = self.compare(expect)
-        stats = cyc.get("stats") or []
+        stats = [r for c in passes for r in c.get("stats") or []]
         es_row = {
-            "convergence_s": cyc["t_end"] - t_end,
-            "bytes_read": sum(r.get("bytes_pulled", 0) for r in stats) + cyc.get("verify_source_bytes", 0),
+            "convergence_s": final["t_end"] - t_end,
+            "bytes_read": sum(r.get("bytes_pulled", 0) for r in stats)
+            + sum(c.get("verify_source_bytes", 0) for c in passes),
             "bytes_written": sum(r.get("bytes_written", 0) for r in stats),
             "cpu_s": es_cpu,
+            "epochsync_mode": self.args.epochsync,
+            "epochs": len(schedule.cuts) + 1 if schedule is not None else 1,
+            "passes": len(passes),
         }
         geo_row = {
             "convergence_s": result["geo"],
@@ -606,17 +758,21 @@ class Bench:
             if sampler:
                 row["samples"] = sampler.counts.get(tool, 0)
             self.rows.append(_rounded(row))
-        self.stage_rows.append(_stage_row(name, cyc))
+        if schedule is not None:
+            self.stage_rows += _live_stage_rows(name, t_end, passes, final_cut)
+        else:
+            self.stage_rows.append(_stage_row(name, final))
         line = ", ".join(
             f"{r['tool']} {r['convergence_s'] if r['convergence_s'] is not None else 'TIMEOUT'} s"
             for r in self.rows[-3:]
         )
-        say(f"{name}: convergence {line}; load {load()}")
+        epochs = f" (epochsync: {es_row['epochs']} epochs in {len(passes)} passes)" if schedule is not None else ""
+        say(f"{name}: convergence {line}{epochs}; load {load()}")
         self.phase(name, phase0, load0)
         bad = [t for t, d in equal.items() if d]
         if bad:
             say(f"{name}: NOT EQUAL to the source: " + "; ".join(f"{t}: {equal[t][:2]}" for t in bad))
-        return {"cycle": cyc, "t_end": t_end}
+        return {"final": final, "final_cut": final_cut, "passes": passes, "t_end": t_end}
 
     # ------------------------------------------------------------------ workloads
     def run_issue33(self) -> None:
@@ -630,14 +786,18 @@ class Bench:
             lambda: self.sh(f"tar -xJf {tarball} -C untar --no-same-owner {members}"),
             probes=50,  # every 50th file's tail
         )
-        cyc = untar["cycle"]
+        final, cut = untar["final"], untar["final_cut"]
         self.source_rows.append(
             _rounded(
                 {
                     "row": "untar-replicated",
                     "entries": self.rows[-1]["entries"],
-                    "cut_to_commit_s": cyc["t_end"] - cyc["t0"],
-                    "cut_s": cyc["t_cut"] - cyc["t0"],
+                    # live: from the on-demand cut at the untar's end (the schedule's epochs before it
+                    # hold the rest of the untar); at-end: from the one cut of the whole untar
+                    "epochsync_mode": self.args.epochsync,
+                    "epochs": self.rows[-3]["epochs"],
+                    "cut_to_commit_s": final["t_end"] - cut["t0"],
+                    "cut_s": cut["t_cut"] - cut["t0"],
                     "target_s": 60,
                     "loadavg_1m": load(),
                 }
@@ -655,12 +815,24 @@ class Bench:
 
         say(f"set-up: {s['append_files']} files of {s['append_mib']} MiB and {s['small_files']:,} files of 8 KiB ...")
         t0, load0 = time.monotonic(), load()
-        self._setup_append_small()
-        subs = ["data"]
-        if "steady" in self.parts:  # the steady writer's folder, converged with the rest, not on its own
-            self._setup_steady()
-            subs.append("steady")
-        self.converge_all(subs, probes=97)
+        # live: epochsync's schedule runs while the set-up writes, as it would on a live volume: its
+        # epochs of the 50,000 files overlap their writing instead of following it (not measured)
+        schedule = (
+            EpochSchedule(self.cutter, self.driver, self.args.rollover) if self.args.epochsync == "live" else None
+        )
+        try:
+            if schedule is not None:
+                schedule.start()
+            self._setup_append_small()
+            subs = ["data"]
+            if "steady" in self.parts:  # the steady writer's folder, converged with the rest, not on its own
+                self._setup_steady()
+                subs.append("steady")
+        except BaseException:
+            if schedule is not None:
+                schedule.abort()
+            raise
+        self.converge_all(subs, probes=97, schedule=schedule)
         self.phase("set-up of append and small-writes", t0, load0)
         say(f"set-up: every replica has them after {time.monotonic() - t0:.0f} s")
         rnd = random.Random(33)
@@ -705,8 +877,9 @@ class Bench:
         open(os.path.join(self.mnt, "steady/journal"), "wb").close()
 
     def _setup_append_small(self) -> None:
-        """The append and small-write data, written through the mount by several threads at once
-        (FUSE round trips, not bytes, bound the small files)."""
+        """The append and small-write data, written through the mount and a second FUSE client of
+        the volume by several threads at once (FUSE round trips, not bytes, bound the small files,
+        and one client's requests go through one FUSE channel), the big files meanwhile."""
         s = self.size
         os.makedirs(os.path.join(self.mnt, "data/big"), exist_ok=True)
         chunk = os.urandom(1 << 20)
@@ -719,10 +892,12 @@ class Bench:
         for d in range((s["small_files"] + 999) // 1000):
             os.makedirs(os.path.join(self.mnt, f"data/small/d{d:03d}"), exist_ok=True)
         base = os.urandom(SMALL_FILE)
+        second = self.master_stack.mount_client(self.work / "mnt-setup")
+        mounts = (self.mnt, second)
 
         def one(i):  # open, write, close: no buffered file object's extra fstat through FUSE
             fd = os.open(
-                os.path.join(self.mnt, f"data/small/d{(i // 1000):03d}/f{i:06d}"),
+                os.path.join(mounts[i % 2], f"data/small/d{(i // 1000):03d}/f{i:06d}"),
                 os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
                 0o644,
             )
@@ -731,17 +906,26 @@ class Bench:
             finally:
                 os.close(fd)
 
+        def bigs() -> float:
+            # one big file after the other: geo-replication (running all along) sends a file whole
+            # for every changelog that names it, so files written over many rollovers at once cost it more
+            t = time.monotonic()
+            for i in range(s["append_files"]):
+                big(i)
+            return time.monotonic() - t
+
         t0 = time.monotonic()
-        # one big file after the other, as before: geo-replication (running all along) sends a file
-        # whole for every changelog that names it, so files written over many rollovers at once cost it more
-        for i in range(s["append_files"]):
-            big(i)
-        t1 = time.monotonic()
-        with ThreadPoolExecutor(8) as ex:
-            list(ex.map(one, range(s["small_files"])))
+        try:
+            big_files = Background("the big files", bigs)
+            with ThreadPoolExecutor(16) as ex:
+                list(ex.map(one, range(s["small_files"])))
+            t1 = time.monotonic()
+            big_s = big_files.result()
+        finally:
+            self.master_stack.unmount_client(second)
         say(
-            f"set-up: {s['append_files']} big files written in {t1 - t0:.0f} s, "
-            f"{s['small_files']:,} small ones in {time.monotonic() - t1:.0f} s"
+            f"set-up: {s['small_files']:,} small files written in {t1 - t0:.0f} s (two FUSE clients), "
+            f"{s['append_files']} big files meanwhile in {big_s:.0f} s"
         )
 
     # ------------------------------------------------------------------ steady writer
@@ -756,37 +940,17 @@ class Bench:
         geo_c0, geo_b0, es_c0 = self.geo_cpu.read(), self.geo.bytes_sent(), self.es_cpu.read()
         l0 = load()
         done = threading.Event()
-        es_cycles: list[dict] = []
-        es_cuts: list[dict] = []
         rs_runs: list[dict] = []
-
-        def epochsync_cuts():
-            t0 = time.time()
-            k = 0
-            while not done.is_set():
-                k += 1
-                wait = t0 + k * self.args.rollover - time.time()
-                if wait > 0 and done.wait(wait):
-                    break
-                es_cuts.append(self.cutter.call("cut"))
-
-        def epochsync_windows():
-            while not done.is_set():
-                out = self.driver.call("window")
-                if out["stats"]:
-                    es_cycles.append(out)
-                else:
-                    done.wait(0.2)
 
         def rsync_loop():
             while not done.is_set():
                 rs_runs.append(rsync(self.mnt, self.replica_rsync, nice=10))
 
-        threads = [threading.Thread(target=f, daemon=True) for f in (epochsync_cuts, epochsync_windows, rsync_loop)]
+        rs_thread = threading.Thread(target=rsync_loop, daemon=True)
         for w in watchers.values():
             w.start()
-        for th in threads:
-            th.start()
+        schedule = EpochSchedule(self.cutter, self.driver, self.args.rollover).start()
+        rs_thread.start()
         say(
             f"steady: {n} files in {s['steady_s']} s; epochsync cuts every {self.args.rollover} s and replicates "
             "every cut epoch since its last commit in one pass (as a DAG run's window), rsync back to back"
@@ -814,8 +978,9 @@ class Bench:
                     conv[t] = w.seen_all_at - t_end
             time.sleep(0.5)
         done.set()
-        for th in threads:
-            th.join(600)
+        schedule.stop()
+        rs_thread.join(600)
+        es_cycles, es_cuts = schedule.passes, schedule.cuts
         for w in watchers.values():
             w.stop()
         geo_cpu, geo_bytes, es_cpu = (
@@ -1029,6 +1194,7 @@ class Bench:
             "size": self.args.size,
             "sizes": self.size,
             "rollover_s": self.args.rollover,
+            "epochsync_mode": self.args.epochsync,
             "parts": self.args.parts,
             "seconds": round(seconds, 1),
             "phase_seconds": self.phase_s,
@@ -1387,6 +1553,32 @@ def _stage_row(workload: str, cyc: dict) -> dict:
     )
 
 
+def _live_stage_rows(workload: str, t_end: float, passes: list[dict], final_cut: dict) -> list[dict]:
+    """The stage rows of a workload measured with epochsync's schedule live: one per window pass
+    (``pass`` k of ``passes``); the last, ``final``, is the pass that committed the on-demand cut's
+    epoch, timed from the workload's end: ``cut_queued_s`` (a scheduled cut running at the end, waited
+    for), ``cut_s`` (to the cut's publish, that wait included), ``window_queued_s`` (from the publish
+    to the final window's start: the window running then, waited for) and its stages."""
+    rows = []
+    for k, p in enumerate(passes, 1):
+        final = k == len(passes)
+        if final:
+            p = {
+                **p,
+                "t0": t_end,
+                "t_cut": final_cut["t_cut"],
+                "cut": final_cut["cut"],
+                "publish": final_cut["publish"],
+            }
+        row = _stage_row(workload, p) | {"pass": k, "passes": len(passes), "final": final}
+        if final:
+            row["cut_queued_s"] = round(max(0.0, final_cut["t0"] - final_cut["called_at"]), 3)
+            row["window_queued_s"] = round(max(0.0, passes[-1]["t0"] - final_cut["t_cut"]), 3)
+            row["other_s"] = round(row["other_s"] - row["window_queued_s"], 3)
+        rows.append(row)
+    return rows
+
+
 def _earlier_results(d: Path, name: str) -> dict | None:
     """The rows of an earlier run's results files (``--merge``), or None when there are none."""
     try:
@@ -1457,6 +1649,13 @@ def parse_args(argv):
         default=300,
         help="seconds a replica may take to converge (the slowest seen: geo-replication's untar, 122 s at load 11); "
         "a row past it says it did not converge",
+    )
+    p.add_argument(
+        "--epochsync",
+        choices=("live", "at-end"),
+        default="live",
+        help="live (default): epochsync's schedule runs during each workload (a cut every --rollover s, windows "
+        "back to back), then an on-demand cut at its end; at-end: the old way, one cut and one epoch after the end",
     )
     p.add_argument("--workdir", default="bench/scratch/gluster")
     p.add_argument("--results-name", default="gluster")

@@ -533,9 +533,15 @@ def _gluster_source(data: Any) -> list[str]:
                 "",
             ]
         elif r.get("row") == "untar-replicated":
+            cut = (
+                f"the on-demand cut at its end started (epochsync's schedule live during it: "
+                f"{_num(r.get('epochs'))} epochs in all)"
+                if r.get("epochsync_mode") == "live"
+                else "its cut started"
+            )
             out += [
                 f"Untar of {_num(r.get('entries'))} entries: committed {_num(r.get('cut_to_commit_s'))} s after "
-                f"its cut started (target ≤ 60 s; load {_load(r.get('loadavg_1m'))}).",
+                f"{cut} (target ≤ 60 s; load {_load(r.get('loadavg_1m'))}).",
                 "",
             ]
         elif r.get("row") == "live-airflow":
@@ -553,10 +559,24 @@ def _gluster_source(data: Any) -> list[str]:
 
 
 def _gluster_stages(data: Any) -> list[str]:
+    def epochs(r: dict) -> str:
+        first, last = r.get("first_epoch"), r.get("epoch")
+        return f"{_num(first)}-{_num(last)}" if first is not None and first != last else _num(last)
+
+    def which(r: dict) -> str:
+        if r.get("pass") is None:
+            return "one cycle"
+        k = f"{_num(r.get('pass'))} of {_num(r.get('passes'))}"
+        if not r.get("final"):
+            return k
+        queued = f"; queued: cut {_num(r.get('cut_queued_s'))} s, window {_num(r.get('window_queued_s'))} s"
+        return f"{k}, final (from the workload's end{queued})"
+
     rows = [
         [
             _text(str(r.get("workload"))),
-            _num(r.get("epoch")),
+            epochs(r),
+            which(r),
             _num(r.get("records")),
             _num(r.get("total_s")),
             _num(r.get("cut_s")),
@@ -566,8 +586,13 @@ def _gluster_stages(data: Any) -> list[str]:
         if r.get("workload") != "steady"
     ]
     steady = [r for r in data if r.get("workload") == "steady"]
-    out = ["Where each epochsync cycle's time went (the cut, then the stages of its stats row):", ""]
-    out += _table(["workload", "epoch", "records", "total s", "cut s", "stages (s)"], rows)
+    out = [
+        "Where each epochsync pass's time went (the cut, then the stages of its stats rows). With the schedule "
+        "live during a workload, each window is a pass; the final one holds the on-demand cut at the workload's "
+        "end and is timed from that end:",
+        "",
+    ]
+    out += _table(["workload", "epochs", "pass", "records", "total s", "cut s", "stages (s)"], rows)
     if steady:
         mean = lambda k: sum(r.get(k) or 0 for r in steady) / len(steady)  # noqa: E731
         cut = f" (cut {_num(mean('cut_s'))} s)" if mean("cut_s") else " (cut by a process of its own)"
