@@ -84,10 +84,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import json
 import os
 import random
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -1159,6 +1161,8 @@ class Bench:
         if self.args.no_write:
             for r in self.rows + self.source_rows:
                 print(json.dumps(r))
+            for r in self.stage_rows:
+                print(json.dumps({"stages": r}))
             print(json.dumps({"run": self.run_doc(seconds, complete)}))
             return
         d = results_dir()
@@ -1673,6 +1677,8 @@ def main(argv: list[str] | None = None) -> int:
     from epochsync_dev.gluster import GlusterUnavailable
 
     args = parse_args(argv)
+    # a run that seems stuck: kill -USR1 <pid> prints where each of its threads is
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     parts = [x.strip() for x in args.parts.split(",") if x.strip()]
     unknown = [x for x in parts if x not in PARTS]
     if unknown:
