@@ -174,7 +174,10 @@ class S3Proxy:
                         c.bytes_copied += copied
                         src_bucket = unquote(src).lstrip("/").split("/", 1)[0]
                         proxy.counters[src_bucket].bytes_copied_out += copied
-                self.send_response(resp.status, resp.reason)
+                # the store's own Date and Server, not the proxy's beside them (the s3 target reads
+                # the store's clock and version from them)
+                self.log_request(resp.status)
+                self.send_response_only(resp.status, resp.reason)
                 for k, v in headers_out:
                     if k.lower() not in _HOP and k.lower() != "content-length":
                         self.send_header(k, v)

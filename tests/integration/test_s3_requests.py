@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 import uuid
 
 import pytest
@@ -23,7 +24,8 @@ from support import plans
 from support.plans import entry, row
 
 from epochsync.core.config import TargetConfig
-from epochsync.stages.apply import apply_plan
+from epochsync.core.errors import EpochsyncError
+from epochsync.stages.apply import apply_plan, write_fence
 from epochsync.stages.context import _target_dict
 from epochsync.stages.translate import build_plan
 from epochsync.stages.verify import verify_plan
@@ -65,11 +67,14 @@ def new_target(striped: bool = False):
 def epoch(env, target, entries, n, *, sample=1.0):
     """Fence, apply and verify of one epoch; returns (requests at the proxy, verify result)."""
     plan = build_plan(entries, target=_target_dict(target.cfg), store=env["store"], epoch=n)
-    since = target.fence_time_ns()
     src_io = S3Access(resolve_s3("reqs_s3"))
+    probe = str(env["tmp"] / "probe.json")
+    since = target.fence_time_ns()
+    target.conditional_writes(probe)  # once per target and store, as run_apply does: not counted
     env["proxy"].reset_counters()
-    problems, state = target.fence_check(plan["fence"], since)
+    problems, state, fence = write_fence(plan, target, src_io, probe, since=since)
     assert problems == []
+    env["fence"] = fence
     jdir = str(env["tmp"] / f"undo-{target.name}-{n}")
     figures = apply_plan(plan, target, src_io, env["store"]["bucket"], jdir, state)
     result = verify_plan(plan, target, src_io, env["store"]["bucket"], sample=sample, facts=figures["facts"])
@@ -169,13 +174,97 @@ def test_small_writes_to_100_files(env, per_dir):
     print(
         f"small writes to {n} files, {per_dir} per directory: {total} requests ({total / n:.3f} per file) {by_method}"
     )
-    # per file: the fence's version listing (one per directory), the source object's GET, the PUT and
-    # verify's version listing (one per directory); the contents by the PUT's checksum, none read
+    # per file: the source object's GET and the PUT, which carries the write fence itself
+    # (If-Unmodified-Since the last commit; SeaweedFS refuses it with 412 if the key changed since)
+    # and whose answer verify takes; the contents by the PUT's checksum, none read. It was 2.2 and
+    # 4.0: a fence listing and a verify listing per directory
+    fence = {k: v for k, v in env["fence"].items() if k != "waited_seconds"}  # 1 s if in the commit's second
+    assert fence == {"conditional_writes": "if-unmodified-since", "keys_conditional": n, "keys": n}
     assert result["files_by_checksum"] == n and result["files_hashed"] == 0, result
-    assert by_method == {"GET": n + 2 * dirs, "PUT": n}, by_method
-    assert total <= {10: 2.2, 1: 4.0}[per_dir] * n
+    assert by_method == {"GET": n, "PUT": n}, by_method
+    assert total <= 2.0 * n
     want = {f"d{j:03d}": ("dir", None, 0o755) for j in range(dirs)}
     want.update({f"d{i % dirs:03d}/f{i:04d}": ("file", sha(contents[fid]), 0o644) for i, fid in enumerate(files)})
+    assert tree(target) == want
+
+
+def next_second() -> None:
+    """Sleep into the next whole second: listings and the fence instant have whole seconds, and a
+    foreign write in the last commit's own second is one no fence sees (docs/INTERNALS.md)."""
+    time.sleep(1.05 - time.time() % 1)
+
+
+def test_a_foreign_write_between_epochs_fails_the_conditional_write_and_rolls_back(env):
+    """The fence of keys written whole is the write's own precondition: a key changed after the last
+    commit (If-Unmodified-Since) or created where the replica had nothing (If-None-Match: *) is
+    refused by SeaweedFS with 412, the epoch fails naming the key, and the undo journal takes back
+    every write of the epoch, the foreign version left as its writer made it; once the foreign
+    changes are gone the same epoch applies."""
+    from epochsync.journal.undo import read_journal, remove_journal
+
+    target = new_target()
+    c, b, pre = env["client"], target.bucket, target.prefix
+    entries = [entry("D", new=row("dir", mode=0o755), new_paths=["w"])]
+    files = {}
+    for i in range(10):
+        fid, data = f"W{i:03d}", os.urandom(5000)
+        files[fid] = row("file", size=len(data), version=put_source(env, fid, data), fid=fid)
+        entries.append(
+            entry(fid, new=files[fid], new_paths=[f"w/f{i}"], change={"data_changed": True, "whole_file": True})
+        )
+    epoch(env, target, entries, 1)
+    e2, want = [], {"w": ("dir", None, 0o755)}
+    for i, (fid, f) in enumerate(files.items()):
+        data = os.urandom(6000)
+        f2 = dict(f, size=len(data), objects=[{"ost": "OST0000", "oid": fid, "version": put_source(env, fid, data)}])
+        change = {"data_changed": True, "whole_file": True}
+        e2.append(entry(fid, old=f, new=f2, old_paths=[f"w/f{i}"], new_paths=[f"w/f{i}"], change=change))
+        want[f"w/f{i}"] = ("file", sha(data), 0o644)
+    new = os.urandom(700)
+    e2.append(
+        entry(
+            "WNEW",
+            new=row("file", size=len(new), version=put_source(env, "WNEW", new), fid="WNEW"),
+            new_paths=["w/new"],
+            change={"data_changed": True, "whole_file": True},
+        )
+    )
+    want["w/new"] = ("file", sha(new), 0o644)
+    plan = build_plan(e2, target=_target_dict(target.cfg), store=env["store"], epoch=2)
+    src_io = S3Access(resolve_s3("reqs_s3"))
+    keys = [f"w/f{i}" for i in range(10)] + ["w/new"]
+
+    def attempt(jdir: str):
+        problems, state, fence = write_fence(plan, target, src_io, str(env["tmp"] / "probe.json"))
+        assert problems == [] and fence["keys_conditional"] == len(keys), (problems, fence)
+        return apply_plan(plan, target, src_io, env["store"]["bucket"], jdir, state)
+
+    def roll_back(jdir: str) -> None:
+        target.undo_all(list(reversed(read_journal(jdir))), jdir, lambda entry: None)
+        remove_journal(jdir)
+        target.mark_rollback(2)
+
+    for n, (key, foreign_write) in enumerate(
+        [
+            ("w/f5", lambda: c.put_object(Bucket=b, Key=pre + "w/f5", Body=b"foreign")),
+            ("w/new", lambda: c.put_object(Bucket=b, Key=pre + "w/new", Body=b"squatter")),
+        ]
+    ):
+        next_second()
+        foreign = foreign_write()["VersionId"]
+        before = {k: target.key_versions(k)["known"] for k in keys}
+        jdir = str(env["tmp"] / f"undo-foreign-write-{n}")
+        with pytest.raises(EpochsyncError, match=f"{key} was changed by someone else.*412"):
+            attempt(jdir)
+        written = {e["key"] for e in read_journal(jdir) if e["op"] == "put"}
+        assert len(written) >= 2, written  # keys written before the refusal: the rollback has work
+        roll_back(jdir)
+        # nothing of epoch 2 is left; the foreign version is, untouched
+        assert {k: target.key_versions(k)["known"] for k in keys} == before, written
+        assert target.key_versions(key)["current"]["version"] == foreign
+        c.delete_object(Bucket=b, Key=pre + key, VersionId=foreign)
+    next_second()
+    attempt(str(env["tmp"] / "undo-foreign-write-done"))
     assert tree(target) == want
 
 

@@ -35,6 +35,7 @@ from epochsync.spark import executor_slots, run_report_tasks
 from epochsync.stages.context import APPLIED_FACTS, _config, _target_cfg, check_preconditions, load_plan, source_access
 from epochsync.stages.rollback import run_rollback
 from epochsync.targets import open_target
+from epochsync.warehouse.paths import Warehouse, local_path
 
 
 class Pulled:
@@ -183,6 +184,65 @@ def same_store(source_io, target) -> bool:
     if a is None or b is None:
         return False
     return (a.endpoint_url, a.access_key, a.region) == (b.endpoint_url, b.access_key, b.region)
+
+
+def conditional_keys(plan: dict, target, source_io) -> set[str]:
+    """The plan's keys a conditional write may fence (``S3Target.fence_check``'s ``conditional``):
+    each written by one data operation that replaces it whole (``_whole_file_how``: a PUT of
+    the file read whole from the source, or a copy of its source version), with no stripes or
+    hard links, and touched by no other operation of the plan (nothing reads it, moves it,
+    deletes it or patches it: their keys stay listed, as their undo needs the versions)."""
+    uses: dict[str, int] = {}
+
+    def use(*keys) -> None:
+        for k in keys:
+            if k:
+                uses[k] = uses.get(k, 0) + 1
+
+    whole = []
+    for op in plan["namespace"] + plan["post"]:
+        use(op.get("key"), op.get("src"))
+    for op in plan["data"]:
+        if not op.get("stripes") and not op.get("extra_keys") and _whole_file_how(op, target, source_io):
+            whole.append(op["key"])
+            use(op["key"])
+            continue
+        use(op.get("key"), op.get("base"), *(op.get("extra_keys") or []))
+        for sp in op.get("stripes") or []:
+            use(sp.get("key"), sp.get("base"))
+    return {k for k in whole if uses[k] == 1}
+
+
+def write_fence(
+    plan: dict, target, source_io, cache_path: str | None = None, *, since: int | None = None
+) -> tuple[list[str], dict, dict]:
+    """The write fence of ``plan`` on ``target`` (DESIGN section 5): returns the problems, the
+    state the apply's undo entries start from, and what the fence did (the stats' ``fence``).
+
+    On an s3 target whose store honours conditional writes (``S3Target.conditional_writes``,
+    probed once and kept at ``cache_path``) the keys of :func:`conditional_keys` are not
+    listed: each write carries the fence itself and the store refuses it (412) if the key
+    changed since the fence instant; the rest are listed as before. ``since``: the fence
+    instant, if the caller has just read it (``target.fence_time_ns()``)."""
+    if since is None:
+        since = target.fence_time_ns()
+    how, conditional = None, set()
+    if since is not None and hasattr(target, "conditional_writes"):
+        conditional = conditional_keys(plan, target, source_io)
+        if conditional:
+            how = target.conditional_writes(cache_path)
+            if how is None:
+                conditional = set()
+    if not conditional:
+        problems, state = target.fence_check(plan["fence"], since)
+        return problems, state, {"conditional_writes": how, "keys_conditional": 0, "keys": len(plan["fence"])}
+    problems, state = target.fence_check(plan["fence"], since, conditional)
+    deferred = [k for k, v in state.items() if "condition" in v]
+    waited = target.after_fence_second(since) if deferred and not problems else 0.0
+    figures = {"conditional_writes": how, "keys_conditional": len(deferred), "keys": len(plan["fence"])}
+    if waited:
+        figures["waited_seconds"] = waited
+    return problems, state, figures
 
 
 def _write_object(target, journal, state, pulled, spec: dict, key: str, length: int, meta: dict, to_file) -> int:
@@ -588,14 +648,15 @@ def run_apply(cfg, target, epoch: int, spark=None, inject=None, first_epoch: int
         tgt.ensure_bucket()
         # a replica of the old layout moves before anything of this epoch is fenced or written
         tgt.upgrade_layout(progress=lambda line: print(f"apply: {line}", flush=True))
-    problems, state = tgt.fence_check(plan["fence"], tgt.fence_time_ns())
+    source_io, bucket = source_access(cfg, tcfg, epoch)
+    probe_path = local_path(Warehouse(cfg.warehouse).store_probe(tcfg.name))
+    problems, state, fence = write_fence(plan, tgt, source_io, probe_path)
     if problems:
         shown = "; ".join(problems[:20]) + (f"; and {len(problems) - 20} more" if len(problems) > 20 else "")
         raise EpochError(
             f"write fence: target {tcfg.name} ({tgt.describe()}) was changed by someone else since epoch "
             f"{pre['committed']}: {shown}. Nothing was written. Restore those paths or re-hydrate the target."
         )
-    source_io, bucket = source_access(cfg, tcfg, epoch)
     jdir = journal_dir(cfg.warehouse, tcfg.name, epoch)
     os.makedirs(jdir, exist_ok=True)
     write_json_atomic(os.path.join(jdir, "meta.json"), {"epoch": epoch, "first_epoch": plan.get("first_epoch")})
@@ -606,6 +667,7 @@ def run_apply(cfg, target, epoch: int, spark=None, inject=None, first_epoch: int
     figures = apply_plan(plan, tgt, source_io, bucket, jdir, state, spark=spark, faults=faults)
     # verify's facts (s3: the versions the apply wrote, from its responses), beside the plan
     write_json_atomic(facts_path, {"epoch": epoch, "facts": figures.pop("facts", {})})
+    figures["fence"] = fence
     figures["seconds"] = round(time.monotonic() - t0, 3)
     write_stage_stats(cfg.warehouse, tcfg.name, epoch, "apply", figures)
     return figures

@@ -85,6 +85,9 @@ def make_client(
     events = client.meta.events
     for op in ("PutObject", "UploadPart"):
         events.register(f"before-parameter-build.s3.{op}", content_md5)
+    for op in ("PutObject", "CopyObject"):
+        events.register(f"before-parameter-build.s3.{op}", take_unmodified_since)
+        events.register(f"before-call.s3.{op}", send_unmodified_since)
     for op in ("ListObjectVersions", "ListObjectsV2", "ListObjects"):
         events.register(f"before-parse.s3.{op}", readable_listing)
     return client
@@ -119,6 +122,27 @@ def content_md5(params: dict, **kwargs) -> None:
         import hashlib
 
         params["ContentMD5"] = base64.b64encode(hashlib.md5(body).digest()).decode()
+
+
+#: a PutObject or CopyObject parameter of ours (botocore's models have no such header for
+#: them): the HTTP date sent as ``If-Unmodified-Since``, the write's own precondition on the
+#: key it writes (SeaweedFS honours it, answering 412; see ``S3Target.probe_conditional_writes``)
+IF_UNMODIFIED_SINCE = "EsIfUnmodifiedSince"
+
+
+def take_unmodified_since(params: dict, context: dict, **kwargs) -> None:
+    """botocore handler: move :data:`IF_UNMODIFIED_SINCE` out of the parameters (botocore would
+    refuse it) into the request's context."""
+    value = params.pop(IF_UNMODIFIED_SINCE, None)
+    if value is not None:
+        context[IF_UNMODIFIED_SINCE] = value
+
+
+def send_unmodified_since(params: dict, **kwargs) -> None:
+    """botocore handler: the ``If-Unmodified-Since`` header :func:`take_unmodified_since` kept."""
+    value = (params.get("context") or {}).get(IF_UNMODIFIED_SINCE)
+    if value is not None:
+        params["headers"]["If-Unmodified-Since"] = value
 
 
 #: control characters XML 1.0 cannot carry, even as character references

@@ -31,7 +31,7 @@ from collections import defaultdict
 from datetime import UTC, datetime
 from typing import Any
 
-from epochsync.core.errors import EpochsyncError, StoreError
+from epochsync.core.errors import EpochError, EpochsyncError, StoreError
 from epochsync.stores.s3 import decode_listing
 from epochsync.targets.base import (
     CONTROL_DIR,
@@ -45,12 +45,13 @@ from epochsync.targets.base import (
 )
 
 META_PREFIX = "es-"
+NS = 1_000_000_000
 #: threads of a rollback's undo replay (:meth:`S3Target.undo_all`): one key per thread at a
 #: time; each undo is a version listing and DELETEs, mostly waiting on the store (no more
 #: than the shared client's connection pool, ``stores.s3.POOL_CONNECTIONS``)
 UNDO_THREADS = 16
 #: the undo entries :meth:`S3Target.undo` knows, each touching only ``entry["key"]``
-UNDO_OPS = ("put", "delete", "mpu")
+UNDO_OPS = ("put", "delete", "mpu", "refused")
 #: The replica layout this code writes (the manifest's ``layout``; a manifest without one is
 #: layout 1). Layout 2 keeps each directory's attributes in one empty, versioned object of
 #: the control area, :func:`dir_key` (``<control_dir>/dirs/_a/_b/dir`` for ``a/b``; the
@@ -426,6 +427,16 @@ def _etag(value: str | None) -> str | None:
     return value.strip('"') if value else None
 
 
+def _http_date_ns(value: str | None) -> int | None:
+    """An HTTP date (a store's ``Date``) in ns, None if there is none or it is not one date."""
+    from email.utils import parsedate_to_datetime
+
+    try:
+        return int(parsedate_to_datetime(value).timestamp() * NS) if value else None
+    except (TypeError, ValueError):
+        return None
+
+
 def _finish_versions(found: dict) -> dict:
     """``{"known": [ids], "current": the live version or None, "history": [...]}``."""
     cur = found["current"]
@@ -535,6 +546,11 @@ class S3Target(Target):
         self._written: dict[str, dict] = {}
         #: the replica's layout (:data:`LAYOUT`), known once the manifest was read
         self._layout: int | None = None
+        #: the store's ``Server`` header and clock (``Date``) at :meth:`fence_time_ns`
+        self.server: str | None = None
+        self._store_now_ns: int | None = None
+        #: journal folder -> keys whose conditional write the store refused (:meth:`undo`)
+        self._refused: dict[str, set[str]] = {}
 
     def describe(self) -> str:
         """Returns ``s3://bucket/prefix``."""
@@ -605,12 +621,142 @@ class S3Target(Target):
             if error_code(exc) in ("NoSuchKey", "404", "NotFound"):
                 return None
             raise
+        headers = h.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+        self.server = headers.get("server") or self.server
+        now = _http_date_ns(headers.get("date"))
+        if now is not None:
+            self._store_now_ns = max(self._store_now_ns or 0, now)
         return int(h["LastModified"].astimezone(UTC).timestamp() * 1e9)
 
     def fence_time_ns(self) -> int | None:
-        """Returns the later LastModified of the manifest and the rollback marker (ns), None if neither exists."""
+        """Returns the later LastModified of the manifest and the rollback marker (ns), None if neither exists.
+
+        Also notes the store's clock (the answers' ``Date``) and name (``Server``): see
+        :meth:`after_fence_second` and :meth:`conditional_writes`."""
+        self._store_now_ns = None
         times = [t for n in ("manifest.json", "rollback.json") if (t := self._last_modified_ns(self._control_key(n)))]
         return max(times) if times else None
+
+    def after_fence_second(self, since_ns: int | None) -> float:
+        """Wait until the store's clock is past the second of ``since_ns`` (the fence instant); returns
+        the seconds waited (0 almost always: an epoch rarely starts in its predecessor's commit second).
+
+        A conditional write's undo entry (:meth:`undo`) deletes the versions listed as written
+        after that instant, and listings give whole seconds: a version this epoch wrote in the
+        fence instant's second would look like E-1's and stay."""
+        if since_ns is None or self._store_now_ns is None or self._store_now_ns // NS > since_ns // NS:
+            return 0.0
+        time.sleep(1.0)
+        return 1.0
+
+    #: the answer :meth:`probe_conditional_writes` gives for a store that honours what a
+    #: conditional write fence needs
+    CONDITIONAL_HOW = "if-unmodified-since"
+
+    def probe_conditional_writes(self) -> dict:
+        """Try, on throw-away keys of the control area, the preconditions a conditional write fence
+        relies on; returns ``{"how": CONDITIONAL_HOW or None, "server", "failed": what did not hold}``.
+
+        Each must be refused (412) or must succeed, as S3's conditional requests say:
+        ``If-None-Match: *`` over a current object (refused) and over none (succeeds);
+        ``If-Unmodified-Since`` a date before the current object (refused, a PUT and a
+        CopyObject) and the date of its own write's second (succeeds: the store compares whole
+        seconds, as the fence's instant has them). AWS S3 and moto do not honour
+        ``If-Unmodified-Since`` on a write (moto ignores every precondition of a copy), so
+        there the fence stays a listing. About 10 requests, once per target and store version
+        (:meth:`conditional_writes`).
+        """
+        import uuid
+
+        from botocore.exceptions import ClientError
+
+        from epochsync.stores.s3 import IF_UNMODIFIED_SINCE
+
+        rel = f"{self.control_dir}/probe/conditional-{uuid.uuid4().hex}"
+        key, fresh = self._full(rel), self._full(rel + "-new")
+        long_ago = "Mon, 01 Jan 2001 00:00:00 GMT"
+        failed: list[str] = []
+
+        def attempt(what: str, want_refused: bool, fn) -> None:
+            try:
+                self.io.call(f"probe: {what}", fn)
+                refused = False
+            except ClientError as exc:
+                if error_code(exc) not in ("PreconditionFailed", "412"):
+                    raise
+                refused = True
+            if refused != want_refused:
+                failed.append(f"{what} was {'refused' if refused else 'accepted'}")
+
+        try:
+            first = self.io.call("probe: PUT", lambda c: c.put_object(Bucket=self.bucket, Key=key, Body=b"probe"))
+            headers = first.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+            self.server = headers.get("server") or self.server
+            written_second = headers.get("date") if _http_date_ns(headers.get("date")) is not None else None
+            attempt(
+                "If-None-Match * over an object",
+                True,
+                lambda c: c.put_object(Bucket=self.bucket, Key=key, Body=b"x", IfNoneMatch="*"),
+            )
+            attempt(
+                "If-None-Match * over no object",
+                False,
+                lambda c: c.put_object(Bucket=self.bucket, Key=fresh, Body=b"x", IfNoneMatch="*"),
+            )
+            attempt(
+                "If-Unmodified-Since 2001 over an object",
+                True,
+                lambda c: c.put_object(Bucket=self.bucket, Key=key, Body=b"x", **{IF_UNMODIFIED_SINCE: long_ago}),
+            )
+            attempt(
+                "a CopyObject If-Unmodified-Since 2001 over an object",
+                True,
+                lambda c: c.copy_object(
+                    Bucket=self.bucket,
+                    Key=key,
+                    CopySource={"Bucket": self.bucket, "Key": fresh},
+                    **{IF_UNMODIFIED_SINCE: long_ago},
+                ),
+            )
+            if written_second:
+                attempt(
+                    "If-Unmodified-Since the second of the object's write",
+                    False,
+                    lambda c: c.put_object(
+                        Bucket=self.bucket, Key=key, Body=b"x", **{IF_UNMODIFIED_SINCE: written_second}
+                    ),
+                )
+            else:
+                failed.append("the store's answer has no Date")
+        finally:
+            for k in (rel, rel + "-new"):
+                self.undo({"op": "put", "key": k, "known": []}, "")
+        return {"how": None if failed else self.CONDITIONAL_HOW, "server": self.server, "failed": failed}
+
+    def conditional_writes(self, cache_path: str | None = None) -> str | None:
+        """How this target's writes carry their own fence (:data:`CONDITIONAL_HOW`), or None (the
+        fence lists). Probed once per target and store (:meth:`probe_conditional_writes`); the
+        answer is kept at ``cache_path`` with the endpoint, the bucket and the store's ``Server``
+        header, so another store, bucket or version of the store is probed again."""
+        import json
+        import os
+
+        ident = {"endpoint": self.io.settings.endpoint_url, "bucket": self.bucket, "server": self.server}
+        if cache_path and os.path.exists(cache_path):
+            try:
+                with open(cache_path) as f:
+                    doc = json.load(f)
+            except (OSError, ValueError):
+                doc = {}
+            if all(doc.get(k) == v for k, v in ident.items()):
+                return doc.get("how")
+        found = self.probe_conditional_writes()
+        if cache_path:
+            from epochsync.warehouse.fs import write_json_atomic
+
+            os.makedirs(os.path.dirname(cache_path), exist_ok=True)
+            write_json_atomic(cache_path, {**ident, "server": found["server"], **found})
+        return found["how"]
 
     def upgrade_layout(self, progress=None) -> int:
         """Move a layout-1 replica to :data:`LAYOUT` before an epoch writes it; returns the directory
@@ -821,12 +967,22 @@ class S3Target(Target):
         changes, so it is what a HEAD would return); no current version: absent. A current
         version that is another one (someone wrote the key since), and a key with no fact,
         cost a HEAD, as :meth:`stat` does.
+
+        A key written by a conditional write (the fact says ``conditional``) is not listed:
+        its entry is the write's. The store accepted that write only over the key as E-1's
+        commit left it, and its answer names the version it made, so the listing would only
+        add that nobody wrote the key between the apply and verify (docs/INTERNALS.md, "what
+        verify still proves").
         """
         facts = facts or {}
         keys = [self.key_of(path, "dir" if path == "" else t) for path, t in wanted]
-        listing = self.versions_of(k for k in keys if k in facts)
+        listing = self.versions_of(k for k in keys if k in facts and not facts[k].get("conditional"))
 
         def one(k: str) -> tuple[Entry | None, dict]:
+            w = facts.get(k)
+            if w is not None and w.get("conditional") and w.get("version"):
+                h = {"Metadata": w["meta"], "ContentLength": w["size"], "VersionId": w["version"]}
+                return self._entry(k, h, hashes=False), h
             if k in listing:
                 cur = listing[k]["current"]
                 if cur is None:
@@ -1026,15 +1182,26 @@ class S3Target(Target):
         with ThreadPoolExecutor(min(self.WALK_THREADS, len(items)), thread_name_prefix=name) as pool:
             return list(pool.map(fn, items))
 
-    def fence_check(self, expect: list[dict], since_ns: int | None) -> tuple[list[str], dict[str, Any]]:
+    def fence_check(self, expect: list[dict], since_ns: int | None, conditional=()) -> tuple[list[str], dict[str, Any]]:
         """``expect`` items: ``{"key", "present", "size"}``; returns problems and key → versions.
 
         The versions come from :meth:`versions_of` (a listing per directory of the plan's keys):
-        the same facts per key as a listing of each key, so the same checks."""
+        the same facts per key as a listing of each key, so the same checks. A key in
+        ``conditional`` (keys the epoch writes once, whole, when the store honours
+        :meth:`conditional_writes`) is not listed: its state is the condition its write
+        carries, ``{"condition": {"present", "since_ns"}}`` (:meth:`_journal_key`), and the
+        store checks it when the write arrives, in the same request."""
         problems, state = [], {}
-        listing = self.versions_of(item["key"] for item in expect)
+        conditional = set(conditional) if since_ns is not None else set()
+        deferred = {
+            item["key"] for item in expect if item["key"] in conditional and item.get("present") in (True, False)
+        }
+        listing = self.versions_of(item["key"] for item in expect if item["key"] not in deferred)
         for item in expect:
             rel = item["key"]
+            if rel in deferred:
+                state[rel] = {"condition": {"present": bool(item["present"]), "since_ns": since_ns}}
+                continue
             v = dict(listing[rel])
             history = v.pop("history", [])
             state[rel] = v
@@ -1061,12 +1228,62 @@ class S3Target(Target):
         return problems, state
 
     # ------------------------------------------------------------------ mutations
-    def _journal_key(self, journal, op: str, rel_key: str, state: dict) -> None:
+    def _journal_key(self, journal, op: str, rel_key: str, state: dict, *, whole: bool = False) -> dict:
+        """Journal ``op`` of ``rel_key`` before it is made; returns the precondition the request carries
+        (its keyword arguments; none: the fence listed the key).
+
+        ``whole``: the write replaces the object whatever it was (a PUT of a whole body, a copy).
+        Such a write of a key the fence left to the store (``state``: a ``condition``) carries
+        ``If-None-Match: *`` (absent at E-1) or ``If-Unmodified-Since`` the fence instant (present),
+        and its undo entry says that instant instead of the versions the key had: the undo
+        deletes the versions written after it (:meth:`undo`). Any other mutation of such a
+        key lists it first, as the fence would have."""
+        from email.utils import formatdate
+
+        from epochsync.stores.s3 import IF_UNMODIFIED_SINCE
+
         known = state.get(rel_key)
-        if known is None:
+        cond = (known or {}).get("condition")
+        if cond is not None and whole and op == "put":
+            journal.append({"op": "put", "key": rel_key, "since_ns": cond["since_ns"]})
+            if cond["present"]:
+                return {IF_UNMODIFIED_SINCE: formatdate(cond["since_ns"] / NS, usegmt=True)}
+            return {"IfNoneMatch": "*"}
+        if known is None or cond is not None:
             known = self.key_versions(rel_key)
             state[rel_key] = known
         journal.append({"op": op, "key": rel_key, "known": known["known"]})
+        return {}
+
+    def _write_refused(self, journal, rel_key: str, precondition: dict, meta: dict, etag: str | None) -> dict:
+        """A conditional write answered 412. Either an earlier attempt of this very request landed and
+        its answer was lost (a retried PUT finds its own object: same ETag and metadata), and the
+        HEAD of it is returned as the write's answer; or someone else wrote the key after the
+        fence instant: the journal says its versions since then are not this epoch's to undo
+        (``refused``), and the epoch fails, naming the key."""
+        h = self.head(rel_key)
+        if h is not None and h.get("Metadata") == meta and (etag is None or _etag(h.get("ETag")) == etag):
+            return h
+        journal.append({"op": "refused", "key": rel_key})
+        now = self.key_versions(rel_key)
+        since = next(iter(self._condition_since(precondition)), None)
+        raise EpochError(
+            f"write fence: {self.describe()}{rel_key} was changed by someone else since the last commit: the store "
+            f"refused this epoch's conditional write of it (412 Precondition Failed: "
+            f"{', '.join(sorted(precondition))}){_both_versions(now['current'], now['history'], since)}. "
+            "The epoch fails and is rolled back; that key is left as it is. Restore it or re-hydrate the target."
+        )
+
+    @staticmethod
+    def _condition_since(precondition: dict) -> list[int]:
+        """The fence instant (ns) an ``If-Unmodified-Since`` precondition names, if it has one."""
+        from email.utils import parsedate_to_datetime
+
+        from epochsync.stores.s3 import IF_UNMODIFIED_SINCE
+
+        if IF_UNMODIFIED_SINCE not in precondition:
+            return []
+        return [int(parsedate_to_datetime(precondition[IF_UNMODIFIED_SINCE]).timestamp() * NS)]
 
     def check_meta(self, rel_key: str, meta: dict) -> None:
         """Refuse metadata S3 would refuse (:data:`META_LIMIT`), before anything is written."""
@@ -1118,20 +1335,31 @@ class S3Target(Target):
     def _copy(self, journal, state: dict, rel_key: str, source: dict, what: str, meta: dict, size: int, **fact) -> None:
         """CopyObject of ``source`` (bucket, key, version) to ``rel_key`` with ``meta``, journaled first;
         ``fact``: what the copy's fact says it copied."""
+        from botocore.exceptions import ClientError
+
         self.check_meta(rel_key, meta)
-        self._journal_key(journal, "put", rel_key, state)
-        resp = self.io.call(
-            what,
-            lambda c: c.copy_object(
-                Bucket=self.bucket,
-                Key=self._full(rel_key),
-                CopySource=source,
-                MetadataDirective="REPLACE",
-                Metadata=meta,
-            ),
-        )
+        precondition = self._journal_key(journal, "put", rel_key, state, whole=True)
+        try:
+            resp = self.io.call(
+                what,
+                lambda c: c.copy_object(
+                    Bucket=self.bucket,
+                    Key=self._full(rel_key),
+                    CopySource=source,
+                    MetadataDirective="REPLACE",
+                    Metadata=meta,
+                    **precondition,
+                ),
+            )
+            etag = _etag((resp.get("CopyObjectResult") or {}).get("ETag"))
+        except ClientError as exc:
+            if not precondition or error_code(exc) not in ("PreconditionFailed", "412"):
+                raise
+            resp = self._write_refused(journal, rel_key, precondition, meta, None)
+            etag = _etag(resp.get("ETag"))
         self.io.counters.count(copied=size)
-        etag = _etag((resp.get("CopyObjectResult") or {}).get("ETag"))
+        if precondition:
+            fact["conditional"] = True
         self._wrote(rel_key, resp, meta, size, etag=etag, **fact)
 
     def put(self, journal, state: dict, rel_key: str, body: bytes, meta: dict, *, source: dict | None = None) -> None:
@@ -1139,20 +1367,30 @@ class S3Target(Target):
         fact with the body's MD5 (computed here; the request carries it as ``Content-MD5``, which
         the store checks) and the store's ETag, and ``source``: the plan's source objects the
         body was read whole from (``stages.verify`` then needs no read of it)."""
+        from botocore.exceptions import ClientError
+
         self.check_meta(rel_key, meta)
         md5 = hashlib.md5(body).hexdigest()
-        self._journal_key(journal, "put", rel_key, state)
-        resp = self.io.call(
-            f"PUT {rel_key}",
-            lambda c: c.put_object(
-                Bucket=self.bucket,
-                Key=self._full(rel_key),
-                Body=body,
-                Metadata=meta,
-                ContentMD5=base64.b64encode(bytes.fromhex(md5)).decode(),
-            ),
-        )
+        precondition = self._journal_key(journal, "put", rel_key, state, whole=True)
+        try:
+            resp = self.io.call(
+                f"PUT {rel_key}",
+                lambda c: c.put_object(
+                    Bucket=self.bucket,
+                    Key=self._full(rel_key),
+                    Body=body,
+                    Metadata=meta,
+                    ContentMD5=base64.b64encode(bytes.fromhex(md5)).decode(),
+                    **precondition,
+                ),
+            )
+        except ClientError as exc:
+            if not precondition or error_code(exc) not in ("PreconditionFailed", "412"):
+                raise
+            resp = self._write_refused(journal, rel_key, precondition, meta, md5)
         extra: dict[str, Any] = {"md5": md5}
+        if precondition:
+            extra["conditional"] = True
         if source is not None:
             extra["source"] = source
         self._wrote(rel_key, resp, meta, len(body), **extra)
@@ -1341,6 +1579,7 @@ class S3Target(Target):
         reported done is left for the next rollback (undo is idempotent).
         """
         entries = list(entries)
+        self._refused.pop(journal_dir, None)  # read again: this replay's journal
         groups: dict[str, list[dict]] = {}
         for entry in entries:
             groups.setdefault(entry.get("key"), []).append(entry)
@@ -1385,6 +1624,16 @@ class S3Target(Target):
             raise first[0]
         return tracker.done
 
+    def _refused_keys(self, journal_dir: str) -> set[str]:
+        """Keys whose conditional write the store refused (``refused`` entries of the journal at
+        ``journal_dir``), read once per replay."""
+        if journal_dir not in self._refused:
+            from epochsync.journal.undo import read_journal
+
+            entries = read_journal(journal_dir) if journal_dir else []
+            self._refused[journal_dir] = {e["key"] for e in entries if e.get("op") == "refused"}
+        return self._refused[journal_dir]
+
     def undo(self, entry: dict, journal_dir: str) -> None:
         """Reverse one undo entry: abort its multipart upload, or delete the key's versions written
         since (the earlier one is current again)."""
@@ -1400,17 +1649,27 @@ class S3Target(Target):
                 if error_code(exc) not in ("NoSuchUpload", "404"):
                     raise
             return
+        if op == "refused":  # what it says is read by the conditional write's own entry
+            return
         if op not in ("put", "delete"):
             raise EpochsyncError(f"s3 target: unknown undo entry {op!r}")
-        known = set(entry["known"])
         now = self.key_versions(entry["key"])
         key = self._full(entry["key"])
-        for vid in now["known"]:
-            if vid not in known:
-                self.io.call(
-                    f"DELETE {key} version {vid}",
-                    lambda c, vid=vid: c.delete_object(Bucket=self.bucket, Key=key, VersionId=vid),
-                )
+        if "known" in entry:
+            known = set(entry["known"])
+            undone = [vid for vid in now["known"] if vid not in known]
+        elif entry["key"] in self._refused_keys(journal_dir):
+            # the store refused this write: what came after the fence instant is someone else's
+            undone = []
+        else:
+            # a conditional write (_journal_key): the store let it through only while the key was
+            # as at the fence instant, so every version after that instant is this epoch's or later
+            undone = [v["version"] for v in now["history"] if v["time_ns"] > entry["since_ns"]]
+        for vid in undone:
+            self.io.call(
+                f"DELETE {key} version {vid}",
+                lambda c, vid=vid: c.delete_object(Bucket=self.bucket, Key=key, VersionId=vid),
+            )
 
 
 def _join_pool(pool) -> None:

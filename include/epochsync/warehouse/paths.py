@@ -86,6 +86,10 @@ class Warehouse:
         """Returns the folder of ``target``'s stats rows."""
         return self._join("stats", f"target={target}")
 
+    def store_probe(self, target: str) -> str:
+        """What ``target``'s store was found to honour (JSON: conditional writes), probed once."""
+        return self._join("probes", f"target={target}.json")
+
     def events(self, target: str) -> str:
         """Append-only JSON Lines of what happened to a target (commits, failures, rollbacks)."""
         return self._join("events", f"target={target}.jsonl")
