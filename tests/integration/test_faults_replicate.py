@@ -11,6 +11,7 @@ connection resets from a loopback fault proxy in front of the source store.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,8 +27,8 @@ from support.histories import (
 
 from epochsync.core.errors import EpochsyncError
 from epochsync.journal.undo import journal_dir, journal_exists, read_json
-from epochsync.stages.apply import run_apply
-from epochsync.stages.context import check_preconditions, committed_epoch, plan_path
+from epochsync.stages.apply import conditional_keys, run_apply
+from epochsync.stages.context import check_preconditions, committed_epoch, plan_path, source_access
 from epochsync.stages.rollback import rollback_target
 from epochsync.stages.translate import run_translate
 from epochsync.stages.verify import run_verify
@@ -52,6 +53,13 @@ def hist(seaweed, tmp_path_factory, spark):
         replicate_epoch(spark, cfg, t, 1)
         run_translate(cfg, t, 2, spark)
     return out, cfg
+
+
+def next_second() -> None:
+    """Sleep into the next whole second (listings and the fence instant have whole seconds)."""
+    import time
+
+    time.sleep(1.05 - time.time() % 1)
 
 
 def back_at_1(hist, t, spark):
@@ -189,9 +197,13 @@ def test_write_fence_refuses_keys_changed_by_someone_else(hist, spark, seaweed, 
         intruder = next(i["path"] for i in plan["fence"] if i.get("type") is None and "/" not in i["path"])
         Path(target.root, intruder).write_bytes(b"squatter")
     else:
-        victim = next(i["key"] for i in plan["fence"] if i.get("present"))
-        intruder = next(i["key"] for i in plan["fence"] if not i.get("present"))
+        # keys the fence lists: not those a conditional write fences itself (below)
+        conditional = conditional_keys(plan, target, source_access(cfg, cfg.target(t), 2)[0])
+        listed = [i for i in plan["fence"] if i["key"] not in conditional]
+        victim = next(i["key"] for i in listed if i.get("present"))
+        intruder = next(i["key"] for i in listed if not i.get("present"))
         c = seaweed.client()
+        next_second()  # a foreign write in the last commit's own second is one no fence sees
         c.put_object(Bucket=target.bucket, Key=target.prefix + victim, Body=b"foreign")
         c.put_object(Bucket=target.bucket, Key=target.prefix + intruder, Body=b"squatter")
     with pytest.raises(EpochsyncError, match="write fence") as exc:
@@ -200,3 +212,22 @@ def test_write_fence_refuses_keys_changed_by_someone_else(hist, spark, seaweed, 
     assert "Nothing was written" in str(exc.value)
     assert not journal_exists(journal_dir(cfg.warehouse, t, 2))
     assert committed_epoch(cfg, t) == 1
+    if t != "s3":
+        return
+    # a key whose write carries the fence (If-Unmodified-Since the last commit): the store refuses
+    # that write (412), the epoch fails naming it, and the rollback takes back every other write;
+    # its check names the foreign key until someone restores it
+    assert conditional, "the simulated epoch has whole-file writes on the store of the source"
+    for key in (victim, intruder):
+        c.delete_object(Bucket=target.bucket, Key=target.prefix + key, VersionId=target.head(key)["VersionId"])
+    victim = sorted(conditional)[0]
+    next_second()
+    made = c.put_object(Bucket=target.bucket, Key=target.prefix + victim, Body=b"foreign")["VersionId"]
+    with pytest.raises(EpochsyncError, match=f"{re.escape(victim)} was changed by someone else.*412"):
+        run_apply(cfg, t, 2, spark)
+    assert journal_exists(journal_dir(cfg.warehouse, t, 2))
+    with pytest.raises(EpochsyncError, match=f"does not match snapshot 1: {re.escape(victim)}"):
+        rollback_target(cfg, t, spark)
+    assert target.key_versions(victim)["current"]["version"] == made  # the foreign write is left as it was
+    c.delete_object(Bucket=target.bucket, Key=target.prefix + victim, VersionId=made)
+    back_at_1(hist, t, spark)

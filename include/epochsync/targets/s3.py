@@ -968,8 +968,9 @@ class S3Target(Target):
         version that is another one (someone wrote the key since), and a key with no fact,
         cost a HEAD, as :meth:`stat` does.
 
-        A key written by a conditional write (the fact says ``conditional``) is not listed:
-        its entry is the write's. The store accepted that write only over the key as E-1's
+        A key PUT by a conditional write (the fact says ``conditional``; a copy's fact does
+        not: its size is the plan's, and the listing's is the store's) is not listed: its
+        entry is the write's, the size that of the body sent. The store accepted that write only over the key as E-1's
         commit left it, and its answer names the version it made, so the listing would only
         add that nobody wrote the key between the apply and verify (docs/INTERNALS.md, "what
         verify still proves").
@@ -1358,8 +1359,8 @@ class S3Target(Target):
             resp = self._write_refused(journal, rel_key, precondition, meta, None)
             etag = _etag(resp.get("ETag"))
         self.io.counters.count(copied=size)
-        if precondition:
-            fact["conditional"] = True
+        # no "conditional" in the fact, unlike a PUT: ``size`` is what the plan says, and verify's
+        # listing gives the store's (a source version shorter than its file is caught by that)
         self._wrote(rel_key, resp, meta, size, etag=etag, **fact)
 
     def put(self, journal, state: dict, rel_key: str, body: bytes, meta: dict, *, source: dict | None = None) -> None:
