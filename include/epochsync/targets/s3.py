@@ -14,7 +14,10 @@ a hard link copies only the head.
 The bucket is versioned. Every mutation is journaled first with the set of versions
 the key had (from the write fence's listing); undo deletes every version of the key
 that is not in that set, which restores the previous state with no data copied, and
-is idempotent. Started multipart uploads are journaled and aborted by a rollback.
+is idempotent. A key written whole on a store that honours conditional writes is not
+listed: its write carries the fence (``If-Unmodified-Since`` the fence instant, or
+``If-None-Match: *``), and its entry names that instant instead; undo deletes the
+versions written after it. Started multipart uploads are journaled and aborted by a rollback.
 """
 
 from __future__ import annotations
@@ -1571,8 +1574,9 @@ class S3Target(Target):
         many were undone.
 
         Every entry touches only its own key: ``put``/``delete`` delete the versions of
-        ``entry["key"]`` not in ``known`` (a copy's source is another key with an entry of its
-        own), ``mpu`` aborts an upload of that key. So the entries are grouped by key, each
+        ``entry["key"]`` not in ``known``, or written after ``since_ns`` (a copy's source is
+        another key with an entry of its own), ``mpu`` aborts an upload of that key,
+        ``refused`` does nothing. So the entries are grouped by key, each
         group replayed in the order given by one of :data:`UNDO_THREADS` threads. ``on_done``
         is called (from those threads) only after an entry's undo finished. The first error,
         including an injected fault from ``before``, stops the other groups at their next
