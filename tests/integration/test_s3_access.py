@@ -193,3 +193,32 @@ def test_counters_add_and_report():
         "bytes_copied": 5,
         "retries": 1,
     }
+
+
+def test_the_conditional_writes_the_write_fence_relies_on(store, request, tmp_path):
+    """SeaweedFS honours every precondition the s3 target's conditional writes carry (412 for a PUT
+    or a copy over an object written after ``If-Unmodified-Since``, and for ``If-None-Match: *``
+    over one), so a key written whole is fenced by its write there. moto does not (it ignores
+    ``If-Unmodified-Since`` on a PUT and every precondition of a copy): the probe says so and
+    on the moto double the fence lists, as it would on AWS S3. The probe leaves no object, and
+    its answer is kept: a second call sends nothing."""
+    from epochsync.core.config import TargetConfig
+    from epochsync.targets.s3 import S3Target
+
+    access, admin, bucket = store
+    cfg = TargetConfig(name="probe", source="sim", kind="s3", conn_id="unused", bucket=bucket, prefix="p/")
+    target = S3Target(cfg, settings=access.settings)
+    found = target.probe_conditional_writes()
+    if request.node.callspec.params["store"] == "seaweed":
+        assert found["how"] == "if-unmodified-since" and found["failed"] == [], found
+    else:
+        assert found["how"] is None, found
+        assert "If-Unmodified-Since 2001 over an object was accepted" in found["failed"], found
+        assert "a CopyObject If-Unmodified-Since 2001 over an object was accepted" in found["failed"], found
+    listed = admin.list_object_versions(Bucket=bucket, Prefix="p/")
+    assert not listed.get("Versions") and not listed.get("DeleteMarkers")
+    cache = str(tmp_path / "probe.json")
+    assert target.conditional_writes(cache) == found["how"]
+    sent = sum(target.io.counters.as_dict()["requests"].values())
+    assert target.conditional_writes(cache) == found["how"]
+    assert sum(target.io.counters.as_dict()["requests"].values()) == sent

@@ -1259,17 +1259,34 @@ class S3Target(Target):
         journal.append({"op": op, "key": rel_key, "known": known["known"]})
         return {}
 
-    def _write_refused(self, journal, rel_key: str, precondition: dict, meta: dict, etag: str | None) -> dict:
-        """A conditional write answered 412. Either an earlier attempt of this very request landed and
-        its answer was lost (a retried PUT finds its own object: same ETag and metadata), and the
-        HEAD of it is returned as the write's answer; or someone else wrote the key after the
-        fence instant: the journal says its versions since then are not this epoch's to undo
-        (``refused``), and the epoch fails, naming the key."""
+    def _conditional_write(self, what: str, send, journal, rel_key: str, precondition: dict, meta: dict, etag):
+        """``send(client, precondition)`` (a PUT or a copy of ``rel_key``), with a 412 told apart.
+
+        - An earlier attempt of this very request landed and its answer was lost (a retry
+          finds its own object: same metadata, and ETag when known): the HEAD of it is the
+          answer.
+        - ``If-None-Match: *`` refused where the key has no current object: SeaweedFS refuses
+          it where its filer keeps a directory of the key's name (the versions of keys below
+          it, deleted long ago: a directory that became a file). The listing just made is
+          the fence the key would have had (nothing there), so the write goes again without it.
+        - Anything else: someone wrote the key after the fence instant. The journal says its
+          versions since then are not this epoch's to undo (``refused``) and the epoch fails,
+          naming the key with both its versions.
+        """
+        from botocore.exceptions import ClientError
+
+        try:
+            return self.io.call(what, lambda c: send(c, precondition))
+        except ClientError as exc:
+            if not precondition or error_code(exc) not in ("PreconditionFailed", "412"):
+                raise
         h = self.head(rel_key)
         if h is not None and h.get("Metadata") == meta and (etag is None or _etag(h.get("ETag")) == etag):
             return h
-        journal.append({"op": "refused", "key": rel_key})
         now = self.key_versions(rel_key)
+        if "IfNoneMatch" in precondition and now["current"] is None:
+            return self.io.call(what, lambda c: send(c, {}))
+        journal.append({"op": "refused", "key": rel_key})
         since = next(iter(self._condition_since(precondition)), None)
         raise EpochError(
             f"write fence: {self.describe()}{rel_key} was changed by someone else since the last commit: the store "
@@ -1339,28 +1356,21 @@ class S3Target(Target):
     def _copy(self, journal, state: dict, rel_key: str, source: dict, what: str, meta: dict, size: int, **fact) -> None:
         """CopyObject of ``source`` (bucket, key, version) to ``rel_key`` with ``meta``, journaled first;
         ``fact``: what the copy's fact says it copied."""
-        from botocore.exceptions import ClientError
-
         self.check_meta(rel_key, meta)
         precondition = self._journal_key(journal, "put", rel_key, state, whole=True)
-        try:
-            resp = self.io.call(
-                what,
-                lambda c: c.copy_object(
-                    Bucket=self.bucket,
-                    Key=self._full(rel_key),
-                    CopySource=source,
-                    MetadataDirective="REPLACE",
-                    Metadata=meta,
-                    **precondition,
-                ),
+
+        def send(c, precondition: dict):
+            return c.copy_object(
+                Bucket=self.bucket,
+                Key=self._full(rel_key),
+                CopySource=source,
+                MetadataDirective="REPLACE",
+                Metadata=meta,
+                **precondition,
             )
-            etag = _etag((resp.get("CopyObjectResult") or {}).get("ETag"))
-        except ClientError as exc:
-            if not precondition or error_code(exc) not in ("PreconditionFailed", "412"):
-                raise
-            resp = self._write_refused(journal, rel_key, precondition, meta, None)
-            etag = _etag(resp.get("ETag"))
+
+        resp = self._conditional_write(what, send, journal, rel_key, precondition, meta, None)
+        etag = _etag((resp.get("CopyObjectResult") or {}).get("ETag") or resp.get("ETag"))
         self.io.counters.count(copied=size)
         # no "conditional" in the fact, unlike a PUT: ``size`` is what the plan says, and verify's
         # listing gives the store's (a source version shorter than its file is caught by that)
@@ -1371,27 +1381,21 @@ class S3Target(Target):
         fact with the body's MD5 (computed here; the request carries it as ``Content-MD5``, which
         the store checks) and the store's ETag, and ``source``: the plan's source objects the
         body was read whole from (``stages.verify`` then needs no read of it)."""
-        from botocore.exceptions import ClientError
-
         self.check_meta(rel_key, meta)
         md5 = hashlib.md5(body).hexdigest()
         precondition = self._journal_key(journal, "put", rel_key, state, whole=True)
-        try:
-            resp = self.io.call(
-                f"PUT {rel_key}",
-                lambda c: c.put_object(
-                    Bucket=self.bucket,
-                    Key=self._full(rel_key),
-                    Body=body,
-                    Metadata=meta,
-                    ContentMD5=base64.b64encode(bytes.fromhex(md5)).decode(),
-                    **precondition,
-                ),
+
+        def send(c, precondition: dict):
+            return c.put_object(
+                Bucket=self.bucket,
+                Key=self._full(rel_key),
+                Body=body,
+                Metadata=meta,
+                ContentMD5=base64.b64encode(bytes.fromhex(md5)).decode(),
+                **precondition,
             )
-        except ClientError as exc:
-            if not precondition or error_code(exc) not in ("PreconditionFailed", "412"):
-                raise
-            resp = self._write_refused(journal, rel_key, precondition, meta, md5)
+
+        resp = self._conditional_write(f"PUT {rel_key}", send, journal, rel_key, precondition, meta, md5)
         extra: dict[str, Any] = {"md5": md5}
         if precondition:
             extra["conditional"] = True
