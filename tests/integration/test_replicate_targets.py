@@ -20,7 +20,7 @@ from support.plans import entry, row
 
 from epochsync.core.config import TargetConfig
 from epochsync.journal.undo import read_journal
-from epochsync.stages.apply import apply_plan
+from epochsync.stages.apply import apply_plan, write_fence
 from epochsync.stages.translate import build_plan
 from epochsync.stages.verify import verify_plan
 from epochsync.stores.connections import resolve_s3
@@ -87,10 +87,11 @@ def target(request, env):
 def run(env, target, entries, epoch, *, inject=None):
     tdict = _tdict(target)
     plan = build_plan(entries, target=tdict, store=env["store"], epoch=epoch)
-    problems, state = target.fence_check(plan["fence"], target.fence_time_ns())
+    src_io = S3Access(resolve_s3("contract_s3"))
+    # as run_apply: on SeaweedFS a key written whole carries its fence (a conditional write)
+    problems, state, _ = write_fence(plan, target, src_io, str(env["tmp"] / "probe.json"))
     assert problems == []
     jdir = str(env["tmp"] / f"undo-{target.name}-{epoch}")
-    src_io = S3Access(resolve_s3("contract_s3"))
     figures = apply_plan(plan, target, src_io, env["store"]["bucket"], jdir, state, faults=inject)
     return plan, jdir, figures, src_io
 

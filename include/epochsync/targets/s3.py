@@ -552,8 +552,8 @@ class S3Target(Target):
         #: the store's ``Server`` header and clock (``Date``) at :meth:`fence_time_ns`
         self.server: str | None = None
         self._store_now_ns: int | None = None
-        #: journal folder -> keys whose conditional write the store refused (:meth:`undo`)
-        self._refused: dict[str, set[str]] = {}
+        #: journal folder -> (its files' sizes and times, keys whose conditional write the store refused)
+        self._refused: dict[str, tuple] = {}
 
     def describe(self) -> str:
         """Returns ``s3://bucket/prefix``."""
@@ -1588,7 +1588,6 @@ class S3Target(Target):
         reported done is left for the next rollback (undo is idempotent).
         """
         entries = list(entries)
-        self._refused.pop(journal_dir, None)  # read again: this replay's journal
         groups: dict[str, list[dict]] = {}
         for entry in entries:
             groups.setdefault(entry.get("key"), []).append(entry)
@@ -1635,13 +1634,20 @@ class S3Target(Target):
 
     def _refused_keys(self, journal_dir: str) -> set[str]:
         """Keys whose conditional write the store refused (``refused`` entries of the journal at
-        ``journal_dir``), read once per replay."""
-        if journal_dir not in self._refused:
-            from epochsync.journal.undo import read_journal
+        ``journal_dir``), read again whenever the journal's files changed."""
+        import os
 
-            entries = read_journal(journal_dir) if journal_dir else []
-            self._refused[journal_dir] = {e["key"] for e in entries if e.get("op") == "refused"}
-        return self._refused[journal_dir]
+        from epochsync.journal.undo import read_journal
+
+        if not journal_dir or not os.path.isdir(journal_dir):
+            return set()
+        with os.scandir(journal_dir) as it:
+            stamp = tuple(sorted((e.name, e.stat().st_size, e.stat().st_mtime_ns) for e in it if e.is_file()))
+        cached = self._refused.get(journal_dir)
+        if cached is None or cached[0] != stamp:
+            keys = {e["key"] for e in read_journal(journal_dir) if e.get("op") == "refused"}
+            self._refused[journal_dir] = cached = (stamp, keys)
+        return cached[1]
 
     def undo(self, entry: dict, journal_dir: str) -> None:
         """Reverse one undo entry: abort its multipart upload, or delete the key's versions written
