@@ -54,7 +54,7 @@ NS = 1_000_000_000
 #: than the shared client's connection pool, ``stores.s3.POOL_CONNECTIONS``)
 UNDO_THREADS = 16
 #: the undo entries :meth:`S3Target.undo` knows, each touching only ``entry["key"]``
-UNDO_OPS = ("put", "delete", "mpu", "refused")
+UNDO_OPS = ("put", "delete", "mpu")
 #: The replica layout this code writes (the manifest's ``layout``; a manifest without one is
 #: layout 1). Layout 2 keeps each directory's attributes in one empty, versioned object of
 #: the control area, :func:`dir_key` (``<control_dir>/dirs/_a/_b/dir`` for ``a/b``; the
@@ -440,6 +440,13 @@ def _http_date_ns(value: str | None) -> int | None:
         return None
 
 
+def meta_digest(meta: dict[str, str]) -> str:
+    """SHA-256 of object metadata as a store returns it (names lower case, in any order): how the
+    undo of a conditional write knows the version it made (:meth:`S3Target.undo`)."""
+    doc = json.dumps({k.lower(): v for k, v in meta.items()}, sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(doc.encode()).hexdigest()
+
+
 def _finish_versions(found: dict) -> dict:
     """``{"known": [ids], "current": the live version or None, "history": [...]}``."""
     cur = found["current"]
@@ -552,8 +559,6 @@ class S3Target(Target):
         #: the store's ``Server`` header and clock (``Date``) at :meth:`fence_time_ns`
         self.server: str | None = None
         self._store_now_ns: int | None = None
-        #: journal folder -> (its files' sizes and times, keys whose conditional write the store refused)
-        self._refused: dict[str, tuple] = {}
 
     def describe(self) -> str:
         """Returns ``s3://bucket/prefix``."""
@@ -1232,16 +1237,19 @@ class S3Target(Target):
         return problems, state
 
     # ------------------------------------------------------------------ mutations
-    def _journal_key(self, journal, op: str, rel_key: str, state: dict, *, whole: bool = False) -> dict:
+    def _journal_key(
+        self, journal, op: str, rel_key: str, state: dict, *, whole: bool = False, meta: dict | None = None
+    ) -> dict:
         """Journal ``op`` of ``rel_key`` before it is made; returns the precondition the request carries
         (its keyword arguments; none: the fence listed the key).
 
         ``whole``: the write replaces the object whatever it was (a PUT of a whole body, a copy).
         Such a write of a key the fence left to the store (``state``: a ``condition``) carries
         ``If-None-Match: *`` (absent at E-1) or ``If-Unmodified-Since`` the fence instant (present),
-        and its undo entry says that instant instead of the versions the key had: the undo
-        deletes the versions written after it (:meth:`undo`). Any other mutation of such a
-        key lists it first, as the fence would have."""
+        and its undo entry says that instant instead of the versions the key had, and the
+        digest of the write's ``meta``: the undo deletes the versions written after that
+        instant if one of them is this write (:meth:`undo`). Any other mutation of such a key
+        lists it first, as the fence would have."""
         from email.utils import formatdate
 
         from epochsync.stores.s3 import IF_UNMODIFIED_SINCE
@@ -1249,7 +1257,7 @@ class S3Target(Target):
         known = state.get(rel_key)
         cond = (known or {}).get("condition")
         if cond is not None and whole and op == "put":
-            journal.append({"op": "put", "key": rel_key, "since_ns": cond["since_ns"]})
+            journal.append({"op": "put", "key": rel_key, "since_ns": cond["since_ns"], "meta": meta_digest(meta or {})})
             if cond["present"]:
                 return {IF_UNMODIFIED_SINCE: formatdate(cond["since_ns"] / NS, usegmt=True)}
             return {"IfNoneMatch": "*"}
@@ -1259,7 +1267,7 @@ class S3Target(Target):
         journal.append({"op": op, "key": rel_key, "known": known["known"]})
         return {}
 
-    def _conditional_write(self, what: str, send, journal, rel_key: str, precondition: dict, meta: dict, etag):
+    def _conditional_write(self, what: str, send, rel_key: str, precondition: dict, meta: dict, etag):
         """``send(client, precondition)`` (a PUT or a copy of ``rel_key``), with a 412 told apart.
 
         - An earlier attempt of this very request landed and its answer was lost (a retry
@@ -1269,9 +1277,9 @@ class S3Target(Target):
           it where its filer keeps a directory of the key's name (the versions of keys below
           it, deleted long ago: a directory that became a file). The listing just made is
           the fence the key would have had (nothing there), so the write goes again without it.
-        - Anything else: someone wrote the key after the fence instant. The journal says its
-          versions since then are not this epoch's to undo (``refused``) and the epoch fails,
-          naming the key with both its versions.
+        - Anything else: someone wrote the key after the fence instant, and the epoch fails,
+          naming the key with both its versions. Its undo entry then deletes nothing: no
+          version after the instant is this write (:meth:`undo`).
         """
         from botocore.exceptions import ClientError
 
@@ -1286,7 +1294,6 @@ class S3Target(Target):
         now = self.key_versions(rel_key)
         if "IfNoneMatch" in precondition and now["current"] is None:
             return self.io.call(what, lambda c: send(c, {}))
-        journal.append({"op": "refused", "key": rel_key})
         since = next(iter(self._condition_since(precondition)), None)
         raise EpochError(
             f"write fence: {self.describe()}{rel_key} was changed by someone else since the last commit: the store "
@@ -1357,7 +1364,7 @@ class S3Target(Target):
         """CopyObject of ``source`` (bucket, key, version) to ``rel_key`` with ``meta``, journaled first;
         ``fact``: what the copy's fact says it copied."""
         self.check_meta(rel_key, meta)
-        precondition = self._journal_key(journal, "put", rel_key, state, whole=True)
+        precondition = self._journal_key(journal, "put", rel_key, state, whole=True, meta=meta)
 
         def send(c, precondition: dict):
             return c.copy_object(
@@ -1369,7 +1376,7 @@ class S3Target(Target):
                 **precondition,
             )
 
-        resp = self._conditional_write(what, send, journal, rel_key, precondition, meta, None)
+        resp = self._conditional_write(what, send, rel_key, precondition, meta, None)
         etag = _etag((resp.get("CopyObjectResult") or {}).get("ETag") or resp.get("ETag"))
         self.io.counters.count(copied=size)
         # no "conditional" in the fact, unlike a PUT: ``size`` is what the plan says, and verify's
@@ -1383,7 +1390,7 @@ class S3Target(Target):
         body was read whole from (``stages.verify`` then needs no read of it)."""
         self.check_meta(rel_key, meta)
         md5 = hashlib.md5(body).hexdigest()
-        precondition = self._journal_key(journal, "put", rel_key, state, whole=True)
+        precondition = self._journal_key(journal, "put", rel_key, state, whole=True, meta=meta)
 
         def send(c, precondition: dict):
             return c.put_object(
@@ -1395,7 +1402,7 @@ class S3Target(Target):
                 **precondition,
             )
 
-        resp = self._conditional_write(f"PUT {rel_key}", send, journal, rel_key, precondition, meta, md5)
+        resp = self._conditional_write(f"PUT {rel_key}", send, rel_key, precondition, meta, md5)
         extra: dict[str, Any] = {"md5": md5}
         if precondition:
             extra["conditional"] = True
@@ -1579,8 +1586,8 @@ class S3Target(Target):
 
         Every entry touches only its own key: ``put``/``delete`` delete the versions of
         ``entry["key"]`` not in ``known``, or written after ``since_ns`` (a copy's source is
-        another key with an entry of its own), ``mpu`` aborts an upload of that key,
-        ``refused`` does nothing. So the entries are grouped by key, each
+        another key with an entry of its own, and only if one of those is the entry's own
+        write), ``mpu`` aborts an upload of that key. So the entries are grouped by key, each
         group replayed in the order given by one of :data:`UNDO_THREADS` threads. ``on_done``
         is called (from those threads) only after an entry's undo finished. The first error,
         including an injected fault from ``before``, stops the other groups at their next
@@ -1632,22 +1639,19 @@ class S3Target(Target):
             raise first[0]
         return tracker.done
 
-    def _refused_keys(self, journal_dir: str) -> set[str]:
-        """Keys whose conditional write the store refused (``refused`` entries of the journal at
-        ``journal_dir``), read again whenever the journal's files changed."""
-        import os
-
-        from epochsync.journal.undo import read_journal
-
-        if not journal_dir or not os.path.isdir(journal_dir):
-            return set()
-        with os.scandir(journal_dir) as it:
-            stamp = tuple(sorted((e.name, e.stat().st_size, e.stat().st_mtime_ns) for e in it if e.is_file()))
-        cached = self._refused.get(journal_dir)
-        if cached is None or cached[0] != stamp:
-            keys = {e["key"] for e in read_journal(journal_dir) if e.get("op") == "refused"}
-            self._refused[journal_dir] = cached = (stamp, keys)
-        return cached[1]
+    def _made_by(self, entry: dict, version: str) -> bool:
+        """Is ``version`` of ``entry["key"]`` the write ``entry`` journaled (its metadata's digest)?"""
+        key = self._full(entry["key"])
+        try:
+            h = self.io.call(
+                f"HEAD {key} version {version}",
+                lambda c: c.head_object(Bucket=self.bucket, Key=key, VersionId=version),
+            )
+        except Exception as exc:
+            if error_code(exc) in ("NoSuchKey", "NoSuchVersion", "404", "NotFound", "405", "MethodNotAllowed"):
+                return False
+            raise
+        return meta_digest(h.get("Metadata") or {}) == entry.get("meta")
 
     def undo(self, entry: dict, journal_dir: str) -> None:
         """Reverse one undo entry: abort its multipart upload, or delete the key's versions written
@@ -1664,8 +1668,6 @@ class S3Target(Target):
                 if error_code(exc) not in ("NoSuchUpload", "404"):
                     raise
             return
-        if op == "refused":  # what it says is read by the conditional write's own entry
-            return
         if op not in ("put", "delete"):
             raise EpochsyncError(f"s3 target: unknown undo entry {op!r}")
         now = self.key_versions(entry["key"])
@@ -1673,13 +1675,14 @@ class S3Target(Target):
         if "known" in entry:
             known = set(entry["known"])
             undone = [vid for vid in now["known"] if vid not in known]
-        elif entry["key"] in self._refused_keys(journal_dir):
-            # the store refused this write: what came after the fence instant is someone else's
-            undone = []
         else:
-            # a conditional write (_journal_key): the store let it through only while the key was
-            # as at the fence instant, so every version after that instant is this epoch's or later
-            undone = [v["version"] for v in now["history"] if v["time_ns"] > entry["since_ns"]]
+            # a conditional write (_journal_key): the store let it through only while the key was as
+            # at the fence instant, so when it landed every version after that instant is its own
+            # or later. When none of them is it (the store refused it with 412, or the process
+            # died before sending it), what came after the instant is someone else's: kept
+            later = [v for v in now["history"] if v["time_ns"] > entry["since_ns"]]
+            ours = any(self._made_by(entry, v["version"]) for v in later if not v["marker"])
+            undone = [v["version"] for v in later] if ours else []
         for vid in undone:
             self.io.call(
                 f"DELETE {key} version {vid}",
