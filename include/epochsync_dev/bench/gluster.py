@@ -598,6 +598,11 @@ class Bench:
         sub = "geo-check"
         os.makedirs(os.path.join(self.mnt, sub), exist_ok=True)
         for attempt in range(1, attempts + 1):
+            # files written before a worker's first crawls end are brought by those crawls, also by a
+            # worker whose live changelogs never come (seen: the check passed, then the untar's files
+            # of that brick never reached the slave): the check files are written after them
+            if not self.geo.wait_changelog_crawl(timeout):
+                say(f"geo-replication: a worker not in Changelog Crawl after {timeout:.0f} s")
             names = [f"{sub}/a{attempt}-{i:03d}" for i in range(files)]
             for n in names:
                 with open(os.path.join(self.mnt, n), "wb") as f:

@@ -420,6 +420,19 @@ class GeoRep:
                 )
             time.sleep(2)
 
+    def wait_changelog_crawl(self, timeout: float) -> bool:
+        """Until every worker's crawl status is ``Changelog Crawl`` (its first crawls, xsync and
+        history, are over: what is written from now on reaches it only through live changelogs);
+        False after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            status = self.geo("status", check=False).stdout
+            rows = [line for line in status.splitlines() if self.master in line and "::" in line]
+            if rows and all("Changelog Crawl" in r for r in rows):
+                return True
+            time.sleep(2)
+        return False
+
     def cpu(self) -> CpuMeter:
         """gsyncd (monitor, workers, the slave's side), its ssh and tar, the session's aux mounts, our sshd."""
         return cpu_of_matching(self.master, self.slave, extra=lambda: [self.sshd.proc.pid] if self.sshd.proc else [])
