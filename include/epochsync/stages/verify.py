@@ -196,8 +196,8 @@ def verify_plan(
     if hasattr(target, "stat_many"):
         wanted = [(i["path"], i["attrs"]["type"]) for i in present]
         # "full" trusts no write's answer for what is current: every key written is listed
-        written = facts if use_facts else {k: dict(v, conditional=False) for k, v in facts.items()}
-        got = target.stat_many(wanted, written)
+        trusted = facts if use_facts else {k: dict(v, conditional=False) for k, v in facts.items()}
+        got = target.stat_many(wanted, trusted)
         stats = {w: e for w, (e, _) in zip(wanted, got)}
         heads = {p: h for (p, _), (_, h) in zip(wanted, got) if h}
         exists = dict(zip(gone, target.exists_many(gone)))
