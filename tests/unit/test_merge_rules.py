@@ -14,6 +14,7 @@ import stat
 
 import pytest
 from pyspark.testing import assertDataFrameEqual
+from support.merge_paths import assert_local_equals_spark
 
 from epochsync.core.model import CHANGE_FIELDS, SNAPSHOT_FIELDS
 from epochsync.core.schema import Extent, Layout, LayoutObject, ObjectRef, Record
@@ -320,7 +321,10 @@ def _run(spark, cases, extents_known):
 
     prev = spark.createDataFrame([r for c, _, _ in cases.values() for r in c.prev], snapshot_struct_type())
     recs = spark.createDataFrame([r.to_row() for c, _, _ in cases.values() for r in c.records], record_struct_type())
-    snap, changes = merge_epoch(prev, recs, [c.root for c, _, _ in cases.values()], extents_known, cache=True)
+    roots = [c.root for c, _, _ in cases.values()]
+    snap, changes = merge_epoch(prev, recs, roots, extents_known, cache=True)
+    # the in-process path (run_merge's "local") computes the same outcome on every rule
+    assert assert_local_equals_spark(prev, recs, roots, extents_known) > len(cases)
     return snap.collect(), changes.collect()
 
 

@@ -888,6 +888,7 @@ def run_merge(
 
 def _run_merge_spark(cfg: Config, target_name: str, first_epoch: int, last_epoch: int, spark: SparkSession) -> dict:
     from epochsync.stages.ingest import read_records
+    from epochsync.stages.merge_local import local_max_rows
     from epochsync.warehouse.paths import Warehouse
     from epochsync.warehouse.snapshots import snapshot_files
 
@@ -909,6 +910,9 @@ def _run_merge_spark(cfg: Config, target_name: str, first_epoch: int, last_epoch
         # nothing to merge (an empty epoch): no Spark job, snapshot E is E-1's files
         path = "empty"
         _publish_small(out, last_epoch, prev, None, extents_known)
+    elif window.records + len(window.fids) < min(local_max_rows(), cache_min_rows()):
+        path = "local"
+        _merge_local(cfg, out, last_epoch, prev, window, source, first_epoch, extents_known, target.name)
     elif window.records + len(window.fids) < cache_min_rows():
         path = "small"
 
@@ -988,6 +992,20 @@ def _window_facts(records_uri: str, first: int, last: int) -> WindowFacts:
         for col in ("tfid", "sfid"):
             fids.update(pc.unique(pc.filter(t[col], kept).combine_chunks().drop_null()).to_pylist())
     return WindowFacts(records, merged, cookies, sorted(fids))
+
+
+def _merge_local(cfg, out, epoch, prev, window, source, first_epoch, extents_known, target_name) -> None:
+    """A window below :func:`~epochsync.stages.merge_local.local_max_rows`: the outcome
+    :func:`_merge_small` would collect, computed in this process (no Spark job), written the same way."""
+    from epochsync.stages.merge_local import local_outcome, read_window_records
+    from epochsync.warehouse.paths import Warehouse
+
+    records = read_window_records(Warehouse(cfg.warehouse).records(source.name), first_epoch, epoch)
+    try:
+        table = local_outcome(prev.rows(window.fids), records, source.root_fid, extents_known)
+    except EpochError as exc:
+        raise _clean_error(exc, target_name, epoch, epoch) from None
+    _publish_small(out, epoch, prev, table, extents_known)
 
 
 def _merge_small(spark, out, epoch, prev, records_of, window, root_fid, extents_known, target_name) -> None:
