@@ -7,6 +7,8 @@ For random histories (hypothesis, plus fixed seeds kept as regressions):
   for catch-up windows E1..E2, also when every server's clock is off (issue 16), and the
   namespace (which fid holds which name) always equals the truth's;
 - the merge refuses a name's adds and removes exactly when no order of them applies;
+- the in-process merge (``run_merge``'s local path) computes the Spark small path's outcome
+  on every batch (:func:`support.merge_paths.assert_local_equals_spark`);
 - the data ranges of the change set cover every byte that differs between E-1 and E in
   the simulator's file contents (a byte past the old size counts as zero, since the
   replica grows a file by truncation), lie inside the new size, and no file whose bytes
@@ -27,6 +29,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyspark.testing import assertDataFrameEqual
+from support.merge_paths import assert_local_equals_spark
 
 from epochsync.core.model import SNAPSHOT_FIELDS, change_struct_type, snapshot_struct_type
 from epochsync.core.schema import Record, record_struct_type
@@ -122,23 +125,47 @@ def items_of(n: int, p: Params, windows: bool = True, skew: Skew | None = None) 
     return out
 
 
-def check_batch(spark, items: list[Item], check_data: bool = True) -> None:
+def _gluster_like(r: Record) -> Record:
+    """``r`` as a source without values logs it: no extents nor objects, attributes only on creates."""
+    if r.type in ("CREAT", "MKDIR", "SLINK", "MKNOD"):
+        return r.replace(extents=None, object=None)
+    return r.replace(
+        extents=None, object=None, mode=None, uid=None, gid=None, size=None, xattr_value=None,
+        atime_ns=None, mtime_ns=None, ctime_ns=None,
+    )  # fmt: skip
+
+
+def check_batch(spark, items: list[Item], check_data: bool = True, local: str = "extents") -> None:
     """Snapshot E of the merge equals the oracle's; with ``check_data`` the change set covers
     every byte that changed in the simulator's files (clock skew moves the records, not the
-    simulator's bytes: then only the namespace must equal the truth, see below)."""
+    simulator's bytes: then only the namespace must equal the truth, see below).
+
+    The in-process merge (``run_merge``'s local path) must compute the Spark small path's
+    outcome on the same inputs: ``local`` says how: ``extents`` (the records as they are,
+    extents known), ``blind`` (the same records, ``extents_known=False``) or ``gluster``
+    (the records stripped of what Gluster's changelog does not carry, ``extents_known=False``).
+    """
     from epochsync.stages.merge import merge_epoch
 
     prev = [_rename_row(it.prefix, row) for it in items for row in it.prev]
-    recs = [_rename_record(it.prefix, r).to_row() for it in items for r in it.records]
+    recs = [_rename_record(it.prefix, r) for it in items for r in it.records]
     expected = [
         _rename_row(it.prefix, row) for it in items for row in replay(it.root[len(it.prefix) :], it.prev, it.records)
     ]
+    prev_df = spark.createDataFrame(prev, snapshot_struct_type())
     snap, changes = merge_epoch(
-        spark.createDataFrame(prev, snapshot_struct_type()),
-        spark.createDataFrame(recs, record_struct_type()),
+        prev_df,
+        spark.createDataFrame([r.to_row() for r in recs], record_struct_type()),
         [it.root for it in items],
         cache=True,
     )
+    local_recs = [_gluster_like(r) for r in recs] if local == "gluster" else recs
+    assert assert_local_equals_spark(
+        prev_df,
+        spark.createDataFrame([r.to_row() for r in local_recs], record_struct_type()),
+        [it.root for it in items],
+        extents_known=local == "extents",
+    ) >= len(items)
     snap_rows = snap.collect()
     change_rows = changes.collect()
     assertDataFrameEqual(
@@ -231,7 +258,9 @@ skews = st.builds(Skew, seed=st.integers(0, 2**31), max_us=st.integers(0, 3000),
 def test_merge_equals_oracle_under_clock_skew(spark, batch):
     """Issue 16: every server's clock off by up to 3 ms, ticks up to 1 ms (ties). The merge
     still equals the oracle (same causal order), and the namespace equals the truth's."""
-    check_batch(spark, [it for n, (p, sk) in enumerate(batch) for it in items_of(n, p, skew=sk)], check_data=False)
+    check_batch(
+        spark, [it for n, (p, sk) in enumerate(batch) for it in items_of(n, p, skew=sk)], check_data=False, local="blind"
+    )
 
 
 #: regressions and coverage of the bigger shapes: several MDTs and OSTs, more operations
@@ -244,7 +273,7 @@ FIXED = [
 
 
 def test_merge_equals_oracle_fixed_seeds(spark):
-    check_batch(spark, [it for n, p in enumerate(FIXED) for it in items_of(n, p)])
+    check_batch(spark, [it for n, p in enumerate(FIXED) for it in items_of(n, p)], local="gluster")
 
 
 def _orderable(sequences: list[list[int]], held: int) -> bool:
@@ -306,6 +335,14 @@ def test_merge_refuses_exactly_the_names_no_order_applies(spark, histories):
             prepare_records(spark.createDataFrame([r.to_row() for r in recs], record_struct_type()))
         ).collect()
     }
+    # the in-process merge's check says the same of every name
+    from epochsync.stages import merge_local
+
+    local = merge_local.link_changes(merge_local.prepare_records([_plain_record(r) for r in recs]))
+    for fid, row in got.items():
+        for col in ("added", "removed", "bad_absent", "bad_present"):
+            assert sorted(local[fid][col]) == sorted((p.pfid, p.name) for p in row[col]), (fid, col)
+    assert set(local) == set(got)
     for i, per_server in enumerate(histories):
         row = got.get(f"F{i}")
         adders = sum(1 in seq for seq in per_server)
@@ -319,6 +356,10 @@ def test_merge_refuses_exactly_the_names_no_order_applies(spark, histories):
         d = sum(sum(seq) for seq in per_server)
         if any(_orderable(per_server, h) for h in (0, 1)) and d != 0:
             assert (len(row.added), len(row.removed)) == ((1, 0) if d == 1 else (0, 1)), where
+
+
+def _plain_record(r: Record) -> dict:
+    return dict(zip(record_struct_type().fieldNames(), r.to_row(), strict=True))
 
 
 def test_data_check_is_not_vacuous():

@@ -406,11 +406,9 @@ def test_names_in_no_consistent_order_fail_naming_the_records(spark, records, na
     c.old("x", "file", [("R", "x")], mode=F644, uid=1, gid=1, size=3)
     for type_, server, kw in records:
         c.rec(type_, server, **kw)
-    snap, _ = merge_epoch(
-        spark.createDataFrame(c.prev, snapshot_struct_type()),
-        spark.createDataFrame([r.to_row() for r in c.records], record_struct_type()),
-        c.root,
-    )
+    prev = spark.createDataFrame(c.prev, snapshot_struct_type())
+    records = spark.createDataFrame([r.to_row() for r in c.records], record_struct_type())
+    snap, _ = merge_epoch(prev, records, c.root)
     with pytest.raises(Exception, match=named) as err:
         snap.collect()
     # the stage turns it into one line a person can act on
@@ -419,6 +417,17 @@ def test_names_in_no_consistent_order_fail_naming_the_records(spark, records, na
     assert re.fullmatch(
         r"merge of target 't' epochs 3\.\.3: " + named + r".*\(missing or reordered records\?\)", str(clean)
     )
+    assert _local_error(prev, records, c.root) == str(clean)
+
+
+def _local_error(prev, records, root) -> str:
+    """The message ``run_merge`` gives when its in-process path fails on these inputs."""
+    from epochsync.stages.merge import _clean_error
+    from epochsync.stages.merge_local import local_outcome
+
+    with pytest.raises(Exception) as err:  # noqa: PT011 (the message is checked by the caller)
+        local_outcome(prev.toArrow(), records.toArrow(), root)
+    return str(_clean_error(err.value, "t", 3, 3))
 
 
 def test_nameless_link_record_fails_naming_it(spark):
@@ -431,19 +440,19 @@ def test_nameless_link_record_fails_naming_it(spark):
     snap, _ = merge_epoch(empty_snapshot(spark, c.root), records, c.root)
     with pytest.raises(Exception, match=r"record bad:MDT0000:1 \(UNLNK\) has no fid, parent fid or name") as err:
         snap.collect()
-    assert str(_clean_error(err.value, "t", 2, 2)) == (
-        "merge of target 't' epochs 2..2: record bad:MDT0000:1 (UNLNK) has no fid, parent fid or name;"
-        " fix the importer or quarantine the record"
-    )
+    sentence = "record bad:MDT0000:1 (UNLNK) has no fid, parent fid or name; fix the importer or quarantine the record"
+    assert str(_clean_error(err.value, "t", 2, 2)) == "merge of target 't' epochs 2..2: " + sentence
+    assert _local_error(empty_snapshot(spark, c.root), records, c.root) == "merge of target 't' epochs 3..3: " + sentence
 
 
 def test_name_for_unknown_fid_fails_naming_it(spark):
     from epochsync.core.schema import record_struct_type
-    from epochsync.stages.merge import merge_epoch
+    from epochsync.stages.merge import _clean_error, merge_epoch
     from epochsync.warehouse.snapshots import empty_snapshot
 
     c = Case("bad").rec("HLINK", tfid="ghost", pfid="R", name="boo")
     records = spark.createDataFrame([r.to_row() for r in c.records], record_struct_type())
     snap, _ = merge_epoch(empty_snapshot(spark, c.root), records, c.root)
-    with pytest.raises(Exception, match=r"fid bad:ghost gains a name"):
+    with pytest.raises(Exception, match=r"fid bad:ghost gains a name") as err:
         snap.collect()
+    assert _local_error(empty_snapshot(spark, c.root), records, c.root) == str(_clean_error(err.value, "t", 3, 3))

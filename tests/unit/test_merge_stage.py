@@ -26,6 +26,7 @@ def _config(tmp_path: Path) -> Path:
         [
             {"name": "t", "kind": "posix", "path": f"{tmp_path}/replica"},
             {"name": "cached", "kind": "posix", "path": f"{tmp_path}/replica-cached"},
+            {"name": "spark-small", "kind": "posix", "path": f"{tmp_path}/replica-spark-small"},
             {"name": "keep1", "kind": "posix", "path": f"{tmp_path}/replica-keep1", "snapshot_retention": 1},
         ],
     )
@@ -58,6 +59,7 @@ def test_app_then_window_match_the_oracle(spark, stage, capsys):
     assert merge_app_main(["--config", str(cfg_path), "--target", "t", "--epoch", "1"]) == 0
     stats = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert stats["epoch"] == 1 and stats["changes"] > 0 and stats["created"] > 0
+    assert stats["merge_path"] == "local"  # a small epoch: no Spark job
     assert stats["snapshot_fids"] == len(hist.at(1).snapshot)
 
     from epochsync.stages.merge import run_merge
@@ -110,19 +112,24 @@ def test_merge_prunes_snapshots_past_retention(spark, stage):
     assert 1 in pruned[2] and snapshot_epochs(spark, wh, "keep1") == [2, 3]
 
 
-def test_small_and_large_input_paths_write_the_same_tables(spark, stage, monkeypatch):
-    """Small inputs are merged in one collect and written here; large ones are written on Spark."""
+def test_local_small_and_large_input_paths_write_the_same_tables(spark, stage, monkeypatch):
+    """Small inputs are merged in this process ("t"), or with EPOCHSYNC_MERGE_LOCAL_MAX_ROWS=0
+    in one Spark collect, and written here; large ones are written on Spark."""
     from epochsync.stages.merge import run_merge
     from epochsync.warehouse.snapshots import read_snapshot
 
     _, cfg_path, wh, _ = stage
     cfg = load_config(cfg_path)
+    with monkeypatch.context() as m:
+        m.setenv("EPOCHSYNC_MERGE_LOCAL_MAX_ROWS", "0")  # today's small path, on Spark
+        assert [run_merge(cfg, "spark-small", *w, spark)["merge_path"] for w in ((1, 1), (2, 3))] == ["small"] * 2
     monkeypatch.setenv("EPOCHSYNC_MERGE_CACHE_MIN_ROWS", "0")  # every input counts as large here
     assert run_merge(cfg, "cached", 1, 1, spark)["merge_path"] == "large"
     run_merge(cfg, "cached", 2, 3, spark)
-    for table in (wh.changes, wh.cookie_groups):
-        assertDataFrameEqual(spark.read.parquet(table("cached", 3)), spark.read.parquet(table("t", 3)))
-    assertDataFrameEqual(read_snapshot(spark, wh, "cached", 3, ROOT_FID), read_snapshot(spark, wh, "t", 3, ROOT_FID))
+    for other in ("cached", "spark-small"):
+        for table in (wh.changes, wh.cookie_groups):
+            assertDataFrameEqual(spark.read.parquet(table(other, 3)), spark.read.parquet(table("t", 3)))
+        assertDataFrameEqual(read_snapshot(spark, wh, other, 3, ROOT_FID), read_snapshot(spark, wh, "t", 3, ROOT_FID))
     leftovers = [
         p.name
         for table in (wh.changes, wh.snapshot)

@@ -2,7 +2,8 @@
 
 The merge writes snapshot E as E-1's files (hard links) plus the rows its records named;
 these tests run it epoch after epoch with compaction held off, with tiny buckets (so the
-bucket count grows and buckets split), on both merge paths, and compare every way of
+bucket count grows and buckets split), on the three merge paths (local, Spark small, Spark
+large), and compare every way of
 reading a snapshot (Spark's whole read, the lookups by fid, the directories, the links
 under a directory) with the sequential oracle's state.
 """
@@ -27,7 +28,7 @@ from epochsync.warehouse.snapshots import prune_snapshots, read_snapshot, snapsh
 from epochsync_dev.simulate.workload import ROOT_FID, simulate_history
 
 EPOCHS = 5
-TARGETS = ("small", "buckets", "large", "legacy")
+TARGETS = ("local", "buckets", "large", "legacy")
 
 
 def _config(tmp: Path) -> Path:
@@ -73,6 +74,7 @@ def merged(spark, tmp_path_factory):
                 with mp.context() as m:
                     if t == "buckets":
                         m.setattr(sf, "BUCKET_ROWS", 4)  # the namespace outgrows its buckets, which split
+                        m.setenv("EPOCHSYNC_MERGE_LOCAL_MAX_ROWS", "0")  # on the Spark small path
                     if t == "large":
                         m.setenv("EPOCHSYNC_MERGE_CACHE_MIN_ROWS", "0")
                     stats = run_merge(cfg, t, e, e, spark)
@@ -108,9 +110,9 @@ def test_every_reader_sees_the_oracle_state(spark, merged):
 
 def test_deltas_pile_up_then_compact_and_buckets_split(merged):
     _, _, _, layouts = merged
-    kinds = [sorted({f["kind"] for f in lay.files}) for lay in layouts["small"]]
+    kinds = [sorted({f["kind"] for f in lay.files}) for lay in layouts["local"]]
     assert kinds[0] == ["base"] and ["base", "delta"] in kinds  # epoch 1 is a base, later ones add deltas
-    deltas = [len({f["gen"] for f in lay.files if f["kind"] == "delta"}) for lay in layouts["small"]]
+    deltas = [len({f["gen"] for f in lay.files if f["kind"] == "delta"}) for lay in layouts["local"]]
     assert max(deltas) == 3 and 0 in deltas[1:]  # at MAX_DELTAS + 1 a new base replaces them
     buckets = [lay.buckets for lay in layouts["buckets"]]
     assert buckets == sorted(buckets) and buckets[-1] > 1

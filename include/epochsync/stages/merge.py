@@ -55,6 +55,13 @@ UDF, no ``applyInPandas``):
   values from the source); the snapshot keeps the xattrs it had.
 
 Only fids a record touches are recomputed; every other row of snapshot E-1 is copied.
+
+Three ways to run it (:func:`run_merge`, ``merge_path`` in its stats): a window below
+``EPOCHSYNC_MERGE_LOCAL_MAX_ROWS`` records plus named fids is merged in this process by
+:mod:`epochsync.stages.merge_local`, a line-by-line mirror of these transforms in pyarrow
+and Python that the tests hold equal to them (no Spark job: Spark's per-operation floor is
+more than such a window costs); a larger one in one Spark collect; the largest on Spark
+end to end.
 """
 
 from __future__ import annotations
@@ -876,8 +883,12 @@ def run_merge(
     (each overwritten as a whole, so a retry is idempotent) and returns stats:
     ``records`` (records in the window), ``merged_records`` (those the merge reads),
     ``changes`` and per-kind counts, ``range_bytes``, ``snapshot_fids``,
-    ``net_to_raw_ratio`` (change rows / merged records), ``cookie_groups``, ``seconds``.
-    Spark is the only engine (``spark`` default: :func:`epochsync.spark.spark_session`).
+    ``net_to_raw_ratio`` (change rows / merged records), ``cookie_groups``, ``seconds``,
+    ``merge_path``: ``empty``, ``local`` (below :func:`~epochsync.stages.merge_local.local_max_rows`
+    records plus named fids: computed in this process, no Spark job), ``small`` (one Spark
+    collect, written here) or ``large`` (from :func:`cache_min_rows`: written on Spark).
+    ``spark`` default: :func:`epochsync.spark.spark_session` (opened before the path is
+    chosen, also when the local path then runs no Spark job).
     """
     if spark is None:
         from epochsync.spark import spark_session

@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
 
 #: merge inputs (records + snapshot rows named) below which the merge runs in this process
-LOCAL_MAX_ROWS = 50_000
+LOCAL_MAX_ROWS = 20_000
 
 Row = dict[str, Any]
 
