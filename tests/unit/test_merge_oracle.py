@@ -259,7 +259,10 @@ def test_merge_equals_oracle_under_clock_skew(spark, batch):
     """Issue 16: every server's clock off by up to 3 ms, ticks up to 1 ms (ties). The merge
     still equals the oracle (same causal order), and the namespace equals the truth's."""
     check_batch(
-        spark, [it for n, (p, sk) in enumerate(batch) for it in items_of(n, p, skew=sk)], check_data=False, local="blind"
+        spark,
+        [it for n, (p, sk) in enumerate(batch) for it in items_of(n, p, skew=sk)],
+        check_data=False,
+        local="blind",
     )
 
 

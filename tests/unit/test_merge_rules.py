@@ -442,7 +442,9 @@ def test_nameless_link_record_fails_naming_it(spark):
         snap.collect()
     sentence = "record bad:MDT0000:1 (UNLNK) has no fid, parent fid or name; fix the importer or quarantine the record"
     assert str(_clean_error(err.value, "t", 2, 2)) == "merge of target 't' epochs 2..2: " + sentence
-    assert _local_error(empty_snapshot(spark, c.root), records, c.root) == "merge of target 't' epochs 3..3: " + sentence
+    assert (
+        _local_error(empty_snapshot(spark, c.root), records, c.root) == "merge of target 't' epochs 3..3: " + sentence
+    )
 
 
 def test_name_for_unknown_fid_fails_naming_it(spark):

@@ -227,44 +227,47 @@ def _close_for_write(r: Row) -> bool:
     return f & 3 in (1, 2)
 
 
+def _creator(r: Row) -> bool:
+    return r["type"] in CREATORS
+
+
+def _set_by_creator_or_sattr(col: str):
+    """The records that set ``col``: creates (even to null) and ``SATTR`` records carrying it."""
+    return lambda r: _creator(r) or (r["type"] == "SATTR" and r[col] is not None)
+
+
+def _time_value(col: str, rtype: str):
+    """``col`` of a record; a record of type ``rtype`` (``MTIME``...) without it: its own ``time_ns``."""
+    return lambda r: (r[col] if r[col] is not None else r["time_ns"]) if r["type"] == rtype else r[col]
+
+
+def _time_set(col: str, rtype: str):
+    return lambda r: (r["type"] in TIME_SETTERS and r[col] is not None) or r["type"] == rtype
+
+
+def _has_type_bits(r: Row) -> bool:
+    return (r["type"] == "SATTR" or _creator(r)) and r["mode"] is not None and r["mode"] & S_IFMT != 0
+
+
 def attribute_changes(recs: list[Row]) -> dict[str, Row]:
     """Per fid (non-``WRITE`` records): :func:`epochsync.stages.merge.attribute_changes`."""
     by_fid: dict[str, list[Row]] = defaultdict(list)
-    for r in recs:
-        if r["type"] != "WRITE" and r["fid"] is not None:
-            by_fid[r["fid"]].append(r)
+    for rec in recs:
+        if rec["type"] != "WRITE" and rec["fid"] is not None:
+            by_fid[rec["fid"]].append(rec)
     out = {}
-    creators = set(CREATORS)
     for fid, rs in by_fid.items():
-
-        def creator(r):
-            return r["type"] in creators
-
-        def set_by_sattr(col):
-            return lambda r: creator(r) or (r["type"] == "SATTR" and r[col] is not None)
-
         m: Row = {
-            "l_type": _last(rs, _node_type, creator),
-            "l_mode": _last(rs, lambda r: r["mode"], set_by_sattr("mode")),
-            "l_type_bits": _last(
-                rs,
-                lambda r: r["mode"],
-                lambda r: (r["type"] == "SATTR" or creator(r)) and r["mode"] is not None and r["mode"] & S_IFMT != 0,
-            ),
-            "l_uid": _last(rs, lambda r: r["uid"], set_by_sattr("uid")),
-            "l_gid": _last(rs, lambda r: r["gid"], set_by_sattr("gid")),
-            "l_symlink": _last(rs, lambda r: r["symlink"] if _node_type(r) == SYMLINK else None, creator),
-            "l_layout": _last(rs, lambda r: r["layout"], lambda r: creator(r) or r["type"] == "LYOUT"),
+            "l_type": _last(rs, _node_type, _creator),
+            "l_mode": _last(rs, lambda r: r["mode"], _set_by_creator_or_sattr("mode")),
+            "l_type_bits": _last(rs, lambda r: r["mode"], _has_type_bits),
+            "l_uid": _last(rs, lambda r: r["uid"], _set_by_creator_or_sattr("uid")),
+            "l_gid": _last(rs, lambda r: r["gid"], _set_by_creator_or_sattr("gid")),
+            "l_symlink": _last(rs, lambda r: r["symlink"] if _node_type(r) == SYMLINK else None, _creator),
+            "l_layout": _last(rs, lambda r: r["layout"], lambda r: _creator(r) or r["type"] == "LYOUT"),
         }
         for col, rtype in TIME_TYPES.items():
-            m["l_" + col] = _last(
-                rs,
-                lambda r, col=col, rtype=rtype: (
-                    (r[col] if r[col] is not None else r["time_ns"]) if r["type"] == rtype else r[col]
-                ),
-                lambda r, col=col, rtype=rtype: (r["type"] in TIME_SETTERS and r[col] is not None)
-                or r["type"] == rtype,
-            )
+            m["l_" + col] = _last(rs, _time_value(col, rtype), _time_set(col, rtype))
         sizes = [r for r in rs if r["type"] in SIZE_SETTERS and r["size"] is not None]
         m["l_size"] = _last(sizes, lambda r: r["size"], lambda r: True)
         m["min_set_size"] = min((r["size"] for r in sizes), default=None)
@@ -315,9 +318,7 @@ def _consistent(lk: Row, b: int) -> bool:
         return (
             lk["h_removes_in_a_row"] == 0
             and (bool(b) or lk["h_first"] == 1)
-            and (
-                lk["foreign_removes"] == needed or (lk["foreign_removes"] == needed + 1 and lk["h_last"] == 1)
-            )
+            and (lk["foreign_removes"] == needed or (lk["foreign_removes"] == needed + 1 and lk["h_last"] == 1))
         )
     return True
 
@@ -562,19 +563,21 @@ def _merge_state_row(st: Row, is_root: bool, extents_known: bool) -> Row:
         st["n_mode"] = l_mode[1]
     else:
         bits = g("l_type_bits")
-        bits_v = bits[1] if bits is not None else None
-        src = bits_v if bits_v is not None else (g("p_mode") if g("p_mode") is not None else 0)
-        st["n_mode"] = l_mode[1] | (src & S_IFMT)
+        src = bits[1] if bits is not None and bits[1] is not None else g("p_mode")
+        st["n_mode"] = l_mode[1] | ((src or 0) & S_IFMT)
     for c in ("uid", "gid", "symlink", "layout"):
         st["n_" + c] = last_or_prev(c)
     p_xattrs = g("p_xattrs")
     if extents_known:
         touched = g("x_touched") or set()
         kept = [x for x in p_xattrs or [] if x["name"] not in touched]
-        st["n_xattrs"] = sorted([*kept, *(g("x_set") or [])], key=lambda x: (x["name"], x["value"] is not None, x["value"] or b""))
+        st["n_xattrs"] = sorted(
+            [*kept, *(g("x_set") or [])], key=lambda x: (x["name"], x["value"] is not None, x["value"] or b"")
+        )
     else:
         st["n_xattrs"] = list(p_xattrs) if p_xattrs is not None else []
-    old0 = g("p_size") if g("p_size") is not None else 0
+    p_size = g("p_size")
+    old0: int = p_size if p_size is not None else 0
     st["old0"] = old0
     l_size = g("l_size")
     set_size = l_size[1] if l_size is not None else None
@@ -584,6 +587,7 @@ def _merge_state_row(st: Row, is_root: bool, extents_known: bool) -> Row:
 
     wmax = g("wmax")
     existed = st["existed_before"]
+    n_size: int | None
     if st["type"] == FILE:
         if set_size is not None:
             n_size = set_size if wmax is None else max(set_size, wmax)
@@ -600,9 +604,9 @@ def _merge_state_row(st: Row, is_root: bool, extents_known: bool) -> Row:
         whole = whole or bool(g("blind_data"))
     st["whole_file"] = is_file and whole
     min_set = g("min_set_size")
-    low = old0 if min_set is None else min(old0, min_set)
+    low: int = old0 if min_set is None else min(old0, min_set)
     trunc_from = low if existed and low < old0 else None
-    rc = [(s, e if n_size is None else min(e, n_size)) for s, e in g("ranges_raw") or []]
+    rc: list[tuple[int, int]] = [(s, e if n_size is None else min(e, n_size)) for s, e in g("ranges_raw") or []]
     rc = [(s, e) for s, e in rc if e > s]
     if is_file and not st["whole_file"]:
         if trunc_from is not None and n_size is not None and trunc_from < n_size:
