@@ -9,7 +9,8 @@ epoch they replicate runs on a warm JVM; docker-compose runs it as the one-shot
 ``spark-warm-up`` service once ``spark-connect`` is healthy.
 
 What it runs: ``epochsync simulate --no-data`` of a 24-file source (records only, no object
-store), then ingest, merge and translate of its two epochs into a scratch posix target, and
+store), then ingest, merge (on Spark, though the local path would take epochs this small) and
+translate of its two epochs into a scratch posix target, and
 one ``mapInArrow`` job (apply's and verify's kind), all on one Connect session that is
 released at the end. Its folder (``--scratch``, or a temporary one) is removed at the end;
 nothing is written outside it, and the server keeps nothing of it but a warmer JVM. The
@@ -32,6 +33,22 @@ import time
 from pathlib import Path
 
 TARGET = "warm-up"
+
+
+def _on_spark(run_merge, *args):
+    """``run_merge(*args)`` on the Spark small path: a window this small would be merged in this
+    process (no job), and the point is to warm the JVM for the windows Spark still merges."""
+    import os
+
+    old = os.environ.get("EPOCHSYNC_MERGE_LOCAL_MAX_ROWS")
+    os.environ["EPOCHSYNC_MERGE_LOCAL_MAX_ROWS"] = "0"
+    try:
+        return run_merge(*args)
+    finally:
+        if old is None:
+            os.environ.pop("EPOCHSYNC_MERGE_LOCAL_MAX_ROWS", None)
+        else:
+            os.environ["EPOCHSYNC_MERGE_LOCAL_MAX_ROWS"] = old
 
 
 def _simulate(out: Path) -> Path:
@@ -75,9 +92,9 @@ def warm_up(remote: str, scratch: Path | None = None) -> dict:
         try:
             for name, step in (
                 ("ingest", lambda: run_ingest(cfg, "sim", 1, 2, spark)),
-                ("merge-1", lambda: run_merge(cfg, TARGET, 1, 1, spark)),
+                ("merge-1", lambda: _on_spark(run_merge, cfg, TARGET, 1, 1, spark)),
                 ("translate-1", lambda: run_translate(cfg, tcfg, 1, spark)),
-                ("merge-2", lambda: run_merge(cfg, TARGET, 2, 2, spark)),
+                ("merge-2", lambda: _on_spark(run_merge, cfg, TARGET, 2, 2, spark)),
                 ("translate-2", lambda: run_translate(cfg, tcfg, 2, spark, first_epoch=2)),
                 # a lambda travels by value: the executors need nothing of epochsync_dev
                 (

@@ -8,12 +8,13 @@ values, rows in another order. :func:`epochsync.stages.merge.run_merge` hands it
 after the one it mirrors, and keeps SQL's null rules where they decide a value (``greatest``
 and ``max`` skip nulls, a null condition selects nothing), so the rules live in
 :mod:`epochsync.stages.merge`'s docstring and ``docs/INTERNALS.md`` ("Merge: the replay
-order"), not here; ``tests/unit/test_merge_local.py`` holds the two equal on random
-simulated histories, and the rule, oracle and stage tests run both.
+order"), not here. ``tests/support/merge_paths.py`` holds the two equal, table for table and
+error for error, in the rule, oracle-property and stage tests.
 
-Why a third path: a small epoch's Spark merge is one operation of analysis and planning
-of some 300 expressions, 2.8-5 s on two cores whatever its data; this is milliseconds
-for the same epoch (``docs/INTERNALS.md``, "Merge: small windows in this process").
+Why another path: a small epoch's Spark merge is one operation of analysis and planning of
+some 300 expressions, 3.5-5 s on two cores for a 1,700-record epoch whatever its data; this
+takes 0.25-0.45 s for it (``docs/INTERNALS.md``, "Merge: small windows in this process",
+which also says why the threshold is 20,000).
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from epochsync.core.model import CHANGE_FIELDS, DIR, FILE, OTHER, SNAPSHOT_FIELD
 from epochsync.formats.common import FLAG_OPEN_EXEC, FLAG_OPEN_READ, FLAG_OPEN_WRITE
 from epochsync.stages.merge import (
     ATTR_COLUMNS,
-    COOKIE_FIELDS,
     CREATORS,
     LINK_ADDERS,
     LINK_REMOVERS,
@@ -697,12 +697,3 @@ def cookie_groups(raw: list[Row]) -> list[Row]:
             }
         )
     return out
-
-
-__all__ = [
-    "COOKIE_FIELDS",
-    "LOCAL_MAX_ROWS",
-    "local_max_rows",
-    "local_outcome",
-    "read_window_records",
-]
