@@ -210,7 +210,54 @@ def _classic_session(app_name: str, master: str | None, extra_conf: dict[str, st
 
 def is_connect(spark) -> bool:
     """True for a Spark Connect session (a client of a server), False for a classic one."""
+    if isinstance(spark, LazySession):
+        spark = spark.session()
     return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+class LazySession:
+    """A Spark session opened the first time something other than tagging asks for it.
+
+    ``epochsync replicate`` hands one to every stage: a stage whose work is small enough to
+    run in this process (an empty epoch, a small ingest, merge or apply: ``docs/INTERNALS.md``,
+    "Small epochs in this process") never calls it, and an epoch whose stages all stay here
+    neither imports pyspark nor connects (nor starts the local server). Tags added before
+    the session exists are added to it when it opens.
+    """
+
+    def __init__(self, opener):
+        self._opener = opener
+        self._session = None
+        self._tags: list[str] = []
+
+    @property
+    def opened(self):
+        """The session if it has been opened, else None."""
+        return self._session
+
+    def session(self):
+        """The session, opened now if need be."""
+        if self._session is None:
+            self._session = self._opener()
+            for tag in self._tags:
+                self._session.addTag(tag)
+        return self._session
+
+    def addTag(self, tag: str) -> None:  # noqa: N802 (pyspark's name)
+        """Tag the session's jobs from now on (kept until the session opens)."""
+        self._tags.append(tag)
+        if self._session is not None:
+            self._session.addTag(tag)
+
+    def removeTag(self, tag: str) -> None:  # noqa: N802 (pyspark's name)
+        """Stop tagging with ``tag``."""
+        if tag in self._tags:
+            self._tags.remove(tag)
+        if self._session is not None:
+            self._session.removeTag(tag)
+
+    def __getattr__(self, name: str):
+        return getattr(self.session(), name)
 
 
 def prepare_session(spark, *, shuffle_partitions: int | None = None, extra_conf: dict[str, str] | None = None):

@@ -80,6 +80,15 @@ def chaos_report():
     print("\nchaos:", json.dumps(COUNTS))
 
 
+@pytest.fixture(scope="module", autouse=True)
+def data_on_executors():
+    """Every apply's data phase on the Spark executors, however few its operations (a plan
+    this small would otherwise run in the driver's threads)."""
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("EPOCHSYNC_APPLY_EXECUTOR_MIN_OPS", "0")
+        yield
+
+
 @pytest.fixture(scope="module")
 def hist(seaweed, spark_connect, tmp_path_factory):
     """The simulated source and a config with the chaos targets, the race targets and the signal targets.

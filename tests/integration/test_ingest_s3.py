@@ -44,6 +44,12 @@ def body(records) -> bytes:
     return "".join(json.dumps(r.to_dict()) + "\n" for r in records).encode()
 
 
+@pytest.fixture(autouse=True)
+def on_spark(monkeypatch):
+    """The executors read the changelogs from S3 here: small inputs would be parsed in this process."""
+    monkeypatch.setenv("EPOCHSYNC_INGEST_LOCAL_MAX_BYTES", "0")
+
+
 def test_ingest_reads_changelogs_from_an_s3_prefix(spark, seaweed, bucket_name, tmp_path, monkeypatch):
     monkeypatch.setenv("AIRFLOW_CONN_CHANGELOGS_S3", seaweed.airflow_conn_json())
     s3 = seaweed.client()

@@ -107,6 +107,12 @@ def config(root, fmt="jsonl", servers=("MDT0000", "OST0000"), on_bad="fail", uri
     )
 
 
+@pytest.fixture(autouse=True)
+def on_spark(monkeypatch):
+    """This module tests the Spark job: small inputs would otherwise be parsed in this process."""
+    monkeypatch.setenv("EPOCHSYNC_INGEST_LOCAL_MAX_BYTES", "0")
+
+
 def expected(spark, records):
     return spark.createDataFrame([r.to_row() for r in records], record_struct_type())
 
@@ -413,3 +419,48 @@ def test_an_error_on_an_executor_comes_back_as_one_line_naming_the_file(spark, t
         run_ingest(cfg, "src", 1, 2, spark, progress=progress)
     assert str(err.value) == f"ingest of source 'src': cannot read {gone}: No such file or directory"
     assert not (tmp_path / "wh" / "records" / "source=src" / "epoch=1").exists()
+
+
+def test_a_small_ingest_runs_here_and_commits_the_bytes_the_spark_job_writes(spark, tmp_path, monkeypatch):
+    """Below ``EPOCHSYNC_INGEST_LOCAL_MAX_BYTES`` the same task code runs in this process, with
+    no session at all; a Spark ingest of the same files then finds the committed bytes equal."""
+    monkeypatch.delenv("EPOCHSYNC_INGEST_LOCAL_MAX_BYTES")
+    pretty = json.dumps(MDT[4].to_dict(), indent=None, separators=(", ", ": ")) + "\n"
+    write_changelogs(
+        tmp_path, {"MDT0000/000001.jsonl": MDT[:4], "MDT0000/000002.jsonl": ["\n", pretty, MDT[5]], "OST0000/log": OST}
+    )
+    cfg = config(tmp_path)
+    here = run_ingest(cfg, "src", 1, 2, None)
+    assert here["in_process"] and "spark_job" not in here["phase_seconds"]
+    assert here["records_per_epoch"] == {1: 5, 2: 4}
+    assertDataFrameEqual(read_records(spark, cfg.warehouse, "src", 1, 2), expected(spark, MDT + OST))
+    monkeypatch.setenv("EPOCHSYNC_INGEST_LOCAL_MAX_BYTES", "0")
+    again = run_ingest(cfg, "src", 1, 2, spark)
+    assert not again["in_process"] and again["unchanged_epochs"] == [1, 2]
+
+
+def test_a_small_ingest_here_fails_as_the_executors_do(tmp_path, monkeypatch):
+    monkeypatch.delenv("EPOCHSYNC_INGEST_LOCAL_MAX_BYTES")
+    write_changelogs(
+        tmp_path, {"MDT0000/a.jsonl": [*MDT[:2], '{"server":"MDT0000","index":3,\n', MDT[2]], "OST0000/a.jsonl": OST}
+    )
+    cfg = config(tmp_path)
+    with pytest.raises(EpochError) as err:
+        run_ingest(cfg, "src", 1, 1, None)
+    path = tmp_path / "cl" / "MDT0000" / "a.jsonl"
+    assert str(err.value).startswith(f"bad record of server MDT0000: {path}:3: not valid JSON: ")
+    assert list((tmp_path / "wh" / "records" / "source=src").iterdir()) == []  # no staging left
+    (tmp_path / "cl" / "MDT0000" / "a.jsonl").unlink()
+    write_changelogs(tmp_path, {"MDT0000/a.jsonl": MDT, "OST0000/a.jsonl": OST})
+    gone = tmp_path / "cl" / "OST0000" / "a.jsonl"
+
+    def progress(line):  # after the listing, before the parse: the file vanishes in between
+        if gone.exists():
+            gone.unlink()
+
+    with pytest.raises(StoreError) as err2:
+        run_ingest(cfg, "src", 1, 2, None, progress=progress)
+    assert str(err2.value) == f"ingest of source 'src': cannot read {gone}: No such file or directory"
+    monkeypatch.setenv("EPOCHSYNC_INGEST_LOCAL_MAX_BYTES", "x")
+    with pytest.raises(EpochError, match="EPOCHSYNC_INGEST_LOCAL_MAX_BYTES must be a number of bytes"):
+        run_ingest(cfg, "src", 1, 2, None)

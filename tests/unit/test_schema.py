@@ -76,3 +76,13 @@ def test_struct_type_matches_python_view(spark):
     assert row.layout.objects[1].oid == "0x11"
     assert row.extents[1].offset == 100
     assert bytes(row.xattr_value) == b"\x00\xffv"
+
+
+def test_arrow_schema_is_what_pyspark_makes_of_the_struct_type():
+    """An ingest run in this process writes with :func:`record_arrow_schema` (no pyspark import);
+    Spark's executors wrote with pyspark's conversion: the Parquet must be the same."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from epochsync.core.schema import record_arrow_schema, record_struct_type
+
+    assert record_arrow_schema().equals(to_arrow_schema(record_struct_type()), check_metadata=True)

@@ -352,7 +352,60 @@ def iter_jsonl_objects(stream: IO[str]) -> Iterator[tuple[int, str]]:
             yield lineno, line
 
 
-# --------------------------------------------------------------------------- Spark
+# --------------------------------------------------------------------------- Arrow and Spark
+
+
+def record_arrow_schema():
+    """The Arrow schema of a canonical record: what pyspark's ``to_arrow_schema`` makes of
+    :func:`record_struct_type`, built without importing pyspark (and pandas, which it
+    imports): an ingest small enough to run in this process needs neither."""
+    import pyarrow as pa
+
+    def struct(*fields):
+        return pa.struct([pa.field(n, t, nullable=True) for n, t in fields])
+
+    def array(t):
+        return pa.list_(pa.field("element", t, nullable=True))
+
+    layout = struct(
+        ("stripe_size", pa.int64()),
+        ("stripe_count", pa.int32()),
+        ("objects", array(struct(("ost", pa.string()), ("oid", pa.string())))),
+    )
+    obj = struct(("ost", pa.string()), ("oid", pa.string()), ("version", pa.string()))
+    extent = struct(("offset", pa.int64()), ("length", pa.int64()))
+    types = {
+        "server": pa.string(),
+        "index": pa.int64(),
+        "epoch": pa.int64(),
+        "type": pa.string(),
+        "time_ns": pa.int64(),
+        "flags": pa.int32(),
+        "tfid": pa.string(),
+        "pfid": pa.string(),
+        "name": pa.string(),
+        "sfid": pa.string(),
+        "spfid": pa.string(),
+        "sname": pa.string(),
+        "mode": pa.int64(),
+        "uid": pa.int64(),
+        "gid": pa.int64(),
+        "size": pa.int64(),
+        "atime_ns": pa.int64(),
+        "mtime_ns": pa.int64(),
+        "ctime_ns": pa.int64(),
+        "xattr_name": pa.string(),
+        "xattr_value": pa.binary(),
+        "symlink": pa.string(),
+        "layout": layout,
+        "object": obj,
+        "extents": array(extent),
+        "cookie": pa.string(),
+        "jobid": pa.string(),
+        "nid": pa.string(),
+    }
+    not_null = {"server", "index", "epoch", "type"}
+    return pa.schema([pa.field(n, types[n], nullable=n not in not_null) for n in FIELD_NAMES])
 
 
 def record_struct_type():

@@ -307,6 +307,7 @@ def apply_plan(plan: dict, target, source_io, source_bucket: str, jdir: str, sta
     t0 = time.monotonic()
     if spark is not None:
         task_apply_threads()  # a bad EPOCHSYNC_APPLY_TASK_THREADS fails here, before anything changes
+    executor_min_ops()  # and a bad EPOCHSYNC_APPLY_EXECUTOR_MIN_OPS
     target.prepare(plan["epoch"])
     # a posix target keeps the times of the directories the plan changes only as a side effect
     keep_times = getattr(target, "dir_times_before", None)
@@ -335,7 +336,7 @@ def apply_plan(plan: dict, target, source_io, source_bucket: str, jdir: str, sta
         ops.append(dict(op, state={k: state[k] for k in keys if k in state}))
     results = []
     if ops:
-        if spark is not None:
+        if spark is not None and len(ops) >= executor_min_ops():
             results = _apply_on_executors(spark, ops, plan, target, source_io, source_bucket, jdir, faults, token)
         else:
             results = _apply_in_threads(ops, target, source_io, source_bucket, jdir, faults, plan, token)
@@ -482,6 +483,21 @@ LOCAL_APPLY_THREADS = 8
 #: data operations in flight in each executor task (``EPOCHSYNC_APPLY_TASK_THREADS``): the
 #: operations wait on S3 and fsync more than on the CPU, so a task keeps several going
 TASK_APPLY_THREADS = 4
+
+
+#: fewer data operations than this run in this process's threads even with a Spark session
+#: (``EPOCHSYNC_APPLY_EXECUTOR_MIN_OPS``): a Spark job costs more than a few dozen operations
+EXECUTOR_MIN_OPS = 64
+
+
+def executor_min_ops() -> int:
+    """:data:`EXECUTOR_MIN_OPS`, or ``EPOCHSYNC_APPLY_EXECUTOR_MIN_OPS`` when set (0: always on the executors)."""
+    text = os.environ.get("EPOCHSYNC_APPLY_EXECUTOR_MIN_OPS", "").strip()
+    if not text:
+        return EXECUTOR_MIN_OPS
+    if not text.isdigit():
+        raise EpochsyncError(f"EPOCHSYNC_APPLY_EXECUTOR_MIN_OPS must be a whole number of operations, got {text!r}")
+    return int(text)
 
 
 def task_apply_threads() -> int:

@@ -39,21 +39,31 @@ def _ingest(cfg: Config, source: str, first: int, last: int, spark, consumer: st
 
 
 class _Session:
-    """The Spark session of a replicate run, started the first time a stage needs it."""
+    """The Spark session of a replicate run, opened the first time a stage asks it for work:
+    an epoch whose stages all run in this process never connects (:class:`LazySession`)."""
 
     def __init__(self, name: str, cfg: Config, spark=None, target: str = ""):
-        self.name, self.cfg, self.existing, self.target = name, cfg, spark, target
+        from epochsync.spark import LazySession
+
+        self.name, self.cfg, self.target = name, cfg, target
+        self.lazy = LazySession(self._open) if spark is None else None
+        self.given = spark
+
+    def _open(self):
+        from epochsync.spark import spark_session
+
+        # one server-side session per target, kept between runs (its package and
+        # Python workers stay warm for the next epoch; the server drops it when idle)
+        return spark_session(self.name, cfg=self.cfg, session_key=f"replicate/{self.cfg.file}/{self.target}")
+
+    @property
+    def existing(self):
+        """The session if one was given or opened (what a rollback may use), else None."""
+        return self.given if self.lazy is None else self.lazy.opened
 
     def get(self):
-        if self.existing is None:
-            from epochsync.spark import spark_session
-
-            # one server-side session per target, kept between runs (its package and
-            # Python workers stay warm for the next epoch; the server drops it when idle)
-            self.existing = spark_session(
-                self.name, cfg=self.cfg, session_key=f"replicate/{self.cfg.file}/{self.target}"
-            )
-        return self.existing
+        """What the stages get: the given session, or the lazy one."""
+        return self.given if self.lazy is None else self.lazy
 
 
 def replicate(

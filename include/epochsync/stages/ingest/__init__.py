@@ -176,8 +176,12 @@ def run_ingest(
                 if tail is not None and tail[2] == "EPOCH" and tail[1] > skipped_closed.get(server, -1):
                     skipped_closed[server] = tail[1]
     tasks: list[list[ChangelogFile]] = []
+    to_read = sum(f.size for fl in files.values() for f in fl)
+    # a few changelog bytes are parsed here, by the same task code: a Spark job would cost more
+    limit = local_max_bytes()
+    here = 0 < limit and to_read <= limit
     if any(files.values()):
-        if spark is None:
+        if spark is None and not here:
             from epochsync.spark import spark_session
 
             spark = spark_session("epochsync-ingest")
@@ -187,7 +191,7 @@ def run_ingest(
             every = [f for fl in files.values() for f in fl]
             # a task costs a Python worker's start on a fresh session: small epochs take few
             by_size = max(1, -(-sum(f.size for f in every) // BYTES_PER_TASK))
-            tasks = pack_files(every, min(task_slots(spark), by_size))
+            tasks = pack_files(every, by_size if here else min(task_slots(spark), by_size))
         else:
             tasks = [fl for fl in files.values() if fl]
     staging = f"{wh.records(source)}/_ingest-{uuid.uuid4().hex[:12]}"
@@ -196,22 +200,25 @@ def run_ingest(
     job = dataclasses.replace(job, staging_dir=local_path(staging))
     try:
         reports: list[dict] = []
-        if tasks:
+        if tasks and here:
+            reports = _dedupe(_run_here(_task_runner(tasks, job), len(tasks), source))
+        elif tasks:
             ids = spark.range(0, len(tasks), 1, numPartitions=len(tasks))
             try:
                 rows = ids.mapInArrow(_task_runner(tasks, job), "report string").collect()
             except Exception as exc:  # Py4J, PySpark and Spark Connect wrap what the executor raised
                 raise _executor_failure(exc, source) from None
             reports = _dedupe([json.loads(r["report"]) for r in rows])
-        phases["spark_job"] = time.perf_counter() - started - phases["list"]
+        phases["here" if here else "spark_job"] = time.perf_counter() - started - phases["list"]
         result = _judge(src, job, reports, skipped_closed)
         unchanged = _commit(wh, src, job, staging, files, result)
     finally:
         warehouse_fs.delete(staging)
-    phases["check_and_commit"] = time.perf_counter() - started - phases["list"] - phases["spark_job"]
+    phases["check_and_commit"] = time.perf_counter() - started - sum(phases.values())
 
     stats = _stats(src, job, files, reports, result, time.perf_counter() - started)
     stats["unchanged_epochs"] = unchanged
+    stats["in_process"] = here
     for server, s in stats["servers"].items():
         # files before the run's epochs (and below the cursor) are listed but not read
         s["files_skipped"] = len(listed.get(server, [])) - len(files.get(server, []))
@@ -226,6 +233,34 @@ def run_ingest(
     if unchanged:
         say(f"epoch(s) {', '.join(map(str, unchanged))}: already ingested with the same bytes, left in place")
     return stats
+
+
+#: changelog bytes up to which an ingest parses here, not in a Spark job
+#: (``EPOCHSYNC_INGEST_LOCAL_MAX_BYTES``; 0: always Spark)
+LOCAL_MAX_BYTES = 2 * 1024 * 1024
+
+
+def local_max_bytes() -> int:
+    """:data:`LOCAL_MAX_BYTES`, or ``EPOCHSYNC_INGEST_LOCAL_MAX_BYTES`` when set."""
+    raw = os.environ.get("EPOCHSYNC_INGEST_LOCAL_MAX_BYTES", "").strip()
+    if not raw:
+        return LOCAL_MAX_BYTES
+    if not raw.isdigit():
+        raise EpochError(f"EPOCHSYNC_INGEST_LOCAL_MAX_BYTES must be a number of bytes (0 or more), not {raw!r}")
+    return int(raw)
+
+
+def _run_here(run, n: int, source: str) -> list[dict]:
+    """The tasks' function (:func:`_task_runner`) in this process, one task after the other;
+    its errors read as they do from an executor (:func:`_executor_failure`)."""
+    import pyarrow as pa
+
+    try:
+        batches = list(run([pa.record_batch([pa.array(range(n), pa.int64())], names=["id"])]))
+    except EpochsyncError as exc:
+        cls = StoreError if isinstance(exc, StoreError) else EpochError
+        raise cls(f"ingest of source {source!r}: {exc}") from None
+    return [json.loads(r) for b in batches for r in b.column(0).to_pylist()]
 
 
 _EXECUTOR_ERROR = re.compile(r"epochsync\.core\.errors\.(\w+): (.+)")

@@ -131,11 +131,10 @@ def _epoch_grid(src) -> tuple[int, int]:
 
 def _arrow_schemas():
     import pyarrow as pa
-    from pyspark.sql.pandas.types import to_arrow_schema
 
-    from epochsync.core.schema import record_struct_type
+    from epochsync.core.schema import record_arrow_schema
 
-    out = to_arrow_schema(record_struct_type())
+    out = record_arrow_schema()
     # Reading: a missing server is filled from the directory; base64 is decoded after.
     read = out.set(out.get_field_index("server"), pa.field("server", pa.string(), nullable=True))
     read = read.set(read.get_field_index("xattr_value"), pa.field("xattr_value", pa.string()))
