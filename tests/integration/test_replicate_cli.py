@@ -27,7 +27,7 @@ def sim3(seaweed, tmp_path_factory):
     return out, cfg
 
 
-def test_replicate_and_rollback_verbs(sim3, spark, capsys):
+def test_replicate_and_rollback_verbs(sim3, spark, capsys, monkeypatch):
     out, cfg = sim3
     conf = str(cfg.file)
     target = open_target(cfg.target("local"))
@@ -103,3 +103,16 @@ def test_replicate_and_rollback_verbs(sim3, spark, capsys):
     status = json.loads(capsys.readouterr().out)[0]
     assert (status["committed_epoch"], status["failures"], status["rollbacks"]) == (3, 1, 2)
     assert status["status"] == "Active" and status["unfinished_epochs"] == []
+
+    # an epoch in which nothing changed runs every stage in this process: no Spark session is opened
+    from epochsync_dev.bench.warm import append_empty_epoch
+
+    empty = append_empty_epoch(out)
+
+    def no_spark(*args, **kwargs):
+        raise AssertionError("an empty epoch opened a Spark session")
+
+    monkeypatch.setattr("epochsync.spark.spark_session", no_spark)
+    assert main(["replicate", "--config", conf, "--target", "local", "--epoch", str(empty)]) == 0
+    assert target.read_manifest()["epoch"] == empty
+    assert_equals_truth(target, out, empty)
