@@ -1,9 +1,10 @@
-"""The merge's in-process path held to its Spark path: the same outcome table, the same errors.
+"""The merge's in-process path held to its Spark path: the same outcome, the same errors.
 
-:func:`epochsync.stages.merge_local.local_outcome` must return what the Spark small path
-collects (``state_outcome`` united with ``cookie_groups``) for the same snapshot rows and
-records: the tests that check the Spark merge against the oracle and the rules call
-:func:`assert_local_equals_spark` on their inputs too.
+:func:`epochsync.stages.merge_local.local_outcome` must compute what the Spark merge
+computes for the same snapshot rows and records. The tests that check the Spark merge
+against the oracle and the rules compare the local path with the rows they already
+collected (:func:`assert_local_equals_merge`: no Spark job more); one property test
+compares whole outcome tables, cookie groups included (:func:`assert_local_equals_spark`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,58 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import pytest
+
+
+def arrow_inputs(prev: list[tuple], records: list):
+    """Snapshot rows (tuples in :data:`SNAPSHOT_FIELDS` order) and :class:`Record` values as the
+    Arrow tables the local path reads, built here (no Spark round trip)."""
+    import pyarrow as pa
+
+    from epochsync.stages.merge_local import record_arrow_schema
+    from epochsync.warehouse.snapshot_files import snapshot_arrow_schema
+
+    snap, rec = snapshot_arrow_schema(), record_arrow_schema()
+    prev_t = pa.Table.from_arrays([pa.array([r[i] for r in prev], f.type) for i, f in enumerate(snap)], schema=snap)
+    rows = [r.to_row() for r in records]
+    rec_t = pa.Table.from_arrays([pa.array([r[i] for r in rows], f.type) for i, f in enumerate(rec)], schema=rec)
+    return prev_t, rec_t
+
+
+def _plain(v):
+    """Spark ``Row`` values and Arrow's Python values alike: dicts, lists, bytes."""
+    if hasattr(v, "asDict"):
+        v = v.asDict()
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_plain(x) for x in v]
+    if isinstance(v, bytearray):
+        return bytes(v)
+    return v
+
+
+def local_tables(prev_t, rec_t, roots: str | Iterable[str], extents_known: bool) -> tuple[list, list]:
+    """Snapshot E and the change set from the local outcome, as ``merge_epoch`` returns them
+    (sorted by fid): what ``_publish_small`` writes, read back."""
+    from epochsync.core.model import CHANGE_FIELDS, SNAPSHOT_FIELDS
+    from epochsync.stages.merge_local import local_outcome
+
+    out = [r for r in local_outcome(prev_t, rec_t, roots, extents_known).to_pylist() if r["s_fid"] is not None]
+    touched = {r["s_fid"] for r in out}
+    snap = [r for r in prev_t.to_pylist() if r["fid"] not in touched]
+    snap += [{c: r["s_" + c] for c in SNAPSHOT_FIELDS} for r in out if r["exists_after"]]
+    changes = [{c: r["c_" + c] for c in CHANGE_FIELDS} for r in out if r["c__changed"]]
+    return sorted(snap, key=lambda r: r["fid"]), sorted(changes, key=lambda r: r["fid"])
+
+
+def assert_local_equals_merge(prev: list[tuple], records: list, roots, extents_known: bool, snap_rows, change_rows):
+    """The local path gives the snapshot rows and change rows ``merge_epoch`` gave (collected)."""
+    snap, changes = local_tables(*arrow_inputs(prev, records), roots, extents_known)
+    for got, want in ((snap, snap_rows), (changes, change_rows)):
+        want = sorted((_plain(r) for r in want), key=lambda r: r["fid"])
+        for g, w in zip(got, want, strict=False):
+            assert g == w, {k: (g[k], w[k]) for k in g if g[k] != w.get(k)}
+        assert len(got) == len(want)
 
 
 def spark_outcome(prev, records, roots: str | Iterable[str], extents_known: bool):
@@ -31,22 +84,27 @@ def _sorted_rows(table) -> list[dict]:
     return sorted(table.to_pylist(), key=lambda r: (r["s_fid"] or "", r["g_cookie"] or ""))
 
 
-def assert_local_equals_spark(prev, records, roots: str | Iterable[str], extents_known: bool) -> int:
-    """The local outcome equals the Spark one: same column names and types, same rows (any
-    order); or both fail with the same ``_clean_error`` message. Returns the rows compared."""
+def assert_local_equals_spark(spark, prev: list[tuple], records: list, roots, extents_known: bool) -> int:
+    """The local outcome equals the Spark small path's collected table: same column names and
+    types, same rows (any order); or both fail with the same ``_clean_error`` message.
+    Returns the rows compared."""
+    from epochsync.core.model import snapshot_struct_type
+    from epochsync.core.schema import record_struct_type
     from epochsync.stages.merge import _clean_error
     from epochsync.stages.merge_local import local_outcome
 
-    prev_rows, record_rows = prev.toArrow(), records.toArrow()
+    prev_t, rec_t = arrow_inputs(prev, records)
+    prev_df = spark.createDataFrame(prev, snapshot_struct_type())
+    rec_df = spark.createDataFrame([r.to_row() for r in records], record_struct_type())
     try:
-        want = spark_outcome(prev, records, roots, extents_known)
+        want = spark_outcome(prev_df, rec_df, roots, extents_known)
     except Exception as exc:  # noqa: BLE001 (the message is what is compared)
         wanted = str(_clean_error(exc, "t", 1, 1))
         with pytest.raises(Exception) as err:  # noqa: PT011
-            local_outcome(prev_rows, record_rows, roots, extents_known)
+            local_outcome(prev_t, rec_t, roots, extents_known)
         assert str(_clean_error(err.value, "t", 1, 1)) == wanted
         return 0
-    got = local_outcome(prev_rows, record_rows, roots, extents_known)
+    got = local_outcome(prev_t, rec_t, roots, extents_known)
     assert [(f.name, f.type) for f in got.schema] == [(f.name, f.type) for f in want.schema]
     got_rows, want_rows = _sorted_rows(got), _sorted_rows(want)
     for g, w in zip(got_rows, want_rows, strict=False):

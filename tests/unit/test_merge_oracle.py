@@ -7,8 +7,9 @@ For random histories (hypothesis, plus fixed seeds kept as regressions):
   for catch-up windows E1..E2, also when every server's clock is off (issue 16), and the
   namespace (which fid holds which name) always equals the truth's;
 - the merge refuses a name's adds and removes exactly when no order of them applies;
-- the in-process merge (``run_merge``'s local path) computes the Spark small path's outcome
-  on every batch (:func:`support.merge_paths.assert_local_equals_spark`);
+- the in-process merge (``run_merge``'s local path) gives the same snapshot and change rows
+  on every batch, and the same outcome table as the Spark small path (cookie groups
+  included) on skewed Lustre-like and Gluster-like histories (``support.merge_paths``);
 - the data ranges of the change set cover every byte that differs between E-1 and E in
   the simulator's file contents (a byte past the old size counts as zero, since the
   replica grows a file by truncation), lie inside the new size, and no file whose bytes
@@ -29,7 +30,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyspark.testing import assertDataFrameEqual
-from support.merge_paths import assert_local_equals_spark
+from support.merge_paths import assert_local_equals_merge, assert_local_equals_spark
 
 from epochsync.core.model import SNAPSHOT_FIELDS, change_struct_type, snapshot_struct_type
 from epochsync.core.schema import Record, record_struct_type
@@ -135,16 +136,11 @@ def _gluster_like(r: Record) -> Record:
     )  # fmt: skip
 
 
-def check_batch(spark, items: list[Item], check_data: bool = True, local: str = "extents") -> None:
+def check_batch(spark, items: list[Item], check_data: bool = True) -> None:
     """Snapshot E of the merge equals the oracle's; with ``check_data`` the change set covers
     every byte that changed in the simulator's files (clock skew moves the records, not the
-    simulator's bytes: then only the namespace must equal the truth, see below).
-
-    The in-process merge (``run_merge``'s local path) must compute the Spark small path's
-    outcome on the same inputs: ``local`` says how: ``extents`` (the records as they are,
-    extents known), ``blind`` (the same records, ``extents_known=False``) or ``gluster``
-    (the records stripped of what Gluster's changelog does not carry, ``extents_known=False``).
-    """
+    simulator's bytes: then only the namespace must equal the truth, see below). The
+    in-process merge (``run_merge``'s local path) gives the same snapshot and change rows."""
     from epochsync.stages.merge import merge_epoch
 
     prev = [_rename_row(it.prefix, row) for it in items for row in it.prev]
@@ -152,22 +148,15 @@ def check_batch(spark, items: list[Item], check_data: bool = True, local: str = 
     expected = [
         _rename_row(it.prefix, row) for it in items for row in replay(it.root[len(it.prefix) :], it.prev, it.records)
     ]
-    prev_df = spark.createDataFrame(prev, snapshot_struct_type())
     snap, changes = merge_epoch(
-        prev_df,
+        spark.createDataFrame(prev, snapshot_struct_type()),
         spark.createDataFrame([r.to_row() for r in recs], record_struct_type()),
         [it.root for it in items],
         cache=True,
     )
-    local_recs = [_gluster_like(r) for r in recs] if local == "gluster" else recs
-    assert assert_local_equals_spark(
-        prev_df,
-        spark.createDataFrame([r.to_row() for r in local_recs], record_struct_type()),
-        [it.root for it in items],
-        extents_known=local == "extents",
-    ) >= len(items)
     snap_rows = snap.collect()
     change_rows = changes.collect()
+    assert_local_equals_merge(prev, recs, [it.root for it in items], True, snap_rows, change_rows)
     assertDataFrameEqual(
         spark.createDataFrame(snap_rows, snapshot_struct_type()),
         spark.createDataFrame(expected, snapshot_struct_type()),
@@ -262,7 +251,6 @@ def test_merge_equals_oracle_under_clock_skew(spark, batch):
         spark,
         [it for n, (p, sk) in enumerate(batch) for it in items_of(n, p, skew=sk)],
         check_data=False,
-        local="blind",
     )
 
 
@@ -276,7 +264,34 @@ FIXED = [
 
 
 def test_merge_equals_oracle_fixed_seeds(spark):
-    check_batch(spark, [it for n, p in enumerate(FIXED) for it in items_of(n, p)], local="gluster")
+    check_batch(spark, [it for n, p in enumerate(FIXED) for it in items_of(n, p)])
+
+
+@pytest.mark.parametrize("extents_known", [True, False], ids=["extents", "gluster-like"])
+def test_local_path_equals_the_spark_small_path(spark, extents_known):
+    """The in-process merge's outcome table equals the one the Spark small path collects
+    (cookie groups and deleted fids' rows included) on simulated histories with several MDTs
+    and OSTs, every server's clock off, cookies spanning servers and items; without extents
+    the records carry only what a Gluster changelog does."""
+    rng = random.Random(3)
+    items = [
+        it
+        for n in range(6)
+        for it in items_of(
+            n,
+            Params(
+                rng.randint(0, 2**31), rng.randint(1, 4), rng.randint(0, 14), rng.randint(1, 3), rng.randint(1, 4), 30
+            ),
+            skew=Skew(rng.randint(0, 2**31), rng.choice([0, 50, 3000]), rng.choice([1, 10, 1000])),
+        )
+    ]
+    prev = [_rename_row(it.prefix, row) for it in items for row in it.prev]
+    recs = [_rename_record(it.prefix, r) for it in items for r in it.records]
+    if not extents_known:
+        recs = [_gluster_like(r) for r in recs]
+    # an operation whose MARKs span servers of several items
+    recs += [r.replace(type="MARK", cookie="shared", server=r.server + "x") for r in recs[:: len(recs) // 5]]
+    assert assert_local_equals_spark(spark, prev, recs, [it.root for it in items], extents_known) > len(items)
 
 
 def _orderable(sequences: list[list[int]], held: int) -> bool:

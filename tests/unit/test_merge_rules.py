@@ -14,7 +14,7 @@ import stat
 
 import pytest
 from pyspark.testing import assertDataFrameEqual
-from support.merge_paths import assert_local_equals_spark
+from support.merge_paths import arrow_inputs, assert_local_equals_merge
 
 from epochsync.core.model import CHANGE_FIELDS, SNAPSHOT_FIELDS
 from epochsync.core.schema import Extent, Layout, LayoutObject, ObjectRef, Record
@@ -319,13 +319,16 @@ def _run(spark, cases, extents_known):
     from epochsync.core.schema import record_struct_type
     from epochsync.stages.merge import merge_epoch
 
-    prev = spark.createDataFrame([r for c, _, _ in cases.values() for r in c.prev], snapshot_struct_type())
-    recs = spark.createDataFrame([r.to_row() for c, _, _ in cases.values() for r in c.records], record_struct_type())
+    prev_rows = [r for c, _, _ in cases.values() for r in c.prev]
+    records = [r for c, _, _ in cases.values() for r in c.records]
+    prev = spark.createDataFrame(prev_rows, snapshot_struct_type())
+    recs = spark.createDataFrame([r.to_row() for r in records], record_struct_type())
     roots = [c.root for c, _, _ in cases.values()]
     snap, changes = merge_epoch(prev, recs, roots, extents_known, cache=True)
-    # the in-process path (run_merge's "local") computes the same outcome on every rule
-    assert assert_local_equals_spark(prev, recs, roots, extents_known) > len(cases)
-    return snap.collect(), changes.collect()
+    snap_rows, change_rows = snap.collect(), changes.collect()
+    # the in-process path (run_merge's "local") computes the same tables on every rule
+    assert_local_equals_merge(prev_rows, records, roots, extents_known, snap_rows, change_rows)
+    return snap_rows, change_rows
 
 
 @pytest.fixture(scope="module")
@@ -417,16 +420,16 @@ def test_names_in_no_consistent_order_fail_naming_the_records(spark, records, na
     assert re.fullmatch(
         r"merge of target 't' epochs 3\.\.3: " + named + r".*\(missing or reordered records\?\)", str(clean)
     )
-    assert _local_error(prev, records, c.root) == str(clean)
+    assert _local_error(c.prev, c.records, c.root) == str(clean)
 
 
-def _local_error(prev, records, root) -> str:
+def _local_error(prev: list, records: list, root: str) -> str:
     """The message ``run_merge`` gives when its in-process path fails on these inputs."""
     from epochsync.stages.merge import _clean_error
     from epochsync.stages.merge_local import local_outcome
 
     with pytest.raises(Exception) as err:  # noqa: PT011 (the message is checked by the caller)
-        local_outcome(prev.toArrow(), records.toArrow(), root)
+        local_outcome(*arrow_inputs(prev, records), root)
     return str(_clean_error(err.value, "t", 3, 3))
 
 
@@ -442,9 +445,7 @@ def test_nameless_link_record_fails_naming_it(spark):
         snap.collect()
     sentence = "record bad:MDT0000:1 (UNLNK) has no fid, parent fid or name; fix the importer or quarantine the record"
     assert str(_clean_error(err.value, "t", 2, 2)) == "merge of target 't' epochs 2..2: " + sentence
-    assert (
-        _local_error(empty_snapshot(spark, c.root), records, c.root) == "merge of target 't' epochs 3..3: " + sentence
-    )
+    assert _local_error([], c.records, c.root) == "merge of target 't' epochs 3..3: " + sentence
 
 
 def test_name_for_unknown_fid_fails_naming_it(spark):
@@ -457,4 +458,4 @@ def test_name_for_unknown_fid_fails_naming_it(spark):
     snap, _ = merge_epoch(empty_snapshot(spark, c.root), records, c.root)
     with pytest.raises(Exception, match=r"fid bad:ghost gains a name") as err:
         snap.collect()
-    assert _local_error(empty_snapshot(spark, c.root), records, c.root) == str(_clean_error(err.value, "t", 3, 3))
+    assert _local_error([], c.records, c.root) == str(_clean_error(err.value, "t", 3, 3))
