@@ -77,6 +77,17 @@ from epochsync.core.errors import EpochError, EpochsyncError
 from epochsync.core.model import CHANGE_FIELDS, DIR, FILE, OTHER, SNAPSHOT_FIELDS, SYMLINK
 from epochsync.formats.common import FLAG_OPEN_EXEC, FLAG_OPEN_READ, FLAG_OPEN_WRITE
 from epochsync.journal.lease import holds_target_lease
+from epochsync.stages.merge_common import (  # noqa: F401 (the rules' names, read from here too)
+    ATTR_COLUMNS,
+    CREATORS,
+    LINK_ADDERS,
+    LINK_REMOVERS,
+    MERGED_TYPES,
+    S_IFMT,
+    SIZE_SETTERS,
+    TIME_SETTERS,
+    TIME_TYPES,
+)
 from epochsync.warehouse.tables import conform
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -84,36 +95,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from epochsync.core.config import Config
 
-#: record types that create ``tfid`` (MKNOD: the type comes from the mode's type bits)
-CREATORS = ("CREAT", "MKDIR", "SLINK", "MKNOD")
-#: types that add a name to ``tfid`` / remove one
-LINK_ADDERS = (*CREATORS, "HLINK")
-LINK_REMOVERS = ("UNLNK", "RMDIR")
-TIME_TYPES = {"atime_ns": "ATIME", "mtime_ns": "MTIME", "ctime_ns": "CTIME"}
-#: non-WRITE types that set the times they carry
-TIME_SETTERS = (*CREATORS, "SATTR", "TRUNC", "MTIME", "CTIME", "ATIME")
-#: attributes compared for ``attrs_changed``
-ATTR_COLUMNS = ("mode", "uid", "gid", "atime_ns", "mtime_ns", "ctime_ns")
-#: types that set the size
-SIZE_SETTERS = ("TRUNC", "SATTR")
-#: every type the merge reads; the rest (EPOCH, MARK, OPEN, HSM, ...) do not change the replica
-MERGED_TYPES = (
-    *CREATORS,
-    "HLINK",
-    "UNLNK",
-    "RMDIR",
-    "RENME",
-    "CLOSE",
-    "LYOUT",
-    "TRUNC",
-    "SATTR",
-    "XATTR",
-    "MTIME",
-    "CTIME",
-    "ATIME",
-    "WRITE",
-)
-S_IFMT = 0o170000
 
 _LINK = "struct<pfid:string,name:string>"
 _XATTR = "struct<name:string,value:binary>"
@@ -1127,22 +1108,9 @@ def _publish_small(out: MergeOutputs, epoch: int, prev, table, extents_known: bo
 
 
 def _cookie_arrow_schema():
-    import pyarrow as pa
+    from epochsync.stages.merge_common import cookie_arrow_schema
 
-    strings = pa.list_(pa.field("element", pa.string()))
-    return pa.schema(
-        [
-            ("cookie", pa.string()),
-            ("servers", strings),
-            ("fids", strings),
-            ("types", strings),
-            ("records", pa.int64()),
-            ("first_epoch", pa.int64()),
-            ("last_epoch", pa.int64()),
-            ("first_time_ns", pa.int64()),
-            ("last_time_ns", pa.int64()),
-        ]
-    )
+    return cookie_arrow_schema()
 
 
 def _merge_large(spark, out, epoch, prev, records, window, root_fid, extents_known, target_name) -> None:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from epochsync.core.errors import EpochError
 from epochsync.core.model import CHANGE_FIELDS, DIR, FILE, OTHER, SNAPSHOT_FIELDS, SYMLINK
 from epochsync.formats.common import FLAG_OPEN_EXEC, FLAG_OPEN_READ, FLAG_OPEN_WRITE
-from epochsync.stages.merge import (
+from epochsync.stages.merge_common import (
     ATTR_COLUMNS,
     CREATORS,
     LINK_ADDERS,
@@ -99,7 +99,7 @@ def outcome_arrow_schema() -> pa.Schema:
     from pyspark.sql.pandas.types import to_arrow_schema
 
     from epochsync.core.model import change_struct_type
-    from epochsync.stages.merge import _cookie_arrow_schema
+    from epochsync.stages.merge_common import cookie_arrow_schema
     from epochsync.warehouse.snapshot_files import snapshot_arrow_schema
     from epochsync.warehouse.tables import nullable_type
 
@@ -109,7 +109,7 @@ def outcome_arrow_schema() -> pa.Schema:
     fields += [pa.field("s_" + f.name, f.type) for f in snap]
     fields += [pa.field("c_" + f.name, f.type) for f in change]
     fields.append(pa.field("c__changed", pa.bool_()))
-    for f in _cookie_arrow_schema():  # collect_set's arrays hold no null
+    for f in cookie_arrow_schema():  # collect_set's arrays hold no null
         t = pa.list_(pa.field("element", f.type.value_type, nullable=False)) if pa.types.is_list(f.type) else f.type
         fields.append(pa.field("g_" + f.name, t))
     return pa.schema(fields)
