@@ -52,6 +52,16 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=rank)
 
 
+@pytest.fixture(scope="module")
+def data_on_executors():
+    """Every apply's data phase of the module on the Spark executors, however few its operations
+    (a plan this small would otherwise run in the driver's threads): for the tests whose faults
+    and kills come from executors (``pytest.mark.usefixtures("data_on_executors")``)."""
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("EPOCHSYNC_APPLY_EXECUTOR_MIN_OPS", "0")
+        yield
+
+
 @pytest.fixture(scope="session")
 def spark_connect_server():
     """One Spark Connect server (local[2]) for the whole run, as `make demo` starts one, warmed up

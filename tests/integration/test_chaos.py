@@ -49,7 +49,7 @@ from epochsync.stages.rollback import rollback_target
 from epochsync.targets import open_target
 from epochsync_dev.truth import compare_with_truth, load_truth, truth_path
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.usefixtures("data_on_executors"), pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUNDS = int(os.environ.get("EPOCHSYNC_CHAOS_ROUNDS") or 1)
@@ -78,15 +78,6 @@ def chaos_report():
     out.mkdir(parents=True, exist_ok=True)
     (out / "chaos.json").write_text(json.dumps(COUNTS, indent=1) + "\n")
     print("\nchaos:", json.dumps(COUNTS))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def data_on_executors():
-    """Every apply's data phase on the Spark executors, however few its operations (a plan
-    this small would otherwise run in the driver's threads)."""
-    with pytest.MonkeyPatch.context() as m:
-        m.setenv("EPOCHSYNC_APPLY_EXECUTOR_MIN_OPS", "0")
-        yield
 
 
 @pytest.fixture(scope="module")

@@ -34,17 +34,8 @@ from epochsync.stages.translate import run_translate
 from epochsync.stages.verify import run_verify
 from epochsync.targets import open_target
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.usefixtures("data_on_executors"), pytest.mark.integration, pytest.mark.slow]
 TARGETS = ("local", "s3")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def data_on_executors():
-    """Every apply's data phase on the Spark executors, however few its operations (a plan
-    this small would otherwise run in the driver's threads)."""
-    with pytest.MonkeyPatch.context() as m:
-        m.setenv("EPOCHSYNC_APPLY_EXECUTOR_MIN_OPS", "0")
-        yield
 
 
 @pytest.fixture(scope="module")
