@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import operator
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
@@ -133,26 +134,25 @@ class Record:
 
     def to_dict(self, *, drop_nulls: bool = True) -> dict[str, Any]:
         """JSON-ready dict: bytes as base64, nested values as dicts and lists."""
-        out: dict[str, Any] = {}
-        for f in FIELD_NAMES:
-            v = getattr(self, f)
-            if v is None:
-                if not drop_nulls:
-                    out[f] = None
-                continue
-            if f == "xattr_value":
-                v = base64.b64encode(v).decode("ascii")
-            elif f == "layout":
-                v = {
-                    "stripe_size": v.stripe_size,
-                    "stripe_count": v.stripe_count,
-                    "objects": [{"ost": o.ost, "oid": o.oid} for o in v.objects],
-                }
-            elif f == "object":
-                v = {"ost": v.ost, "oid": v.oid, "version": v.version}
-            elif f == "extents":
-                v = [{"offset": e.offset, "length": e.length} for e in v]
-            out[f] = v
+        values = zip(FIELD_NAMES, _all_fields(self), strict=True)
+        out: dict[str, Any] = {f: v for f, v in values if v is not None} if drop_nulls else dict(values)
+        # the few fields that are not JSON as they are (in place: the keys keep the schema's order)
+        v = self.xattr_value
+        if v is not None:
+            out["xattr_value"] = base64.b64encode(v).decode("ascii")
+        lay = self.layout
+        if lay is not None:
+            out["layout"] = {
+                "stripe_size": lay.stripe_size,
+                "stripe_count": lay.stripe_count,
+                "objects": [{"ost": o.ost, "oid": o.oid} for o in lay.objects],
+            }
+        obj = self.object
+        if obj is not None:
+            out["object"] = {"ost": obj.ost, "oid": obj.oid, "version": obj.version}
+        ext = self.extents
+        if ext is not None:
+            out["extents"] = [{"offset": e.offset, "length": e.length} for e in ext]
         return out
 
     def to_row(self) -> tuple:
@@ -225,6 +225,8 @@ class Record:
 
 
 FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Record))
+#: every field's value of a record at once, in schema order (one call, not one getattr per field)
+_all_fields = operator.attrgetter(*FIELD_NAMES)
 _FIELD_SET = frozenset(FIELD_NAMES)
 
 _INT_FIELDS = {

@@ -43,6 +43,8 @@ from epochsync.warehouse.paths import Warehouse, local_path
 
 #: the fields of a raw record a cut keeps of what the live changelogs logged just after it
 _HINT_FIELDS = ("tfid", "sfid", "pfid", "name", "spfid", "sname")
+#: a published record's line: ``json.dumps(..., separators=(",", ":"))`` without a new encoder per record
+_compact = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def gluster_source(cfg: Config, source: str | SourceConfig) -> SourceConfig:
@@ -215,13 +217,8 @@ def _cut_one(cfg: Config, src: SourceConfig, mech: BtrfsCut, state: SourceState,
             for r in recs:
                 r.index = n
                 n += 1
-                lines.append(json.dumps(r.to_dict(), separators=(",", ":")))
-            lines.append(
-                json.dumps(
-                    Record(server=brick, index=n, epoch=epoch, type="EPOCH", time_ns=time_ns).to_dict(),
-                    separators=(",", ":"),
-                )
-            )
+                lines.append(_compact(r.to_dict()))
+            lines.append(_compact(Record(server=brick, index=n, epoch=epoch, type="EPOCH", time_ns=time_ns).to_dict()))
             next_index[brick] = n + 1
             counts[brick] = len(recs)
             write_text_atomic(os.path.join(out_dir, brick, f"{epoch:010d}.jsonl"), "\n".join(lines) + "\n")

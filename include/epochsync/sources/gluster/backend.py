@@ -75,12 +75,13 @@ class BrickView:
     def __init__(self, name: str, root: str):
         self.name = name
         self.root = root
+        self._handles = os.path.join(root, ".glusterfs")
 
     def handle(self, gfid: str) -> str:
         """Returns the path of ``gfid``'s handle under ``.glusterfs`` (the root: the brick itself)."""
         if gfid == ROOT_GFID:
             return self.root
-        return os.path.join(self.root, ".glusterfs", gfid[0:2], gfid[2:4], gfid)
+        return f"{self._handles}/{gfid[0:2]}/{gfid[2:4]}/{gfid}"
 
     def path_of(self, gfid: str) -> str | None:
         """Returns a path that opens ``gfid``'s data on this brick (its handle), or None if absent
@@ -213,6 +214,31 @@ def is_linkto(path: str, s: os.stat_result) -> bool:
     """Is the file at ``path`` (``s`` its lstat) a DHT linkto file: mode ``---------T``, empty, and the
     linkto xattr naming the brick that holds the data?"""
     return st.S_ISREG(s.st_mode) and (s.st_mode & 0o7777) == st.S_ISVTX and s.st_size == 0 and _has(path, LINKTO_XATTR)
+
+
+def is_linkto_fd(fd: int, s: os.stat_result) -> bool:
+    """:func:`is_linkto` of an open file (``s`` its fstat)."""
+    if not (st.S_ISREG(s.st_mode) and (s.st_mode & 0o7777) == st.S_ISVTX and s.st_size == 0):
+        return False
+    try:
+        os.getxattr(fd, LINKTO_XATTR)
+    except OSError as exc:
+        if exc.errno in (errno.ENODATA, errno.ENOENT, errno.ENOTSUP, errno.EPERM):
+            return False
+        raise
+    return True
+
+
+def shard_block_fd(fd: int) -> int:
+    """The shard block size an open file carries (the first block of a sharded file), as
+    :meth:`BrickView.lookup` reads it; 0 when it carries none."""
+    try:
+        raw = os.getxattr(fd, SHARD_BLOCK_XATTR)
+    except OSError as exc:
+        if exc.errno in (errno.ENODATA, errno.ENOENT, errno.ENOTSUP, errno.EPERM):
+            return 0
+        raise
+    return int.from_bytes(raw[:8], "big") if len(raw) >= 8 else 0
 
 
 def _own_gfid(path: str, gfid: str) -> bool:

@@ -25,7 +25,9 @@ __all__ = [
     "changed_ranges",
     "delete_snapshot",
     "drop_unchanged",
+    "drop_unchanged_fd",
     "fiemap",
+    "fiemap_fd",
     "is_subvolume",
     "mount_of",
     "snapshot",
@@ -45,6 +47,7 @@ _NO_ADDRESS = FIEMAP_EXTENT_UNKNOWN | FIEMAP_EXTENT_DELALLOC | FIEMAP_EXTENT_DAT
 _HEADER = struct.Struct("=QQIIII")
 _EXTENT = struct.Struct("=QQQQQI12x")
 _BATCH = 512
+_FIRST_BATCH = 8
 
 
 def subvolume_of(path: str) -> str:
@@ -78,24 +81,33 @@ def fiemap(path: str) -> list[tuple[int, int, int, int]]:
 
     An OSError (EOPNOTSUPP on a file system without FIEMAP) is the caller's to handle.
     """
-    out: list[tuple[int, int, int, int]] = []
-    start = 0
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     try:
-        while True:
-            buf = bytearray(_HEADER.pack(start, (1 << 64) - 1 - start, 0, 0, _BATCH, 0) + bytes(_EXTENT.size * _BATCH))
-            fcntl.ioctl(fd, FS_IOC_FIEMAP, buf)
-            mapped = _HEADER.unpack_from(buf)[3]
-            last = False
-            for i in range(mapped):
-                lo, ph, ln, _r1, _r2, fl = _EXTENT.unpack_from(buf, _HEADER.size + i * _EXTENT.size)
-                out.append((lo, ph, ln, fl))
-                last = bool(fl & FIEMAP_EXTENT_LAST)
-            if mapped == 0 or last:
-                return out
-            start = out[-1][0] + out[-1][2]
+        return fiemap_fd(fd)
     finally:
         os.close(fd)
+
+
+def fiemap_fd(fd: int) -> list[tuple[int, int, int, int]]:
+    """:func:`fiemap` of an open file. The first call asks for a few extents (most files of a cut
+    have one or two: no 28 KiB buffer to fill per file), the next ones for :data:`_BATCH`."""
+    out: list[tuple[int, int, int, int]] = []
+    start = 0
+    batch = _FIRST_BATCH
+    while True:
+        buf = bytearray(_HEADER.size + _EXTENT.size * batch)
+        _HEADER.pack_into(buf, 0, start, (1 << 64) - 1 - start, 0, 0, batch, 0)
+        fcntl.ioctl(fd, FS_IOC_FIEMAP, buf)
+        mapped = _HEADER.unpack_from(buf)[3]
+        last = False
+        for i in range(mapped):
+            lo, ph, ln, _r1, _r2, fl = _EXTENT.unpack_from(buf, _HEADER.size + i * _EXTENT.size)
+            out.append((lo, ph, ln, fl))
+            last = bool(fl & FIEMAP_EXTENT_LAST)
+        if mapped == 0 or last:
+            return out
+        start = out[-1][0] + out[-1][2]
+        batch = _BATCH
 
 
 def _segments(extents, size: int):
@@ -185,6 +197,24 @@ def drop_unchanged(
     inside = [(o, min(o + n, old_size) - o) for o, n in ranges if o < old_size]
     if not inside or sum(n for _, n in inside) > limit:
         return ranges
+    a = os.open(old_path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        b = os.open(new_path, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            return drop_unchanged_fd(a, b, ranges, old_size, limit)
+        finally:
+            os.close(b)
+    finally:
+        os.close(a)
+
+
+def drop_unchanged_fd(
+    old_fd: int, new_fd: int, ranges: list[tuple[int, int]], old_size: int, limit: int = COMPARE_BYTES_UP_TO
+) -> list[tuple[int, int]]:
+    """:func:`drop_unchanged` of two open files."""
+    inside = [(o, min(o + n, old_size) - o) for o, n in ranges if o < old_size]
+    if not inside or sum(n for _, n in inside) > limit:
+        return ranges
     out: list[tuple[int, int]] = []
 
     def keep(o: int, n: int) -> None:
@@ -193,20 +223,12 @@ def drop_unchanged(
         elif n > 0:
             out.append((o, n))
 
-    a = os.open(old_path, os.O_RDONLY | os.O_NOFOLLOW)
-    try:
-        b = os.open(new_path, os.O_RDONLY | os.O_NOFOLLOW)
-        try:
-            for o, n in ranges:
-                end = min(o + n, old_size)
-                for x in range(o, end, COMPARE_BLOCK):
-                    m = min(COMPARE_BLOCK, end - x)
-                    if os.pread(a, m, x) != os.pread(b, m, x):
-                        keep(x, m)
-                if o + n > old_size:
-                    keep(max(o, old_size), o + n - max(o, old_size))
-        finally:
-            os.close(b)
-    finally:
-        os.close(a)
+    for o, n in ranges:
+        end = min(o + n, old_size)
+        for x in range(o, end, COMPARE_BLOCK):
+            m = min(COMPARE_BLOCK, end - x)
+            if os.pread(old_fd, m, x) != os.pread(new_fd, m, x):
+                keep(x, m)
+        if o + n > old_size:
+            keep(max(o, old_size), o + n - max(o, old_size))
     return out

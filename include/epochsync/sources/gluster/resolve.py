@@ -34,13 +34,15 @@ brick's next indexes, and every brick's file ends with an ``EPOCH`` record.
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from epochsync.core.gluster import INTERNAL_GFIDS, ROOT_GFID, SHARD_REMOVE_ME_GFID, SHARD_ROOT_GFID
 from epochsync.core.schema import Extent, ObjectRef, Record
-from epochsync.sources.gluster.backend import BrickView, Node, shard_base
-from epochsync.sources.gluster.btrfs import changed_ranges, drop_unchanged, fiemap
+from epochsync.sources.gluster.backend import BrickView, Node, is_linkto_fd, shard_base, shard_block_fd
+from epochsync.sources.gluster.btrfs import changed_ranges, drop_unchanged, drop_unchanged_fd, fiemap, fiemap_fd
 from epochsync.sources.gluster.state import Known, SourceState
 
 _SHARD_DIRS = (SHARD_ROOT_GFID, SHARD_REMOVE_ME_GFID)
@@ -203,6 +205,8 @@ class Resolver:
                 self.figures["split_dirs"] += 1
         self._defer_orphans(after, known, carry_next)
         out: dict[str, list[Record]] = {b.name: [] for b in self.bricks}
+        published: list[Known] = []
+        dropped: list[str] = []
         for g in sorted(after):
             a = after[g]
             if g in carry_next:
@@ -212,9 +216,9 @@ class Resolver:
             out[brick].extend(recs)
             if a.node is None:
                 if k is not None:
-                    self.state.drop_node(g)
+                    dropped.append(g)
             else:
-                self.state.set_node(
+                published.append(
                     Known(
                         gfid=g,
                         type=a.node.type,
@@ -224,6 +228,7 @@ class Resolver:
                         names=list(a.node.names),
                     )
                 )
+        self.state.update(published, dropped)
         self.figures["touched"] = len(after)
         return Resolved(records=out, carry=sorted(carry_next), figures=self.figures)
 
@@ -357,6 +362,8 @@ class Resolver:
         if old_view is None:
             self.figures["whole_files"] += 1
             return [(0, size)]
+        if not node.shard_block:
+            return self._changed_file(g, node, old_view)
         old = old_view.lookup(g, full=False)
         if old is None or old.type != "file" or (old.shard_block or 0) != (node.shard_block or 0):
             self.figures["whole_files"] += 1
@@ -370,6 +377,36 @@ class Resolver:
         except OSError:
             self.figures["whole_files"] += 1
             return [(0, size)]
+
+    def _changed_file(self, g: str, node: Node, old_view: BrickView) -> list[tuple[int, int]]:
+        """:meth:`_changed` of a file that is not sharded: each side opened once for its extents and
+        the bytes compared (what ``old_view.lookup``, :func:`fiemap` and :func:`drop_unchanged` by
+        path do, with a third of the system calls)."""
+        size = node.size
+        try:
+            # a gfid is one inode: its handle in the last cut is this file, a linkto file or absent
+            old_fd = os.open(old_view.handle(g), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            self.figures["whole_files"] += 1
+            return [(0, size)]
+        try:
+            s = os.fstat(old_fd)
+            if not stat.S_ISREG(s.st_mode) or is_linkto_fd(old_fd, s) or shard_block_fd(old_fd):
+                self.figures["whole_files"] += 1
+                return [(0, size)]
+            self.figures["fiemap_files"] += 1
+            try:
+                new_fd = os.open(node.path, os.O_RDONLY | os.O_NOFOLLOW)
+                try:
+                    ranges = changed_ranges(fiemap_fd(old_fd), fiemap_fd(new_fd), s.st_size, size)
+                    return drop_unchanged_fd(old_fd, new_fd, ranges, s.st_size)
+                finally:
+                    os.close(new_fd)
+            except OSError:
+                self.figures["whole_files"] += 1
+                return [(0, size)]
+        finally:
+            os.close(old_fd)
 
     def _changed_shards(
         self, g: str, old: Node, node: Node, old_view: BrickView, brick: str | None

@@ -116,19 +116,28 @@ class SourceState:
 
     def set_node(self, k: Known) -> None:
         """Records ``k`` as published (its names replace the ones it had)."""
-        self.db.execute(
-            "INSERT OR REPLACE INTO node (gfid, type, brick, size, xattrs) VALUES (?, ?, ?, ?, ?)",
-            (k.gfid, k.type, k.brick, k.size, json.dumps(sorted(k.xattrs))),
-        )
-        self.db.execute("DELETE FROM name WHERE gfid = ?", (k.gfid,))
-        self.db.executemany(
-            "INSERT OR REPLACE INTO name (pgfid, name, gfid) VALUES (?, ?, ?)", [(p, n, k.gfid) for p, n in k.names]
-        )
+        self.update([k], [])
 
     def drop_node(self, gfid: str) -> None:
         """Forgets a gfid the published records removed."""
-        self.db.execute("DELETE FROM node WHERE gfid = ?", (gfid,))
-        self.db.execute("DELETE FROM name WHERE gfid = ?", (gfid,))
+        self.update([], [gfid])
+
+    def update(self, nodes: list[Known], dropped: list[str]) -> None:
+        """Records each of ``nodes`` as published (its names replace the ones it had; a name another
+        one of them held goes to the later one) and forgets ``dropped``: one statement per table,
+        not three per gfid. Every gfid's old names go first, so the outcome is that of
+        :meth:`set_node` and :meth:`drop_node` called one gfid at a time in this order."""
+        if dropped:
+            self.db.executemany("DELETE FROM node WHERE gfid = ?", [(g,) for g in dropped])
+        self.db.executemany("DELETE FROM name WHERE gfid = ?", [(g,) for g in dropped] + [(k.gfid,) for k in nodes])
+        self.db.executemany(
+            "INSERT OR REPLACE INTO node (gfid, type, brick, size, xattrs) VALUES (?, ?, ?, ?, ?)",
+            [(k.gfid, k.type, k.brick, k.size, json.dumps(sorted(k.xattrs))) for k in nodes],
+        )
+        self.db.executemany(
+            "INSERT OR REPLACE INTO name (pgfid, name, gfid) VALUES (?, ?, ?)",
+            [(p, n, k.gfid) for k in nodes for p, n in k.names],
+        )
 
     def release_names(self, names) -> None:
         """Forgets which gfid held each of ``names`` (before they are given to others)."""
