@@ -108,10 +108,17 @@ class SourceState:
     def holders(self, names) -> dict[tuple[str, str], str]:
         """Returns ``{(pgfid, name): gfid}`` for those of ``names`` a published gfid holds."""
         out = {}
-        for p, n in dict.fromkeys(names):
-            row = self.db.execute("SELECT gfid FROM name WHERE pgfid = ? AND name = ?", (p, n)).fetchone()
-            if row:
-                out[(p, n)] = row[0]
+        pairs = list(dict.fromkeys(names))
+        for i in range(0, len(pairs), 400):
+            chunk = pairs[i : i + 400]
+            # a join on the primary key (a row-value IN over VALUES scans the table)
+            values = ",".join("(?, ?)" for _ in chunk)
+            for p, n, g in self.db.execute(
+                f"SELECT n.pgfid, n.name, n.gfid FROM (VALUES {values}) AS v "
+                "CROSS JOIN name AS n ON n.pgfid = v.column1 AND n.name = v.column2",
+                [x for pair in chunk for x in pair],
+            ):
+                out[(p, n)] = g
         return out
 
     def set_node(self, k: Known) -> None:
