@@ -68,6 +68,15 @@ _HEADER = re.compile(rb"GlusterFS Changelog \| version: v(\d+)\.(\d+) \| encodin
 _FILE_TIME = re.compile(r"CHANGELOG\.(\d{1,12})")
 _UUID_TEXT = re.compile(rb"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
+_U = rb"([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})"
+#: the ascii records most epochs are made of, whole and well-formed, in one match each (anything
+#: else, or anything these leave in doubt, goes through :meth:`_Reader.record`'s field-by-field path)
+_ASCII_D = re.compile(rb"D" + _U + rb"\x00")
+_ASCII_M = re.compile(rb"M" + _U + rb"\x00(\d{1,10})\x00")
+_ASCII_CREATE = re.compile(
+    rb"E" + _U + rb"\x00(\d{1,10})\x00(\d{1,10})\x00(\d{1,10})\x00(\d{1,10})\x00" + _U + rb"/([^\x00]*)\x00"
+)
+
 ENCODING_BINARY = 1
 ENCODING_ASCII = 2
 
@@ -293,6 +302,10 @@ class _Reader:
     # -- records ------------------------------------------------------------------
     def record(self, pos: int) -> tuple[Record, int]:
         """The record at ``pos`` (epoch, index, server filled in by the caller) and its end."""
+        if not self.binary:
+            fast = self._ascii_record(pos)
+            if fast is not None:
+                return fast
         kind = self._need(pos, 1)
         if kind not in (b"E", b"M", b"D"):
             raise _Malformed(f"unknown record type byte {kind!r} (expected E, M or D)", pos)
@@ -343,6 +356,47 @@ class _Reader:
                     except UnicodeDecodeError:
                         raise _Malformed(f"deleted path {raw[:40]!r} is not valid UTF-8", p - len(raw)) from None
         return rec, self._sep(p, "last field")
+
+    def _ascii_record(self, pos: int) -> tuple[Record, int] | None:
+        """A data, metadata or create-like record at ``pos`` read with one regular expression: the
+        same record :meth:`record` reads field by field, or None for any other (or bad) record."""
+        data = self.data
+        kind = data[pos : pos + 1]
+        if kind == b"D":
+            m = _ASCII_D.match(data, pos)
+            if m is not None:
+                return Record(server="", index=0, epoch=0, type="WRITE", tfid=m.group(1).decode("ascii")), m.end()
+        elif kind == b"M":
+            m = _ASCII_M.match(data, pos)
+            if m is not None:
+                fop = int(m.group(2))
+                if 0 < fop < len(GF_FOP_NAMES):
+                    rtype = "XATTR" if fop in _XATTR_FOPS else "SATTR"
+                    return Record(server="", index=0, epoch=0, type=rtype, tfid=m.group(1).decode("ascii")), m.end()
+        elif kind == b"E":
+            m = _ASCII_CREATE.match(data, pos)
+            if m is not None:
+                gfid, fop, mode, uid, gid, pargfid, raw = m.groups()
+                fop_n, mode_n, uid_n, gid_n = int(fop), int(mode), int(uid), int(gid)
+                if fop_n in (FOP_CREATE, FOP_MKNOD, FOP_MKDIR) and max(mode_n, uid_n, gid_n) <= 0xFFFFFFFF:
+                    try:
+                        name = raw.decode("utf-8")
+                    except UnicodeDecodeError:
+                        return None
+                    rec = Record(
+                        server="",
+                        index=0,
+                        epoch=0,
+                        type=_ENTRY_TYPES[fop_n],
+                        tfid=gfid.decode("ascii"),
+                        pfid=pargfid.decode("ascii"),
+                        name=name,
+                        mode=mode_n,
+                        uid=uid_n,
+                        gid=gid_n,
+                    )
+                    return rec, m.end()
+        return None
 
     def resync(self, pos: int) -> int:
         """The next position at or after ``pos`` that looks like a record start, else the end.
