@@ -123,6 +123,7 @@ def test_local_small_and_large_input_paths_write_the_same_tables(spark, stage, m
     with monkeypatch.context() as m:
         m.setenv("EPOCHSYNC_MERGE_LOCAL_MAX_ROWS", "0")  # today's small path, on Spark
         assert [run_merge(cfg, "spark-small", *w, spark)["merge_path"] for w in ((1, 1), (2, 3))] == ["small"] * 2
+    monkeypatch.setenv("EPOCHSYNC_MERGE_LOCAL_MAX_ROWS", "0")
     monkeypatch.setenv("EPOCHSYNC_MERGE_CACHE_MIN_ROWS", "0")  # every input counts as large here
     assert run_merge(cfg, "cached", 1, 1, spark)["merge_path"] == "large"
     run_merge(cfg, "cached", 2, 3, spark)

@@ -76,6 +76,7 @@ def merged(spark, tmp_path_factory):
                         m.setattr(sf, "BUCKET_ROWS", 4)  # the namespace outgrows its buckets, which split
                         m.setenv("EPOCHSYNC_MERGE_LOCAL_MAX_ROWS", "0")  # on the Spark small path
                     if t == "large":
+                        m.setenv("EPOCHSYNC_MERGE_LOCAL_MAX_ROWS", "0")
                         m.setenv("EPOCHSYNC_MERGE_CACHE_MIN_ROWS", "0")
                     stats = run_merge(cfg, t, e, e, spark)
                     assert stats["snapshot_fids"] == len(hist.at(e).snapshot), (t, e)

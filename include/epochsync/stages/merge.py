@@ -57,11 +57,13 @@ UDF, no ``applyInPandas``):
 Only fids a record touches are recomputed; every other row of snapshot E-1 is copied.
 
 Three ways to run it (:func:`run_merge`, ``merge_path`` in its stats): a window below
-``EPOCHSYNC_MERGE_LOCAL_MAX_ROWS`` records plus named fids is merged in this process by
-:mod:`epochsync.stages.merge_local`, a line-by-line mirror of these transforms in pyarrow
-and Python that the tests hold equal to them (no Spark job: Spark's per-operation floor is
-more than such a window costs); a larger one in one Spark collect; the largest on Spark
-end to end.
+``EPOCHSYNC_MERGE_LOCAL_MAX_ROWS`` records plus named fids (250,000) is merged in this
+process by :mod:`epochsync.stages.merge_local`, a line-by-line mirror of these transforms in
+pyarrow and Python that the tests hold equal to them (no Spark job: up to there Spark's
+fixed costs and shuffles cost more than the rows); a larger one below
+``EPOCHSYNC_MERGE_CACHE_MIN_ROWS`` in one Spark collect; the largest on Spark end to end.
+Each variable sets one boundary: ``EPOCHSYNC_MERGE_LOCAL_MAX_ROWS=0`` sends every window to
+Spark, ``EPOCHSYNC_MERGE_CACHE_MIN_ROWS=0`` every window that reaches Spark to the large path.
 """
 
 from __future__ import annotations
@@ -902,7 +904,7 @@ def _run_merge_spark(cfg: Config, target_name: str, first_epoch: int, last_epoch
         # nothing to merge (an empty epoch): no Spark job, snapshot E is E-1's files
         path = "empty"
         _publish_small(out, last_epoch, prev, None, extents_known)
-    elif window.records + len(window.fids) < min(local_max_rows(), cache_min_rows()):
+    elif window.records + len(window.fids) < local_max_rows():
         path = "local"
         _merge_local(cfg, out, last_epoch, prev, window, source, first_epoch, extents_known, target.name)
     elif window.records + len(window.fids) < cache_min_rows():
