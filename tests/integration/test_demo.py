@@ -120,7 +120,7 @@ def test_short_demo_replicates_both_targets_and_rolls_back_the_injected_failure(
     for tag, stage in stages.items():
         if stage["tasks"]:
             assert stage["executors"] and "driver" not in stage["executors"], (tag, stage)
-    # ... and the small stages ran no Spark job at all: the merges (below 20,000 rows), the
+    # ... and the small stages ran no Spark job at all: the merges (below 250,000 rows), the
     # ingests of a few records and the applies of fewer than 64 data operations run in the
     # task's own process
     for tag in (
