@@ -262,7 +262,8 @@ def _write_object(target, journal, state, pulled, spec: dict, key: str, length: 
     return sum(p["upload"][1] - p["upload"][0] for p in parts if "upload" in p)
 
 
-#: posix: creates of new files journaled together, one fsync for up to this many (``journal_creates``)
+#: posix: creates of new files and small overwrites journaled together, one fsync for up to this
+#: many (``journal_ahead``)
 CREATES_PER_FSYNC = 256
 
 
@@ -282,7 +283,7 @@ def _data_partition(index: int, ops, target, source_io, source_bucket: str, jdir
     """Executor side: one journal file and one pair of clients per partition."""
     t0 = time.monotonic()
     result: dict = {"pulled": 0, "written": 0, "ops": 0}
-    ahead = getattr(target, "journal_creates", None)
+    ahead = getattr(target, "journal_ahead", None)
     with UndoJournal(jdir, f"data-{index:05d}", PHASE_DATA, faults, run=run) as journal:
         for chunk in _chunks(ops, CREATES_PER_FSYNC if ahead is not None else 1):
             for op in ahead(chunk, journal) if ahead is not None else chunk:
@@ -344,12 +345,16 @@ def apply_plan(plan: dict, target, source_io, source_bucket: str, jdir: str, sta
     for r in results:
         facts.update(r.pop("facts", None) or {})
     with UndoJournal(jdir, "post", PHASE_POST, faults) as journal:
-        run_in_order(
-            target,
-            plan["post"],
-            lambda op: target.run_post_op(op, journal, state),
-            (lambda keys: many(journal, state, keys)) if many else None,
-        )
+        post_in_order = getattr(target, "run_post_ops", None)  # posix: journaled in batches
+        if post_in_order is not None:
+            post_in_order(plan["post"], journal, state)
+        else:
+            run_in_order(
+                target,
+                plan["post"],
+                lambda op: target.run_post_op(op, journal, state),
+                (lambda keys: many(journal, state, keys)) if many else None,
+            )
     for op in plan["post"]:
         if op.get("op") == "delete":
             facts.pop(op["key"], None)

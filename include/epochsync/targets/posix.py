@@ -20,6 +20,7 @@ the next epoch changes anything, should a commit have died in between). Readers 
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import errno
 import hashlib
@@ -510,16 +511,64 @@ class PosixTarget(Target):
         else:
             raise EpochsyncError(f"posix target: unknown namespace operation {kind!r}")
 
-    def run_post_op(self, op: dict, journal, state: dict) -> None:
-        """Run one post operation (hard link, attributes, delete), journaled first."""
+    #: post operations journaled together: one fsync for up to this many
+    POST_OPS_PER_FSYNC = 512
+
+    def run_post_ops(self, ops: list[dict], journal, state: dict) -> None:
+        """The plan's post operations (hard links, attributes), in order, their entries journaled
+        up to ``POST_OPS_PER_FSYNC`` at a time with one fsync, then made. Still write-ahead; the
+        undo of a link that never ran finds no path, that of attributes never set puts back the
+        ones the path still has. An attributes operation on a path this batch links, or on one
+        that cannot be read now, ends the batch and runs on its own (journaled alone, failing
+        as it always did). 174 post operations of bench-warm's epoch paid 174 fsyncs before."""
+        i = 0
+        while i < len(ops):
+            entries: list[dict] = []
+            linked: set[str] = set()
+            j = i
+            while j < len(ops) and j - i < self.POST_OPS_PER_FSYNC:
+                entry = self._post_entry(ops[j], linked)
+                if entry is None:
+                    break
+                entries.append(entry)
+                j += 1
+            if len(entries) >= 2:
+                journal.append_many(entries)
+                for op in ops[i:j]:
+                    self.run_post_op(op, journal, state, journaled=True)
+                i = j
+            else:
+                self.run_post_op(ops[i], journal, state)
+                i += 1
+
+    def _post_entry(self, op: dict, linked: set[str]) -> dict | None:
+        """The undo entry of a post operation, read now; None when it must be journaled alone."""
+        kind = op.get("op")
+        try:
+            if kind == "link":
+                for rel in (op["path"], op["existing"]):
+                    self._abs(rel)  # a bad path: journaled alone, refused as before
+                linked.add(op["path"])
+                return {"op": "create", "path": op["path"]}
+            if kind == "attrs" and op["path"] not in linked:
+                return {"op": "attrs", "path": op["path"], "old": self._attrs_of(self._abs(op["path"], root_ok=True))}
+        except (OSError, EpochsyncError):
+            return None
+        return None
+
+    def run_post_op(self, op: dict, journal, state: dict, *, journaled: bool = False) -> None:
+        """Run one post operation (hard link, attributes, delete), journaled first (``journaled``:
+        its entry is durable already, :meth:`run_post_ops`)."""
         kind = op["op"]
         if kind == "link":
             path, existing = self._abs(op["path"]), self._abs(op["existing"])
-            journal.append({"op": "create", "path": op["path"]})
+            if not journaled:
+                journal.append({"op": "create", "path": op["path"]})
             os.link(existing, path, follow_symlinks=False)
         elif kind == "attrs":
             path = self._abs(op["path"], root_ok=True)
-            journal.append({"op": "attrs", "path": op["path"], "old": self._attrs_of(path)})
+            if not journaled:
+                journal.append({"op": "attrs", "path": op["path"], "old": self._attrs_of(path)})
             self._set_attrs(path, op["attrs"])
         else:
             raise EpochsyncError(f"posix target: unknown post operation {kind!r}")
@@ -533,6 +582,8 @@ class PosixTarget(Target):
             if not op.get("journaled"):
                 journal.append({"op": "create", "path": rel})
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        elif op.get("journaled"):  # its pre-images are in the journal already (journal_ahead)
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
         else:
             fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
             old_size = os.fstat(fd).st_size
@@ -571,18 +622,73 @@ class PosixTarget(Target):
         if op.get("attrs"):
             self._set_attrs(path, op["attrs"])
 
-    def journal_creates(self, ops: list[dict], journal) -> list[dict]:
-        """Journal the creates among ``ops`` (data operations about to run, in order) in one entry
-        batch with one fsync; returns the ops, those marked ``journaled``. Still write-ahead: each
-        file is created after its entry is durable. A create's path holds nothing before it (the
-        write fence checked it was absent, or the first phase moved what was there into the
-        scratch area), so the undo of an entry whose create never ran finds nothing and does
-        nothing. An untar of 20,281 files paid an fsync for each of them before."""
-        creates = [op for op in ops if op.get("create")]
-        if len(creates) < 2:
+    #: a modification's pre-images up to this many bytes go into its journal entry (base64), so a
+    #: batch of small overwrites is journaled with one fsync; larger ones are saved as files
+    INLINE_PREIMAGE_MAX = 64 * 1024
+
+    def journal_ahead(self, ops: list[dict], journal) -> list[dict]:
+        """Journal the creates and the small overwrites among ``ops`` (data operations about to run,
+        in order) in one entry batch with one fsync; returns the ops, those marked ``journaled``.
+
+        Still write-ahead: each file is created or changed after its entry is durable. A
+        create's path holds nothing before it (the write fence checked it was absent, or the
+        first phase moved what was there into the scratch area), so the undo of an entry whose
+        create never ran finds nothing and does nothing. An overwrite's entry holds the bytes
+        its ranges (and a truncation) will destroy, read now, with the file's size and
+        attributes: the target is leased and one operation writes a path, so nothing changes
+        them before the operation runs, and the undo of an entry whose write never ran puts
+        back the bytes the file still holds. An untar of 20,281 files paid an fsync for each
+        create, 500 small writes two fsyncs each (the pre-image file and the entry), before."""
+        entries: list[dict] = []
+        out: list[dict] = []
+        for op in ops:
+            if op.get("create"):
+                entries.append({"op": "create", "path": op["path"]})
+                out.append(dict(op, journaled=True))
+                continue
+            entry = self._overwrite_entry(op)
+            if entry is None:  # large pre-images, or an error the operation itself will report
+                out.append(op)
+            else:
+                entries.append(entry)
+                out.append(dict(op, journaled=True))
+        if len(entries) < 2:
             return ops
-        journal.append_many([{"op": "create", "path": op["path"]} for op in creates])
-        return [dict(op, journaled=True) if op.get("create") else op for op in ops]
+        journal.append_many(entries)
+        return out
+
+    def _overwrite_entry(self, op: dict) -> dict | None:
+        """The undo entry of a data operation that patches an existing file, its pre-images inline;
+        None when they pass :data:`INLINE_PREIMAGE_MAX` or the file cannot be read now."""
+        rel = op["path"]
+        new_size = int(op["new_size"])
+        spans = [(int(o), int(n)) for o, n in op.get("ranges") or []]
+        try:
+            path = self._abs(rel)
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except (OSError, EpochsyncError):
+            return None
+        try:
+            old_size = os.fstat(fd).st_size
+            if new_size < old_size:
+                spans.append((new_size, old_size - new_size))
+            pre = []
+            total = 0
+            for o, n in spans:
+                n = min(n, old_size - o)
+                if n <= 0:
+                    continue
+                total += n
+                if total > self.INLINE_PREIMAGE_MAX:
+                    return None
+                data = os.pread(fd, n, o)
+                pre.append({"offset": o, "length": len(data), "data": base64.b64encode(data).decode("ascii")})
+            old = self._attrs_of(path)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        return {"op": "write", "path": rel, "old_size": old_size, "preimages": pre, "old": old}
 
     def flush_written(self) -> None:
         """Make what this process's data operations wrote durable: one ``syncfs`` of the replica's
@@ -713,10 +819,15 @@ class PosixTarget(Target):
             try:
                 os.ftruncate(fd, int(entry["old_size"]))
                 for p in entry["preimages"]:
-                    with open(os.path.join(journal_dir, "preimages", p["file"]), "rb") as f:
-                        data = f.read()
+                    if "data" in p:  # inline (journal_ahead)
+                        data = base64.b64decode(p["data"])
+                        what = f"of {entry['path']} at {p['offset']}"
+                    else:
+                        with open(os.path.join(journal_dir, "preimages", p["file"]), "rb") as f:
+                            data = f.read()
+                        what = p["file"]
                     if len(data) != p["length"]:
-                        raise StoreError(f"undo journal: pre-image {p['file']} is damaged")
+                        raise StoreError(f"undo journal: pre-image {what} is damaged")
                     os.pwrite(fd, data, int(p["offset"]))
                 os.fsync(fd)
             finally:
