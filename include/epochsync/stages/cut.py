@@ -38,7 +38,7 @@ from epochsync.sources.gluster.reader import cut_record
 from epochsync.sources.gluster.resolve import Resolver, walk_gfids
 from epochsync.sources.gluster.state import SourceState
 from epochsync.stages.context import _config
-from epochsync.warehouse.fs import lock_file, read_json, write_json_atomic, write_text_atomic
+from epochsync.warehouse.fs import fsync_dir, lock_file, read_json, write_json_atomic, write_text_atomic
 from epochsync.warehouse.paths import Warehouse, local_path
 
 #: the fields of a raw record a cut keeps of what the live changelogs logged just after it
@@ -221,7 +221,12 @@ def _cut_one(cfg: Config, src: SourceConfig, mech: BtrfsCut, state: SourceState,
             lines.append(_compact(Record(server=brick, index=n, epoch=epoch, type="EPOCH", time_ns=time_ns).to_dict()))
             next_index[brick] = n + 1
             counts[brick] = len(recs)
-            write_text_atomic(os.path.join(out_dir, brick, f"{epoch:010d}.jsonl"), "\n".join(lines) + "\n")
+            # durable before the state that says this epoch is published commits (a crash in
+            # between must not leave a published epoch whose records never reached the disk)
+            write_text_atomic(
+                os.path.join(out_dir, brick, f"{epoch:010d}.jsonl"), "\n".join(lines) + "\n", durable=True
+            )
+            fsync_dir(os.path.join(out_dir, brick))
         fault("records published")
         state.put("positions", new_positions)
         state.put("next_index", next_index)

@@ -111,8 +111,10 @@ def list_dirs(uri: str) -> list[str]:
     return sorted(i.base_name for i in infos if i.type == fs.FileType.Directory)
 
 
-def write_text_atomic(path: str, text: str) -> None:
-    """Write a local file so that a reader sees the old or the new content, never half.
+def write_text_atomic(path: str, text: str, *, durable: bool = False) -> None:
+    """Write a local file so that a reader sees the old or the new content, never half;
+    ``durable``: its bytes are on disk before it takes the name (fsync), for a file that a
+    state committed next points at.
 
     The temporary name is unique: two writers of the same file at once each rename a
     whole file into place (the last one wins).
@@ -122,10 +124,22 @@ def write_text_atomic(path: str, text: str) -> None:
     try:
         with open(tmp, "w", encoding="utf-8") as fh:
             fh.write(text)
+            if durable:
+                fh.flush()
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
+
+
+def fsync_dir(path: str) -> None:
+    """Make the names in local folder ``path`` durable (after a rename into it)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 #: documents up to this size are written indented, for people; larger ones (the plan of a
