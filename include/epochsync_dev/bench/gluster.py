@@ -1625,13 +1625,19 @@ def parse_args(argv):
         default=8,
         help="cuts measured with the writer and renamer probes, as many with the barrier as without",
     )
-    p.add_argument("--live-epochs", type=int, default=6, help="10 s epochs run by the Airflow scheduler")
+    p.add_argument(
+        "--live-epochs",
+        type=int,
+        default=4,
+        help="10 s epochs run by the Airflow scheduler (4: each DAG run took 15-27 s here, so every further epoch "
+        "adds about 20 s to the bench; 6 until session 5)",
+    )
     p.add_argument(
         "--airflow-lead",
         type=float,
-        default=90,
+        default=75,
         help="seconds from Airflow's start (during the set-up) to its first epoch's start: the set-up's rest must "
-        "fit (Airflow took 53 s to start, the set-up's rest about 55 s; a session restart adds about 45 s)",
+        "fit (Airflow took 53-60 s to start, the set-up's rest about 55 s; a late start is reported as late_s)",
     )
     p.add_argument("--active-timeout", type=float, default=180, help="seconds for geo-replication to reach Active")
     p.add_argument(
