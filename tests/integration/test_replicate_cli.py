@@ -9,6 +9,7 @@ epoch, then a rerun that succeeds; ``rollback`` on a target with an unfinished e
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from support.histories import assert_equals_truth, simulate
@@ -116,3 +117,14 @@ def test_replicate_and_rollback_verbs(sim3, spark, capsys, monkeypatch):
     assert main(["replicate", "--config", conf, "--target", "local", "--epoch", str(empty)]) == 0
     assert target.read_manifest()["epoch"] == empty
     assert_equals_truth(target, out, empty)
+    # ... and a process replicating one never imports pyspark (its import pulls pandas: a
+    # large part of an empty epoch's time)
+    import subprocess
+    import sys
+
+    again = append_empty_epoch(out)
+    code = "import sys; sys.modules['pyspark'] = None; from epochsync.cli import main; sys.exit(main(sys.argv[1:]))"
+    cmd = [sys.executable, "-c", code, "replicate", "--config", conf, "--target", "local", "--epoch", str(again)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert target.read_manifest()["epoch"] == again

@@ -86,3 +86,20 @@ def test_arrow_schema_is_what_pyspark_makes_of_the_struct_type():
     from epochsync.core.schema import record_arrow_schema, record_struct_type
 
     assert record_arrow_schema().equals(to_arrow_schema(record_struct_type()), check_metadata=True)
+
+
+def test_change_and_snapshot_arrow_schemas_are_pysparks():
+    """The merge, translate and snapshot files use Arrow schemas built without pyspark (an epoch
+    that needs no Spark never imports it): the same as pyspark's conversion of the Spark types."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from epochsync.core.model import (
+        change_arrow_schema,
+        change_struct_type,
+        snapshot_arrow_schema,
+        snapshot_struct_type,
+    )
+    from epochsync.warehouse.tables import nullable_type
+
+    for mine, spark_type in ((change_arrow_schema, change_struct_type), (snapshot_arrow_schema, snapshot_struct_type)):
+        assert mine().equals(to_arrow_schema(nullable_type(spark_type())), check_metadata=True), mine.__name__

@@ -93,6 +93,47 @@ def snapshot_struct_type():
     return StructType([StructField(n, types[n], n not in not_null) for n in SNAPSHOT_FIELDS])
 
 
+def change_arrow_schema():
+    """The Arrow schema of change-set rows as the merge writes them (every field nullable): what
+    pyspark's ``to_arrow_schema`` makes of ``nullable_type(change_struct_type())``, built without
+    importing pyspark (which imports pandas: half a second an epoch that needs no Spark pays)."""
+    import pyarrow as pa
+
+    extent = pa.struct([pa.field("offset", pa.int64()), pa.field("length", pa.int64())])
+    types = {
+        "fid": pa.string(),
+        "type": pa.string(),
+        "ranges": pa.list_(pa.field("element", extent)),
+        "old_size": pa.int64(),
+        "new_size": pa.int64(),
+    }
+    return pa.schema([pa.field(n, types.get(n, pa.bool_())) for n in CHANGE_FIELDS])
+
+
+def snapshot_arrow_schema():
+    """The Arrow schema of snapshot rows (every field nullable, as Spark writes them): what
+    ``to_arrow_schema(nullable_type(snapshot_struct_type()))`` gives, without pyspark."""
+    import pyarrow as pa
+
+    from epochsync.core.schema import record_arrow_schema
+
+    rec = record_arrow_schema()
+
+    def pairs(a, b, tb):
+        return pa.list_(pa.field("element", pa.struct([pa.field(a, pa.string()), pa.field(b, tb)])))
+
+    types = {
+        "fid": pa.string(),
+        "type": pa.string(),
+        "links": pairs("pfid", "name", pa.string()),
+        "xattrs": pairs("name", "value", pa.binary()),
+        "symlink": pa.string(),
+        "layout": rec.field("layout").type,
+        "objects": pa.list_(pa.field("element", rec.field("object").type)),
+    }
+    return pa.schema([pa.field(n, types.get(n, pa.int64())) for n in SNAPSHOT_FIELDS])
+
+
 def change_struct_type():
     """Returns the Spark schema of a change-set row (:data:`CHANGE_FIELDS`, in that order)."""
     from pyspark.sql.types import ArrayType, BooleanType, LongType, StringType, StructField, StructType

@@ -1070,12 +1070,12 @@ def _publish_small(out: MergeOutputs, epoch: int, prev, table, extents_known: bo
     says the merge of this epoch is complete)."""
     import pyarrow as pa
     import pyarrow.compute as pc
-    from pyspark.sql.pandas.types import to_arrow_schema
 
+    from epochsync.core.model import change_arrow_schema
     from epochsync.warehouse.snapshot_files import DELETED, GEN, stage_delta, storage_arrow_schema
-    from epochsync.warehouse.tables import discard_staged, nullable_type, publish_staged, stage_arrow_table
+    from epochsync.warehouse.tables import discard_staged, publish_staged, stage_arrow_table
 
-    change_schema = to_arrow_schema(nullable_type(_change_type()))
+    change_schema = change_arrow_schema()
     storage = storage_arrow_schema()
     if table is None:
         changes = change_schema.empty_table()

@@ -62,11 +62,9 @@ def local_max_rows() -> int:
 
 def record_arrow_schema() -> pa.Schema:
     """The Arrow schema of canonical records as :func:`epochsync.stages.ingest.read_records` types them."""
-    from pyspark.sql.pandas.types import to_arrow_schema
+    from epochsync.core.schema import record_arrow_schema as schema
 
-    from epochsync.core.schema import record_struct_type
-
-    return to_arrow_schema(record_struct_type())
+    return schema()
 
 
 def read_window_records(records_uri: str, first: int, last: int) -> pa.Table:
@@ -100,15 +98,13 @@ def read_window_records(records_uri: str, first: int, last: int) -> pa.Table:
 def outcome_arrow_schema() -> pa.Schema:
     """The columns of the Spark small path's collect: ``exists_after``, ``s_*``, ``c_*``, ``c__changed``, ``g_*``."""
     import pyarrow as pa
-    from pyspark.sql.pandas.types import to_arrow_schema
 
-    from epochsync.core.model import change_struct_type
+    from epochsync.core.model import change_arrow_schema
     from epochsync.stages.merge_common import cookie_arrow_schema
     from epochsync.warehouse.snapshot_files import snapshot_arrow_schema
-    from epochsync.warehouse.tables import nullable_type
 
     snap = snapshot_arrow_schema()
-    change = to_arrow_schema(nullable_type(change_struct_type()))
+    change = change_arrow_schema()
     fields = [pa.field("exists_after", pa.bool_())]
     fields += [pa.field("s_" + f.name, f.type) for f in snap]
     fields += [pa.field("c_" + f.name, f.type) for f in change]

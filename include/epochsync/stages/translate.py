@@ -922,13 +922,11 @@ def run_translate(
 def _translate_entries(cfg: Config, tcfg: TargetConfig, first: int, epoch: int, whole_file: bool):
     """The plan entries of ``first..epoch`` and the window's record count, read from the warehouse here."""
     import pyarrow.dataset as ds
-    from pyspark.sql.pandas.types import to_arrow_schema
 
-    from epochsync.core.model import change_struct_type
+    from epochsync.core.model import change_arrow_schema
     from epochsync.warehouse import fs as warehouse_fs
     from epochsync.warehouse.paths import local_path
     from epochsync.warehouse.snapshots import snapshot_files
-    from epochsync.warehouse.tables import nullable_type
 
     src = cfg.source_of(tcfg)
     wh = Warehouse(cfg.warehouse)
@@ -937,7 +935,7 @@ def _translate_entries(cfg: Config, tcfg: TargetConfig, first: int, epoch: int, 
     uri = wh.changes(tcfg.name, epoch)
     if not warehouse_fs.exists(uri):
         raise EpochError(f"no change set for target {tcfg.name} epoch {epoch}: run the merge stage first")
-    schema = to_arrow_schema(nullable_type(change_struct_type()))
+    schema = change_arrow_schema()
     changes = ds.dataset(local_path(uri), format="parquet").to_table(columns=schema.names).cast(schema)
     if whole_file:
         changes = changes.set_column(changes.column_names.index("whole_file"), "whole_file", changes["data_changed"])

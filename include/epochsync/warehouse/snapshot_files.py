@@ -76,13 +76,11 @@ def bucket_sql(buckets: int, column: str = "fid") -> str:
 
 
 def snapshot_arrow_schema() -> pa.Schema:
-    """Returns the Arrow schema of snapshot rows (every field nullable, as Spark writes them)."""
-    from pyspark.sql.pandas.types import to_arrow_schema
+    """Returns the Arrow schema of snapshot rows (every field nullable, as Spark writes them;
+    :func:`epochsync.core.model.snapshot_arrow_schema`, built without pyspark)."""
+    from epochsync.core.model import snapshot_arrow_schema as schema
 
-    from epochsync.core.model import snapshot_struct_type
-    from epochsync.warehouse.tables import nullable_type
-
-    return to_arrow_schema(nullable_type(snapshot_struct_type()))
+    return schema()
 
 
 def storage_arrow_schema() -> pa.Schema:
