@@ -317,16 +317,8 @@ def apply_plan(plan: dict, target, source_io, source_bucket: str, jdir: str, sta
     facts: dict = take()  # nothing of an earlier apply in this process
     many = getattr(target, "delete_many", None)
     with UndoJournal(jdir, "ns", PHASE_NAMESPACE, faults) as journal:
-        in_order = getattr(target, "run_namespace_ops", None)  # posix: moves to scratch journaled in batches
-        if in_order is not None:
-            in_order(plan["namespace"], journal, state)
-        else:
-            run_in_order(
-                target,
-                plan["namespace"],
-                lambda op: target.run_namespace_op(op, journal, state),
-                (lambda keys: many(journal, state, keys)) if many else None,
-            )
+        # posix: moves to scratch journaled in batches (run_namespace_ops)
+        _run_phase(target, "namespace", plan["namespace"], journal, state, many)
     facts = take()
     t1 = time.monotonic()
     token = start_run(jdir)  # the data tasks' owner token (a late straggler finds another)
@@ -345,16 +337,7 @@ def apply_plan(plan: dict, target, source_io, source_bucket: str, jdir: str, sta
     for r in results:
         facts.update(r.pop("facts", None) or {})
     with UndoJournal(jdir, "post", PHASE_POST, faults) as journal:
-        post_in_order = getattr(target, "run_post_ops", None)  # posix: journaled in batches
-        if post_in_order is not None:
-            post_in_order(plan["post"], journal, state)
-        else:
-            run_in_order(
-                target,
-                plan["post"],
-                lambda op: target.run_post_op(op, journal, state),
-                (lambda keys: many(journal, state, keys)) if many else None,
-            )
+        _run_phase(target, "post", plan["post"], journal, state, many)  # posix: journaled in batches
     for op in plan["post"]:
         if op.get("op") == "delete":
             facts.pop(op["key"], None)
@@ -435,6 +418,19 @@ def independent_batches(ops: list[dict], keys_of) -> list[list[dict]]:
 
 #: a batch's deletes go to ``delete_many`` (S3 DeleteObjects) in groups of this many keys
 DELETE_BATCH = 1000
+
+
+def _run_phase(target, phase: str, ops: list[dict], journal, state: dict, many) -> None:
+    """The plan's ``namespace`` or ``post`` operations: the target's ``run_<phase>_ops`` when it
+    journals them in batches (posix), else :func:`run_in_order` of ``run_<phase>_op``."""
+    batched = getattr(target, f"run_{phase}_ops", None)
+    if batched is not None:
+        batched(ops, journal, state)
+        return
+    one = getattr(target, f"run_{phase}_op")
+    run_in_order(
+        target, ops, lambda op: one(op, journal, state), (lambda keys: many(journal, state, keys)) if many else None
+    )
 
 
 def run_in_order(target, ops: list[dict], run_one, delete_many=None) -> None:

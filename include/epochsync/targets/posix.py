@@ -42,7 +42,7 @@ from epochsync.targets.base import (
     moved_control_dir_error,
     safe_relpath,
 )
-from epochsync.warehouse.fs import write_json_atomic
+from epochsync.warehouse.fs import fsync_dir, write_json_atomic
 
 XATTR_NAMESPACE = "user."
 #: bytes read at once when a range of a replica file is hashed
@@ -106,14 +106,6 @@ def _syncfs(fd: int) -> int:
 
 
 _LIBC = None
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class PosixTarget(Target):
@@ -244,7 +236,7 @@ class PosixTarget(Target):
         """Replace the manifest atomically and fsync its folder."""
         os.makedirs(self.control, exist_ok=True)
         write_json_atomic(os.path.join(self.control, "manifest.json"), doc)
-        _fsync_dir(self.control)
+        fsync_dir(self.control)
 
     def fence_time_ns(self) -> int | None:
         """Returns the later mtime of the manifest and the rollback marker (ns), None if neither exists."""
@@ -845,7 +837,7 @@ class PosixTarget(Target):
         """Drop the epoch's scratch folder, then touch the manifest so the fence instant passes the cleanup."""
         shutil.rmtree(self.tmp_dir(epoch), ignore_errors=False) if os.path.exists(self.tmp_dir(epoch)) else None
         if os.path.isdir(os.path.dirname(self.tmp_dir(epoch))):
-            _fsync_dir(os.path.dirname(self.tmp_dir(epoch)))
+            fsync_dir(os.path.dirname(self.tmp_dir(epoch)))
         # Removing a moved-aside name of a file that keeps another hard link changes that
         # file's ctime after the manifest was written; the cleanup is ours, so the fence
         # instant (the manifest's mtime) moves past it (found by make demo, epoch 4).
@@ -947,7 +939,7 @@ class PosixTarget(Target):
                 os.unlink(tmp)
             os.symlink(name, tmp)
             os.replace(tmp, os.path.join(self.view_dir, VIEW_LINK))
-            _fsync_dir(self.view_dir)
+            fsync_dir(self.view_dir)
         deleted = []
         newest = sorted((e for e in self._view_epochs() if e <= epoch), reverse=True)[: self.view_keep]
         for e, n in sorted(self._view_epochs().items()):
@@ -986,7 +978,7 @@ class PosixTarget(Target):
         if os.path.lexists(self.control):
             raise EpochsyncError(f"target {self.name}: {self.control} exists already; move it away first")
         os.rename(src, self.control)
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
         return f"moved {src} to {self.control}"
 
     def finish_rollback(self, epoch: int) -> None:
