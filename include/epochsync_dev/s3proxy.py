@@ -77,6 +77,9 @@ class S3Proxy:
         self.lock = threading.Lock()
         self.counters: dict[str, BucketCounters] = defaultdict(BucketCounters)
         self.faults: list[Fault] = []
+        #: every request as ``(method, bucket, key, query, status, copy source or "")`` while
+        #: :meth:`keep_log` is on
+        self.log: list[tuple[str, str, str, str, int, str]] | None = None
         self.server: ThreadingHTTPServer | None = None
         self.thread: threading.Thread | None = None
         self.url = ""
@@ -100,6 +103,13 @@ class S3Proxy:
         """Counters per bucket, as plain dicts."""
         with self.lock:
             return {b: c.as_dict() for b, c in self.counters.items()}
+
+    def keep_log(self, on: bool = True) -> list[tuple[str, str, str, str, int, str]]:
+        """Start (``on``) or stop logging every request (what each one was for); returns the log so
+        far (:attr:`log`, in the order the answers came) and starts a new one."""
+        with self.lock:
+            old, self.log = self.log or [], ([] if on else None)
+        return old
 
     def _fault_for(self, method: str, key: str) -> str | None:
         with self.lock:
@@ -162,6 +172,10 @@ class S3Proxy:
                     # a whole-object copy does not say its size: ask the store (outside the lock)
                     copied = int(rng.group(2)) - int(rng.group(1)) + 1 if rng else proxy._object_size(src)
                 with proxy.lock:
+                    if proxy.log is not None:
+                        proxy.log.append(
+                            (self.command, bucket, key, urlsplit(self.path).query, resp.status, unquote(src or ""))
+                        )
                     c = proxy.counters[bucket]
                     c.requests[self.command] += 1
                     decoded = self.headers.get("x-amz-decoded-content-length")

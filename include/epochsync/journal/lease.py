@@ -14,15 +14,21 @@ The lease lives in the target's control area, next to the manifest:
   lock when its process dies, however it dies, so a dead owner's lease is free at once;
   the next writer finds the dead owner's JSON still there and logs the takeover.
 - **s3**: ``.epochsync/lease.json``, created with a conditional PUT (``If-None-Match: *``),
-  renewed every third of its time to live with ``If-Match`` on its ETag, released with a
-  conditional DELETE. A lease that has expired, or whose owner ran on this host (same
-  kernel and pid namespace) and is gone, is taken over with ``If-Match`` on the stale ETag
-  (so two writers cannot both take it over) and a log line. SeaweedFS 4.48 and moto both
-  honour ``If-None-Match: *`` and ``If-Match`` on PUT and DELETE, atomically under
-  concurrent requests (``tests/unit/test_lease.py``).
+  renewed every third of its time to live with ``If-Match`` on its ETag. Released by deleting the versions its own PUTs made
+  (their ids are in the PUTs' answers; the newest last, so it stays held until then): one
+  DELETE for a lease never renewed, and the key is as it was before the lease. Where an
+  id is unknown (an unversioned bucket, an answer lost and retried) or the lease took over
+  a stale one, the release is a conditional DELETE and the old versions are listed and
+  deleted. A lease that has expired, or whose owner ran on this host (same kernel and pid
+  namespace) and is gone, is taken over with ``If-Match`` on the stale ETag (so two writers
+  cannot both take it over) and a log line. SeaweedFS 4.48 and moto both honour
+  ``If-None-Match: *`` and ``If-Match`` on PUT and DELETE, atomically under concurrent
+  requests (``tests/unit/test_lease.py``).
 
 Within one process the lease is re-entrant: ``replicate`` holds it for its whole loop and
-the stage functions it calls find it held. A forked child does not inherit it.
+the stage functions it calls find it held. A forked child does not inherit it. While it is
+held, what the process read or wrote of the control area is kept
+(:class:`epochsync.targets.base.HeldControl`): no other writer changes it meanwhile.
 
 Airflow runs one task per process, so each task holds the lease for its own duration; one
 pool per target with one slot (:func:`pool_name`) keeps the tasks that write a target
@@ -48,6 +54,7 @@ from typing import TYPE_CHECKING
 
 from epochsync.core.errors import EpochError, EpochsyncError
 from epochsync.core.shutdown import process_start
+from epochsync.targets.base import drop_control, hold_control
 
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Callable, Iterator
@@ -308,6 +315,9 @@ class S3Lease:
         self.ttl = ttl_s or ttl_seconds()
         self.token = uuid.uuid4().hex
         self.etag: str | None = None
+        #: the versions this lease's PUTs made, oldest first; None once one is unknown or the
+        #: lease took over a stale one (the release then lists the key's versions)
+        self.versions: list[str] | None = []
         self.doc: dict = {}
         self.lost: str | None = None
         self._stop = threading.Event()
@@ -326,22 +336,36 @@ class S3Lease:
             f"PUT lease s3://{self.bucket}/{self.key} ({what})",
             lambda c: c.put_object(Bucket=self.bucket, Key=self.key, Body=body, **cond),
         )
+        self._made(r.get("VersionId"))
         return r.get("ETag") or ""
 
+    def _made(self, version: str | None) -> None:
+        """Note a version of the lease key this lease made (None: one it made but cannot name)."""
+        if self.versions is not None:
+            if version and version != "null":
+                self.versions.append(version)
+            else:
+                self.versions = None
+
     def _get(self) -> tuple[dict | None, str | None]:
+        doc, etag, _ = self._get_version()
+        return doc, etag
+
+    def _get_version(self) -> tuple[dict | None, str | None, str | None]:
+        """The lease key's current record, ETag and version (all None: there is none)."""
         try:
             r = self.io.call(
                 f"GET lease s3://{self.bucket}/{self.key}", lambda c: c.get_object(Bucket=self.bucket, Key=self.key)
             )
         except Exception as exc:
             if _absent(exc):
-                return None, None
+                return None, None, None
             raise
         try:
             doc = json.loads(r["Body"].read())
         except ValueError:
             doc = {}
-        return doc, r.get("ETag")
+        return doc, r.get("ETag"), r.get("VersionId")
 
     def _mine(self, doc: dict | None) -> bool:
         # a PUT retried after a lost response answers 412 against our own first write
@@ -360,11 +384,13 @@ class S3Lease:
             except Exception as exc:
                 if not _conflict(exc):
                     raise
-            holder, etag = self._get()
+            holder, etag, version = self._get_version()
             if holder is None:
                 continue  # released in between: try to create it again
             if self._mine(holder):
+                # our create landed and its answer was lost: a retry met it
                 self.etag = etag
+                self._made(version)
                 break
             why = self._stale(holder)
             if why is None:
@@ -375,6 +401,8 @@ class S3Lease:
                 if _conflict(exc) or _absent(exc):
                     continue  # someone else took it over or released it first: look again
                 raise
+            # the stale record stays a version below ours: the release lists and deletes it too
+            self.versions = None
             log.warning(
                 "target %s: taking over the lease of %s since %s: %s",
                 self.target,
@@ -425,9 +453,10 @@ class S3Lease:
         except Exception as exc:
             if not (_conflict(exc) or _absent(exc)):
                 raise
-            holder, etag = self._get()
+            holder, etag, version = self._get_version()
             if self._mine(holder):
                 self.etag = etag
+                self._made(version)
                 return
             raise LeaseLostError(
                 f"target {self.target}: lost the lease to {describe_owner(holder or {})}; stop writing and "
@@ -440,14 +469,29 @@ class S3Lease:
             raise LeaseLostError(self.lost)
 
     def release(self) -> None:
-        """Stop renewing and delete the lease if it is still ours (then its old versions); a failure is
-        logged, the lease then expires."""
+        """Stop renewing and delete the lease: the versions its PUTs made, when it knows them all,
+        else the key if it is still ours (then its old versions); a failure is logged, the lease
+        then expires."""
         self._stop.set()
         if self._renewer is not None and self._renewer is not threading.current_thread():
             self._renewer.join(timeout=30)
         if self.etag is None or os.getpid() != self._pid:
             return
         etag, self.etag = self.etag, None
+        if self.versions:
+            try:
+                # oldest first: the newest, the record in force, goes last. A version is never
+                # another writer's, so this takes nothing from one who took the lease over
+                for vid in self.versions:
+                    self.io.call(
+                        f"DELETE lease s3://{self.bucket}/{self.key} version {vid}",
+                        lambda c, vid=vid: c.delete_object(Bucket=self.bucket, Key=self.key, VersionId=vid),
+                    )
+            except Exception as exc:
+                log.warning(
+                    "target %s: releasing the lease failed (%s); it expires in %.0f s", self.target, exc, self.ttl
+                )
+            return
         try:
             self.io.call(
                 f"DELETE lease s3://{self.bucket}/{self.key}",
@@ -506,8 +550,7 @@ def open_lease(tcfg: TargetConfig) -> tuple[str, PosixLease | S3Lease]:
     if tgt.kind == "posix":
         return f"posix:{tgt.root}", PosixLease(tcfg.name, os.path.join(tgt.control, "lease"), tgt.make_root)
     if tgt.kind == "s3":
-        key = tgt._control_key("lease.json")
-        where = f"s3:{tgt.io.settings.endpoint_url or ''}/{tgt.bucket}/{key}"
+        where, key = tgt.lease_place()
         return where, S3Lease(tcfg.name, tgt.io, tgt.bucket, key, tgt.ensure_bucket)
     if tgt.kind == "feed":
         from epochsync.targets.feed import PosixFeedStore
@@ -533,7 +576,13 @@ def target_lease(cfg: Config, tcfg: TargetConfig) -> Iterator[object]:
     with _held_lock:
         held = _held.get(key)
         if held is None or held.pid != pid:
-            lease.acquire()
+            # what the acquisition learns of the target (its bucket versioned) is kept with the lease
+            hold_control(key, lease)
+            try:
+                lease.acquire()
+            except BaseException:
+                drop_control(key)
+                raise
             held = _held[key] = _Held(lease, pid)
         held.depth += 1
     try:
@@ -544,6 +593,7 @@ def target_lease(cfg: Config, tcfg: TargetConfig) -> Iterator[object]:
             last = held.depth == 0
             if last:
                 _held.pop(key, None)
+                drop_control(key)
         if last:
             lost = getattr(held.lease, "lost", None)
             held.lease.release()

@@ -86,14 +86,14 @@ def replicate(
     cfg = _config(cfg)
     tcfg = _target_cfg(cfg, target)
     session = _Session(f"epochsync-replicate-{tcfg.name}", cfg, spark, tcfg.name)
-    committed = committed_epoch(cfg, tcfg)
     if epoch is not None:
-        epochs = [epoch]
+        epochs = [epoch]  # its preconditions read the manifest, under the lease
     else:
+        committed = committed_epoch(cfg, tcfg)
         epochs = list(range(committed + 1, (through_epoch or 0) + 1))
+        if not epochs:
+            progress(f"{tcfg.name}: at epoch {committed}, nothing to do up to epoch {through_epoch}")
     rows = []
-    if not epochs:
-        progress(f"{tcfg.name}: at epoch {committed}, nothing to do up to epoch {through_epoch}")
     # one writer per target for the whole run; a signal rolls the unfinished epoch back
     with target_lease(cfg, tcfg), rollback_on_interrupt(cfg, tcfg, lambda: session.existing, progress):
         for e in epochs:

@@ -28,6 +28,7 @@ could address something outside the replica, whatever names a changelog holds.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -253,6 +254,47 @@ class UndoProgress:
             self.last = now
             rate = self.done / max(now - self.t0, 1e-9)
             self.progress(f"{self.done} of {self.total} journal entries undone ({rate:.0f}/s)")
+
+
+class HeldControl:
+    """What this process knows of a target's control area while it holds the target's lease.
+
+    :func:`epochsync.journal.lease.target_lease` registers one per lease (:func:`hold_control`)
+    and drops it at release. Under the lease no other writer changes the control area (the
+    manifest, the rollback marker), so what this process read or wrote of it there is what
+    the store holds, and the stages of one run need not ask the store again
+    (``S3Target.read_manifest``, ``fence_time_ns``, ``ensure_bucket``). ``facts`` is the
+    backend's. Nothing is answered from it in another process (a fork) or once the lease
+    says it was lost (``lease.lost``: an s3 lease that could not be renewed).
+    """
+
+    def __init__(self, lease):
+        self.lease = lease
+        self.pid = os.getpid()
+        self.facts: dict[str, Any] = {}
+
+    def usable(self) -> bool:
+        """Is this the holder's process, with the lease still held?"""
+        return self.pid == os.getpid() and not getattr(self.lease, "lost", None)
+
+
+_held_control: dict[str, HeldControl] = {}
+
+
+def hold_control(place: str, lease) -> None:
+    """Start keeping facts of the control area at ``place`` (the lease's place), ``lease`` just taken."""
+    _held_control[place] = HeldControl(lease)
+
+
+def drop_control(place: str) -> None:
+    """Forget the facts of ``place`` (its lease is being released)."""
+    _held_control.pop(place, None)
+
+
+def held_control(place: str) -> dict[str, Any] | None:
+    """The facts this process keeps of the control area at ``place`` while it holds its lease, else None."""
+    held = _held_control.get(place)
+    return held.facts if held is not None and held.usable() else None
 
 
 def moved_control_dir_error(target: Target, move_hint: str) -> EpochsyncError:

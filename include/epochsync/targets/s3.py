@@ -43,6 +43,7 @@ from epochsync.targets.base import (
     UndoProgress,
     UnsafePathError,
     drain,
+    held_control,
     moved_control_dir_error,
     safe_relpath,
 )
@@ -582,21 +583,74 @@ class S3Target(Target):
         return self.prefix + rel_key
 
     def ensure_bucket(self) -> None:
-        """Create the bucket if needed and turn versioning on (epochsync relies on it)."""
-        c = self.io.client
-        create_bucket_if_missing(self.io, self.bucket)
-        status = c.get_bucket_versioning(Bucket=self.bucket).get("Status")
+        """Create the bucket if needed and turn versioning on (epochsync relies on it): one request
+        when it is there and versioned, none again while this process holds the target's lease."""
+        held = self._held()
+        if held is not None and held.get("versioned"):
+            return
+        try:
+            status = self.io.call(
+                f"GET versioning of {self.bucket}", lambda c: c.get_bucket_versioning(Bucket=self.bucket)
+            ).get("Status")
+        except Exception as exc:
+            if error_code(exc) not in ("404", "NoSuchBucket", "NotFound"):
+                raise
+            create_bucket_if_missing(self.io, self.bucket)
+            status = None
         if status != "Enabled":
-            c.put_bucket_versioning(Bucket=self.bucket, VersioningConfiguration={"Status": "Enabled"})
+            self.io.call(
+                f"PUT versioning of {self.bucket}",
+                lambda c: c.put_bucket_versioning(Bucket=self.bucket, VersioningConfiguration={"Status": "Enabled"}),
+            )
+        if held is not None:
+            held["versioned"] = True
 
     # ------------------------------------------------------------------ manifest
     def _control_key(self, name: str, control_dir: str | None = None) -> str:
         return f"{self.prefix}{control_dir or self.control_dir}/{name}"
 
+    def lease_place(self) -> tuple[str, str]:
+        """``(where, key)`` of the target's lease: the place that names it (endpoint, bucket, key) and its key."""
+        key = self._control_key("lease.json")
+        return f"s3:{self.io.settings.endpoint_url or ''}/{self.bucket}/{key}", key
+
+    def _held(self) -> dict | None:
+        """What this process keeps of the control area while it holds the target's lease
+        (:class:`~epochsync.targets.base.HeldControl`), else None."""
+        return held_control(self.lease_place()[0])
+
+    def _note_answer(self, resp: dict) -> None:
+        """The store's name (``Server``) and clock (``Date``) from an answer of it (kept under the lease)."""
+        headers = resp.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+        self.server = headers.get("server") or self.server
+        now = _http_date_ns(headers.get("date"))
+        if now is not None:
+            self._store_now_ns = max(self._store_now_ns or 0, now)
+        held = self._held()
+        if held is not None:
+            held["server"] = self.server or held.get("server")
+            if now is not None:
+                held["store_now_ns"] = max(held.get("store_now_ns") or 0, now)
+
     def read_manifest(self) -> dict | None:
-        """Returns the manifest object's document, or None when it (or the bucket) does not exist."""
+        """Returns the manifest object's document, or None when it (or the bucket) does not exist.
+
+        Under the target's lease the first read is kept (with the object's LastModified, the
+        fence instant's half) and later ones answer from it: no other writer changes the
+        manifest meanwhile, and :meth:`write_manifest` keeps what it wrote."""
+        held = self._held()
+        if held is not None and "manifest" in held:
+            doc = held["manifest"]
+            self._layout = LAYOUT if doc is None else int(doc.get("layout") or 1)
+            return None if doc is None else dict(doc)
+        key = self._control_key("manifest.json")
+
+        def fetch(c):
+            resp = c.get_object(Bucket=self.bucket, Key=key)
+            return resp, resp["Body"].read()
+
         try:
-            data = self.io.get_all(self.bucket, self._control_key("manifest.json"))
+            resp, data = self.io.call(f"GET s3://{self.bucket}/{key}", fetch)
         except Exception as exc:
             if error_code(exc) in ("NoSuchKey", "404", "NoSuchBucket"):
                 legacy = self._control_key("manifest.json", CONTROL_DIR)
@@ -606,10 +660,16 @@ class S3Target(Target):
                     )
                     raise moved_control_dir_error(self, f"aws s3 mv --recursive {old} {new}") from None
                 self._layout = LAYOUT  # nothing written yet: the current layout from the start
+                if held is not None:
+                    held.update({"manifest": None, "time:manifest.json": None})
                 return None
             raise
         doc = json.loads(data)
         self._layout = int(doc.get("layout") or 1)
+        self._note_answer(resp)
+        if held is not None:
+            held["manifest"] = dict(doc)
+            held["time:manifest.json"] = int(resp["LastModified"].astimezone(UTC).timestamp() * NS)
         return doc
 
     def write_manifest(self, doc: dict) -> None:
@@ -617,32 +677,53 @@ class S3Target(Target):
         """Replace the manifest object in one PUT; it says the replica's layout."""
         doc = dict(doc, layout=self.layout)
         body = (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
+        held = self._held()
+        if held is not None:  # the PUT may land even if its answer is lost: nothing kept until it is known
+            held.pop("manifest", None)
+            held.pop("time:manifest.json", None)
         self.io.call(
             "PUT manifest",
             lambda c: c.put_object(Bucket=self.bucket, Key=self._control_key("manifest.json"), Body=body),
         )
+        if held is not None:
+            # the answer has no LastModified: the next fence asks for it (a HEAD)
+            held["manifest"] = dict(doc)
 
     def _last_modified_ns(self, key: str) -> int | None:
         try:
             h = self.io.call(f"HEAD {key}", lambda c: c.head_object(Bucket=self.bucket, Key=key))
         except Exception as exc:
             if error_code(exc) in ("NoSuchKey", "404", "NotFound"):
+                self._note_answer(getattr(exc, "response", None) or {})  # a 404 has the store's Date too
                 return None
             raise
-        headers = h.get("ResponseMetadata", {}).get("HTTPHeaders", {})
-        self.server = headers.get("server") or self.server
-        now = _http_date_ns(headers.get("date"))
-        if now is not None:
-            self._store_now_ns = max(self._store_now_ns or 0, now)
+        self._note_answer(h)
         return int(h["LastModified"].astimezone(UTC).timestamp() * 1e9)
+
+    def _control_time_ns(self, name: str) -> int | None:
+        """LastModified (ns) of control object ``name``, None if there is none; kept under the lease
+        (:meth:`read_manifest` keeps the manifest's, and the writes of this process drop theirs)."""
+        held = self._held()
+        slot = f"time:{name}"
+        if held is not None and slot in held:
+            # and what the answers it came from said of the store (another instance may have asked)
+            self.server = self.server or held.get("server")
+            if held.get("store_now_ns"):
+                self._store_now_ns = max(self._store_now_ns or 0, held["store_now_ns"])
+            return held[slot]
+        t = self._last_modified_ns(self._control_key(name))
+        if held is not None:
+            held[slot] = t
+        return t
 
     def fence_time_ns(self) -> int | None:
         """Returns the later LastModified of the manifest and the rollback marker (ns), None if neither exists.
 
-        Also notes the store's clock (the answers' ``Date``) and name (``Server``): see
+        Also notes the store's clock (the answers' ``Date``; under the lease, the latest one
+        kept with them, never ahead of the store's) and name (``Server``): see
         :meth:`after_fence_second` and :meth:`conditional_writes`."""
         self._store_now_ns = None
-        times = [t for n in ("manifest.json", "rollback.json") if (t := self._last_modified_ns(self._control_key(n)))]
+        times = [t for n in ("manifest.json", "rollback.json") if (t := self._control_time_ns(n))]
         return max(times) if times else None
 
     def after_fence_second(self, since_ns: int | None) -> float:
@@ -671,7 +752,8 @@ class S3Target(Target):
         CopyObject) and the date of its own write's second (succeeds: the store compares whole
         seconds, as the fence's instant has them). AWS S3 and moto do not honour
         ``If-Unmodified-Since`` on a write (moto ignores every precondition of a copy), so
-        there the fence stays a listing. About 10 requests, once per target and store version
+        there the fence stays a listing. 7 requests (the last one deletes the versions the
+        probe made, by the ids their answers gave), once per target and store version
         (:meth:`conditional_writes`).
         """
         import uuid
@@ -684,10 +766,11 @@ class S3Target(Target):
         key, fresh = self._full(rel), self._full(rel + "-new")
         long_ago = "Mon, 01 Jan 2001 00:00:00 GMT"
         failed: list[str] = []
+        made: list[tuple[str, str | None]] = []  # (key, version) of every write that landed
 
-        def attempt(what: str, want_refused: bool, fn) -> None:
+        def attempt(what: str, want_refused: bool, written: str, fn) -> None:
             try:
-                self.io.call(f"probe: {what}", fn)
+                made.append((written, self.io.call(f"probe: {what}", fn).get("VersionId")))
                 refused = False
             except ClientError as exc:
                 if error_code(exc) not in ("PreconditionFailed", "412"):
@@ -696,29 +779,35 @@ class S3Target(Target):
             if refused != want_refused:
                 failed.append(f"{what} was {'refused' if refused else 'accepted'}")
 
+        done = False
         try:
             first = self.io.call("probe: PUT", lambda c: c.put_object(Bucket=self.bucket, Key=key, Body=b"probe"))
+            made.append((key, first.get("VersionId")))
             headers = first.get("ResponseMetadata", {}).get("HTTPHeaders", {})
             self.server = headers.get("server") or self.server
             written_second = headers.get("date") if _http_date_ns(headers.get("date")) is not None else None
             attempt(
                 "If-None-Match * over an object",
                 True,
+                key,
                 lambda c: c.put_object(Bucket=self.bucket, Key=key, Body=b"x", IfNoneMatch="*"),
             )
             attempt(
                 "If-None-Match * over no object",
                 False,
+                fresh,
                 lambda c: c.put_object(Bucket=self.bucket, Key=fresh, Body=b"x", IfNoneMatch="*"),
             )
             attempt(
                 "If-Unmodified-Since 2001 over an object",
                 True,
+                key,
                 lambda c: c.put_object(Bucket=self.bucket, Key=key, Body=b"x", **{IF_UNMODIFIED_SINCE: long_ago}),
             )
             attempt(
                 "a CopyObject If-Unmodified-Since 2001 over an object",
                 True,
+                key,
                 lambda c: c.copy_object(
                     Bucket=self.bucket,
                     Key=key,
@@ -730,16 +819,35 @@ class S3Target(Target):
                 attempt(
                     "If-Unmodified-Since the second of the object's write",
                     False,
+                    key,
                     lambda c: c.put_object(
                         Bucket=self.bucket, Key=key, Body=b"x", **{IF_UNMODIFIED_SINCE: written_second}
                     ),
                 )
             else:
                 failed.append("the store's answer has no Date")
+            done = True
         finally:
-            for k in (rel, rel + "-new"):
-                self.undo({"op": "put", "key": k, "known": []}, "")
+            self._drop_probe_keys([rel, rel + "-new"], made if done else None)
         return {"how": None if failed else self.CONDITIONAL_HOW, "server": self.server, "failed": failed}
+
+    def _drop_probe_keys(self, rels: list[str], made: list[tuple[str, str | None]] | None) -> None:
+        """Delete every version of the probe's keys: those of ``made`` (full key, version id) in one
+        DeleteObjects when the probe ran to its end and the store named each; else (or should that
+        request not delete them all) each key's versions listed and deleted, as an undo does."""
+        if made and all(v and v != "null" for _, v in made):
+            objects = {"Objects": [{"Key": k, "VersionId": v} for k, v in made], "Quiet": True}
+            try:
+                resp = self.io.call(
+                    f"DELETE {len(made)} probe versions",
+                    lambda c: c.delete_objects(Bucket=self.bucket, Delete=objects),
+                )
+                if not resp.get("Errors"):
+                    return
+            except Exception:  # noqa: BLE001 (a store that refuses versioned DeleteObjects: the listing below)
+                pass
+        for k in rels:
+            self.undo({"op": "put", "key": k, "known": []}, "")
 
     def conditional_writes(self, cache_path: str | None = None) -> str | None:
         """How this target's writes carry their own fence (:data:`CONDITIONAL_HOW`), or None (the
@@ -822,6 +930,9 @@ class S3Target(Target):
     def mark_rollback(self, epoch: int) -> None:
         """PUT the rollback marker: its LastModified is the new fence instant."""
         body = json.dumps({"rolled_back_epoch": epoch}).encode()
+        held = self._held()
+        if held is not None:  # its time is the store's: the next fence asks for it
+            held.pop("time:rollback.json", None)
         self.io.call(
             "PUT rollback marker",
             lambda c: c.put_object(Bucket=self.bucket, Key=self._control_key("rollback.json"), Body=body),
