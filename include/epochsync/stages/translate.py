@@ -34,9 +34,10 @@ import time
 from typing import Any
 
 from epochsync.core.config import MIN_PART_SIZE, Config, TargetConfig
-from epochsync.core.errors import EpochError
+from epochsync.core.errors import EpochError, RecordError
 from epochsync.core.layout import file_range_to_objects, merge_ranges, object_size
 from epochsync.core.model import DIR, FILE, SYMLINK
+from epochsync.core.names import check_basename
 from epochsync.journal.lease import holds_target_lease
 from epochsync.journal.undo import (
     write_json_atomic,
@@ -234,7 +235,9 @@ def attrs_changed(entry: dict) -> bool:
     if ch.get("attrs_changed") or ch.get("xattrs_changed"):
         return True
     old, new = entry.get("old") or {}, entry.get("new") or {}
-    return attrs_of("", old) != attrs_of("", new) if old and new else False
+    if not (old and new) or old == new:  # equal rows (a descendant of a moved directory): equal attributes
+        return False
+    return attrs_of("", old) != attrs_of("", new)
 
 
 # --------------------------------------------------------------------------- the planner
@@ -257,6 +260,7 @@ def build_plan(
     roots = [e for e in entries if is_root_entry(e)]
     entries = [e for e in entries if not is_root_entry(e)]
     cd = control_dir_of(target)
+    checked: set[str] = set()  # paths found safe: a path under one needs only its last name checked
     for e in entries:
         for p in e["old_paths"] + e["new_paths"]:
             if p.split("/", 1)[0] == cd:
@@ -266,7 +270,7 @@ def build_plan(
                     f"the source does not use), move the current one there with 'epochsync relocate --config FILE "
                     f"--target {target['name']}', and run the epoch again"
                 )
-            safe_relpath(p, control_dir=cd)
+            _check_path(p, cd, checked)
     if target["kind"] == "posix":
         plan = _plan_posix(entries, target, store, epoch)
         _check_posix_paths(entries, target)
@@ -286,6 +290,23 @@ def build_plan(
     plan["verify"] = _verify_items(entries, store)
     plan["summary"] = _summary(entries, plan)
     return plan
+
+
+def _check_path(path: str, control_dir: str, checked: set[str]) -> None:
+    """:func:`~epochsync.targets.base.safe_relpath` of ``path``, remembered in ``checked``: a path
+    whose parent was found safe needs only its own name checked (the paths of a renamed
+    directory's 10,000 descendants share their parents)."""
+    parent, _, name = path.rpartition("/")
+    if parent and parent in checked:
+        try:
+            check_basename(name)
+        except RecordError:
+            safe_relpath(path, control_dir=control_dir)  # raises, naming the whole path
+    else:
+        safe_relpath(path, control_dir=control_dir)
+        if parent:
+            checked.add(parent)
+    checked.add(path)
 
 
 #: S3's longest key: UTF-8 bytes of prefix + key
@@ -401,6 +422,8 @@ def _same_bytes(e: dict, store: dict) -> bool:
     old, new = e.get("old") or {}, e.get("new") or {}
     if not e["old_paths"] or old.get("type") != FILE or new.get("type") != FILE or needs_data(e):
         return False
+    if old == new:  # the same row at E-1 and E (a file that only moved with its directory)
+        return True
     return int(old.get("size") or 0) == int(new.get("size") or 0) and source_objects(
         e["fid"], old, store
     ) == source_objects(e["fid"], new, store)
