@@ -25,7 +25,7 @@ PYTEST_ARGS ?=
 # 1,068-1,086 s with 40% more CPU (each worker starts its own Spark, SeaweedFS and moto).
 TEST_WORKERS ?= 0
 
-.PHONY: help venv test test-fast lint format docs docs-serve docs-ref demo gluster airflow bench bench-full bench-ingest bench-merge bench-e2e bench-warm bench-rollback bench-gluster clean
+.PHONY: help venv test test-fast lint format docs docs-serve docs-ref demo gluster airflow bench bench-full bench-ingest bench-merge bench-e2e bench-warm bench-rollback bench-gluster bench-gluster-source clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  make %-14s %s\n", $$1, $$2}'
@@ -107,8 +107,12 @@ bench-warm: $(STAMP) ## small epochs on one warm Spark Connect server: a DAG run
 bench-rollback: $(STAMP) ## roll back a 2,000-file directory rename on SeaweedFS, undo replayed one at a time and in threads (not part of make bench)
 	$(BIN)/python -m epochsync_dev.bench rollback --files 2000 --rounds 2
 
-bench-gluster: $(STAMP) ## epochsync beside geo-replication and rsync on a live GlusterFS volume (issue 33), the cut and live-epoch rows (issue 31); root; about 20 minutes; then make docs-ref
-	$(BIN)/python -m epochsync_dev.bench gluster $(BENCH_GLUSTER_ARGS)
+bench-gluster: $(STAMP) ## epochsync beside geo-replication and rsync on a live GlusterFS volume (issue 33); root; under 20 minutes; keeps bench-gluster-source's rows; then make docs-ref
+	$(BIN)/python -m epochsync_dev.bench gluster --merge $(BENCH_GLUSTER_ARGS)
+	$(BIN)/python -m epochsync_dev.docs
+
+bench-gluster-source: $(STAMP) ## the live-source rows on a GlusterFS volume (issue 31): cuts with and without the barrier, live 10 s epochs under Airflow; root; about 6 minutes; keeps bench-gluster's rows
+	$(BIN)/python -m epochsync_dev.bench gluster --parts airflow,cuts --merge
 	$(BIN)/python -m epochsync_dev.docs
 
 clean: ## remove build output and test scratch (keeps .venv)

@@ -1,5 +1,5 @@
-"""``make bench-gluster``: epochsync side by side with GlusterFS's geo-replication and rsync (issue 33),
-and the live-source figures of issue 31, in one run on one master volume.
+"""``make bench-gluster``: epochsync side by side with GlusterFS's geo-replication and rsync (issue 33);
+``make bench-gluster-source`` (``--parts airflow,cuts``): the live-source figures of issue 31.
 
 Set-up (everything is stopped and removed at the end, also on Ctrl-C or SIGTERM):
 
@@ -78,7 +78,7 @@ appends every 50 ms and a renamer probe renames a file back and forth (the slowe
 longest rename: the hold seen from outside, beside the cut record's ``held_s`` from the brick logs); the untar's cut to its commit
 (``live``: the on-demand cut at its end; the schedule's epochs before it hold the rest); live 10 s
 epochs under ``airflow standalone`` (each epoch's commit after its cut: :class:`LiveAirflow`, the first part, its Airflow started during
-the set-up).
+the set-up). The airflow and cuts parts are not in the default ``--parts`` (issue33,steady).
 
     python -m epochsync_dev.bench gluster [--size full|quick] [--parts airflow,issue33,steady,cuts]
                                           [--rollover 5] [--epochsync live|at-end]
@@ -108,6 +108,9 @@ from epochsync_dev.bench.gluster_tools import CpuMeter, Expect, GeoRep, rsync, w
 
 TOOLS = ("epochsync", "geo-replication", "rsync")
 PARTS = ("airflow", "issue33", "steady", "cuts")
+#: ``make bench-gluster``'s parts: issue 33's rows. The airflow and cuts parts (issue 31's rows in
+#: ``gluster.source.json``, about 3 minutes more with Airflow's start) run with ``make bench-gluster-source``
+DEFAULT_PARTS = ("issue33", "steady")
 FIELDS = (
     "workload",
     "tool",
@@ -1647,8 +1650,10 @@ def parse_args(argv):
     )
     p.add_argument(
         "--parts",
-        default=",".join(PARTS),
-        help=f"which parts, in this order: {', '.join(PARTS)} (issue33: the five workloads; steady: the steady writer)",
+        default=",".join(DEFAULT_PARTS),
+        help=f"which parts, in this order: {', '.join(PARTS)} (issue33: the five workloads; steady: the steady writer; "
+        f"airflow: live 10 s epochs under airflow standalone; cuts: cuts with and without the barrier; "
+        f"default {','.join(DEFAULT_PARTS)})",
     )
     p.add_argument(
         "--rollover",
