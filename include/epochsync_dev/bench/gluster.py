@@ -12,10 +12,7 @@ Set-up (everything is stopped and removed at the end, also on Ctrl-C or SIGTERM)
   (:class:`epochsync_dev.btrfs.BtrfsLoop`) with its committed view (``view.snapshots: required``,
   ``keep: 3``): readers read ``<view>/current``;
 - **geo-replication**: a session master -> slave (gsyncd, ``sync_method tarssh``,
-  ``change_interval 1``) over an sshd of our own; it must reach Active within ``--active-timeout``.
-  The session starts once the data of the append, small-write and steady workloads is on the
-  volume (:meth:`Bench.run_data`): its first crawl copies that data, as a new session on a
-  volume in use does, and every worker is then checked to replicate live changelogs;
+  ``change_interval 1``) over an sshd of our own; it must reach Active within ``--active-timeout``;
 - **rsync**: ``rsync -a --delete`` from the master's mount into a directory.
 
 The three read the same changelogs at the same rollover (one volume). Set-up steps that wait on
@@ -125,14 +122,14 @@ FIELDS = (
 #: the set-up steps that run at the same time as another (the meta file's ``overlapped``); no
 #: measured workload shares the machine with another measured workload or a set-up step
 OVERLAPPED = [
-    "set-up: the Spark Connect server starts and warms up while the master volume and the slave volume are made",
-    "set-up: airflow standalone starts (the airflow part's) while the slave volume is made, the Spark server "
-    "warms up and epochsync's epoch 1 runs; the airflow part runs first, before the data and the workloads",
-    "set-up of the data (the append, small-write and steady folders, written before geo-replication's session "
-    "starts): the big files written beside the small ones; then geo-replication's first crawl, epochsync's epoch "
-    "and the source's walk run at once; rsync's replica is seeded with a local copy of epochsync's committed "
-    "view of that data (the same bytes, modes, owners and mtimes), then rsync -a from the mount brings it up "
-    "to date; then every geo-replication worker is checked to replicate live changelogs",
+    "set-up: the Spark Connect server starts and warms up while the master volume, the slave volume and "
+    "geo-replication are made and checked",
+    "set-up: airflow standalone starts (the airflow part's) while geo-replication starts and is checked, "
+    "the Spark server warms up and epochsync's epoch 1 runs; the airflow part runs first, before the workloads",
+    "set-up of append and small-writes (and of the steady writer's folder): the big files written beside the "
+    "small ones; then epochsync's epoch and the source's walk run at once, geo-replication replicates "
+    "meanwhile; rsync's replica is seeded with a local copy of epochsync's committed view of that data (the "
+    "same bytes, modes, owners and mtimes), then rsync -a from the mount brings it up to date",
     "after each workload: the three replicas are compared with the source at once",
 ]
 SIZES = {
@@ -502,7 +499,7 @@ class Bench:
         if not {"issue33", "steady"} & set(self.parts):
             say("no part compares tools: no slave volume, geo-replication or rsync")
         else:
-            peers = self.background("the slave volume", lambda: self._setup_peers(stack))
+            peers = self.background("geo-replication's set-up", lambda: self._setup_peers(stack))
         self._setup_epochsync(stack)
         if peers is not None:
             peers.result()
@@ -541,36 +538,9 @@ class Bench:
         self.slave_mnt = self.slave.mount
         self.geo = GeoRep(self.master.name, self.slave.name, self.master.host, self.work / "geo")
         stack.callback(self.geo.stop)
-        # the session starts in run_data, once the set-up data is on the volume
-
-    def run_data(self) -> None:
-        """The data the workloads after the untar and the rename need (20 files of 100 MiB, 50,000
-        small files: the issue33 part's; the steady writer's folder), written before
-        geo-replication's session starts, then copied by each tool: geo-replication's first crawl,
-        epochsync's next epoch, rsync (seeded, see :meth:`converge_all`). Not a measured workload.
-
-        Written with geo-replication live, the 50,000 files took 232-286 s through FUSE (85 s with
-        it off) and epochsync's epoch of them 354-433 s beside its catch-up (112 s alone): 11-14 of
-        the bench's 25-27 minutes (2026-11-28). A session started on a volume that holds data copies
-        it in its first crawl, as an operator's new session does."""
-        s = self.size
-        t0 = time.monotonic()
-        subs = []
-        if "issue33" in self.parts:
-            say(
-                f"set-up: {s['append_files']} files of {s['append_mib']} MiB and {s['small_files']:,} files of 8 KiB ..."
-            )
-            self._setup_append_small()
-            subs.append("data")
-        if "steady" in self.parts:  # the steady writer's folder, converged with the rest, not on its own
-            self._setup_steady()
-            subs.append("steady")
-        self.geo.start(active_timeout=self.args.active_timeout, say=say)
-        self.geo_cpu = self.geo.cpu()
-        self.converge_all(subs, probes=97)
-        # files written from now on reach the slave only through live changelogs: every brick's worker must get them
+        self.geo.start(active_timeout=a.active_timeout, say=say)
         self.check_geo_workers()
-        say(f"set-up: every replica has the data, geo-replication live, after {time.monotonic() - t0:.0f} s")
+        self.geo_cpu = self.geo.cpu()
 
     def _setup_epochsync(self, stack) -> None:
         import yaml
@@ -876,6 +846,19 @@ class Bench:
             sampler=sampler,
         )
 
+        say(f"set-up: {s['append_files']} files of {s['append_mib']} MiB and {s['small_files']:,} files of 8 KiB ...")
+        t0, load0 = time.monotonic(), load()
+        # epochsync copies the set-up data in one epoch after it is written, in both modes: with its
+        # schedule live meanwhile, the cuts and windows slowed the writing 3.5x (20,000 files: 161 s
+        # against 45 s) and the whole set-up took longer (292 s against 260 s, load 13 to 25)
+        self._setup_append_small()
+        subs = ["data"]
+        if "steady" in self.parts:  # the steady writer's folder, converged with the rest, not on its own
+            self._setup_steady()
+            subs.append("steady")
+        self.converge_all(subs, probes=97)
+        self.phase("set-up of append and small-writes", t0, load0)
+        say(f"set-up: every replica has them after {time.monotonic() - t0:.0f} s")
         rnd = random.Random(33)
         tails = {i: rnd.randbytes(64 * 1024) for i in range(s["append_files"])}
 
@@ -972,6 +955,9 @@ class Bench:
     # ------------------------------------------------------------------ steady writer
     def run_steady(self) -> None:
         s = self.size
+        if not os.path.exists(os.path.join(self.mnt, "steady/journal")):  # without the issue33 part
+            self._setup_steady()
+            self.converge_all(["steady"])
         n = int(s["steady_s"] * s["steady_rate"])
         written: dict[int, float] = {}
         watchers = {t: SteadyWatcher(t, read, written) for t, read in self.readers().items()}
@@ -1739,10 +1725,7 @@ def main(argv: list[str] | None = None) -> int:
         with signals_raise(), contextlib.ExitStack() as stack:
             try:
                 steps = [("set-up", lambda: bench.setup(stack))]
-                for p in (p for p in PARTS if p in parts):
-                    if p in ("issue33", "steady") and "set-up of the data" not in dict(steps):
-                        steps.append(("set-up of the data", bench.run_data))  # geo-replication starts here
-                    steps.append((p, getattr(bench, f"run_{p}")))
+                steps += [(p, getattr(bench, f"run_{p}")) for p in PARTS if p in parts]
                 for name, fn in steps:
                     t_part, load0 = time.monotonic(), load()
                     fn()
