@@ -58,7 +58,9 @@ def pending_operations(cfg: Config, source: str, after_epoch: int, through_epoch
     base = local_path(Warehouse(cfg.warehouse).records(source))
     if not os.path.isdir(base):
         return None
-    import pyarrow.dataset as ds
+    from epochsync.core.arrow import dataset_module
+
+    ds = dataset_module()
 
     dataset = ds.dataset(base, format="parquet", partitioning="hive")
     if "epoch" not in dataset.schema.names:

@@ -29,7 +29,9 @@ from epochsync.warehouse.paths import Warehouse, local_path
 
 def _last_indexes(cfg: Config, source: str, first: int, last: int) -> dict[str, int]:
     """Per server, the last record index of the window (from the ingested Parquet)."""
-    import pyarrow.dataset as ds
+    from epochsync.core.arrow import dataset_module
+
+    ds = dataset_module()
 
     out: dict[str, int] = {}
     wh = Warehouse(cfg.warehouse)

@@ -137,7 +137,10 @@ def plan_path(cfg: Config, target: str, epoch: int) -> str:
 def _records_in(wh: Warehouse, source: str, first: int, last: int) -> int:
     """Records of the window but the EPOCH marks, read from the ingested Parquet here (no Spark job)."""
     import pyarrow.compute as pc
-    import pyarrow.dataset as ds
+
+    from epochsync.core.arrow import dataset_module, scalar
+
+    ds = dataset_module()
 
     total = 0
     for e in range(first, last + 1):
@@ -145,7 +148,9 @@ def _records_in(wh: Warehouse, source: str, first: int, last: int) -> int:
         if not os.path.isdir(path):
             return 0
         types = ds.dataset(path, format="parquet", partitioning="hive").to_table(columns=["type"])["type"]
-        total += len(types) - int(pc.sum(pc.cast(pc.equal(types.cast("string"), "EPOCH"), "int64")).as_py() or 0)
+        total += len(types) - int(
+            pc.sum(pc.cast(pc.equal(types.cast("string"), scalar("EPOCH")), "int64")).as_py() or 0
+        )
     return total
 
 

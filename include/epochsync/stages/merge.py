@@ -75,6 +75,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from epochsync.core.arrow import array, combine, dataset_module, empty_table, scalar
 from epochsync.core.errors import EpochError, EpochsyncError
 from epochsync.core.model import CHANGE_FIELDS, DIR, FILE, OTHER, SNAPSHOT_FIELDS, SYMLINK
 from epochsync.formats.common import FLAG_OPEN_EXEC, FLAG_OPEN_READ, FLAG_OPEN_WRITE
@@ -963,15 +964,16 @@ def _window_facts(records_uri: str, first: int, last: int) -> WindowFacts:
     """Counts and the fids the window's records name (``tfid``, ``sfid``): the snapshot rows the merge reads."""
     import pyarrow as pa
     import pyarrow.compute as pc
-    import pyarrow.dataset as ds
 
     from epochsync.warehouse import fs as warehouse_fs
     from epochsync.warehouse.paths import local_path
 
+    ds = dataset_module()
+
     records = merged = 0
     cookies = False
     fids: set[str] = set()
-    merged_types = pa.array(list(MERGED_TYPES), pa.string())
+    merged_types = array(list(MERGED_TYPES), pa.string())
     for e in range(first, last + 1):
         uri = f"{records_uri}/epoch={e}"
         if not warehouse_fs.exists(uri):
@@ -984,7 +986,7 @@ def _window_facts(records_uri: str, first: int, last: int) -> WindowFacts:
         merged += int(pc.sum(pc.cast(kept, "int64")).as_py() or 0)
         cookies = cookies or t["cookie"].null_count < t.num_rows
         for col in ("tfid", "sfid"):
-            fids.update(pc.unique(pc.filter(t[col], kept).combine_chunks().drop_null()).to_pylist())
+            fids.update(pc.unique(combine(pc.filter(t[col], kept)).drop_null()).to_pylist())
     return WindowFacts(records, merged, cookies, sorted(fids))
 
 
@@ -1078,22 +1080,22 @@ def _publish_small(out: MergeOutputs, epoch: int, prev, table, extents_known: bo
     change_schema = change_arrow_schema()
     storage = storage_arrow_schema()
     if table is None:
-        changes = change_schema.empty_table()
-        cookies = _cookie_arrow_schema().empty_table()
-        delta = storage.empty_table()
+        changes = empty_table(change_schema)
+        cookies = empty_table(_cookie_arrow_schema())
+        delta = empty_table(storage)
     else:
         is_fid = pc.is_valid(table["exists_after"])
         fid_rows, cookie_rows = table.filter(is_fid), table.filter(pc.invert(is_fid))
-        changed = fid_rows.filter(pc.fill_null(fid_rows["c__changed"], False))
+        changed = fid_rows.filter(pc.fill_null(fid_rows["c__changed"], scalar(False)))
         changes = pa.table({c: changed["c_" + c] for c in CHANGE_FIELDS}).cast(change_schema)
         cookies = pa.table({c: cookie_rows["g_" + c] for c in COOKIE_FIELDS}).cast(_cookie_arrow_schema())
-        alive = pc.fill_null(fid_rows["exists_after"], False)
+        alive = pc.fill_null(fid_rows["exists_after"], scalar(False))
         cols = {
             c: pc.if_else(alive, fid_rows["s_" + c], pa.nulls(fid_rows.num_rows, fid_rows["s_" + c].type))
             for c in SNAPSHOT_FIELDS
         }
         cols["fid"] = fid_rows["s_fid"]
-        cols[GEN] = pa.array([epoch] * fid_rows.num_rows, pa.int64())
+        cols[GEN] = array([epoch] * fid_rows.num_rows, pa.int64())
         cols[DELETED] = pc.invert(alive)
         delta = pa.table(cols).cast(storage)
     staged = [(stage_arrow_table(changes, out.changes), out.changes)]
@@ -1185,10 +1187,11 @@ def cache_min_rows() -> int:
 def _table_counts(out: MergeOutputs, *, snapshot: bool = True) -> dict:
     """The merge's figures from its outputs, read with pyarrow in this process."""
     import pyarrow.compute as pc
-    import pyarrow.dataset as ds
 
     from epochsync.warehouse.paths import local_path
     from epochsync.warehouse.snapshot_files import read_layout
+
+    ds = dataset_module()
 
     def dataset(uri: str, **kw):
         return ds.dataset(local_path(uri), format="parquet", partitioning="hive", **kw)
@@ -1197,7 +1200,7 @@ def _table_counts(out: MergeOutputs, *, snapshot: bool = True) -> dict:
     changes = dataset(out.changes).to_table(columns=[*flags, "ranges"])
     counts: dict = {"changes": changes.num_rows}
     for c in flags:
-        counts[c] = int(pc.sum(pc.cast(pc.fill_null(changes[c], False), "int64")).as_py() or 0)
+        counts[c] = int(pc.sum(pc.cast(pc.fill_null(changes[c], scalar(False)), "int64")).as_py() or 0)
     lengths = pc.struct_field(pc.list_flatten(changes["ranges"]), "length")
     counts["range_bytes"] = int(pc.sum(lengths).as_py() or 0)
     if snapshot:

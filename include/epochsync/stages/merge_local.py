@@ -72,10 +72,12 @@ def read_window_records(records_uri: str, first: int, last: int) -> pa.Table:
     column of the canonical schema: ``epoch`` and ``server`` come from the partition
     directories, as Spark's read derives them (:func:`epochsync.stages.ingest.read_records`)."""
     import pyarrow as pa
-    import pyarrow.dataset as ds
 
+    from epochsync.core.arrow import dataset_module
     from epochsync.warehouse import fs as warehouse_fs
     from epochsync.warehouse.paths import local_path
+
+    ds = dataset_module()
 
     schema = record_arrow_schema()
     in_files = pa.schema([f for f in schema if f.name not in ("epoch", "server")])

@@ -264,7 +264,9 @@ def _fault_counter(cfg: Config, tcfg: TargetConfig, epoch: int, inject):
 
 
 def _records_in(cfg: Config, source: str, first: int, last: int) -> int:
-    import pyarrow.dataset as ds
+    from epochsync.core.arrow import dataset_module
+
+    ds = dataset_module()
 
     n = 0
     for e in range(first, last + 1):

@@ -92,7 +92,9 @@ def _last_indexes(config: Config, source: str, epochs: list[int]) -> dict[str, i
     """server -> highest record index in the warehouse records of ``epochs``."""
     if not epochs:
         return {}
-    import pyarrow.dataset as ds
+    from epochsync.core.arrow import dataset_module
+
+    ds = dataset_module()
 
     wh = Warehouse(config.warehouse)
     out: dict[str, int] = {}

@@ -944,12 +944,13 @@ def run_translate(
 
 def _translate_entries(cfg: Config, tcfg: TargetConfig, first: int, epoch: int, whole_file: bool):
     """The plan entries of ``first..epoch`` and the window's record count, read from the warehouse here."""
-    import pyarrow.dataset as ds
-
+    from epochsync.core.arrow import dataset_module
     from epochsync.core.model import change_arrow_schema
     from epochsync.warehouse import fs as warehouse_fs
     from epochsync.warehouse.paths import local_path
     from epochsync.warehouse.snapshots import snapshot_files
+
+    ds = dataset_module()
 
     src = cfg.source_of(tcfg)
     wh = Warehouse(cfg.warehouse)

@@ -38,6 +38,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from epochsync.core.arrow import array, combine, dataset_module, empty_table, scalar
 from epochsync.core.errors import EpochError
 from epochsync.core.model import DIR, SNAPSHOT_FIELDS
 
@@ -248,17 +249,18 @@ class SnapshotFiles:
         live = self._read_files(bases, filter, cols)
         if not deltas:
             return live
-        tombstone = pc.field(DELETED) == pa.scalar(True)
+        tombstone = pc.field(DELETED) == scalar(True)
         newer = newest_rows(
             self._read_files(deltas, None if filter is None else filter | tombstone, [*cols, GEN, DELETED])
         )
-        live = live.filter(pc.invert(pc.is_in(live["fid"], value_set=newer["fid"].combine_chunks())))
-        newer = newer.filter(pc.invert(pc.fill_null(newer[DELETED], False))).select(cols)
+        live = live.filter(pc.invert(pc.is_in(live["fid"], value_set=combine(newer["fid"]))))
+        newer = newer.filter(pc.invert(pc.fill_null(newer[DELETED], scalar(False)))).select(cols)
         return pa.concat_tables([live, newer])
 
     def _read_files(self, files: list[dict], filter, cols: list[str]) -> pa.Table:
         import pyarrow as pa
-        import pyarrow.dataset as ds
+
+        ds = dataset_module()
 
         schema = storage_arrow_schema()
         target = pa.schema([schema.field(c) for c in cols])
@@ -270,10 +272,10 @@ class SnapshotFiles:
             for c in cols:  # a legacy file has neither _gen nor _deleted
                 if c not in t.column_names:
                     value = f["gen"] if c == GEN else False
-                    t = t.append_column(c, pa.array([value] * t.num_rows, schema.field(c).type))
+                    t = t.append_column(c, array([value] * t.num_rows, schema.field(c).type))
             t = t.select(cols)
             parts.append(t if t.schema == target else t.cast(target))
-        return pa.concat_tables(parts) if parts else target.empty_table()
+        return pa.concat_tables(parts) if parts else empty_table(target)
 
     def rows(self, fids: Iterable[str], columns: list[str] | None = None) -> pa.Table:
         """The rows of ``fids`` (those the snapshot holds), snapshot columns, in no order; reads only their buckets."""
@@ -282,10 +284,10 @@ class SnapshotFiles:
 
         wanted = sorted(set(fids))
         if not wanted:
-            return (
-                storage_arrow_schema().empty_table().select(list(dict.fromkeys(["fid", *(columns or SNAPSHOT_FIELDS)])))
+            return empty_table(storage_arrow_schema()).select(
+                list(dict.fromkeys(["fid", *(columns or SNAPSHOT_FIELDS)]))
             )
-        value_set = pa.array(wanted, pa.string())
+        value_set = array(wanted, pa.string())
         cond = pc.field("fid").isin(value_set)
         if self.layout is None:
             return self._read([], filter=cond, columns=columns)
@@ -301,7 +303,7 @@ class SnapshotFiles:
         """``fid, links`` of every directory (path resolution's input)."""
         import pyarrow.compute as pc
 
-        return self.scan(pc.field("type") == DIR, ["fid", "links"])
+        return self.scan(pc.field("type") == scalar(DIR), ["fid", "links"])
 
     def linked_under(self, parents: Iterable[str]) -> list[str]:
         """Returns the fids with a link whose parent is one of ``parents`` (a column scan of ``links``)."""
@@ -319,11 +321,11 @@ def newest_rows(table: pa.Table) -> pa.Table:
 
     order = pc.sort_indices(table, sort_keys=[("fid", "ascending"), (GEN, "descending")])
     table = table.take(order)
-    fid = table["fid"].combine_chunks()
+    fid = combine(table["fid"])
     if len(fid) < 2:
         return table
     first = pc.not_equal(fid.slice(1), fid.slice(0, len(fid) - 1))
-    keep = pa.concat_arrays([pa.array([True]), pc.fill_null(first, True)])
+    keep = pa.concat_arrays([array([True], pa.bool_()), pc.fill_null(first, scalar(True))])
     return table.filter(keep)
 
 
@@ -388,7 +390,7 @@ def stage_delta(uri: str, epoch: int, prev: SnapshotFiles, delta: pa.Table) -> S
 
     schema = storage_arrow_schema()
     delta = delta.select(schema.names).cast(schema)
-    born = int(pc.sum(pc.invert(pc.fill_null(delta[DELETED], False))).as_py() or 0)
+    born = int(pc.sum(pc.invert(pc.fill_null(delta[DELETED], scalar(False)))).as_py() or 0)
     if prev.layout is None:  # epoch 0: the root row is the base
         import pyarrow as pa
 
@@ -416,13 +418,13 @@ def stage_delta(uri: str, epoch: int, prev: SnapshotFiles, delta: pa.Table) -> S
                 # nb was in old bucket nb % buckets, the bucket counts being powers of two
                 old = prev._read(prev.layout.files_of(b)) if prev.layout else None
                 table = _with_storage([t for t in (*base_tables, old) if t is not None], schema)
-                mine = delta.filter(pc.equal(delta_buckets, b))
+                mine = delta.filter(pc.equal(delta_buckets, scalar(b)))
                 merged = newest_rows(_concat([table, mine], schema))
-                merged = merged.filter(pc.invert(pc.fill_null(merged[DELETED], False)))
+                merged = merged.filter(pc.invert(pc.fill_null(merged[DELETED], scalar(False))))
                 merged = merged.set_column(merged.column_names.index(GEN), GEN, _const(epoch, merged.num_rows))
                 ids = _bucket_ids(merged["fid"], new_buckets)
                 for nb in range(b, new_buckets, buckets):
-                    part = merged.filter(pc.equal(ids, nb))
+                    part = merged.filter(pc.equal(ids, scalar(nb)))
                     if part.num_rows:
                         layout.add(tmp, f"base-{epoch}-b{nb}.parquet", part, kind="base", bucket=nb)
                 base_tables = []
@@ -434,7 +436,7 @@ def stage_delta(uri: str, epoch: int, prev: SnapshotFiles, delta: pa.Table) -> S
                 layout.files.append(dict(f))
             ids = _bucket_ids(delta["fid"], buckets)
             for b in range(buckets):
-                part = delta.filter(pc.equal(ids, b))
+                part = delta.filter(pc.equal(ids, scalar(b)))
                 if part.num_rows:
                     layout.add(tmp, f"delta-{epoch}-b{b}.parquet", part, kind="delta", bucket=b)
         layout.save(tmp)
@@ -447,15 +449,15 @@ def stage_delta(uri: str, epoch: int, prev: SnapshotFiles, delta: pa.Table) -> S
 def _const(value: int, n: int):
     import pyarrow as pa
 
-    return pa.array([value] * n, pa.int64())
+    return array([value] * n, pa.int64())
 
 
 def _bucket_ids(fids, buckets: int):
     import pyarrow as pa
 
     if buckets == 1:
-        return pa.array([0] * len(fids), pa.int32())
-    return pa.array([bucket_of(f, buckets) for f in fids.to_pylist()], pa.int32())
+        return array([0] * len(fids), pa.int32())
+    return array([bucket_of(f, buckets) for f in fids.to_pylist()], pa.int32())
 
 
 def _concat(tables: list, schema):
@@ -463,19 +465,18 @@ def _concat(tables: list, schema):
 
     tables = [t for t in tables if t is not None]
     if not tables:
-        return schema.empty_table()
+        return empty_table(schema)
     return pa.concat_tables([t.select(schema.names).cast(schema) for t in tables])
 
 
 def _with_storage(tables: list, schema):
     """Snapshot rows (with or without storage columns) as storage rows."""
-    import pyarrow as pa
 
     out = []
     for t in tables:
         for c, default in ((GEN, -1), (DELETED, False)):
             if c not in t.column_names:
-                t = t.append_column(c, pa.array([default] * t.num_rows, schema.field(c).type))
+                t = t.append_column(c, array([default] * t.num_rows, schema.field(c).type))
         out.append(t)
     return _concat(out, schema)
 
@@ -500,7 +501,7 @@ class SnapshotTable:
         import pyarrow.compute as pc
 
         cols = list(dict.fromkeys(["fid", *(columns or SNAPSHOT_FIELDS)]))
-        wanted = pa.array(sorted(set(fids)), pa.string())
+        wanted = array(sorted(set(fids)), pa.string())
         return self.table.filter(pc.is_in(self.table["fid"], value_set=wanted)).select(cols)
 
     def scan(self, filter=None, columns: list[str] | None = None) -> pa.Table:
@@ -513,7 +514,7 @@ class SnapshotTable:
         """``fid, links`` of every directory (:meth:`SnapshotFiles.directories`)."""
         import pyarrow.compute as pc
 
-        return self.scan(pc.field("type") == DIR, ["fid", "links"])
+        return self.scan(pc.field("type") == scalar(DIR), ["fid", "links"])
 
     def linked_under(self, parents: Iterable[str]) -> list[str]:
         """Returns the fids linked under ``parents`` (:meth:`SnapshotFiles.linked_under`)."""
@@ -527,9 +528,9 @@ def _linked_under(table: pa.Table, parents: Iterable[str]) -> list[str]:
     parents = sorted(set(parents))
     if not parents or not table.num_rows:
         return []
-    links = table["links"].combine_chunks()
+    links = combine(table["links"])
     pfids = pc.struct_field(pc.list_flatten(links), "pfid")
-    hit = pc.is_in(pfids, value_set=pa.array(parents, pa.string()))
+    hit = pc.is_in(pfids, value_set=array(parents, pa.string()))
     owner = pc.list_parent_indices(links)
     rows = pc.unique(pc.filter(owner, hit))
     return sorted(set(pc.take(table["fid"], rows).to_pylist()))

@@ -86,10 +86,11 @@ def publish_staged(staged: list[tuple[str, str]]) -> None:
 
 def table_rows(uri: str) -> int:
     """Returns the rows of the Parquet table at ``uri`` (0 when absent), from its footers: no Spark job."""
-    import pyarrow.dataset as ds
-
+    from epochsync.core.arrow import dataset_module
     from epochsync.warehouse import fs as warehouse_fs
     from epochsync.warehouse.paths import local_path
+
+    ds = dataset_module()
 
     if not warehouse_fs.exists(uri):
         return 0

@@ -257,8 +257,10 @@ def _run_here(run, n: int, source: str) -> list[dict]:
     its errors read as they do from an executor (:func:`_executor_failure`)."""
     import pyarrow as pa
 
+    from epochsync.core.arrow import array
+
     try:
-        batches = list(run([pa.record_batch([pa.array(range(n), pa.int64())], names=["id"])]))
+        batches = list(run([pa.record_batch([array(range(n), pa.int64())], names=["id"])]))
     except EpochsyncError as exc:
         cls = StoreError if isinstance(exc, StoreError) else EpochError
         raise cls(f"ingest of source {source!r}: {exc}") from None

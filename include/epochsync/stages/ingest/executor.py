@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from epochsync.core.arrow import array, scalar
 from epochsync.core.errors import ParseError
 from epochsync.core.schema import FIELD_NAMES, INT32_MAX, NAMING_TYPES, RECORD_TYPES, UNNAMING_TYPES, Record
 from epochsync.stages.ingest.cursors import IndexSpan
@@ -408,40 +409,43 @@ def _fast_chunk(chunk: bytes, server: str, read_schema):
     table = table.combine_chunks()
     t = {name: table.column(name) for name in table.column_names}
 
+    # every Python value below goes through epochsync.core.arrow (pa.scalar would import pandas)
+    no, zero = scalar(False), scalar(0)
+
     def any_(mask) -> bool:
-        return bool(pc.any(pc.fill_null(mask, False)).as_py())
+        return bool(pc.any(pc.fill_null(mask, no)).as_py())
 
     def null_or_empty(col):
-        return pc.or_(pc.is_null(col), pc.equal(pc.fill_null(col, "x"), ""))
+        return pc.or_(pc.is_null(col), pc.equal(pc.fill_null(col, scalar("x")), scalar("")))
 
     srv = t["server"]
     if srv.null_count:
-        srv = pc.fill_null(srv, server)
-    if not pc.all(pc.equal(srv, server)).as_py():
+        srv = pc.fill_null(srv, scalar(server))
+    if not pc.all(pc.equal(srv, scalar(server))).as_py():
         return None
     typ = t["type"]
-    if not pc.all(pc.is_in(typ, value_set=pa.array(sorted(RECORD_TYPES)))).as_py():
+    if not pc.all(pc.is_in(typ, value_set=array(sorted(RECORD_TYPES), pa.string()))).as_py():
         return None
-    if any_(pc.less(t["index"], 0)) or any_(pc.less(t["epoch"], 0)):
+    if any_(pc.less(t["index"], zero)) or any_(pc.less(t["epoch"], zero)):
         return None
     for name in ("mode", "uid", "gid"):
         col = t[name]
-        if col.null_count < len(col) and (any_(pc.less(col, 0)) or any_(pc.greater(col, 2**32 - 1))):
+        if col.null_count < len(col) and (any_(pc.less(col, zero)) or any_(pc.greater(col, scalar(2**32 - 1)))):
             return None
 
     def unsafe(names, present_only: bool):
         bad = pc.or_(
-            pc.is_in(names, value_set=pa.array(["", ".", ".."])),
+            pc.is_in(names, value_set=array(["", ".", ".."], pa.string())),
             pc.or_(pc.match_substring(names, "/"), pc.match_substring(names, "\x00")),
         )
-        bad = pc.or_(bad, pc.greater(pc.binary_length(names), 255))
-        return pc.fill_null(bad, not present_only)
+        bad = pc.or_(bad, pc.greater(pc.binary_length(names), scalar(255)))
+        return pc.fill_null(bad, scalar(not present_only))
 
-    naming = pc.is_in(typ, value_set=pa.array(sorted(NAMING_TYPES)))
-    unnaming = pc.is_in(typ, value_set=pa.array(sorted(UNNAMING_TYPES)))
+    naming = pc.is_in(typ, value_set=array(sorted(NAMING_TYPES), pa.string()))
+    unnaming = pc.is_in(typ, value_set=array(sorted(UNNAMING_TYPES), pa.string()))
     if any_(pc.and_(naming, unsafe(t["name"], False))) or any_(pc.and_(unnaming, unsafe(t["name"], True))):
         return None
-    renme = pc.equal(typ, "RENME")
+    renme = pc.equal(typ, scalar("RENME"))
     if any_(renme):
         if any_(pc.and_(renme, pc.or_(unsafe(t["sname"], False), null_or_empty(t["sfid"])))):
             return None
@@ -449,7 +453,7 @@ def _fast_chunk(chunk: bytes, server: str, read_schema):
             return None
     if any_(pc.and_(pc.or_(naming, unnaming), null_or_empty(t["pfid"]))):
         return None
-    if any_(pc.and_(pc.equal(typ, "SLINK"), pc.match_substring(t["symlink"], "\x00"))):
+    if any_(pc.and_(pc.equal(typ, scalar("SLINK")), pc.match_substring(t["symlink"], "\x00"))):
         return None
 
     # nested values the importer checks one by one
@@ -457,11 +461,14 @@ def _fast_chunk(chunk: bytes, server: str, read_schema):
     if layout.null_count < len(layout):
         ss, sc = pc.struct_field(layout, "stripe_size"), pc.struct_field(layout, "stripe_count")
         present = pc.is_valid(layout)
-        if any_(pc.and_(present, pc.or_(pc.is_null(ss), pc.less(pc.fill_null(ss, 1), 1)))):
+        one = scalar(1)
+        if any_(pc.and_(present, pc.or_(pc.is_null(ss), pc.less(pc.fill_null(ss, scalar(1, ss.type)), one)))):
             return None
-        if any_(pc.and_(present, pc.or_(pc.is_null(sc), pc.invert(pc.fill_null(pc.less_equal(sc, 65535), False))))):
+        if any_(
+            pc.and_(present, pc.or_(pc.is_null(sc), pc.invert(pc.fill_null(pc.less_equal(sc, scalar(65535)), no))))
+        ):
             return None
-        if any_(pc.and_(present, pc.less(pc.fill_null(sc, 0), 0))):
+        if any_(pc.and_(present, pc.less(pc.fill_null(sc, scalar(0, sc.type)), zero))):
             return None
         objs = pc.struct_field(layout, "objects")
         flat = pc.list_flatten(objs)
@@ -483,7 +490,7 @@ def _fast_chunk(chunk: bytes, server: str, read_schema):
             return None
         if len(flat):
             off, length = pc.struct_field(flat, "offset"), pc.struct_field(flat, "length")
-            if off.null_count or length.null_count or any_(pc.less(off, 0)) or any_(pc.less(length, 0)):
+            if off.null_count or length.null_count or any_(pc.less(off, zero)) or any_(pc.less(length, zero)):
                 return None
     xv = t["xattr_value"]
     if xv.null_count < len(xv) and not pc.all(pc.match_substring_regex(pc.drop_null(xv), _BASE64)).as_py():
@@ -509,30 +516,33 @@ def _finish_fast(table, sink: _Sink):
     last_any = sink.last_index_any
     if last_any is not None and len(idx) and idx[0].as_py() <= last_any:
         return None
-    is_epoch = pc.equal(typ, "EPOCH")
-    closing = pc.cumulative_max(pc.if_else(is_epoch, epoch, -1))
-    first = pa.array([-1 if sink.closed_so_far is None else sink.closed_so_far], pa.int64())
+    is_epoch = pc.equal(typ, scalar("EPOCH"))
+    closing = pc.cumulative_max(pc.if_else(is_epoch, epoch, scalar(-1)))
+    first = array([-1 if sink.closed_so_far is None else sink.closed_so_far], pa.int64())
     before = pa.chunked_array([first, *closing.slice(0, len(closing) - 1).chunks], type=pa.int64())
     late = pc.and_(pc.invert(is_epoch), pc.less_equal(epoch, before))
     if job.epochs_from != "time" and pc.any(late).as_py():
         return None  # a record after its epoch was closed: the importer path names it
     cursor = (job.after_index or {}).get(sink.f.server)
-    mask = pc.less_equal(epoch, job.last)
+    mask = pc.less_equal(epoch, scalar(job.last))
     if cursor is not None:
-        mask = pc.and_(mask, pc.greater(idx, cursor))
+        mask = pc.and_(mask, pc.greater(idx, scalar(cursor)))
     scoped = pc.filter(idx, mask)
     if len(scoped):
         if job.continuity:
             if len(scoped) > 1:
                 step = pc.subtract(scoped.slice(1), scoped.slice(0, len(scoped) - 1))
-                if not pc.all(pc.equal(step, 1)).as_py():
+                if not pc.all(pc.equal(step, scalar(1))).as_py():
                     # the one repeat allowed: a MARK's EPOCH record (Lustre MARK epochs)
                     styp = pc.filter(typ, mask)
                     repeat = pc.and_(
-                        pc.equal(step, 0),
-                        pc.and_(pc.equal(styp.slice(1), "EPOCH"), pc.equal(styp.slice(0, len(styp) - 1), "MARK")),
+                        pc.equal(step, scalar(0)),
+                        pc.and_(
+                            pc.equal(styp.slice(1), scalar("EPOCH")),
+                            pc.equal(styp.slice(0, len(styp) - 1), scalar("MARK")),
+                        ),
                     )
-                    if not pc.all(pc.or_(pc.equal(step, 1), repeat)).as_py():
+                    if not pc.all(pc.or_(pc.equal(step, scalar(1)), repeat)).as_py():
                         return None
             if prev is not None and scoped[0].as_py() != prev + 1:
                 return None
@@ -556,7 +566,7 @@ def _finish_fast(table, sink: _Sink):
         reached = later if reached is None else max(reached, later)
     if reached is not None and (sink.report.closed_through is None or reached > sink.report.closed_through):
         sink.report.closed_through = reached
-    keep = pc.and_(pc.greater_equal(epoch, job.first), pc.less_equal(epoch, job.last))
+    keep = pc.and_(pc.greater_equal(epoch, scalar(job.first)), pc.less_equal(epoch, scalar(job.last)))
     out = pc.filter(table, keep) if not pc.all(keep).as_py() else table
     counts = pc.value_counts(out.column("epoch"))
     for item in counts.to_pylist():
@@ -786,7 +796,7 @@ def _task_runner(tasks: list[list[ChangelogFile]], job: IngestJob):
                     _write_parquet(_timed(produced, sink.report), job.staging_dir, f, out_schema)
                     sink.report.write_seconds = time.perf_counter() - started - sink.report.seconds
                     report = json.dumps(_report_to_dict(sink.finish()))
-                    yield pa.RecordBatch.from_arrays([pa.array([report])], names=["report"])
+                    yield pa.RecordBatch.from_arrays([array([report], pa.string())], names=["report"])
 
     return run
 
@@ -868,7 +878,8 @@ def _write_parquet(batches: Iterable, staging_dir: str, f: ChangelogFile, schema
         for batch in batches:
             epochs = batch.column("epoch")
             for e in pc.unique(epochs).to_pylist():
-                part = batch if pc.all(pc.equal(epochs, e)).as_py() else batch.filter(pc.equal(epochs, e))
+                same = pc.equal(epochs, scalar(e))
+                part = batch if pc.all(same).as_py() else batch.filter(same)
                 if e not in parts:
                     d = os.path.join(staging_dir, f"epoch={e}", f"server={f.server}")
                     parts[e] = _EpochPart(d, part_file_name(f), data_schema)
