@@ -77,10 +77,15 @@ class GlusterfindHung(RuntimeError):
 #: glusterfind's log folder (``log_dir`` in its tool.conf): one folder per session
 LOGS = Path("/var/log/glusterfs/glusterfind")
 #: seconds a ``pre`` may take before it is killed and run again. A window of the suite's test
-#: takes 1-3 s. CI once saw a ``pre`` (the second, ``--regenerate-outfile`` one of a window) that
-#: had not ended after 300 s; its logs were not kept, so why is not known. libgfchangelog's
-#: history scan is one place that can wait without end: it sleeps a second at a time until its
-#: parsing thread says it is done.
+#: takes 1-5 s. CI once saw a ``pre`` that had not ended after 300 s, with no logs kept. Read in
+#: glusterfs v10.3 (the same through 11.x and devel), libgfchangelog has one wait without end
+#: that fits: ``gf_history_changelog`` starts its parsing thread, then sets ``hist_done = 1``
+#: (gf-history-changelog.c:983, :1017); a thread that already ended and set 0 (:664) is
+#: overwritten, and ``gf_history_changelog_scan`` sleeps a second at a time forever (:252-306).
+#: A window of mostly empty changelogs makes that thread short enough to lose the race on a
+#: loaded 2-core guest. Not confirmed: the fingerprint is a brick's ``changelog.py`` in
+#: ``do_nanosleep`` and ``hist_done 1, is_last_scan: 0`` once a second in its log, both of
+#: which :func:`run_bounded` now keeps. A new ``pre`` is a new process, a fresh draw.
 PRE_TIMEOUT_S = 90.0
 
 
@@ -187,9 +192,10 @@ class Session:
         """``glusterfind pre --disable-partial`` into ``out``; returns its lines and seconds.
 
         A ``pre`` that has not ended after :data:`PRE_TIMEOUT_S` is killed with everything it
-        started and run once more with ``--regenerate-outfile`` (a ``pre`` moves nothing on until
-        ``post``, so the second one lists the same window); :attr:`hangs` keeps what the killed
-        one was doing. A second hang raises :class:`GlusterfindHung`. The seconds are the
+        started and run once more with ``--regenerate-outfile``: a ``pre`` moves nothing on until
+        ``post``, so the second one starts where the first did and ends a rollover before it runs
+        (the same window when nothing was written in between, as :func:`compare_window` runs it);
+        :attr:`hangs` keeps what the killed one was doing. A second hang raises :class:`GlusterfindHung`. The seconds are the
         attempt that ended."""
         args = [_glusterfind() or "glusterfind", "pre", self.name, self.volume, str(out), "--disable-partial"]
         args += ["--no-encode"] if no_encode else []
