@@ -95,8 +95,13 @@ EPOCH2 = [
         [link("R", "a", "a")],
         {"data_changed": True, "ranges": [{"offset": 1000, "length": 100}, {"offset": 300_000, "length": 65536}]},
     ),
-    # an attribute change, and a directory rename that takes its child along
+    # an attribute change, and a directory rename with its child renamed in it
     ent("B", file("B", B1, "b1"), file("B", B1, "b1", mode=0o600), [link("R", "b", "b")], [link("R", "b", "b")]),
+    ent("D", row("dir", mode=0o755), row("dir", mode=0o755), [link("R", "d", "d")], [link("R", "e", "e")]),
+    ent("C", file("C", C1, "c1"), file("C", C1, "c1"), [link("D", "c", "d/c")], [link("D", "c2", "e/c2")]),
+]
+#: the directory renamed with its child only carried along (the child's parent and name unchanged)
+EPOCH2_CARRIED = [
     ent("D", row("dir", mode=0o755), row("dir", mode=0o755), [link("R", "d", "d")], [link("R", "e", "e")]),
     ent("C", file("C", C1, "c1"), file("C", C1, "c1"), [link("D", "c", "d/c")], [link("D", "c", "e/c")]),
 ]
@@ -148,7 +153,7 @@ def test_apply_records_the_ranges_it_wrote_and_each_files_identity_after_its_las
         [300_000, 65536, range_checksum(A2[300_000:])],
     ]
     # moved or re-attributed, bytes of E-1: the identity alone, taken after the chmod
-    assert facts2["b"] == {"id": replica["target"].identity("b")} and "ranges" not in facts2["e/c"]
+    assert facts2["b"] == {"id": replica["target"].identity("b")} and "ranges" not in facts2["e/c2"]
     assert oct(os.lstat(replica["root"] / "b").st_mode & 0o777) == "0o600"
 
 
@@ -164,9 +169,21 @@ def test_verify_reads_back_only_what_apply_wrote_and_nothing_of_a_move(replica):
     result, source_read = replica["verify"](plan2, facts2)
     assert result["ok"], result["problems"]
     assert result["files_by_write_checksum"] == 1  # a: its two written ranges
-    assert result["files_by_identity"] == 2  # b (chmod) and e/c (moved with its directory)
+    assert result["files_by_identity"] == 2  # b (chmod) and e/c2 (renamed in its renamed directory)
     assert result["files_hashed"] == 0 and source_read == 0
     assert result["bytes_read_target"] == result["bytes_by_write_checksum"] == 100 + 65536
+
+
+def test_a_child_carried_by_its_directorys_rename_is_fenced_where_it_was_not_verified_where_it_is(replica):
+    plan1, facts1 = replica["run"](1, EPOCH1)
+    plan2, facts2 = replica["run"](2, EPOCH2_CARRIED)
+    assert plan2["summary"]["carried"] == 1 and plan2["summary"]["moved"] == 2
+    assert [i["path"] for i in plan2["verify"]["present"]] == ["e"] and plan2["verify"]["absent"] == ["d"]
+    assert {"path": "d/c", "type": "file", "size": len(C1)} in plan2["fence"]
+    assert facts2 == {}  # no identity taken of it either
+    result, source_read = replica["verify"](plan2, facts2)
+    assert result["ok"] and result["paths_checked"] == 1 and source_read == 0
+    assert (replica["root"] / "e" / "c").read_bytes() == C1 and not (replica["root"] / "d").exists()
 
 
 def test_full_reads_every_file_whole_from_both_sides(replica):
@@ -197,7 +214,7 @@ def test_a_written_range_corrupted_after_apply_fails_even_with_the_identity_kept
 def test_a_file_changed_since_apply_is_read_whole_and_fails(replica):
     _, _, plan2, facts2 = two_epochs(replica)
     # a byte apply did not write, its mtime put back: the ctime still moved
-    for rel, offset in (("a", 5), ("e/c", 6)):
+    for rel, offset in (("a", 5), ("e/c2", 6)):
         path = replica["root"] / rel
         before = os.lstat(path)
         with open(path, "r+b") as f:
@@ -210,7 +227,7 @@ def test_a_file_changed_since_apply_is_read_whole_and_fails(replica):
     assert not result["ok"]
     assert result["problems"] == [
         "a: content differs from the source at epoch 2 (first difference at byte 5)",
-        "e/c: content differs from the source at epoch 2 (first difference at byte 6)",
+        "e/c2: content differs from the source at epoch 2 (first difference at byte 6)",
     ]
     assert result["files_hashed"] == 2 and result["files_by_identity"] == 1  # b only
     assert source_read == len(A2) + len(C1)
@@ -218,7 +235,7 @@ def test_a_file_changed_since_apply_is_read_whole_and_fails(replica):
 
 def test_without_a_fact_a_file_is_read_whole_and_compared_with_the_source(replica):
     _, _, plan2, facts2 = two_epochs(replica)
-    del facts2["a"], facts2["e/c"]
+    del facts2["a"], facts2["e/c2"]
     result, source_read = replica["verify"](plan2, facts2)
     assert result["ok"], result["problems"]
     assert result["files_hashed"] == 2 and source_read == len(A2) + len(C1)

@@ -248,9 +248,15 @@ def verify_plan(
     if len(present) + len(gone) >= 16:
         from concurrent.futures import ThreadPoolExecutor
 
+        # in slices, a few per thread: a task per path cost more than the lstat it waits for
+        # (24,000 submits took 1.9 s of a 12,000-path verify)
+        def sliced(items: list) -> list[list]:
+            n = max(1, -(-len(items) // (VERIFY_THREADS * 4)))
+            return [items[i : i + n] for i in range(0, len(items), n)]
+
         with ThreadPoolExecutor(VERIFY_THREADS, thread_name_prefix="epochsync-verify") as pool:
-            results = list(pool.map(check, present))
-            missing = list(pool.map(absent, gone))
+            results = [r for part in pool.map(lambda xs: [check(i) for i in xs], sliced(present)) for r in part]
+            missing = [m for part in pool.map(lambda xs: [absent(p) for p in xs], sliced(gone)) for m in part]
     else:
         results = [check(i) for i in present]
         missing = [absent(p) for p in gone]
