@@ -267,7 +267,8 @@ def test_readme_headline_rows_of_the_gluster_results(tmp_path):
     ]
     assert "geo-replication 2.0 GiB" in headline_rows(tmp_path)[1][1]
     rows += [
-        {"workload": "untar", "tool": "epochsync", "convergence_s": 41.7},
+        {"workload": "untar", "tool": "epochsync", "convergence_s": 41.7, "entries": 21116},
+        {"workload": "rename", "tool": "epochsync", "convergence_s": 7.9},  # no entries: the workload's name
         {"workload": "untar", "tool": "geo-replication", "convergence_s": 16.1},
         {"workload": "delete", "tool": "epochsync", "convergence_s": 20.2},
         {"workload": "delete", "tool": "geo-replication", "convergence_s": None},
@@ -275,7 +276,7 @@ def test_readme_headline_rows_of_the_gluster_results(tmp_path):
     (tmp_path / "gluster.json").write_text(json.dumps(rows))
     converge = headline_rows(tmp_path)[1]
     assert converge[0].startswith("GlusterFS, seconds from a workload's end to an equal replica")
-    assert converge[1] == "untar of 21,000 entries 42 s / 16 s, 10,000 deletes 20 s / timeout"
+    assert converge[1] == "untar of 21,000 entries 42 s / 16 s, rename 8 s / timeout, 10,000 deletes 20 s / timeout"
 
 
 def test_readers_of_epochsync_resolve_current_once_per_sample(tmp_path):

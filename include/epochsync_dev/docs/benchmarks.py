@@ -749,13 +749,21 @@ def headline_rows(results: Path) -> list[list[str]]:
                 "a cut of a live GlusterFS volume (barrier on / off)",
                 f"{_num(on['end_to_end_s_median'], 2)} s, namespace operations held up to {_num(on['held_s_max'], 2)} s"
                 f" / {_num(off['end_to_end_s_median'], 3)} s, nothing held",
-                date("gluster"),
+                _part_date(_meta(results, "gluster", None), "cuts") or date("gluster"),
             ]
         )
     converged = {
         (r.get("workload"), r.get("tool")): r["convergence_s"] for r in get("gluster") or [] if "convergence_s" in r
     }
-    shown = [(w, label) for w, label in GLUSTER_WORKLOADS if (w, "epochsync") in converged]
+    entries = {r.get("workload"): r.get("entries") for r in get("gluster") or [] if r.get("tool") == "epochsync"}
+
+    def words(workload: str, label: str) -> str:
+        if "{entries}" not in label:
+            return label
+        n = entries.get(workload)
+        return label.format(entries=f"{round(int(n), -3):,}") if n else workload
+
+    shown = [(w, words(w, label)) for w, label in GLUSTER_WORKLOADS if (w, "epochsync") in converged]
     if shown:
         rows.append(
             [
@@ -780,14 +788,24 @@ def headline_rows(results: Path) -> list[list[str]]:
     return rows
 
 
-#: bench-gluster's workloads in the README's convergence row, with their words there
+#: bench-gluster's workloads in the README's convergence row, with their words there (``{entries}``:
+#: the row's ``entries``, rounded to the thousand)
 GLUSTER_WORKLOADS = (
-    ("untar", "untar of 21,000 entries"),
-    ("rename", "rename of a 12,000-entry directory"),
+    ("untar", "untar of {entries} entries"),
+    ("rename", "rename of a {entries}-entry directory"),
     ("append", "appends"),
     ("small-writes", "small writes"),
     ("delete", "10,000 deletes"),
 )
+
+
+def _part_date(meta: dict | None, part: str) -> str | None:
+    """The date of the run that wrote ``part``'s rows: the meta's own run or one it was merged with
+    (``make bench-gluster`` keeps ``bench-gluster-source``'s rows, and the other way round)."""
+    for m in [meta or {}, *((meta or {}).get("merged_with") or [])]:
+        if part in str(m.get("parts", "")).split(","):
+            return str(m.get("written_at", ""))[:10] or None
+    return None
 
 
 def _seconds(value) -> str:
