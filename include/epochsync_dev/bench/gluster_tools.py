@@ -12,6 +12,7 @@ import hashlib
 import os
 import re
 import shutil
+import signal
 import socket
 import stat as st
 import subprocess
@@ -394,6 +395,45 @@ class GeoRep:
         """Stops the session's workers and starts them again (they register with the bricks anew)."""
         self.geo("stop", "force")
         self.geo("start")
+        self.wait_active(active_timeout, say)
+
+    def worker_pids(self, brick: str) -> list[int]:
+        """The gsyncd worker processes of ``brick`` (``gsyncd.py worker ... --local-path BRICK``)."""
+        pids = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                args = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"worker" in args and b"--local-path" in args:
+                i = args.index(b"--local-path")
+                if i + 1 < len(args) and args[i + 1].decode(errors="replace") == brick:
+                    pids.append(int(entry.name))
+        return pids
+
+    def restart_workers(self, bricks: list[str], *, active_timeout: float = 180, say=print) -> None:
+        """Ends the workers of ``bricks`` alone (SIGTERM: gsyncd's own clean-up); the session's
+        monitor starts each again 10 s later, and it registers with its brick anew, while the
+        other bricks' workers go on. A whole :meth:`restart` when a worker is not found."""
+        pids = [pid for b in bricks for pid in self.worker_pids(b)]
+        if not pids:
+            say("geo-replication: no worker process found for the silent bricks; restarting the session")
+            self.restart(active_timeout=active_timeout, say=say)
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 60
+        while any(self.worker_pids(b) == [] or set(self.worker_pids(b)) & set(pids) for b in bricks):
+            if time.monotonic() > deadline:
+                say("geo-replication: the silent bricks' workers did not come back in 60 s; restarting the session")
+                self.restart(active_timeout=active_timeout, say=say)
+                return
+            time.sleep(1)
         self.wait_active(active_timeout, say)
 
     def wait_active(self, active_timeout: float, say) -> None:
