@@ -84,11 +84,11 @@ gluster: $(STAMP) ## a GlusterFS volume for you (2 btrfs bricks, changelog on, F
 airflow: $(STAMP) ## SeaweedFS + Spark Connect + airflow standalone with the project's DAGs (UI on :8080; LIVE=1: a live source)
 	$(BIN)/python -m epochsync_dev.devstack $(if $(LIVE),--live)
 
-bench: $(STAMP) ## the benchmarks that fit in 20 minutes (ingest, 1M merge, warm, e2e's small writes and churn up to 30,000 files), results in bench/results/; then make docs-ref
+bench: $(STAMP) ## the benchmarks that fit in 20 minutes (ingest, 1M merge, warm, e2e's small writes and churn in 10,000 files), results in bench/results/; then make docs-ref
 	$(BIN)/python -m epochsync_dev.bench all --set quick
 	$(BIN)/python -m epochsync_dev.docs
 
-bench-full: $(STAMP) ## every benchmark row (also the 10M merge, e2e's appends, 10,000-file rename and 100,000-file scenario): the same result files; then make docs-ref
+bench-full: $(STAMP) ## every benchmark row (also the 10M merge, e2e's 30,000-file tree, appends, 10,000-file rename and 100,000-file scenario): the same result files; then make docs-ref
 	$(BIN)/python -m epochsync_dev.bench all --set full
 	$(BIN)/python -m epochsync_dev.docs
 
@@ -98,7 +98,7 @@ bench-ingest: $(STAMP) ## ingest 1M Lustre lines and 1M JSON Lines records
 bench-merge: $(STAMP) ## merge simulated epochs of 1M and 10M records
 	$(BIN)/python -m epochsync_dev.bench merge --event-log bench/scratch/merge/eventlog
 
-bench-e2e: $(STAMP) ## epochsync vs aws s3 sync vs rclone vs whole-file copy, every scenario (SET=quick: no 100,000-file ones)
+bench-e2e: $(STAMP) ## epochsync vs aws s3 sync vs rclone vs whole-file copy, every scenario (SET=quick: the 10,000-file tree only, as make bench)
 	$(BIN)/python -m epochsync_dev.bench e2e --set $(or $(SET),full)
 
 bench-warm: $(STAMP) ## small epochs on one warm Spark Connect server: a DAG run, replicate, a 100-epoch catch-up

@@ -52,16 +52,35 @@ def _actual(entry, *, owners: bool, xattrs: bool) -> tuple:
 
 
 def compare_with_truth(
-    target, truth: dict[str, dict], *, owners: bool = True, xattrs: bool = True, limit: int = 20
+    target,
+    truth: dict[str, dict],
+    *,
+    owners: bool = True,
+    xattrs: bool = True,
+    hashes: bool = True,
+    paths=None,
+    limit: int = 20,
 ) -> list[str]:
     """Differences between ``target`` (a :class:`epochsync.targets.base.Target`) and ``truth``.
 
     Empty list = identical. Each difference is one line naming the path and the field.
+    ``hashes=False`` leaves the files' contents out (the walk reads no file): for a caller that
+    checks them another way, as the benchmark does with an s3 listing's ETags. ``paths``: compare
+    only these (each looked up with ``target.stat``, no walk): a path of ``truth`` must be there
+    as it says, any other must be absent.
     """
     names = ("path", "type", "size", "mode", "uid", "gid", "symlink", "xattrs", "sha256")
+    if not hashes:
+        names = names[:-1]
     seen = set()
     problems: list[str] = []
-    for entry in target.walk(hashes=True):
+    if paths is not None:
+        wanted = sorted(set(paths))
+        truth = {p: truth[p] for p in wanted if p in truth}
+        entries = _stat_paths(target, wanted, truth, hashes)
+    else:
+        entries = target.walk(hashes=hashes)
+    for entry in entries:
         seen.add(entry.path)
         row = truth.get(entry.path)
         if row is None:
@@ -76,3 +95,18 @@ def compare_with_truth(
     for path in sorted(set(truth) - seen):
         problems.append(f"{path}: in the source but missing on the replica")
     return problems[:limit] if limit else problems
+
+
+def _stat_paths(target, paths: list[str], truth: dict[str, dict], hashes: bool):
+    """The entries of ``paths`` on ``target`` (those that exist), looked up in 8 threads."""
+    import hashlib
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(path: str):
+        entry = target.stat(path, truth[path]["type"] if path in truth else None)
+        if entry is not None and hashes and entry.type == "file":
+            entry.sha256 = hashlib.sha256(target.read_file(path)).hexdigest()
+        return entry
+
+    with ThreadPoolExecutor(8, thread_name_prefix="truth-stat") as pool:
+        yield from (e for e in pool.map(one, paths) if e is not None)

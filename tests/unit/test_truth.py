@@ -88,3 +88,27 @@ def test_load_truth(tmp_path):
     p = tmp_path / "epoch=1.jsonl"
     p.write_text("\n".join(json.dumps(r) for r in truth_rows().values()) + "\n")
     assert set(load_truth(p)) == {"d", "d/f", "l"}
+
+
+def test_only_the_paths_given_are_compared(replica):
+    t = truth_rows()
+    t["d/f"]["mode"] = 0o100600
+    t["gone"] = row("gone", "file", b"x")
+    # d/f differs and is not asked for; gone is asked for and missing; l is asked for and equal
+    assert compare_with_truth(replica, t, xattrs=False, paths=["l", "gone"]) == [
+        "gone: in the source but missing on the replica"
+    ]
+    # a path asked for that the source does not have must be absent from the replica
+    del t["l"]
+    assert compare_with_truth(replica, t, xattrs=False, paths=["l"]) == ["l: on the replica but not in the source"]
+    assert compare_with_truth(replica, truth_rows(), xattrs=False, paths=["d", "d/f", "l"]) == []
+
+
+def test_contents_are_left_out_without_hashes(replica):
+    t = truth_rows()
+    t["d/f"] = row("d/f", "file", b"hellO")  # same size, other bytes
+    assert compare_with_truth(replica, t, xattrs=False, hashes=False) == []
+    assert compare_with_truth(replica, t, xattrs=False, hashes=False, paths=["d/f"]) == []
+    assert compare_with_truth(replica, t, xattrs=False, paths=["d/f"]) == [
+        f"d/f: sha256 is {hashlib.sha256(b'hello').hexdigest()!r}, source has {hashlib.sha256(b'hellO').hexdigest()!r}"
+    ]

@@ -6,9 +6,9 @@ of each part and of the whole run, with the load average before and after each p
 to ``bench/results/bench.json``: what "``make bench`` runs in N minutes" refers to.
 
 Two sets (``--set``): ``quick`` (``make bench``, within 20 minutes on the 2-core machine:
-the 1M-record merge, e2e's ``QUICK_SET``: its small writes and churn up to 30,000 files)
-and ``full`` (``make bench-full``: the 10M-record merge, e2e's large appends, 10,000-file
-directory rename and 100,000-file scenario too). Both write the
+the 1M-record merge, e2e's ``QUICK_SET``: its small writes and churn in 10,000 files) and
+``full`` (``make bench-full``: the 10M-record merge, e2e's 30,000-file tree, large appends,
+10,000-file directory rename and 100,000-file scenario too). Both write the
 same result files; ``bench.json`` and every part's ``NAME.meta.json`` say which set ran
 (``bench_set``), and e2e's meta which scenarios.
 
