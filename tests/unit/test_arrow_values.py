@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from epochsync.core.arrow import array, combine, empty_table, scalar
+from epochsync.core.arrow import array, combine, empty_table, scalar, table_from_pylist
 
 CASES = [
     (pa.int64(), []),
@@ -23,6 +23,28 @@ CASES = [
     (pa.string(), []),
     (pa.string(), ["", "a", None, "é", "名前", "\x00", "x" * 1000]),
     (pa.string(), [None, None]),
+    (pa.binary(), [b"", b"\x00\xff", None, b"x" * 300]),
+    (pa.list_(pa.string()), [["a", None], None, [], ["b"]]),
+    (pa.list_(pa.field("element", pa.string(), nullable=False)), [["x", "y"], None, []]),
+    (pa.list_(pa.struct([("offset", pa.int64()), ("length", pa.int64())])), [[{"offset": 0, "length": 4}], [], None]),
+    (
+        pa.struct(
+            [
+                ("stripe_size", pa.int64()),
+                ("stripe_count", pa.int32()),
+                ("objects", pa.list_(pa.struct([("ost", pa.string()), ("oid", pa.string())]))),
+            ]
+        ),
+        [
+            None,
+            {"stripe_size": 1, "stripe_count": 2, "objects": [{"ost": "a", "oid": None}]},
+            {"stripe_size": None, "stripe_count": None, "objects": None},
+        ],
+    ),
+    (
+        pa.list_(pa.struct([("name", pa.string()), ("value", pa.binary())])),
+        [[{"name": "user.a", "value": None}], [{"name": "b", "value": b"\x01"}]],
+    ),
 ]
 
 
@@ -33,14 +55,29 @@ def test_array_equals_pyarrows(type_, values):
     got.validate(full=True)
     assert got.type == want.type and got.null_count == want.null_count
     assert got.equals(want) and got.to_pylist() == values
-    # what the stages do with them: value sets (a null in the set matches a null)
-    assert pc.is_in(want, value_set=got).to_pylist() == [True] * len(values)
+    if not pa.types.is_nested(type_):
+        # what the stages do with them: value sets (a null in the set matches a null)
+        assert pc.is_in(want, value_set=got).to_pylist() == [True] * len(values)
 
 
 def test_generators_and_other_types():
     assert array((i for i in range(3)), pa.int64()).to_pylist() == [0, 1, 2]
-    nested = pa.list_(pa.string())
-    assert array([["a"], None], nested).equals(pa.array([["a"], None], nested))  # passed to pa.array
+    other = pa.list_(pa.float64())
+    assert array([[1.5], None], other).equals(pa.array([[1.5], None], other))  # passed to pa.array
+
+
+def test_table_from_pylist_equals_pyarrows():
+    from epochsync.stages.merge_local import outcome_arrow_schema
+
+    schema = outcome_arrow_schema()  # what the local merge builds: lists, structs, binary
+    rows = [
+        {"exists_after": True, "s_fid": "f1", "s_links": [{"pfid": "p", "name": "n"}], "s_xattrs": []},
+        {"exists_after": None, "g_cookie": "c", "g_servers": ["MDT0000"], "g_records": 2},  # missing keys: null
+        {},
+    ]
+    got, want = table_from_pylist(rows, schema), pa.Table.from_pylist(rows, schema=schema)
+    got.validate(full=True)
+    assert got.schema == want.schema and got.equals(want)
 
 
 def test_out_of_range_integers_are_refused():
@@ -89,13 +126,15 @@ def test_building_them_never_imports_pandas():
     code = (
         "import sys\n"
         "import pyarrow as pa, pyarrow.compute as pc\n"
-        "from epochsync.core.arrow import array, combine, empty_table, scalar\n"
+        "from epochsync.core.arrow import array, combine, empty_table, scalar, table_from_pylist\n"
         "a = array(['x', None], pa.string()); b = array([1, 2], pa.int64()); c = array([True], pa.bool_())\n"
         "assert pc.equal(a, scalar('x')).to_pylist() == [True, None]\n"
         "assert pc.less(b, scalar(2)).to_pylist() == [True, False]\n"
         "assert pc.is_in(a, value_set=array(['x'], pa.string())).to_pylist() == [True, False]\n"
         "assert (pc.field('x') == scalar(True)) is not None\n"
         "assert empty_table(pa.schema([('l', pa.list_(pa.string()))])).num_rows == 0\n"
+        "s = pa.schema([('l', pa.list_(pa.struct([('n', pa.string()), ('v', pa.binary())])))])\n"
+        "assert table_from_pylist([{'l': [{'n': 'a', 'v': b'1'}]}, {}], s).num_rows == 2\n"
         "assert len(combine(pa.chunked_array([], pa.int64()))) == 0\n"
         "assert 'pandas' not in sys.modules, 'pandas was imported'\n"
         "pa.array([1])\n"

@@ -29,27 +29,67 @@ _INTEGERS = {"int8": "int8", "int16": "int16", "int32": "int32", "int64": "int64
 
 
 def array(values: Iterable[Any], type: pa.DataType) -> pa.Array:
-    """``pa.array(values, type)`` for an integer, boolean or string ``type`` (None is null),
-    without importing pandas; any other ``type`` goes to ``pa.array``."""
-    import numpy as np
+    """``pa.array(values, type)`` for an integer, boolean, string or binary ``type``, or a list or
+    struct of those (None is null; a struct's missing key too), without importing pandas; any other
+    ``type`` goes to ``pa.array``."""
     import pyarrow as pa
 
     values = list(values)
-    n = len(values)
-    kind = str(type)
-    if kind not in _INTEGERS and kind not in ("bool", "string"):
+    if not _buildable(type):
         return pa.array(values, type)
+    return _build(values, type)
+
+
+def table_from_pylist(rows: list[dict], schema: pa.Schema) -> pa.Table:
+    """``pa.Table.from_pylist(rows, schema=schema)`` without importing pandas, for the types of
+    :func:`array` (any other column goes to ``pa.array``)."""
+    import pyarrow as pa
+
+    columns = [array([r.get(f.name) for r in rows], f.type) for f in schema]
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _buildable(type: pa.DataType) -> bool:
+    import pyarrow as pa
+
+    if pa.types.is_list(type):
+        return _buildable(type.value_type)
+    if pa.types.is_struct(type):
+        return all(_buildable(f.type) for f in type)
+    return str(type) in _INTEGERS or str(type) in ("bool", "string", "binary")
+
+
+def _build(values: list, type: pa.DataType) -> pa.Array:
+    """The array of ``values`` (a list) of a :func:`_buildable` ``type``, from buffers."""
+    import numpy as np
+    import pyarrow as pa
+
+    n = len(values)
     present = [v is not None for v in values]
     nulls = n - sum(present)
     validity = None
     if nulls:
         validity = pa.py_buffer(np.packbits(np.array(present, dtype=bool), bitorder="little"))
-    if kind == "string":
-        data = [v.encode("utf-8") if v is not None else b"" for v in values]
+    kind = str(type)
+    if pa.types.is_list(type):
+        items = [x for v in values if v is not None for x in v]
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum([len(v) if v is not None else 0 for v in values], out=offsets[1:])
+        if offsets[-1] > np.iinfo(np.int32).max:
+            return pa.array(values, type)  # pyarrow splits or refuses: as it does
+        child = _build(items, type.value_type)
+        return pa.Array.from_buffers(
+            type, n, [validity, pa.py_buffer(offsets.astype(np.int32))], null_count=nulls, children=[child]
+        )
+    if pa.types.is_struct(type):
+        children = [_build([v.get(f.name) if v is not None else None for v in values], f.type) for f in type]
+        return pa.Array.from_buffers(type, n, [validity], null_count=nulls, children=children)
+    if kind in ("string", "binary"):
+        data = [(v.encode("utf-8") if kind == "string" else bytes(v)) if v is not None else b"" for v in values]
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum([len(b) for b in data], out=offsets[1:])
         if offsets[-1] > np.iinfo(np.int32).max:
-            return pa.array(values, type)  # pyarrow splits or refuses: as it does
+            return pa.array(values, type)
         buffers = [validity, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(data))]
     elif kind == "bool":
         bits = np.array([bool(v) for v in values], dtype=bool)

@@ -329,7 +329,7 @@ def apply_plan(plan: dict, target, source_io, source_bucket: str, jdir: str, sta
         ops.append(dict(op, state={k: state[k] for k in keys if k in state}))
     results = []
     if ops:
-        if spark is not None and len(ops) >= executor_min_ops(source_io, target):
+        if spark is not None and len(ops) >= executor_min_ops(target):
             results = _apply_on_executors(spark, ops, plan, target, source_io, source_bucket, jdir, faults, token)
         else:
             results = _apply_in_threads(ops, target, source_io, source_bucket, jdir, faults, plan, token)
@@ -489,19 +489,22 @@ TASK_APPLY_THREADS = 4
 #: fewer data operations than this run in this process's threads even with a Spark session
 #: (``EPOCHSYNC_APPLY_EXECUTOR_MIN_OPS``): a Spark job costs more than a few dozen operations
 EXECUTOR_MIN_OPS = 64
-#: the same for a source read from local files (a Gluster cut's brick snapshots) into a posix
-#: target: an operation is a few system calls, no request, so this process's threads keep up
-#: with the executors (on the same cores) far longer than the job's fixed cost pays for
-LOCAL_FILES_EXECUTOR_MIN_OPS = 1024
+#: the same into a posix target: the target is a file system this process writes anyway (the
+#: namespace and post phases run here), and an operation is one or two ranged GETs and a few
+#: system calls. On a 2-core machine with a warm local[2] server this process's threads beat
+#: the executors at 500 operations (bench-warm's epoch 2) and at 1,916 (its epoch 1, 62 MB):
+#: no job, no Python workers importing the package and building clients, and an epoch that
+#: needs no other Spark job never connects (docs/INTERNALS.md "Apply of a small epoch into a
+#: posix target"); above this the executors' second process pays for itself, not measured
+POSIX_EXECUTOR_MIN_OPS = 2048
 
 
-def executor_min_ops(source_io=None, target=None) -> int:
-    """:data:`EXECUTOR_MIN_OPS` (:data:`LOCAL_FILES_EXECUTOR_MIN_OPS` from a Gluster source into a
-    posix target), or ``EPOCHSYNC_APPLY_EXECUTOR_MIN_OPS`` when set (0: always on the executors)."""
+def executor_min_ops(target=None) -> int:
+    """:data:`EXECUTOR_MIN_OPS` (:data:`POSIX_EXECUTOR_MIN_OPS` into a posix target), or
+    ``EPOCHSYNC_APPLY_EXECUTOR_MIN_OPS`` when set (0: always on the executors)."""
     text = os.environ.get("EPOCHSYNC_APPLY_EXECUTOR_MIN_OPS", "").strip()
     if not text:
-        local = getattr(source_io, "kind", None) == "gluster" and getattr(target, "kind", None) == "posix"
-        return LOCAL_FILES_EXECUTOR_MIN_OPS if local else EXECUTOR_MIN_OPS
+        return POSIX_EXECUTOR_MIN_OPS if getattr(target, "kind", None) == "posix" else EXECUTOR_MIN_OPS
     if not text.isdigit():
         raise EpochsyncError(f"EPOCHSYNC_APPLY_EXECUTOR_MIN_OPS must be a whole number of operations, got {text!r}")
     return int(text)

@@ -73,7 +73,7 @@ def read_window_records(records_uri: str, first: int, last: int) -> pa.Table:
     directories, as Spark's read derives them (:func:`epochsync.stages.ingest.read_records`)."""
     import pyarrow as pa
 
-    from epochsync.core.arrow import dataset_module
+    from epochsync.core.arrow import array, dataset_module
     from epochsync.warehouse import fs as warehouse_fs
     from epochsync.warehouse.paths import local_path
 
@@ -89,7 +89,7 @@ def read_window_records(records_uri: str, first: int, last: int) -> pa.Table:
             raise EpochError(f"not ingested yet: {uri}")
         t = ds.dataset(local_path(uri), format="parquet", partitioning=server, schema=in_files.append(server.schema[0]))
         t = t.to_table()
-        t = t.append_column("epoch", pa.array([e] * t.num_rows, pa.int64()))
+        t = t.append_column("epoch", array([e] * t.num_rows, pa.int64()))
         tables.append(t.select(schema.names).cast(schema))
     return pa.concat_tables(tables) if tables else schema.empty_table()
 
@@ -130,7 +130,7 @@ def local_outcome(
     n in P is added and removed in no order that applies (...)``): ``merge._clean_error``
     turns either into the same message.
     """
-    import pyarrow as pa
+    from epochsync.core.arrow import table_from_pylist
 
     roots = {root_fid} if isinstance(root_fid, str) else set(root_fid)
     raw = records.to_pylist()
@@ -148,7 +148,8 @@ def local_outcome(
         if row["existed_before"] or row["exists_after"]:
             rows.append(_outcome_row(row, extents_known))
     rows += [{"g_" + k: v for k, v in g.items()} for g in cookie_groups(raw)]
-    return pa.Table.from_pylist(rows, schema=outcome_arrow_schema())
+    # built from buffers: pa.Table.from_pylist imports pandas (0.3-0.4 s of a small epoch)
+    return table_from_pylist(rows, outcome_arrow_schema())
 
 
 # --------------------------------------------------------------------------- the steps
