@@ -222,3 +222,28 @@ def test_the_conditional_writes_the_write_fence_relies_on(store, request, tmp_pa
     sent = sum(target.io.counters.as_dict()["requests"].values())
     assert target.conditional_writes(cache) == found["how"]
     assert sum(target.io.counters.as_dict()["requests"].values()) == sent
+
+
+def test_get_range_by_presigned_url_keeps_the_clients_contract(seaweed, bucket_name, monkeypatch):
+    """get_range sends a presigned GET outside the client's hooks: a reset and a 503 are still
+    retried and counted, a refused signature is the client's error (403, not zeros), and with a
+    proxy in the environment the client's own GET is used."""
+    from epochsync_dev.s3proxy import S3Proxy
+
+    seaweed.client().create_bucket(Bucket=bucket_name)
+    with S3Proxy(seaweed.url) as proxy:
+        access = S3Access(S3Settings("p", proxy.url, seaweed.access_key, seaweed.secret_key), base_delay=0.01)
+        access.call("PUT k", lambda c: c.put_object(Bucket=bucket_name, Key="k", Body=b"abcdef"))
+        assert access.http() is not None
+        proxy.add_fault("reset", method="GET", times=1)
+        proxy.add_fault("503", method="GET", times=1)
+        assert access.get_range(bucket_name, "k", None, 2, 3) == b"cde"
+        assert access.counters.retries == 2
+        assert access.counters.as_dict()["requests"] == {"PutObject": 1, "GetObject": 3}
+        assert access.counters.bytes_received == 3
+    bad = S3Access(S3Settings("bad", seaweed.url, seaweed.access_key, "not-the-secret"), max_attempts=2)
+    exc = _raises(lambda: bad.get_range(bucket_name, "k", None, 0, 2))
+    assert isinstance(exc, ClientError) and exc.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+    assert error_code(exc) == "SignatureDoesNotMatch" and not is_retryable(exc)
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
+    assert S3Access(S3Settings("x", seaweed.url, "a", "b")).http() is None

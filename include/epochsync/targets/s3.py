@@ -210,6 +210,10 @@ def error_code(exc: BaseException) -> str | None:
     return resp.get("Error", {}).get("Code") if isinstance(resp, dict) else None
 
 
+#: validity of a presigned GET's URL (:meth:`S3Access.get_range`): it is used at once
+PRESIGNED_SECONDS = 900
+
+
 class S3Access:
     """A boto3 client (made lazily, once, shared by the threads of its process) with bounded
     retries and counters: the data path's S3 access (target writes, the source reads of apply
@@ -231,12 +235,14 @@ class S3Access:
         self.base_delay = base_delay
         self.max_delay = max_delay
         self._client = None
+        self._http = None
         self._lock = threading.Lock()
         self.counters = Counters()
 
     def __getstate__(self):
         d = dict(self.__dict__)
         d["_client"] = None
+        d["_http"] = None
         d["counters"] = Counters()
         d.pop("_lock", None)
         return d
@@ -278,15 +284,24 @@ class S3Access:
         raise AssertionError("unreachable")
 
     def get_range(self, bucket: str, key: str, version: str | None, offset: int, length: int) -> bytes:
-        """Bytes ``[offset, offset+length)`` of an object; past its end (or no object): zeros."""
+        """Bytes ``[offset, offset+length)`` of an object; past its end (or no object): zeros.
+
+        Sent as a presigned GET (:meth:`_presigned_get`) where :meth:`http` allows it: botocore
+        signs the URL as its client would, and the request and its answer skip the client's
+        event hooks and response parsing, which cost 3.5 ms of CPU per small GET here against
+        1.5 ms (579 GETs of 4 KiB from SeaweedFS: 2.0 CPU-s against 0.8-0.9), most of an apply's
+        data phase of small files. Counted, retried and failing as a client's GET does."""
         if length <= 0:
             return b""
+        http = self.http()
 
         def fetch(c):
             kw = {"Bucket": bucket, "Key": key, "Range": f"bytes={offset}-{offset + length - 1}"}
             if version:
                 kw["VersionId"] = version
             try:
+                if http is not None:
+                    return self._presigned_get(c, http, kw)
                 resp = c.get_object(**kw)
             except Exception as exc:
                 if error_code(exc) in ("InvalidRange", "NoSuchKey", "404"):
@@ -298,6 +313,58 @@ class S3Access:
         if len(data) > length:
             data = data[:length]
         return data + bytes(length - len(data))
+
+    def http(self):
+        """The connection pool of :meth:`_presigned_get` (urllib3, made once, shared by the threads), or
+        None where the client's own requests must be used: no endpoint configured (AWS's, whose
+        addressing and redirects the client handles), or a proxy set in the environment (botocore
+        honours it)."""
+        if self._http is None:
+            import urllib.request
+
+            endpoint = self.settings.endpoint_url or ""
+            if not endpoint.startswith(("http://", "https://")) or urllib.request.getproxies():
+                self._http = False
+            else:
+                with self._lock:
+                    if self._http is None:
+                        import urllib3
+                        from botocore.httpsession import get_cert_path
+
+                        from epochsync.stores.s3 import CONNECT_TIMEOUT, POOL_CONNECTIONS, READ_TIMEOUT
+
+                        self._http = urllib3.PoolManager(
+                            maxsize=POOL_CONNECTIONS,
+                            timeout=urllib3.Timeout(connect=CONNECT_TIMEOUT, read=READ_TIMEOUT),
+                            retries=False,  # every retry is ours (call), counted and bounded
+                            cert_reqs="CERT_REQUIRED",
+                            ca_certs=get_cert_path(True),  # the bundle botocore verifies with
+                        )
+        return self._http or None
+
+    def _presigned_get(self, client, http, kw: dict) -> bytes:
+        """One GET of ``kw`` (get_object's parameters) by a URL ``client`` presigns; an error answer
+        raises the ``ClientError`` the client would (code from the body, else the HTTP status)."""
+        from botocore.exceptions import ClientError, HTTPClientError
+        from urllib3.exceptions import HTTPError
+
+        params = {k: v for k, v in kw.items() if k != "Range"}
+        url = client.generate_presigned_url("get_object", Params=params, ExpiresIn=PRESIGNED_SECONDS)
+        self.counters.sent("GetObject", 0)
+        try:
+            resp = http.request("GET", url, headers={"Range": kw["Range"]}, redirect=False)
+        except HTTPError as exc:  # refused, reset, timed out: retryable, as the client's would be
+            raise HTTPClientError(error=exc) from exc
+        if resp.status < 300:
+            self.counters.received(len(resp.data))
+            return resp.data
+        found = re.search(rb"<Code>([^<]*)</Code>", resp.data or b"")
+        message = re.search(rb"<Message>([^<]*)</Message>", resp.data or b"")
+        error = {
+            "Code": found.group(1).decode() if found else str(resp.status),
+            "Message": message.group(1).decode(errors="replace") if message else "",
+        }
+        raise ClientError({"Error": error, "ResponseMetadata": {"HTTPStatusCode": resp.status}}, "GetObject")
 
     def get_all(self, bucket: str, key: str, version: str | None = None) -> bytes:
         """Returns the whole body of ``key`` (at ``version`` if given), with retries."""
