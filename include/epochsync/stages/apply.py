@@ -13,6 +13,7 @@ fails with a clear error after ``max_attempts``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -332,7 +333,11 @@ def apply_plan(plan: dict, target, source_io, source_bucket: str, jdir: str, sta
         if spark is not None and len(ops) >= executor_min_ops(target):
             results = _apply_on_executors(spark, ops, plan, target, source_io, source_bucket, jdir, faults, token)
         else:
-            results = _apply_in_threads(ops, target, source_io, source_bucket, jdir, faults, plan, token)
+            # posix: the data phase creates and writes files and moves no directory, so each
+            # parent directory is resolved once (PosixTarget.reading), not twice per operation
+            steady = getattr(target, "reading", None)
+            with steady() if steady is not None else contextlib.nullcontext():
+                results = _apply_in_threads(ops, target, source_io, source_bucket, jdir, faults, plan, token)
     t2 = time.monotonic()
     for r in results:
         facts.update(r.pop("facts", None) or {})

@@ -163,10 +163,12 @@ class PosixTarget(Target):
 
     @contextlib.contextmanager
     def reading(self):
-        """A pass that changes nothing in the replica (the write fence, verify's checks): each
+        """A pass that moves no directory of the replica (the write fence, verify's checks, the data
+        phase of an apply in this process's threads: it creates and writes files only): each
         parent directory is resolved once, not once per path under it (a realpath is a system
         call per component; a renamed directory of 10,000 files had its parents resolved 10,000
-        times). Nothing may rename or replace directories of the replica inside it."""
+        times). Nothing may rename, replace or remove directories of the replica inside it; the
+        threads of one pass share what was resolved."""
         outer = self._parents is not None
         if not outer:
             self._parents = {}
