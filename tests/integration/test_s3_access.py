@@ -245,5 +245,7 @@ def test_get_range_by_presigned_url_keeps_the_clients_contract(seaweed, bucket_n
     exc = _raises(lambda: bad.get_range(bucket_name, "k", None, 0, 2))
     assert isinstance(exc, ClientError) and exc.response["ResponseMetadata"]["HTTPStatusCode"] == 403
     assert error_code(exc) == "SignatureDoesNotMatch" and not is_retryable(exc)
+    monkeypatch.setenv("AWS_CA_BUNDLE", "/some/ca.pem")  # botocore's bundle is the pool's
+    assert S3Access(S3Settings("x", seaweed.url, "a", "b")).http().connection_pool_kw["ca_certs"] == "/some/ca.pem"
     monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
     assert S3Access(S3Settings("x", seaweed.url, "a", "b")).http() is None

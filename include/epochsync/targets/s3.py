@@ -25,6 +25,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import random
 import re
 import threading
@@ -318,7 +319,7 @@ class S3Access:
         """The connection pool of :meth:`_presigned_get` (urllib3, made once, shared by the threads), or
         None where the client's own requests must be used: no endpoint configured (AWS's, whose
         addressing and redirects the client handles), or a proxy set in the environment (botocore
-        honours it)."""
+        honours it). Certificates are checked against the bundle botocore uses."""
         if self._http is None:
             import urllib.request
 
@@ -338,7 +339,8 @@ class S3Access:
                             timeout=urllib3.Timeout(connect=CONNECT_TIMEOUT, read=READ_TIMEOUT),
                             retries=False,  # every retry is ours (call), counted and bounded
                             cert_reqs="CERT_REQUIRED",
-                            ca_certs=get_cert_path(True),  # the bundle botocore verifies with
+                            # the bundle botocore verifies with: AWS_CA_BUNDLE, else certifi's
+                            ca_certs=os.environ.get("AWS_CA_BUNDLE") or get_cert_path(True),
                         )
         return self._http or None
 
