@@ -12,8 +12,10 @@ One run, one machine, one server (``local[2]``), started once and warmed by epoc
   server's changelog holds its ``EPOCH`` record only), into that target;
 - ``cli-no-server-first``, ``cli-no-server-second``, ``cli-no-server-third``:
   ``epochsync replicate`` of epochs 1, 2 and 3 into a third target with no server
-  configured: the first call starts the local Spark server (:mod:`epochsync.spark_server`),
-  the later ones find it (``--no-server-rows`` off: skipped);
+  configured: the first call that needs Spark starts the local Spark server
+  (:mod:`epochsync.spark_server`), the later ones find it; an epoch whose stages all run in
+  their own process, as these small ones may, starts none (``started_server`` says)
+  (``--no-server-rows`` off: skipped);
 - ``catch-up-100``: 100 closed epochs of another source through the Airflow DAG, in runs of
   ``max_epochs_per_run`` epochs (``--catchup-window``, default 25), into a posix target,
   in one kept ``dag.test()`` process;
@@ -215,7 +217,8 @@ def _no_server_rows(config: Path, env: dict, work: Path, records, say) -> list[d
                     equals_truth=ok,
                     started_server=started,
                     stages=_stage_seconds(config, "auto", e),
-                    note="no EPOCHSYNC_SPARK_REMOTE: the first call starts the local server, later calls find it",
+                    note="no EPOCHSYNC_SPARK_REMOTE: the first call that needs Spark starts the local server, "
+                    "later calls find it (started_server: whether this call started it)",
                 )
             )
     finally:
