@@ -294,6 +294,11 @@ class S3ProxyProcess:
         self.url = self._conn.recv()
         return self
 
+    @property
+    def pid(self) -> int | None:
+        """The proxy process's id (for measuring its CPU)."""
+        return self._proc.pid if self._proc is not None else None
+
     def reset_counters(self) -> None:
         self._conn.send("reset")
         self._conn.recv()

@@ -42,6 +42,9 @@ def test_small_writes_and_directory_rename(seaweed, spark, tmp_path):
         assert small["bytes_read_source"] == small["pulled"] == whole["bytes_read_source"]
     assert set(small["stages"]) == {"ingest", "merge", "translate", "apply", "verify", "commit and the rest"}
     assert abs(sum(small["stages"].values()) - small["seconds"]) < 0.01
+    # CPU by process: the proxy served every request; aws s3 sync is a subprocess, counted when reaped
+    assert small["cpu_seconds"]["proxy"] > 0 and small["cpu_seconds"]["tool"] > 0, small["cpu_seconds"]
+    assert by[("small-writes-1pct", "aws-s3-sync")]["cpu_seconds"]["tool"] > 0.1
     forty = by[("small-writes-40", "epochsync")]
     assert forty["changed_files"] == 40 and forty["files"] == 400 and forty["replica_equals_source"]
 

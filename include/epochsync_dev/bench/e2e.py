@@ -618,6 +618,7 @@ def run_group(
     profile: str | None = None,
     rclone_bin: str | None = None,
     rclone_why: str = "",
+    pids: dict[str, int] | None = None,
 ) -> list[dict]:
     """Measure the tools on scenarios of one tree (:func:`tree_of`); returns one row per tool and scenario.
 
@@ -629,7 +630,9 @@ def run_group(
     ``spark``: a session, or a function returning a fresh one, called once the source and the
     baselines are set up (at 100,000 files that takes longer than the server keeps an idle
     session). ``rclone_bin`` (see :func:`rclone_binary`): without it the rclone rows say why
-    it was not run.
+    it was not run. ``pids``: processes whose CPU each tool's row reports (``cpu_seconds``,
+    :class:`CpuMeter`): ``store`` (SeaweedFS) and ``spark`` (the Connect server); the proxy's
+    is added.
     """
     from epochsync.core.config import load_config
     from epochsync.stages.replicate import replicate
@@ -724,6 +727,7 @@ def run_group(
                 quiet=quiet,
                 rclone_bin=rclone_bin,
                 rclone_why=rclone_why,
+                cpu=CpuMeter({**(pids or {}), "proxy": proxy.pid}),
             )
             # the replica checks read straight from SeaweedFS (after the measurement, not counted):
             # every file's bytes and presence by the listing's ETags (MD5s of the bytes) after
@@ -767,6 +771,55 @@ def run_group(
     return rows
 
 
+def process_tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` and its live descendants, with the
+    children they have reaped; 0.0 for a process that is gone. Linux ``/proc`` only."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, float]] = {}  # pid -> (parent, seconds)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # gone between the listing and the read
+            continue
+        # after the name: state ppid ... utime(14) stime(15) cutime(16) cstime(17), 1-based
+        stats[int(entry)] = (int(fields[1]), sum(int(x) for x in fields[11:15]) / tick)
+    tree, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        if p in stats and p not in tree:
+            tree.add(p)
+            todo += [c for c, (parent, _) in stats.items() if parent == p]
+    return sum(stats[p][1] for p in tree)
+
+
+class CpuMeter:
+    """Where a tool's run spent CPU: the store (SeaweedFS), the counting proxy, the Spark
+    Connect server, and the tool itself (this process, or its waited-for subprocess: aws,
+    rclone). On 2 cores these compete; the store's share is the floor no client can cut."""
+
+    def __init__(self, pids: dict[str, int]):
+        self.pids = {k: v for k, v in pids.items() if v}
+
+    def _now(self) -> dict[str, float]:
+        import resource
+
+        child = resource.getrusage(resource.RUSAGE_CHILDREN)
+        out = {k: process_tree_cpu(pid) for k, pid in self.pids.items()}
+        out["tool"] = time.process_time() + child.ru_utime + child.ru_stime
+        return out
+
+    def start(self) -> None:
+        self._t0 = self._now()
+
+    def seconds(self) -> dict[str, float]:
+        """CPU seconds since :meth:`start`, by process."""
+        now = self._now()
+        return {k: round(now[k] - self._t0.get(k, 0.0), 2) for k in now}
+
+
 def _measure_epoch(
     scenario: Scenario,
     e: int,
@@ -785,6 +838,7 @@ def _measure_epoch(
     quiet,
     rclone_bin: str | None,
     rclone_why: str,
+    cpu: CpuMeter | None = None,
 ) -> tuple[list[dict], dict]:
     """Every tool brings its replica from epoch ``e - 1`` to ``e``, one after the other, counted at
     the proxy; returns their rows (epochsync's first) and epochsync's stats row."""
@@ -796,6 +850,8 @@ def _measure_epoch(
     rows = []
     # --- epochsync
     proxy.reset_counters()
+    if cpu:
+        cpu.start()
     profiler = None
     if profile:
         import cProfile
@@ -805,6 +861,7 @@ def _measure_epoch(
     t = time.monotonic()
     stats = replicate(str(cfg_path), "replica", epoch=e, spark=spark, progress=quiet)
     es_seconds = time.monotonic() - t
+    es_cpu = cpu.seconds() if cpu else None
     if profiler is not None:
         profiler.disable()
         profiler.dump_stats(f"{profile}.{slug}.pstats")
@@ -821,6 +878,7 @@ def _measure_epoch(
             net,
             pulled=stat_row.get("bytes_pulled"),
             stages=stage_seconds(stat_row, es_seconds),
+            cpu_seconds=es_cpu,
             **_plan_figures(cfg_path, e),
         )
     )
@@ -838,6 +896,8 @@ def _measure_epoch(
     )
     aws = str(Path(sys.executable).parent / "aws")
     proxy.reset_counters()
+    if cpu:
+        cpu.start()
     t = time.monotonic()
     subprocess.run(
         [
@@ -864,6 +924,7 @@ def _measure_epoch(
             sync_b,
             net,
             flags="s3 sync --delete (size + LastModified)",
+            cpu_seconds=cpu.seconds() if cpu else None,
         )
     )
     rows[-1].update(_replica_check(admin, sync_b, expected))
@@ -876,6 +937,8 @@ def _measure_epoch(
         say(f"replica put back to epoch {e - 1} for rclone in {time.monotonic() - t:.0f}s ({rc_bucket})")
         renv = rclone_env(ep.url, ep.access_key, ep.secret_key)
         proxy.reset_counters()
+        if cpu:
+            cpu.start()
         t = time.monotonic()
         rclone(rclone_bin, renv, "sync", f"BENCH:{files_b}", f"BENCH:{rc_bucket}", *RCLONE_FLAGS)
         rows.append(
@@ -889,6 +952,7 @@ def _measure_epoch(
                 net,
                 flags="sync " + " ".join(RCLONE_FLAGS),
                 replica_bucket=rc_bucket,
+                cpu_seconds=cpu.seconds() if cpu else None,
             )
         )
         rows[-1].update(_replica_check(admin, rc_bucket, expected))
@@ -906,9 +970,23 @@ def _measure_epoch(
 
     # --- whole-file copy
     proxy.reset_counters()
+    if cpu:
+        cpu.start()
     t = time.monotonic()
     whole_file_copy(client, files_b, whole_b, before, after)
-    rows.append(_row(scenario, "whole-file", time.monotonic() - t, proxy.snapshot(), files_b, whole_b, net))
+    seconds = time.monotonic() - t
+    rows.append(
+        _row(
+            scenario,
+            "whole-file",
+            seconds,
+            proxy.snapshot(),
+            files_b,
+            whole_b,
+            net,
+            cpu_seconds=cpu.seconds() if cpu else None,
+        )
+    )
     expected_whole = {p: m for p, m in expected.items() if p in touched or p not in before}
     rows[-1].update(_replica_check(admin, whole_b, expected_whole))
     rows[-1]["checked"] = "the files its change set touches (its replica holds only those)"
@@ -1246,7 +1324,8 @@ def main(argv: list[str] | None = None) -> int:
         return path
 
     try:
-        with SeaweedFS(work / "seaweedfs") as endpoint:
+        weed = SeaweedFS(work / "seaweedfs")
+        with weed as endpoint:
             for group in groups_of([table[n] for n in names]):
                 for sc in group:
                     print(f"bench e2e: scenario {sc.name}: {sc.description}", file=sys.stderr, flush=True)
@@ -1260,6 +1339,7 @@ def main(argv: list[str] | None = None) -> int:
                         profile=args.profile,
                         rclone_bin=rclone_bin,
                         rclone_why=rclone_why,
+                        pids={"store": weed.proc.pid, "spark": server.proc.pid},
                     )
                 )
                 save(done=False)
