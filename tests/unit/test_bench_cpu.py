@@ -35,7 +35,70 @@ def test_a_grandchild_burning_cpu_counts_in_its_ancestors_tree():
         shell.wait()
 
 
+def test_a_child_that_exits_during_the_run_counts_and_nothing_goes_negative():
+    # the shell's child burns 0.3 CPU-s and exits; the shell reaps it (its children's time):
+    # counted once, from the child's own samples
+    shell = subprocess.Popen(
+        [
+            "/bin/sh",
+            "-c",
+            f"{sys.executable} -c 'import time\nt = time.process_time()\n"
+            "while time.process_time() - t < 0.3: pass'; sleep 30",
+        ]
+    )
+    try:
+        time.sleep(0.05)
+        meter = CpuMeter({"store": shell.pid}, every=0.05)
+        meter.start()
+        deadline = time.monotonic() + 30
+        while _pythons(shell.pid) and time.monotonic() < deadline:  # until the burner exits
+            time.sleep(0.05)
+        time.sleep(0.2)
+        spent = meter.seconds()
+        assert 0.15 <= spent["store"] <= 1.0, spent
+    finally:
+        subprocess.run(["pkill", "-P", str(shell.pid)], check=False)
+        shell.kill()
+        shell.wait()
+
+
+def _pythons(pid):
+    from epochsync_dev.bench.e2e import _proc_table, _tree
+
+    names = []
+    for p in _tree(_proc_table(), pid):
+        try:
+            with open(f"/proc/{p}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:
+            pass
+    return [n for n in names if n.startswith("python")]
+
+
 def test_a_process_that_is_gone_has_no_cpu():
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()
     assert process_tree_cpu(p.pid) == 0.0
+
+
+def test_the_100000_file_rows_reach_the_readme_and_the_cpu_column_the_results_page(tmp_path):
+    import json
+
+    from epochsync_dev.docs.benchmarks import _e2e, headline_rows
+
+    def row(scenario, tool, files, seconds, **extra):
+        return {"scenario": scenario, "tool": tool, "files": files, "seconds": seconds, **extra}
+
+    rows = [
+        row("small-writes-1000-10k", "epochsync", 10_000, 13.9),
+        row("small-writes-1000-10k", "rclone-sync", 10_000, 9.3),
+        row("small-writes-1pct", "epochsync", 100_000, 14.1, cpu_seconds={"store": 9.0, "tool": 6.0, "spark": 0.5}),
+        row("small-writes-1pct", "rclone-sync", 100_000, 16.5),
+        {"scenario": "small-writes-1pct", "tool": "aws-s3-sync", "skipped": "not installed"},
+    ]
+    (tmp_path / "e2e.json").write_text(json.dumps(rows))
+    got = {r[0]: r[1] for r in headline_rows(tmp_path)}
+    assert got["1% of 100,000 files get a small write, to S3"] == "epochsync 14.1 s, rclone-sync 16.5 s"
+    assert got["the same 1,000 changed files in 10,000 and 100,000 files, to S3 (epochsync)"] == "13.9 s and 14.1 s"
+    page = "\n".join(_e2e(rows))
+    assert "CPU s: store / tool" in page and "| 9.0 / 6.5 |" in page

@@ -771,11 +771,11 @@ def run_group(
     return rows
 
 
-def process_tree_cpu(pid: int) -> float:
-    """CPU seconds (user + system) of process ``pid`` and its live descendants, with the
-    children they have reaped; 0.0 for a process that is gone. Linux ``/proc`` only."""
+def _proc_table() -> dict[int, tuple[int, int, float]]:
+    """``{pid: (parent, start time in ticks, own CPU seconds)}`` of every process, from
+    ``/proc``: user + system of the process itself, not of the children it reaped."""
     tick = os.sysconf("SC_CLK_TCK")
-    stats: dict[int, tuple[int, float]] = {}  # pid -> (parent, seconds)
+    table = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -784,40 +784,91 @@ def process_tree_cpu(pid: int) -> float:
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:  # gone between the listing and the read
             continue
-        # after the name: state ppid ... utime(14) stime(15) cutime(16) cstime(17), 1-based
-        stats[int(entry)] = (int(fields[1]), sum(int(x) for x in fields[11:15]) / tick)
-    tree, todo = set(), [pid]
+        # after the name (1-based stat fields less 2): ppid 4, utime 14, stime 15, starttime 22
+        table[int(entry)] = (int(fields[1]), int(fields[19]), (int(fields[11]) + int(fields[12])) / tick)
+    return table
+
+
+def _tree(table: dict[int, tuple[int, int, float]], pid: int) -> set[int]:
+    """``pid`` and its live descendants."""
+    children: dict[int, list[int]] = {}
+    for p, (parent, _, _) in table.items():
+        children.setdefault(parent, []).append(p)
+    tree, todo = set(), [pid] if pid in table else []
     while todo:
         p = todo.pop()
-        if p in stats and p not in tree:
+        if p not in tree:
             tree.add(p)
-            todo += [c for c, (parent, _) in stats.items() if parent == p]
-    return sum(stats[p][1] for p in tree)
+            todo += children.get(p, [])
+    return tree
+
+
+def process_tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` and its live descendants; 0.0 for a
+    process that is gone. Linux ``/proc`` only."""
+    table = _proc_table()
+    return sum(table[p][2] for p in _tree(table, pid))
 
 
 class CpuMeter:
     """Where a tool's run spent CPU: the store (SeaweedFS), the counting proxy, the Spark
-    Connect server, and the tool itself (this process, or its waited-for subprocess: aws,
-    rclone). On 2 cores these compete; the store's share is the floor no client can cut."""
+    Connect server with its Python workers, and the tool itself (this process, or its
+    waited-for subprocess: aws, rclone). On 2 cores these compete; the store's share is the
+    floor no client can cut.
 
-    def __init__(self, pids: dict[str, int]):
+    A thread samples every process of each tree (every ``every`` seconds) and adds up each
+    process's own CPU since :meth:`start` (or since it was born): a worker that exits is
+    counted up to its last sample, and no process is counted twice through its parent's
+    reaped-children time.
+    """
+
+    def __init__(self, pids: dict[str, int], every: float = 0.25):
         self.pids = {k: v for k, v in pids.items() if v}
+        self.every = every
+        self._thread = None
 
-    def _now(self) -> dict[str, float]:
+    def _sample(self) -> None:
+        table = _proc_table()
+        for name, root in self.pids.items():
+            seen = self._seen[name]
+            for p in _tree(table, root):
+                _, born, cpu = table[p]
+                first, _ = seen.get((p, born), (None, None))
+                # a process alive at start counts from its CPU then; one born since, from 0
+                seen[(p, born)] = (first if first is not None else (cpu if self._at_start else 0.0), cpu)
+
+    def _now_tool(self) -> float:
         import resource
 
         child = resource.getrusage(resource.RUSAGE_CHILDREN)
-        out = {k: process_tree_cpu(pid) for k, pid in self.pids.items()}
-        out["tool"] = time.process_time() + child.ru_utime + child.ru_stime
-        return out
+        return time.process_time() + child.ru_utime + child.ru_stime
 
     def start(self) -> None:
-        self._t0 = self._now()
+        import threading
+
+        self._seen: dict[str, dict[tuple[int, int], tuple[float, float]]] = {k: {} for k in self.pids}
+        self._at_start = True
+        self._sample()
+        self._at_start = False
+        self._tool0 = self._now_tool()
+        self._stop = threading.Event()
+
+        def loop():
+            while not self._stop.wait(self.every):
+                self._sample()
+
+        self._thread = threading.Thread(target=loop, name="cpu-meter", daemon=True)
+        self._thread.start()
 
     def seconds(self) -> dict[str, float]:
-        """CPU seconds since :meth:`start`, by process."""
-        now = self._now()
-        return {k: round(now[k] - self._t0.get(k, 0.0), 2) for k in now}
+        """CPU seconds since :meth:`start`, by process tree, and ``tool``."""
+        tool = self._now_tool() - self._tool0
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+        out = {name: round(sum(last - first for first, last in seen.values()), 2) for name, seen in self._seen.items()}
+        out["tool"] = round(tool, 2)
+        return out
 
 
 def _measure_epoch(
