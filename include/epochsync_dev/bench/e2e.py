@@ -819,7 +819,8 @@ class CpuMeter:
     A thread samples every process of each tree (every ``every`` seconds) and adds up each
     process's own CPU since :meth:`start` (or since it was born): a worker that exits is
     counted up to its last sample, and no process is counted twice through its parent's
-    reaped-children time.
+    reaped-children time. A sample reads every ``/proc/PID/stat``: 1.9 ms of this process's CPU
+    with 68 processes (2026-11-29), about 1 % of a core at 4 a second, in every tool's ``tool``.
     """
 
     def __init__(self, pids: dict[str, int], every: float = 0.25):
