@@ -47,6 +47,12 @@ def test_small_writes_and_directory_rename(seaweed, spark, tmp_path):
     assert by[("small-writes-1pct", "aws-s3-sync")]["cpu_seconds"]["tool"] > 0.1
     forty = by[("small-writes-40", "epochsync")]
     assert forty["changed_files"] == 40 and forty["files"] == 400 and forty["replica_equals_source"]
+    # and once more, epochsync alone (epoch 4, after the peers' last run): each measured, the median kept
+    assert [r["epoch"] for r in forty["repeats"]] == [3, 4], forty["repeats"]
+    again = forty["repeats"][1]
+    assert again["requests"] > 0 and set(again["stages"]) == set(forty["stages"]), again
+    assert again["cpu_seconds"]["proxy"] > 0, again
+    assert forty["median_seconds"] == pytest.approx((forty["seconds"] + again["seconds"]) / 2, abs=0.002)
 
     rename = by[("dir-rename-1000", "epochsync")]
     assert rename["bytes_read_source"] == 0 and rename["bytes_copied_server_side"] > 0

@@ -4,6 +4,9 @@ Namespaces of 10,000 to 100,000 files (log-normal sizes, median 8 KiB, a tail to
 the 1% small-writes scenario runs at 10,000, 30,000 and 100,000 files (the scale rows), and
 the same 1,000 changed files run in namespaces of 10,000, 30,000 and 100,000 files (the
 fixed-change series: a changelog replicator's cost should stay flat, a listing tool's grow).
+epochsync measures each fixed-change scenario twice more, alone, in the epochs after its
+tree's last scenario (the same change to other files), and that series' check takes the
+median of its three epochs (:data:`FIXED_REPEATS`).
 ``--set quick`` (``make bench``) runs the 10,000-file tree only (the 1% and 1,000-file small
 writes, the churn); ``--set full`` (``make bench-full``) runs every scenario; both write
 ``e2e.json`` and its meta says which ran.
@@ -68,6 +71,10 @@ class Scenario:
     renamed: int = 0
     #: small-writes: files that get a 4 KiB write (0: 1% of the namespace)
     changed: int = 0
+    #: epochsync alone measures this many more epochs of the same change (other files each
+    #: time) after the group's last scenario; its row gets ``repeats`` and ``median_seconds``
+    #: (:func:`_repeat_epochsync`)
+    repeats: int = 0
 
 
 LOGNORMAL_MEDIAN = 8 * 1024
@@ -79,6 +86,11 @@ SCALE_SIZES = (10_000, 30_000)  # plus SCENARIOS[SCALE].files
 #: 100,000 files (the last one is SCALE itself: 1% of 100,000)
 FIXED = ("small-writes-1000-10k", "small-writes-1000-30k", SCALE)
 FIXED_CHANGE = 1_000
+#: the fixed-change series' epochs measured after the one beside the peers (epochsync alone): its
+#: check takes the median of the three. One 1,000-file epoch is a noisy sample on a shared host:
+#: in one run (2026-11-29) the whole-file copy took 17.6, 11.5 and 11.6 s for the same kind of
+#: change at the three sizes, a spread as wide as the 1.3x target
+FIXED_REPEATS = 2
 #: ``make bench`` (the scenarios that fit in its 20 minutes) and ``make bench-full`` (all), in the
 #: order they run; scenarios of one tree run as consecutive epochs of one source (:func:`run_group`),
 #: the churn last in its tree (it adds files). The quick set is the 10,000-file tree only: the
@@ -146,6 +158,7 @@ SCENARIOS = {
         "1,000 of 10,000 files (log-normal, median 8 KiB) get a 4 KiB write in place (the fixed change)",
         sizes="lognormal",
         changed=FIXED_CHANGE,
+        repeats=FIXED_REPEATS,
     ),
     "small-writes-1000-30k": Scenario(
         "small-writes-1000-30k",
@@ -154,6 +167,7 @@ SCENARIOS = {
         "1,000 of 30,000 files (log-normal, median 8 KiB) get a 4 KiB write in place (the fixed change)",
         sizes="lognormal",
         changed=FIXED_CHANGE,
+        repeats=FIXED_REPEATS,
     ),
     "small-writes-1pct": Scenario(
         "small-writes-1pct",
@@ -161,14 +175,15 @@ SCENARIOS = {
         4 * MiB,
         "1% of 100,000 files (log-normal, median 8 KiB, up to 4 MiB) get a 4 KiB write in place",
         sizes="lognormal",
+        repeats=FIXED_REPEATS,
     ),
 }
 QUICK = {  # the same shapes, small: the test suite's correctness run
     "small-writes-1pct": Scenario(
         "small-writes-1pct", 400, 128 * 1024, "1% of 400 files (16-128 KiB) get a 4 KiB write"
     ),
-    "small-writes-40": Scenario(  # the same tree: the next epoch of the same source
-        "small-writes-40", 400, 128 * 1024, "40 of 400 files (16-128 KiB) get a 4 KiB write", changed=40
+    "small-writes-40": Scenario(  # the same tree: the next epoch of the same source, and one more
+        "small-writes-40", 400, 128 * 1024, "40 of 400 files (16-128 KiB) get a 4 KiB write", changed=40, repeats=1
     ),
     "appends-large": Scenario(
         "appends-large", 3, 6 * MiB, "3 files (up to 6 MiB) get 12 appends of 64 KiB", appends=12
@@ -663,7 +678,8 @@ def run_group(
         w = weed_endpoint
         store = SourceStore(S3Settings("bench", w.url, w.access_key, w.secret_key), f"src-{slug}", threads=32)
         store.ensure_versioned_bucket()
-        source = ScenarioSource(first, out, store, rclone_bin, weed_endpoint, epochs=len(scenarios) + 1)
+        epochs = len(scenarios) + 1 + sum(sc.repeats for sc in scenarios)
+        source = ScenarioSource(first, out, store, rclone_bin, weed_endpoint, epochs=epochs)
         contents = {1: source.epoch(1)}
         cfg_path = write_bench_config(out, first, source.servers, source.root_fid, f"es-{slug}")
         say(
@@ -768,7 +784,78 @@ def run_group(
                 if r.get("requests") is not None and changed:
                     r["requests_per_changed_file"] = round(r["requests"] / changed, 3)
             rows += epoch_rows
+        # the repeats come last: the peers' replicas stay at the group's last scenario
+        for scenario in scenarios:
+            if scenario.repeats:
+                row = next(r for r in rows if r["scenario"] == scenario.name and r["tool"] == "epochsync")
+                _repeat_epochsync(
+                    scenario,
+                    row,
+                    source,
+                    contents,
+                    cfg_path=cfg_path,
+                    spark=spark,
+                    proxy=proxy,
+                    admin=admin,
+                    bucket=f"es-{slug}",
+                    quiet=quiet,
+                    cpu=CpuMeter({**(pids or {}), "proxy": proxy.pid}),
+                )
+                each = ", ".join(f"{r['seconds']:.1f}" for r in row["repeats"])
+                say(f"{scenario.name}: epochsync's epochs {each} s (median {row['median_seconds']:.1f} s)")
     return rows
+
+
+def _repeat_epochsync(
+    scenario: Scenario,
+    row: dict,
+    source,
+    contents: dict,
+    *,
+    cfg_path,
+    spark,
+    proxy,
+    admin,
+    bucket: str,
+    quiet,
+    cpu: CpuMeter | None = None,
+) -> None:
+    """``scenario.repeats`` more epochs of ``scenario``'s change (other files each time), epochsync
+    alone, measured as its first one was: ``row`` (that first one's) gets ``repeats`` (every
+    measurement, the first included: epoch, seconds, stages, requests, CPU) and ``median_seconds``.
+    Each replica is checked by the listing's ETags; a wrong one marks ``row``."""
+    import statistics
+
+    from epochsync.stages.replicate import replicate
+
+    runs = [
+        {k: row.get(k) for k in ("epoch", "seconds", "stages", "requests", "cpu_seconds") if row.get(k) is not None}
+    ]
+    for _ in range(scenario.repeats):
+        e = max(contents) + 1
+        contents[e] = after = source.epoch(e, scenario)
+        time.sleep(1.1)  # as before a measured epoch (the listing tools' 1 s resolution; kept alike)
+        proxy.reset_counters()
+        if cpu:
+            cpu.start()
+        t = time.monotonic()
+        stats = replicate(str(cfg_path), "replica", epoch=e, spark=spark, progress=quiet)
+        seconds = time.monotonic() - t
+        run = {
+            "epoch": e,
+            "seconds": round(seconds, 3),
+            "stages": stage_seconds(stats[-1] if stats else {}, seconds),
+            "requests": sum(int(c.get("total_requests", 0)) for c in proxy.snapshot().values()),
+        }
+        if cpu:
+            run["cpu_seconds"] = cpu.seconds()
+        diffs = _replica_check(admin, bucket, _expected_files(after), skip=".epochsync/")["differences"]
+        if diffs:
+            row["replica_equals_source"] = False
+            row["differences"] = (row.get("differences") or []) + [f"epoch {e}: {d}" for d in diffs[:5]]
+        runs.append(run)
+    row["repeats"] = runs
+    row["median_seconds"] = round(statistics.median(r["seconds"] for r in runs), 3)
 
 
 def _proc_table() -> dict[int, tuple[int, int, float]]:
@@ -1173,13 +1260,16 @@ def checks(rows: list[dict]) -> list[dict]:
                 "pass": growth < 2,
             }
         )
-    fixed = sorted((r["files"], r["seconds"]) for r in fixed_rows(rows) if r["tool"] == "epochsync")
+    es_fixed = [r for r in fixed_rows(rows) if r["tool"] == "epochsync"]
+    fixed = sorted((r["files"], r.get("median_seconds", r["seconds"])) for r in es_fixed)
     if len(fixed) >= 2 and fixed[0][0] < fixed[-1][0]:
         growth = fixed[-1][1] / max(1e-9, fixed[0][1])
+        epochs = {len(r.get("repeats") or [None]) for r in es_fixed}
+        of = f" (the median of {epochs.pop()} epochs)" if epochs != {1} and len(epochs) == 1 else ""
         out.append(
             {
                 "check": f"fixed change of {FIXED_CHANGE:,} files: epochsync's time at {fixed[-1][0]:,} files "
-                f"<= 1.3x its time at {fixed[0][0]:,}",
+                f"<= 1.3x its time at {fixed[0][0]:,}{of}",
                 "value": round(growth, 2),
                 "pass": growth <= 1.3,
             }
@@ -1221,6 +1311,14 @@ def chart(rows: list[dict], path: Path) -> None:
             f"{', '.join(f'{n:,}' for n in sizes)} files</h2>"
         )
         parts.append("<p>x: files in the namespace; one bar per tool (" + ", ".join(tools) + ")</p>")
+        for n in sizes:
+            runs = at.get(("epochsync", n), {}).get("repeats")
+            if runs:
+                each = ", ".join(f"{r['seconds']:.1f} s (epoch {r['epoch']})" for r in runs)
+                parts.append(
+                    f"<p>epochsync at {n:,} files, the same change again, alone after the first: {each}; "
+                    f"median {at[('epochsync', n)]['median_seconds']:.1f} s</p>"
+                )
         for what, unit in (("seconds", "s"), ("requests", "")):
             series = {t: [at[(t, n)][what] if (t, n) in at else None for n in sizes] for t in tools}
             parts.append(_svg_bars(f"{what} per tool vs files in the namespace", sizes, series, unit, "files"))
