@@ -96,6 +96,10 @@ class SimConfig:
     #: when set, the share of WRITE records per epoch the workload steers to (e.g. 0.7)
     write_share: float | None = None
     root_fid: str = ROOT_FID
+    #: stripe sizes a striped file's layout picks from: small ones by default, so that the tests'
+    #: small files span several objects (the layout translation's cases); the benchmarks
+    #: take Lustre's default of 1 MiB (``lfs setstripe -S``: at least 64 KiB, a multiple of it)
+    stripe_sizes: tuple[int, ...] = STRIPE_SIZES
 
     def __post_init__(self):
         if self.epochs < 1 or self.files < 0 or not 1 <= self.mdts <= 16 or not 1 <= self.osts <= 64:
@@ -460,7 +464,7 @@ class Workload:
             o = (first + k) % len(self.osts)
             self.oid_seq[o] += 1
             objs.append(LayoutObject(self.osts[o], f"0x{self.oid_seq[o]:x}"))
-        return Layout(self.rng.choice(STRIPE_SIZES), count, tuple(objs))
+        return Layout(self.rng.choice(self.cfg.stripe_sizes), count, tuple(objs))
 
     def _file_size(self) -> int:
         r = self.rng.random()
