@@ -57,6 +57,10 @@ def client_config(*, counted: bool = False, max_attempts: int = MAX_ATTEMPTS, po
     retries = {"total_max_attempts": 1 if counted else max_attempts, "mode": "standard"}
     return Config(
         s3={"addressing_style": "path"},
+        # SigV4 for the URLs the data path presigns too (``S3Access``): botocore's requests are
+        # signed with it already, but its presigned URLs default to SigV2, which moto refuses for a
+        # PUT naming both metadata and Content-MD5 (SeaweedFS took both) and AWS is retiring
+        signature_version="s3v4",
         request_checksum_calculation="when_required",
         response_checksum_validation="when_required",
         retries=retries,
