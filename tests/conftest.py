@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from support.machine import cannot_run_here
+from support.signals import teardown_on_signal
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -19,6 +20,10 @@ os.environ.setdefault("EPOCHSYNC_SPARK_AUTOSTART", "0")
 
 #: the longest files (about 200 s each in one process), started first so they run on different workers
 LONGEST_FIRST = ("integration/test_demo.py", "integration/test_airflow_live.py")
+
+
+def pytest_configure(config):
+    teardown_on_signal()  # a run stopped by SIGTERM or SIGHUP stops what its fixtures started
 
 
 def pytest_collection_modifyitems(config, items):
