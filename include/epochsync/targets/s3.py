@@ -402,8 +402,8 @@ class S3Access:
         :meth:`call`); returns the answer's ``VersionId`` and ``ETag``.
 
         Sent by a URL botocore presigns where :meth:`http` allows it, as :meth:`get_range`: a small
-        PUT through the client's hooks, user agent and response parsing cost 5.1-5.6 ms of CPU
-        here, 3.1-3.7 ms this way (500 PUTs of 8 KiB with seven metadata fields to SeaweedFS,
+        PUT through the client's hooks, user agent and response parsing cost 4.4-5.6 ms of CPU
+        here, 2.8-3.7 ms this way (400-500 PUTs of 8 KiB with seven metadata fields to SeaweedFS,
         2026-11-29), and the apply of small files is mostly such PUTs. The headers the URL
         names are sent as signed; ``If-Unmodified-Since`` is not a PutObject parameter of
         botocore's, so it goes as a header the signature does not cover (SigV2 and SigV4
