@@ -102,3 +102,24 @@ def test_the_100000_file_rows_reach_the_readme_and_the_cpu_column_the_results_pa
     assert got["the same 1,000 changed files in 10,000 and 100,000 files, to S3 (epochsync)"] == "13.9 s and 14.1 s"
     page = "\n".join(_e2e(rows))
     assert "CPU s: store / tool" in page and "| 9.0 / 6.5 |" in page
+
+
+def test_a_reading_lower_than_the_last_never_takes_cpu_away(monkeypatch):
+    # a worker alive at start with 10 CPU-s, then 12, then read as 0 on its way out, then gone:
+    # it counts 2 CPU-s, where the meter once counted -10 (a peer's spark share in bench-full)
+    from epochsync_dev.bench import e2e
+
+    tables = iter(
+        [
+            {1: (0, 5, 1.0), 2: (1, 7, 10.0)},  # start
+            {1: (0, 5, 1.5), 2: (1, 7, 12.0)},
+            {1: (0, 5, 1.5), 2: (1, 7, 0.0)},  # the worker exiting
+            {1: (0, 5, 2.0)},  # gone; the final sample
+        ]
+    )
+    monkeypatch.setattr(e2e, "_proc_table", lambda: next(tables))
+    meter = CpuMeter({"spark": 1}, every=3600)
+    meter.start()
+    meter._sample()
+    meter._sample()
+    assert meter.seconds()["spark"] == 3.0  # the root's 1.0 and the worker's 2.0

@@ -912,8 +912,11 @@ class CpuMeter:
     A thread samples every process of each tree (every ``every`` seconds) and adds up each
     process's own CPU since :meth:`start` (or since it was born): a worker that exits is
     counted up to its last sample, and no process is counted twice through its parent's
-    reaped-children time. A sample reads every ``/proc/PID/stat``: 1.9 ms of this process's CPU
-    with 68 processes (2026-11-29), about 1 % of a core at 4 a second, in every tool's ``tool``.
+    reaped-children time. A process's last reading is the highest seen: its CPU never falls, so
+    a lower reading can only come from a process on its way out, and the first bench-full's
+    rows had two peers' ``spark`` shares of about -10 CPU-s (2026-11-29). A sample reads every
+    ``/proc/PID/stat``: 1.9 ms of this process's CPU with 68 processes (2026-11-29), about 1 %
+    of a core at 4 a second, in every tool's ``tool``.
     """
 
     def __init__(self, pids: dict[str, int], every: float = 0.25):
@@ -927,9 +930,14 @@ class CpuMeter:
             seen = self._seen[name]
             for p in _tree(table, root):
                 _, born, cpu = table[p]
-                first, _ = seen.get((p, born), (None, None))
-                # a process alive at start counts from its CPU then; one born since, from 0
-                seen[(p, born)] = (first if first is not None else (cpu if self._at_start else 0.0), cpu)
+                first, last = seen.get((p, born), (None, None))
+                if first is not None:
+                    # a process's CPU never falls: a lower reading (a process on its way out)
+                    # would count its CPU since start as negative
+                    seen[(p, born)] = (first, max(last, cpu))
+                else:
+                    # a process alive at start counts from its CPU then; one born since, from 0
+                    seen[(p, born)] = (cpu if self._at_start else 0.0, cpu)
 
     def _now_tool(self) -> float:
         import resource
