@@ -30,8 +30,69 @@ def results_dir() -> Path:
     return d
 
 
+def _cpu_ticks() -> tuple[int, int] | None:
+    """``(all, steal)`` CPU ticks of the machine so far, from ``/proc/stat``; None off Linux."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    return (sum(fields), fields[7]) if len(fields) == 8 else None
+
+
+#: the machine's CPU ticks when this benchmark's process started (each part of ``all`` is one)
+_TICKS_AT_START = _cpu_ticks()
+
+#: additions in :func:`python_loop_seconds`' loop
+GAUGE_ADDITIONS = 20_000_000
+
+
+def python_loop_seconds() -> float:
+    """Seconds a plain Python loop of :data:`GAUGE_ADDITIONS` additions takes: how fast the host
+    was when a result was written. The same loop took 1.15 s on one machine of this kind and
+    2.15-3.26 s on others (2026-11-27 to 11-29), and the bench's times moved with it."""
+    t0 = time.perf_counter()
+    total = 0
+    for i in range(GAUGE_ADDITIONS):
+        total += i
+    return round(time.perf_counter() - t0, 2)
+
+
+def code_commit() -> str | None:
+    """The commit of the code that ran (``+changes`` when files outside ``bench/`` differ from
+    it); None outside a git checkout."""
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[3]
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=30
+        )
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(
+            ["git", "-C", str(repo), "diff", "--quiet", "HEAD", "--", ".", ":!bench"], capture_output=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return head.stdout.strip() + ("+changes" if dirty.returncode == 1 else "")
+
+
+def host_record() -> dict:
+    """What says how fast the host was while the rows were measured: the share of CPU time the
+    hypervisor stole since this process started (``steal_percent``, from ``/proc/stat``), the
+    Python loop's seconds (:func:`python_loop_seconds`), and the commit that ran."""
+    out: dict = {"commit": code_commit()}
+    now = _cpu_ticks()
+    if _TICKS_AT_START and now and now[0] > _TICKS_AT_START[0]:
+        out["steal_percent"] = round(100 * (now[1] - _TICKS_AT_START[1]) / (now[0] - _TICKS_AT_START[0]), 1)
+    out["python_loop_seconds"] = python_loop_seconds()
+    return out
+
+
 def write_results(name: str, rows: list[dict]) -> Path:
-    """Write the rows of one benchmark (a JSON list) plus a sidecar with the machine."""
+    """Write the rows of one benchmark (a JSON list) plus a sidecar with the machine and how
+    fast it was (:func:`host_record`)."""
     path = results_dir() / f"{name}.json"
     path.write_text(json.dumps(rows, indent=2) + "\n")
     meta = {
@@ -39,6 +100,7 @@ def write_results(name: str, rows: list[dict]) -> Path:
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
+        **host_record(),
     }
     (results_dir() / f"{name}.meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     return path
