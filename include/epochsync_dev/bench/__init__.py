@@ -58,24 +58,29 @@ def python_loop_seconds() -> float:
     return round(time.perf_counter() - t0, 2)
 
 
-def code_commit() -> str | None:
-    """The commit of the code that ran (``+changes`` when files outside ``bench/`` differ from
-    it); None outside a git checkout."""
+def _git(repo: Path, *args: str) -> tuple[int, str]:
+    """``git -C repo ARGS``: its exit status and output (127 when git cannot run)."""
     import subprocess
 
-    repo = Path(__file__).resolve().parents[3]
     try:
-        head = subprocess.run(
-            ["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=30
-        )
-        if head.returncode != 0:
-            return None
-        dirty = subprocess.run(
-            ["git", "-C", str(repo), "diff", "--quiet", "HEAD", "--", ".", ":!bench"], capture_output=True, timeout=30
-        )
+        with subprocess.Popen(
+            ["git", "-C", str(repo), *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        ) as proc:
+            out, _ = proc.communicate(timeout=30)
     except (OSError, subprocess.TimeoutExpired):
+        return 127, ""
+    return proc.returncode, out or ""
+
+
+def code_commit(repo: Path | None = None) -> str | None:
+    """The commit of the code that ran (``+changes`` when files outside ``bench/`` differ from
+    it); None outside a git checkout. ``repo``: this package's checkout by default."""
+    repo = repo or Path(__file__).resolve().parents[3]
+    code, head = _git(repo, "rev-parse", "--short=12", "HEAD")
+    if code != 0 or not head.strip():
         return None
-    return head.stdout.strip() + ("+changes" if dirty.returncode == 1 else "")
+    dirty, _ = _git(repo, "diff", "--quiet", "HEAD", "--", ".", ":!bench")
+    return head.strip() + ("+changes" if dirty == 1 else "")
 
 
 def host_record() -> dict:
