@@ -54,21 +54,24 @@ def _which(cmd: str) -> str | None:
     return shutil.which(cmd) or next((p for p in (f"/usr/sbin/{cmd}", f"/sbin/{cmd}") if os.path.exists(p)), None)
 
 
-def missing_packages() -> list[str]:
-    """Returns the Debian packages whose commands are not installed."""
-    return sorted({pkg for cmd, pkg in PACKAGES.items() if _which(cmd) is None})
+def missing_packages(packages: dict[str, str] | None = None) -> list[str]:
+    """Returns the Debian packages whose commands are not installed (``packages``: command ->
+    package, :data:`PACKAGES` by default)."""
+    return sorted({pkg for cmd, pkg in (packages or PACKAGES).items() if _which(cmd) is None})
 
 
-def check_machine(*, install: bool = True) -> None:
+def check_machine(*, install: bool = True, packages: dict[str, str] | None = None) -> None:
     """Raises :class:`GlusterUnavailable` unless this machine can run a stack (root, FUSE, btrfs,
-    the packages, installing them with apt-get when ``install`` and they are missing)."""
+    the packages, installing them with apt-get when ``install`` and they are missing).
+    ``packages``: more command -> package pairs a caller needs beside the stack's."""
+    packages = {**PACKAGES, **(packages or {})}
     if os.geteuid() != 0:
         raise GlusterUnavailable("a Gluster volume needs root (glusterd, loop devices, mounts): run as root")
     if not os.path.exists("/dev/fuse"):
         raise GlusterUnavailable("no /dev/fuse: this machine cannot mount a Gluster volume with FUSE")
     if not os.path.exists("/dev/loop-control"):
         raise GlusterUnavailable("no loop devices (/dev/loop-control): bricks need btrfs loop images")
-    missing = missing_packages()
+    missing = missing_packages(packages)
     if missing and install:
         if _which("apt-get") is None:
             raise GlusterUnavailable(f"missing {', '.join(missing)} and no apt-get to install them")
@@ -85,7 +88,7 @@ def check_machine(*, install: bool = True) -> None:
         if done.returncode != 0:
             said = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or ["no output"]
             raise GlusterUnavailable(f"apt-get could not install {', '.join(missing)}: {said[0]}")
-        missing = missing_packages()
+        missing = missing_packages(packages)
     if missing:
         raise GlusterUnavailable(f"missing Debian packages: {', '.join(missing)} (apt-get install {' '.join(missing)})")
 

@@ -12,10 +12,12 @@ import threading
 import time
 
 import pytest
+from support.machine import cannot_run_here
 
 from epochsync_dev.bench.gluster import Background, RenameSampler, SteadyWatcher, _stage_row, committed_view, content
 from epochsync_dev.bench.gluster_tools import Expect, cpu_of_pids, processes, rsync, tree, walk
 from epochsync_dev.docs.benchmarks import LAYOUTS, line_chart
+from epochsync_dev.gluster import REQUIRE_ENV
 
 
 def _tree(root, files: dict[str, bytes]) -> None:
@@ -121,8 +123,9 @@ def test_cpu_reading_never_loses_a_process_that_exits_unwaited_for():
     assert new == pytest.approx(2.0, abs=0.05)
 
 
-@pytest.mark.skipif(shutil.which("rsync") is None, reason="no rsync")
 def test_rsync_figures(tmp_path):
+    if shutil.which("rsync") is None:  # CI installs it with the Gluster packages
+        cannot_run_here(REQUIRE_ENV, "the rsync peer", "rsync is not installed")
     src, dst = tmp_path / "src", tmp_path / "dst"
     _tree(src, {"a": b"1" * 1000, "d/b": b"2" * 5000})
     first = rsync(str(src), str(dst))
@@ -431,3 +434,26 @@ def test_epoch_schedule_raises_what_a_driver_raised():
     time.sleep(0.1)
     with pytest.raises(RuntimeError, match="no space left"):
         schedule.finish(timeout=5)
+
+
+def test_the_peers_are_checked_before_anything_starts(monkeypatch):
+    from epochsync_dev import gluster
+    from epochsync_dev.bench import gluster as bench_gluster
+
+    asked = []
+    monkeypatch.setattr(gluster, "check_machine", lambda **kw: asked.append(kw))
+    monkeypatch.setattr(gluster, "_which", lambda cmd: None if cmd == "sshd" else f"/usr/bin/{cmd}")
+    with pytest.raises(gluster.GlusterUnavailable, match="apt-get install openssh-server"):
+        bench_gluster.check_peers()
+    assert asked == []  # sshd first: nothing installed for a run that cannot go on
+    monkeypatch.setattr(gluster, "_which", lambda cmd: f"/usr/sbin/{cmd}")
+    bench_gluster.check_peers(install=False)
+    assert asked == [{"install": False, "packages": {"rsync": "rsync"}}]
+
+
+def test_missing_packages_names_a_callers_commands_too(monkeypatch):
+    from epochsync_dev import gluster
+
+    monkeypatch.setattr(gluster, "_which", lambda cmd: None if cmd in ("rsync", "btrfs") else "/bin/x")
+    assert gluster.missing_packages() == ["btrfs-progs"]
+    assert gluster.missing_packages({**gluster.PACKAGES, "rsync": "rsync"}) == ["btrfs-progs", "rsync"]

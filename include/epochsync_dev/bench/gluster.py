@@ -105,6 +105,29 @@ from epochsync_dev.bench.gluster_tools import CpuMeter, Expect, GeoRep, rsync, w
 
 TOOLS = ("epochsync", "geo-replication", "rsync")
 PARTS = ("airflow", "issue33", "steady", "cuts")
+#: the parts that run the peers (geo-replication and rsync)
+PEER_PARTS = {"issue33", "steady"}
+#: the peers' commands beside the stack's, and their Debian packages
+PEER_PACKAGES = {"rsync": "rsync", "sshd": "openssh-server"}
+
+
+def check_peers(*, install: bool = True) -> None:
+    """Raises :class:`~epochsync_dev.gluster.GlusterUnavailable` (naming the package) unless the
+    peers can run: rsync is installed with apt-get when missing; sshd (geo-replication's
+    transport: the bench starts an sshd of its own on a free port) is not, because Debian's
+    ``openssh-server`` may start a system sshd on port 22, so its absence is an error that
+    says what to install. Checked before anything starts: a fresh machine of this kind has
+    neither."""
+    from epochsync_dev.gluster import GlusterUnavailable, _which, check_machine
+
+    if _which("sshd") is None:
+        raise GlusterUnavailable(
+            "geo-replication needs sshd (the bench starts its own on a free port), which is not installed: "
+            "apt-get install openssh-server"
+        )
+    check_machine(install=install, packages={k: v for k, v in PEER_PACKAGES.items() if k != "sshd"})
+
+
 #: ``make bench-gluster``'s parts: issue 33's rows. The airflow and cuts parts (issue 31's rows in
 #: ``gluster.source.json``, about 3 minutes more with Airflow's start) run with ``make bench-gluster-source``
 DEFAULT_PARTS = ("issue33", "steady")
@@ -478,6 +501,8 @@ class Bench:
         from epochsync_dev.gluster import GlusterStack
 
         a = self.args
+        if PEER_PARTS & set(self.parts):
+            check_peers()
         self.server = SparkConnectServer(
             "local[2]", work_dir=self.work / "spark", event_log=self.work / "spark-events", warm_up=True
         )
@@ -1740,7 +1765,7 @@ def main(argv: list[str] | None = None) -> int:
                 bench.join_background()
                 say("stopping: geo-replication session, sshd, Spark, volumes ...")
     except GlusterUnavailable as exc:
-        say(f"cannot run a GlusterFS volume here: {exc}")
+        say(f"cannot run here: {exc}")
         return 1
     except KeyboardInterrupt as exc:
         sig = Interrupted.of(exc)
