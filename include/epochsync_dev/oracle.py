@@ -15,8 +15,8 @@ for r in rows], snapshot_struct_type())`` accepts, sorted by fid:
 - ``links``: sorted list of ``(pfid, name)``; the root has none.
 - ``xattrs``: list of ``(name, bytes)`` sorted by name.
 - ``layout``: ``(stripe_size, stripe_count, [(ost, oid), ...])`` or ``None``.
-- ``objects``: sorted list of ``(ost, oid, version)``: the last version a ``WRITE``
-  reported per object.
+- ``objects``: sorted list of ``(ost, oid, version, size)``: the last version a ``WRITE``
+  reported per object, and its length as that record gave it (None if it did not).
 
 The replay order (MDT and OST clocks are independent, so a record's ``time_ns`` only decides
 where the changelog says nothing else; see ``docs/INTERNALS.md``, "Merge: the replay order"):
@@ -145,8 +145,8 @@ class Node:
     xattrs: dict[str, bytes] = field(default_factory=dict)
     symlink: str | None = None
     layout: Layout | None = None
-    #: (ost, oid) -> last reported version
-    objects: dict[tuple[str, str], str | None] = field(default_factory=dict)
+    #: (ost, oid) -> (last reported version, its length as the record gave it)
+    objects: dict[tuple[str, str], tuple[str | None, int | None]] = field(default_factory=dict)
     #: the file's bytes when the model tracks data, else None
     data: bytearray | None = None
 
@@ -169,7 +169,7 @@ class Node:
             "xattrs": sorted(self.xattrs.items()),
             "symlink": self.symlink,
             "layout": lay,
-            "objects": sorted((ost, oid, v) for (ost, oid), v in self.objects.items()),
+            "objects": sorted((ost, oid, v, n) for (ost, oid), (v, n) in self.objects.items()),
         }
 
 
@@ -502,7 +502,7 @@ class FsModel:
             for e in extents:
                 for fo, n in layout_object_range_to_file(node.layout, index, e.offset, e.length):
                     end = max(end, fo + n)
-            node.objects[key] = r.object.version
+            node.objects[key] = (r.object.version, r.object.size)
         else:
             end = max((e.offset + e.length for e in extents if e.length > 0), default=0)
         if end > (node.size or 0):
@@ -746,9 +746,9 @@ def _node_from_row(r: Mapping[str, Any]) -> Node:
     objects = {}
     for o in _get(r, "objects") or ():
         if isinstance(o, Mapping):
-            objects[(o["ost"], o["oid"])] = o.get("version")
+            objects[(o["ost"], o["oid"])] = (o.get("version"), o.get("size"))
         else:
-            objects[(o[0], o[1])] = o[2]
+            objects[(o[0], o[1])] = (o[2], o[3] if len(o) > 3 else None)
     xattrs = {}
     for x in _get(r, "xattrs") or ():
         name, value = _pair(x, "name", "value")
@@ -776,7 +776,7 @@ def snapshot_row_to_json(row: Mapping[str, Any]) -> dict[str, Any]:
 
     Structs become objects (``links: [{pfid, name}]``, ``xattrs: [{name, value}]`` with the
     value base64, ``layout: {stripe_size, stripe_count, objects: [{ost, oid}]}``,
-    ``objects: [{ost, oid, version}]``), matching the snapshot ``StructType`` field names
+    ``objects: [{ost, oid, version, size}]``), matching the snapshot ``StructType`` field names
     so ``spark.read.schema(snapshot_struct_type()).json(dir)`` reads it (binary as base64).
     """
     lay = row["layout"]
@@ -798,7 +798,7 @@ def snapshot_row_to_json(row: Mapping[str, Any]) -> dict[str, Any]:
         "layout": None
         if lay is None
         else {"stripe_size": lay[0], "stripe_count": lay[1], "objects": [{"ost": o, "oid": i} for o, i in lay[2]]},
-        "objects": [{"ost": o, "oid": i, "version": v} for o, i, v in row["objects"]],
+        "objects": [{"ost": o, "oid": i, "version": v, "size": n} for o, i, v, n in row["objects"]],
     }
 
 

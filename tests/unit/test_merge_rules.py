@@ -59,8 +59,10 @@ class Case:
 def node(fid, type_, links=(), *, mode=None, uid=None, gid=None, size=0, atime=None, mtime=None, ctime=None,
          xattrs=(), symlink=None, layout=None, objects=()):  # fmt: skip
     """A snapshot row as a tuple in SNAPSHOT_FIELDS order."""
+    # objects: (ost, oid, version) or (ost, oid, version, size); the size defaults to None
+    objects = [(*o, None) if len(o) == 3 else tuple(o) for o in objects]
     return (fid, type_, sorted(links), mode, uid, gid, size, atime, mtime, ctime, sorted(xattrs), symlink,
-            layout, sorted(objects))  # fmt: skip
+            layout, sorted(objects, key=repr))  # fmt: skip
 
 
 def change(fid, type_, *, created=False, deleted=False, links=False, attrs=False, xattrs=False, data=False,

@@ -307,11 +307,12 @@ def test_striped_write_maps_object_offsets_to_file_offsets():
         log("WRITE", server="OST0000", tfid="F", object=ObjectRef("OST0000", "0xa", "v2"), extents=(Extent(0, 2),))
     )
     model.apply(
-        log("WRITE", server="OST0001", tfid="F", object=ObjectRef("OST0001", "0xb", "v3"), extents=(Extent(1, 1),))
+        log("WRITE", server="OST0001", tfid="F", object=ObjectRef("OST0001", "0xb", "v3", 6), extents=(Extent(1, 1),))
     )
     row = model.nodes["F"].row()
     assert row["size"] == 14
-    assert row["objects"] == [("OST0000", "0xa", "v2"), ("OST0001", "0xb", "v3")]
+    # the version's length travels with the version (the record's; None where it gave none)
+    assert row["objects"] == [("OST0000", "0xa", "v2", None), ("OST0001", "0xb", "v3", 6)]
 
 
 def test_object_write_without_extents_only_reports_a_version():
@@ -319,7 +320,7 @@ def test_object_write_without_extents_only_reports_a_version():
     lay = Layout(4, 1, (LayoutObject("OST0000", "0xa"),))
     model = run([mkfile(log, "F", "f", layout=lay), log("TRUNC", tfid="F", size=3)])
     model.apply(log("WRITE", server="OST0000", tfid="F", object=ObjectRef("OST0000", "0xa", "p"), extents=()))
-    assert (model.nodes["F"].size, model.nodes["F"].row()["objects"]) == (3, [("OST0000", "0xa", "p")])
+    assert (model.nodes["F"].size, model.nodes["F"].row()["objects"]) == (3, [("OST0000", "0xa", "p", None)])
 
 
 def test_unstriped_and_file_offset_writes():
@@ -330,7 +331,7 @@ def test_unstriped_and_file_offset_writes():
     )
     model.apply(log("WRITE", tfid="V", extents=(Extent(100, 1), Extent(0, 3))))
     assert (model.nodes["U"].size, model.nodes["V"].size) == (10, 101)
-    assert model.nodes["U"].row()["objects"] == [("OST0002", "U", "v9")]
+    assert model.nodes["U"].row()["objects"] == [("OST0002", "U", "v9", None)]
     assert model.nodes["V"].row()["objects"] == []
 
 

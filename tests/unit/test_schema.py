@@ -26,7 +26,7 @@ def full_record() -> Record:
         xattr_name="user.k",
         xattr_value=b"\x00\xffv",
         layout=Layout(1 << 20, 2, (LayoutObject("OST0000", "0x10"), LayoutObject("OST0001", "0x11"))),
-        object=ObjectRef("OST0001", "0x11", "v42"),
+        object=ObjectRef("OST0001", "0x11", "v42", 5 << 20),
         extents=(Extent(0, 10), Extent(100, 5)),
         cookie="c1",
         jobid="dd.500",
@@ -52,6 +52,8 @@ def test_json_round_trip_keeps_every_field():
         ({"index": True}, "must be an integer"),
         ({"xattr_value": "not base64!"}, "base64"),
         ({"extents": [{"offset": -1, "length": 3}]}, "out of range"),
+        ({"object": {"ost": "O", "oid": "1", "size": -1}}, "'object.size' out of range"),
+        ({"object": {"ost": "O", "oid": "1", "size": "8"}}, "'object.size' must be an integer"),
     ],
 )
 def test_from_dict_rejects_bad_values(patch, msg):

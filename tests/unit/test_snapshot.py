@@ -71,6 +71,37 @@ def test_write_read_replace_and_retention(spark, tmp_path, hist):
         prune_snapshots(spark, wh, "t", 0)
 
 
+def test_snapshots_written_before_objects_had_a_size_still_read(spark, tmp_path, hist):
+    """A snapshot's files from before ``objects`` carried the version's length (the three-field
+    struct) read on Spark and with pyarrow as the same rows with that length unknown (null):
+    snapshot files are shared with later epochs, so old and new files meet in one snapshot."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from epochsync.warehouse.snapshots import snapshot_files
+
+    wh = Warehouse(f"file://{tmp_path}")
+    rows = hist.at(3).snapshot
+    assert any(o[3] is not None for r in rows for o in r["objects"])  # the simulator gives lengths
+    write_snapshot(spark, wh, "t", 3, rows_df(spark, rows))
+    old_object = pa.struct([("ost", pa.string()), ("oid", pa.string()), ("version", pa.string())])
+    files = list(Path(tmp_path, "snapshots", "target=t", "epoch=3").glob("*.parquet"))
+    assert files
+    for f in files:
+        t = pq.read_table(f)
+        i = t.schema.get_field_index("objects")
+        objects = [[{k: o[k] for k in ("ost", "oid", "version")} for o in v or []] for v in t.column(i).to_pylist()]
+        t = t.set_column(i, pa.field("objects", pa.list_(old_object)), pa.array(objects, pa.list_(old_object)))
+        pq.write_table(t, f)
+    assert pq.read_schema(files[0]).field("objects").type == pa.list_(old_object)
+    unknown = [dict(r, objects=[(*o[:3], None) for o in r["objects"]]) for r in rows]
+    assertDataFrameEqual(read_snapshot(spark, wh, "t", 3, R), rows_df(spark, unknown))
+    got = snapshot_files(wh, "t", 3, R).scan().to_pylist()
+    assert sorted((r["fid"], [tuple(o.values()) for o in r["objects"]]) for r in got) == sorted(
+        (r["fid"], r["objects"]) for r in unknown
+    )
+
+
 def test_namespace_dump_round_trip_and_errors(spark, tmp_path, hist):
     rows = hist.at(2).snapshot
     good = tmp_path / "good"

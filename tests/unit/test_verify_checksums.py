@@ -109,6 +109,34 @@ def test_small_files_are_written_whole_and_larger_ones_patched():
     assert plan["summary"]["planned_pull_bytes"] == 8000 + 4096 + 5000 + 5000
 
 
+def test_a_partly_written_file_is_copied_when_the_source_says_its_version_is_the_whole_file():
+    def sized(fid, old_size, new_size, length, layout=None, objects=None):
+        e = write_entry(fid, old_size, new_size, [(100, 4096)], layout=layout, objects=objects)
+        if layout is None:
+            e["new"]["objects"][0]["size"] = length
+        return e
+
+    exact = sized("S", 8000, 8000, 8000)  # the WRITE record said the version is 8,000 bytes
+    short = sized("H", 8000, 9000, 8000)  # a truncate extended the file past its object's end
+    longer = sized("L", 8000, 8000, 9000)  # nothing says which 8,000 of its bytes are the file
+    unknown = write_entry("U", 8000, 8000, [(100, 4096)])  # a source that gives no length
+    big = sized("B", 300 << 10, 300 << 10, 300 << 10)  # patched in the replica: not a whole write
+    layout = {"stripe_size": 4096, "stripe_count": 2, "objects": [{"ost": f"O{i}", "oid": "x"} for i in range(2)]}
+    one = [{"ost": "O0", "oid": "x", "version": "w0", "size": 4000}, {"ost": "O1", "oid": "x", "version": None}]
+    striped = sized("T", 4000, 4000, None, layout, one)  # its bytes all in its first object
+    two = [{"ost": "O0", "oid": "x", "version": "w0", "size": 4096}, {"ost": "O1", "oid": "x", "version": "w1"}]
+    spread = sized("W", 6000, 6000, None, layout, two)  # bytes in two objects: no single version
+    plan = build_plan([exact, short, longer, unknown, big, striped, spread], target=TARGET, store=STORE, epoch=2)
+    ops = {o["fid"]: o for o in plan["data"]}
+    assert ops["S"]["copy_from"] == {"key": "data/S", "version": "v2", "size": 8000}
+    assert ops["S"]["write"] == {"mode": "put"}
+    assert ops["T"]["copy_from"] == {"key": "O0/x", "version": "w0", "size": 4000}
+    for fid in "HLUW":
+        assert "copy_from" not in ops[fid], fid
+        assert ops[fid]["write"] == {"mode": "put"} and ops[fid]["source"] is not None  # read whole and put
+    assert "copy_from" not in ops["B"] and ops["B"]["write"] == {"mode": "patch"}
+
+
 def test_a_small_file_over_many_small_source_objects_keeps_the_patch():
     layout = {"stripe_size": 4096, "stripe_count": 4, "objects": [{"ost": f"O{i}", "oid": "x"} for i in range(4)]}
     objects = [{"ost": f"O{i}", "oid": "x", "version": f"v{i}"} for i in range(4)]

@@ -84,11 +84,14 @@ class Layout:
 
 @dataclass(slots=True, frozen=True)
 class ObjectRef:
-    """The stripe object an OST ``WRITE`` touched, with the store version after it."""
+    """The stripe object an OST ``WRITE`` touched, with the store version after it and that
+    version's length in bytes (``size``, when the writer knows it: what lets apply copy a
+    changed file server-side from its pinned version, ``stages.translate``)."""
 
     ost: str
     oid: str
     version: str | None = None
+    size: int | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -150,6 +153,8 @@ class Record:
         obj = self.object
         if obj is not None:
             out["object"] = {"ost": obj.ost, "oid": obj.oid, "version": obj.version}
+            if obj.size is not None:
+                out["object"]["size"] = obj.size
         ext = self.extents
         if ext is not None:
             out["extents"] = [{"offset": e.offset, "length": e.length} for e in ext]
@@ -165,7 +170,7 @@ class Record:
                 d.layout.stripe_count,
                 [(o.ost, o.oid) for o in d.layout.objects],
             )
-        obj = None if d.object is None else (d.object.ost, d.object.oid, d.object.version)
+        obj = None if d.object is None else (d.object.ost, d.object.oid, d.object.version, d.object.size)
         ext = None if d.extents is None else [(e.offset, e.length) for e in d.extents]
         return (
             d.server,
@@ -307,11 +312,12 @@ def _decode_field(name: str, value: Any) -> Any:
     if name == "object":
         if not isinstance(value, dict):
             raise RecordError("field 'object' must be an object")
-        version = value.get("version")
+        version, size = value.get("version"), value.get("size")
         return ObjectRef(
             _str("object.ost", value.get("ost")),
             _str("object.oid", value.get("oid")),
             None if version is None else _str("object.version", version),
+            None if size is None else _int("object.size", size, 0),
         )
     if name == "extents":
         if not isinstance(value, list):
@@ -374,7 +380,7 @@ def record_arrow_schema():
         ("stripe_count", pa.int32()),
         ("objects", array(struct(("ost", pa.string()), ("oid", pa.string())))),
     )
-    obj = struct(("ost", pa.string()), ("oid", pa.string()), ("version", pa.string()))
+    obj = struct(("ost", pa.string()), ("oid", pa.string()), ("version", pa.string()), ("size", pa.int64()))
     extent = struct(("offset", pa.int64()), ("length", pa.int64()))
     types = {
         "server": pa.string(),
@@ -433,7 +439,12 @@ def record_struct_type():
         ]
     )
     obj = StructType(
-        [StructField("ost", StringType()), StructField("oid", StringType()), StructField("version", StringType())]
+        [
+            StructField("ost", StringType()),
+            StructField("oid", StringType()),
+            StructField("version", StringType()),
+            StructField("size", LongType()),
+        ]
     )
     extent = StructType([StructField("offset", LongType()), StructField("length", LongType())])
     types = {

@@ -101,7 +101,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 _LINK = "struct<pfid:string,name:string>"
 _XATTR = "struct<name:string,value:binary>"
-_OBJECT = "struct<ost:string,oid:string,version:string>"
+_OBJECT = "struct<ost:string,oid:string,version:string,size:bigint>"
 _EXTENT = "struct<offset:bigint,length:bigint>"
 
 
@@ -484,7 +484,7 @@ def write_data(per_write: DataFrame, chunks: DataFrame) -> DataFrame:
         "wmax",
         F.expr("arrays_zip(starts, ends)").cast("array<struct<s:bigint,e:bigint>>").alias("ranges_raw"),
     )
-    obj = "named_struct('ost', object.ost, 'oid', object.oid, 'o', ord, 'version', object.version)"
+    obj = "named_struct('ost', object.ost, 'oid', object.oid, 'o', ord, 'version', object.version, 'size', object.size)"
     facts = per_write.groupBy("fid").agg(
         F.expr("bool_or(kind = 'whole')").alias("write_whole"),
         *(_last(c, f"{c} IS NOT NULL", "w_" + c) for c in TIME_TYPES),
@@ -494,7 +494,7 @@ def write_data(per_write: DataFrame, chunks: DataFrame) -> DataFrame:
     latest = (
         "transform(filter(objs, (x, i) -> coalesce(NOT (try_element_at(objs, i + 2).ost = x.ost"
         " AND try_element_at(objs, i + 2).oid = x.oid), true)),"
-        f" x -> CAST(named_struct('ost', x.ost, 'oid', x.oid, 'version', x.version) AS {_OBJECT}))"
+        f" x -> CAST(named_struct('ost', x.ost, 'oid', x.oid, 'version', x.version, 'size', x.size) AS {_OBJECT}))"
     )
     per_fid = facts.join(ranges, "fid", "left")
     return per_fid.withColumn("new_objects", F.expr(f"CASE WHEN size(objs) > 0 THEN {latest} END")).drop("objs")

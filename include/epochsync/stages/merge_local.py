@@ -487,9 +487,9 @@ def write_data(recs: list[Row], meta: dict[str, Row], prev: dict[str, Row], exte
             if o is not None:
                 key = (o["ost"], o["oid"])
                 if key not in latest or w["ord"] > latest[key][0]:
-                    latest[key] = (w["ord"], o["version"])
+                    latest[key] = (w["ord"], o["version"], o.get("size"))
         d["new_objects"] = (
-            [{"ost": ost, "oid": oid, "version": v} for (ost, oid), (_, v) in sorted(latest.items())]
+            [{"ost": ost, "oid": oid, "version": v, "size": n} for (ost, oid), (_, v, n) in sorted(latest.items())]
             if latest
             else None
         )

@@ -770,6 +770,24 @@ def _wrote_every_byte(e: dict, size: int) -> bool:
     return bool(rs) and rs[0][0] == 0 and rs[0][0] + rs[0][1] >= size
 
 
+def pinned_length(fid: str, row: dict) -> int | None:
+    """The length of the version of the file's first source object pinned at E, as its ``WRITE``
+    record gave it (``object.size``; None when the source did not say): the object
+    :func:`source_objects` names first, the same version."""
+    layout = row.get("layout")
+    objects = row.get("objects") or []
+    if layout is None or not layout.get("stripe_count"):
+        mine = [o for o in objects if o.get("oid") in (fid, None)] or objects
+        obj = mine[-1] if mine else None
+    else:
+        first = (layout.get("objects") or [None])[0]
+        if first is None:
+            return None
+        obj = next((o for o in objects if (o.get("ost"), o.get("oid")) == (first["ost"], first["oid"])), None)
+    size = None if obj is None else obj.get("size")
+    return None if size is None else int(size)
+
+
 def _whole_file_write(op: dict, e: dict, target: dict, store: dict) -> None:
     """Make a data operation a whole-file write where that costs fewer requests (issue 32).
 
@@ -781,10 +799,15 @@ def _whole_file_write(op: dict, e: dict, target: dict, store: dict) -> None:
     - A whole write (new file, whole-file change, small file) gets ``source`` (its source
       objects, :func:`source_objects`): apply builds the body with the same function verify
       reads the source with, so the PUT's checksum covers the file (``stages.verify``).
-    - A whole write whose bytes are exactly one pinned source object version, every byte of
-      which this epoch wrote (so that version holds ``[0, size)``), gets ``copy_from``: apply
-      makes it one server-side CopyObject when the source reader is the S3 store of the same
-      endpoint, else reads and puts it.
+    - A whole write whose bytes are exactly one pinned source object version gets
+      ``copy_from``: apply makes it one server-side CopyObject when the source reader is the S3
+      store of the same endpoint, else reads and puts it. Exactly: the file's bytes all lie in
+      its first object at the same offsets (:func:`_objects_with_data`), and that version holds
+      ``[0, size)`` and nothing more, which the source says (its ``WRITE`` record gave the
+      version's length, :func:`pinned_length`, and it is the file's size) or the epoch shows
+      (its writes covered every byte). A version of another length (a file extended by a
+      truncate past its object's end: a hole at the end that the object does not hold) is read
+      and put: the copy would be shorter than the file.
     """
     new_size = int(op["new_size"])
     src = source_objects(e["fid"], e["new"], store)
@@ -802,10 +825,13 @@ def _whole_file_write(op: dict, e: dict, target: dict, store: dict) -> None:
     elif op.get("base") is not None:
         return
     op["source"] = src
-    if with_data == [0] and new_size <= COPY_OBJECT_MAX and _wrote_every_byte(e, new_size):
+    stated = pinned_length(e["fid"], e["new"]) == new_size
+    if with_data == [0] and new_size <= COPY_OBJECT_MAX and (stated or _wrote_every_byte(e, new_size)):
         obj = src["objects"][0]
         if obj.get("version"):
             op["copy_from"] = {"key": obj["key"], "version": obj["version"]}
+            if stated:
+                op["copy_from"]["size"] = new_size  # the source's word for the version's length
 
 
 def _write_mode(new_size: int, ranges: list, base: str | None, base_len: int, target: dict) -> dict[str, Any]:

@@ -1217,7 +1217,8 @@ class S3Target(Target):
         cost a HEAD, as :meth:`stat` does.
 
         A key PUT by a conditional write (the fact says ``conditional``; a copy's fact does
-        not: its size is the plan's, and the listing's is the store's) is not listed: its
+        not, its size being the plan's and the listing's the store's, unless the source stated
+        the copied version's length: :meth:`copy_from_source`) is not listed: its
         entry is the write's, the size that of the body sent. The store accepted that write only over the key as E-1's
         commit left it, and its answer names the version it made, so the listing would only
         add that nobody wrote the key between the apply and verify (docs/INTERNALS.md, "what
@@ -1600,9 +1601,22 @@ class S3Target(Target):
         source = {"Bucket": self.bucket, "Key": self._full(src_key), "VersionId": cur["version"]}
         self._copy(journal, state, rel_key, source, f"COPY {src_key} -> {rel_key}", meta, size, copy_of=copy_of)
 
-    def _copy(self, journal, state: dict, rel_key: str, source: dict, what: str, meta: dict, size: int, **fact) -> None:
+    def _copy(
+        self,
+        journal,
+        state: dict,
+        rel_key: str,
+        source: dict,
+        what: str,
+        meta: dict,
+        size: int,
+        *,
+        stated_length: bool = False,
+        **fact,
+    ) -> None:
         """CopyObject of ``source`` (bucket, key, version) to ``rel_key`` with ``meta``, journaled first;
-        ``fact``: what the copy's fact says it copied."""
+        ``fact``: what the copy's fact says it copied. ``stated_length``: ``size`` is the source
+        version's length as the source stated it (:meth:`copy_from_source`), not only the plan's."""
         self.check_meta(rel_key, meta)
         precondition = self._journal_key(journal, "put", rel_key, state, whole=True, meta=meta)
 
@@ -1619,8 +1633,11 @@ class S3Target(Target):
         resp = self._conditional_write(what, send, rel_key, precondition, meta, None)
         etag = _etag((resp.get("CopyObjectResult") or {}).get("ETag") or resp.get("ETag"))
         self.io.counters.count(copied=size)
-        # no "conditional" in the fact, unlike a PUT: ``size`` is what the plan says, and verify's
-        # listing gives the store's (a source version shorter than its file is caught by that)
+        # "conditional" in the fact, as a PUT's, only when ``size`` is the source version's stated
+        # length: else it is what the plan says, and verify's listing gives the store's (a source
+        # version shorter than its file is caught by that)
+        if precondition and stated_length:
+            fact["conditional"] = True
         self._wrote(rel_key, resp, meta, size, etag=etag, **fact)
 
     def put(self, journal, state: dict, rel_key: str, body: bytes, meta: dict, *, source: dict | None = None) -> None:
@@ -1649,12 +1666,15 @@ class S3Target(Target):
         self, journal, state: dict, rel_key: str, bucket: str, obj: dict, meta: dict, size: int
     ) -> None:
         """Server-side copy of a pinned source object version (``obj``: ``{key, version}`` in the source
-        ``bucket`` of the same store) to ``rel_key`` with ``meta``, journaled first: a whole file that
-        is exactly that version, no byte through the client. The fact says what it was copied from."""
+        ``bucket`` of the same store, and ``size``: the version's length when the source stated it)
+        to ``rel_key`` with ``meta``, journaled first: a whole file that is exactly that version, no
+        byte through the client. The fact says what it was copied from; a conditional copy of a
+        version whose stated length is ``size`` is a conditional write's fact (verify lists it not)."""
         source = {"Bucket": bucket, "Key": obj["key"], "VersionId": obj["version"]}
         what = f"COPY s3://{bucket}/{obj['key']}@{obj['version']} -> {rel_key}"
         copied = {"bucket": bucket, "key": obj["key"], "version": obj["version"]}
-        self._copy(journal, state, rel_key, source, what, meta, size, copied_from=copied)
+        stated = obj.get("size") is not None and int(obj["size"]) == size
+        self._copy(journal, state, rel_key, source, what, meta, size, stated_length=stated, copied_from=copied)
 
     def delete(self, journal, state: dict, rel_key: str) -> None:
         """DELETE ``rel_key``, journaled first."""

@@ -739,6 +739,7 @@ def _records_table(np, c, type_names, type_of, time_ns, index, total, *, lay, ro
             take(pa.array(OSTS), w_ost),
             pc.take(oids, pa.array(wrow)),
             pc.binary_join_element_wise("v", pc.cast(pa.array(c["version"]), pa.string()), ""),
+            pa.nulls(len(type_of), pa.int64()),  # no version lengths: a merge bench, no store
         ],
         fields=list(obj_type),
         mask=pa.array(~is_write),

@@ -359,15 +359,19 @@ class Workload:
 
     def _store(self, node: Node, index: int, ost: str, oid: str, key: str, token: str) -> None:
         """Register the object's current bytes for upload as version ``token``."""
-        size = node.size or 0
-        if node.layout is None:
-            length = size
-        else:
-            length = object_size(node.layout.stripe_size, node.layout.stripe_count, index, size)
+        length = self._object_length(node, index, node.size or 0)
         self.stored_len[(ost, oid)] = length
         if self.cfg.data:
             self.uploads.append(Upload(token, key, gather_object(node.layout, index, node.data)))
         self.touched.add(node.fid)
+
+    @staticmethod
+    def _object_length(node: Node, index: int, size: int) -> int:
+        """The length of object ``index`` of ``node`` when the file is ``size`` bytes (what
+        :meth:`_store` uploads)."""
+        if node.layout is None:
+            return size
+        return object_size(node.layout.stripe_size, node.layout.stripe_count, index, size)
 
     def write(self, fid: str, offset: int, length: int) -> None:
         """Write ``length`` random bytes at ``offset`` of file ``fid``: WRITE per object, then MTIME."""
@@ -378,6 +382,9 @@ class Workload:
         servers = {ref[0] for ref in refs.values()} | ({self._mdt_of(fid)} if mtime else set())
         cookie = self._cookie(servers)
         tokens = {}
+        # each object's version is stored once the write is whole (_store): its length is the
+        # object's at the file's size after the write, which the records say
+        size_after = max(node.size or 0, offset + length)
         for index, (ost, oid, _key) in refs.items():
             obj_off, obj_len = pieces[index]
             tokens[index] = self._token()
@@ -385,7 +392,7 @@ class Workload:
                 ost,
                 "WRITE",
                 tfid=fid,
-                object=ObjectRef(ost, oid, tokens[index]),
+                object=ObjectRef(ost, oid, tokens[index], self._object_length(node, index, size_after)),
                 extents=(Extent(obj_off, obj_len),),
                 cookie=cookie,
             )
@@ -429,7 +436,8 @@ class Workload:
         for index, ost, oid, key in punch:
             token = self._token()
             self._store(node, index, ost, oid, key, token)
-            self.emit(ost, "WRITE", tfid=fid, object=ObjectRef(ost, oid, token), extents=(), cookie=cookie)
+            length = self.stored_len[(ost, oid)]
+            self.emit(ost, "WRITE", tfid=fid, object=ObjectRef(ost, oid, token, length), extents=(), cookie=cookie)
 
     def _forget(self, fid: str) -> None:
         """Bookkeeping once ``fid`` lost its last link: its objects are deleted from the store."""
@@ -796,11 +804,11 @@ class Workload:
         """Replace version tokens by the store's version ids, in the records and the model."""
         for r in records:
             if r.object is not None and r.object.version in versions:
-                r.object = ObjectRef(r.object.ost, r.object.oid, versions[r.object.version])
+                r.object = ObjectRef(r.object.ost, r.object.oid, versions[r.object.version], r.object.size)
         for fid in self.touched:
             node = self.model.nodes.get(fid)
             if node is not None:
-                node.objects = {k: versions.get(v, v) for k, v in node.objects.items()}
+                node.objects = {k: (versions.get(v, v), n) for k, (v, n) in node.objects.items()}
 
     def finish_epoch(self) -> None:
         self.uploads = []
@@ -896,7 +904,7 @@ def read_file_at(
     """
     from epochsync.core.layout import assemble_file
 
-    versions = {(ost, oid): v for ost, oid, v in row["objects"]}
+    versions = {(ost, oid): v for ost, oid, v, *_ in row["objects"]}
     lay = row["layout"]
     if lay is None:
         layout = None
@@ -922,9 +930,10 @@ def fast_record_json(r: Record) -> str:
         ext = ",".join(f'{{"offset":{e.offset},"length":{e.length}}}' for e in r.extents or ())
         o = r.object
         ver = "null" if o.version is None else f'"{o.version}"'
+        size = "" if o.size is None else f',"size":{o.size}'
         cookie = "" if r.cookie is None else f',"cookie":"{r.cookie}"'
         return (
-            f'{head},"tfid":"{r.tfid}","object":{{"ost":"{o.ost}","oid":"{o.oid}","version":{ver}}},'
+            f'{head},"tfid":"{r.tfid}","object":{{"ost":"{o.ost}","oid":"{o.oid}","version":{ver}{size}}},'
             f'"extents":[{ext}]{cookie}}}'
         )
     if r.type == "MTIME" and r.mtime_ns is None and r.flags is None:

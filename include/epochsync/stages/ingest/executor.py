@@ -483,6 +483,9 @@ def _fast_chunk(chunk: bytes, server: str, read_schema):
             pc.and_(present, pc.or_(pc.is_null(pc.struct_field(obj, "ost")), pc.is_null(pc.struct_field(obj, "oid"))))
         ):
             return None
+        length = pc.struct_field(obj, "size")
+        if length.null_count < len(length) and any_(pc.and_(present, pc.less(length, zero))):
+            return None
     ext = t["extents"]
     if ext.null_count < len(ext):
         flat = pc.list_flatten(ext)
