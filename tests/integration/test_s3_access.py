@@ -332,3 +332,125 @@ def test_presigned_requests_can_be_switched_off_and_executors_keep_the_drivers_c
     copy.call("PUT k", lambda c: copy.put_object(c, bucket_name, "k", b"abc", {"es-type": "file"}, md5, {}))
     assert len(sent) == 1 and sent[0]["Content-MD5"] == md5.encode()  # the client's own PUT
     assert copy.get_range(bucket_name, "k", None, 0, 3) == b"abc" and len(sent) == 1  # presigned: no client request
+
+
+#: keys a copy source must encode (space, unicode, ``+``, ``%``, ``#``, ``?``, a carriage return)
+COPY_KEYS = [KEYS[1], "hash#tag?versionId=x&y=1", "50%+%2F plus", "cr\rname ü"]
+
+
+@pytest.mark.parametrize("key", COPY_KEYS)
+def test_copy_object_by_presigned_url_keeps_the_clients_contract(store, key, request):
+    """S3Access.copy_object (the target's server-side copies) sends a presigned PUT outside the
+    client's hooks: the pinned version's bytes land with the new metadata, the answer's version
+    and ETag are the new object's, the preconditions the write fence relies on are refused with
+    the client's codes (SeaweedFS honours both on a copy; moto neither), counted as CopyObject."""
+    import hashlib
+    from email.utils import formatdate
+
+    from epochsync.stores.s3 import IF_UNMODIFIED_SINCE
+
+    access, admin, bucket = store
+    assert access.http() is not None
+    v1 = admin.put_object(Bucket=bucket, Key=key, Body=b"first")["VersionId"]
+    admin.put_object(Bucket=bucket, Key=key, Body=b"second")
+    sent = _sent_headers(access.client)
+    meta = {"es-type": "file", "es-mode": "33188", "es-fid": "%5B0x1%3A0x2%3A0x0%5D"}
+    source, dst = {"Bucket": bucket, "Key": key, "VersionId": v1}, "copied/" + key
+    copy = lambda pre: access.call(  # noqa: E731
+        "COPY", lambda c: access.copy_object(c, bucket, dst, source, meta, pre)
+    )
+    first = copy({"IfNoneMatch": "*"})
+    head = admin.head_object(Bucket=bucket, Key=dst)
+    assert first["VersionId"] == head["VersionId"]
+    assert first["CopyObjectResult"]["ETag"].strip('"') == head["ETag"].strip('"') == hashlib.md5(b"first").hexdigest()
+    got = admin.get_object(Bucket=bucket, Key=dst)
+    assert (got["Body"].read(), got["Metadata"]) == (b"first", meta)
+    assert sent == []  # nothing through the client
+    if request.node.callspec.params["store"] == "seaweed":
+        assert error_code(_raises(lambda: copy({"IfNoneMatch": "*"}))) in ("PreconditionFailed", "412")
+        long_ago = {IF_UNMODIFIED_SINCE: formatdate(978307200, usegmt=True)}  # 2001
+        exc = _raises(lambda: copy(long_ago))
+        assert error_code(exc) in ("PreconditionFailed", "412") and not is_retryable(exc)
+        missing = dict(source, VersionId="no-such-version")
+        exc = _raises(lambda: access.call("COPY", lambda c: access.copy_object(c, bucket, dst, missing, meta, {})))
+        assert isinstance(exc, ClientError) and not is_retryable(exc)
+    second = copy({IF_UNMODIFIED_SINCE: formatdate(usegmt=True)})  # now: the copy is older
+    assert second["VersionId"] not in (None, first["VersionId"])
+    assert admin.head_object(Bucket=bucket, Key=dst)["VersionId"] == second["VersionId"]
+    counts = access.counters.as_dict()
+    assert counts["requests"]["CopyObject"] >= 2 and counts["bytes_sent"] == 0 and counts["retries"] == 0
+
+
+@pytest.mark.parametrize("switch", ["EPOCHSYNC_S3_PRESIGNED", "EPOCHSYNC_S3_PRESIGNED_PUT"])
+def test_copy_object_by_the_client_where_presigned_puts_are_switched_off(store, switch, monkeypatch):
+    """The presigned PUTs' switch is the copies' too: with it off the client's own CopyObject is
+    sent, and the answer reads the same."""
+    access, admin, bucket = store
+    key = COPY_KEYS[0]
+    v1 = admin.put_object(Bucket=bucket, Key=key, Body=b"first")["VersionId"]
+    admin.put_object(Bucket=bucket, Key=key, Body=b"second")
+    monkeypatch.setenv(switch, "0")
+    off = S3Access(access.settings, max_attempts=2, base_delay=0.01)
+    sent = _sent_headers(off.client)
+    source, meta = {"Bucket": bucket, "Key": key, "VersionId": v1}, {"es-type": "file"}
+    out = off.call("COPY", lambda c: off.copy_object(c, bucket, "c/" + key, source, meta, {"IfNoneMatch": "*"}))
+    assert len(sent) == 1 and b"versionId=" + v1.encode() in sent[0]["x-amz-copy-source"]
+    head = admin.head_object(Bucket=bucket, Key="c/" + key)
+    assert out["VersionId"] == head["VersionId"]
+    assert out["CopyObjectResult"]["ETag"].strip('"') == head["ETag"].strip('"')  # SeaweedFS's unquoted
+    assert admin.get_object(Bucket=bucket, Key="c/" + key)["Body"].read() == b"first"
+    assert off.counters.as_dict()["requests"] == {"CopyObject": 1}
+
+
+@pytest.mark.parametrize("presigned", ["1", "0"])
+def test_a_conditional_copy_refused_with_412_takes_the_writes_way(seaweed, bucket_name, presigned, monkeypatch):
+    """S3Target's copies (a changed small file from its pinned source version) through
+    _conditional_write, presigned or by the client alike: a retry that finds its own copy takes
+    it as the answer, a copy refused because someone wrote the key after the fence fails the
+    epoch naming the key (412), ``If-None-Match: *`` over a foreign object too."""
+    import time
+
+    from epochsync.core.config import TargetConfig
+    from epochsync.core.errors import EpochError
+    from epochsync.targets.s3 import S3Target
+
+    monkeypatch.setenv("EPOCHSYNC_S3_PRESIGNED", presigned)
+    admin = seaweed.client()
+    admin.create_bucket(Bucket=bucket_name)
+    admin.put_bucket_versioning(Bucket=bucket_name, VersioningConfiguration={"Status": "Enabled"})
+    settings = S3Settings("t", seaweed.url, seaweed.access_key, seaweed.secret_key)
+    cfg = TargetConfig(name="c", source="sim", kind="s3", conn_id="unused", bucket=bucket_name, prefix="p/")
+    target = S3Target(cfg, settings=settings)
+    assert (target.io.http() is not None) == (presigned == "1")
+    src_key = COPY_KEYS[1]
+    v1 = admin.put_object(Bucket=bucket_name, Key=src_key, Body=b"pinned")["VersionId"]
+    admin.put_object(Bucket=bucket_name, Key=src_key, Body=b"later")
+    obj, meta = {"key": src_key, "version": v1}, {"es-type": "file", "es-size": "6"}
+    journal: list[dict] = []
+    since_ns = (int(time.time()) - 2) * 1_000_000_000
+
+    def copy(rel: str, present: bool) -> None:
+        state = {rel: {"condition": {"present": present, "since_ns": since_ns}}}
+        target.copy_from_source(journal, state, rel, bucket_name, obj, meta, 6)
+
+    copy("k", False)
+    fact = target.last_written("k")
+    head = admin.head_object(Bucket=bucket_name, Key="p/k")
+    assert (fact["version"], fact["etag"], fact["meta"]) == (head["VersionId"], head["ETag"].strip('"'), meta)
+    assert fact["copied_from"] == {"bucket": bucket_name, "key": src_key, "version": v1}
+    assert admin.get_object(Bucket=bucket_name, Key="p/k")["Body"].read() == b"pinned"
+    # the same copy again (its first answer lost): refused, and its own object is the answer
+    copy("k", False)
+    assert target.last_written("k")["version"] == head["VersionId"]
+    assert len(target.key_versions("k")["known"]) == 1
+    # someone wrote the key after the fence instant: refused (If-Unmodified-Since), named
+    admin.put_object(Bucket=bucket_name, Key="p/k", Body=b"foreign")
+    with pytest.raises(EpochError, match=r"p/k was changed by someone else.*412.*EsIfUnmodifiedSince"):
+        copy("k", True)
+    # a key the fence saw absent that someone created: refused (If-None-Match), named
+    admin.put_object(Bucket=bucket_name, Key="p/squat", Body=b"foreign")
+    with pytest.raises(EpochError, match=r"p/squat was changed by someone else.*412.*IfNoneMatch"):
+        copy("squat", False)
+    assert [e["op"] for e in journal] == ["put"] * 4
+    requests = target.io.counters.as_dict()["requests"]
+    assert requests["CopyObject"] == 4, requests

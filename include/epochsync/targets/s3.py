@@ -211,7 +211,8 @@ def error_code(exc: BaseException) -> str | None:
     return resp.get("Error", {}).get("Code") if isinstance(resp, dict) else None
 
 
-#: validity of a presigned URL (:meth:`S3Access.get_range`, :meth:`S3Access.put_object`): it is used at once
+#: validity of a presigned URL (:meth:`S3Access.get_range`, :meth:`S3Access.put_object`,
+#: :meth:`S3Access.copy_object`): it is used at once
 PRESIGNED_SECONDS = 900
 
 
@@ -238,11 +239,68 @@ def _presigned_request(http, method: str, url: str, headers: dict, body: bytes |
     raise ClientError({"Error": error, "ResponseMetadata": {"HTTPStatusCode": resp.status}}, operation)
 
 
+def _copy_source(source: dict) -> str | None:
+    """The ``x-amz-copy-source`` header of a CopyObject of ``source`` (``Bucket``, ``Key``, optional
+    ``VersionId``), encoded as botocore encodes it (and signs it): ``bucket/key`` percent-encoded
+    as UTF-8 but for ``/`` and ``-._~``, then ``?versionId=`` and the version as it is. None for a
+    source this does not know (an access point ARN, other fields): the client sends that one."""
+    from botocore.utils import SAFE_CHARS, percent_encode
+
+    bucket, key = source.get("Bucket"), source.get("Key")
+    if set(source) - {"Bucket", "Key", "VersionId"} or not isinstance(bucket, str) or not isinstance(key, str):
+        return None
+    if ":" in bucket or not bucket:  # an ARN: botocore rewrites it
+        return None
+    value = percent_encode(f"{bucket}/{key}", safe=SAFE_CHARS + "/")
+    if source.get("VersionId") is not None:
+        value += f"?versionId={source['VersionId']}"
+    return value
+
+
+def _copy_headers(source: dict, meta: dict) -> dict | None:
+    """The signed headers of a presigned CopyObject of ``source`` with ``meta`` (REPLACE), None where
+    the client must send it (:func:`_copy_source`; metadata not printable ASCII)."""
+    copy_source = _copy_source(source)
+    if copy_source is None:
+        return None
+    headers = {"x-amz-copy-source": copy_source, "x-amz-metadata-directive": "REPLACE"}
+    for k, v in meta.items():
+        if not (k.isascii() and k.isprintable() and v.isascii() and v.isprintable()):
+            return None
+        headers[f"x-amz-meta-{k}"] = v
+    return headers
+
+
+def _copy_result(data: bytes | None) -> dict:
+    """The ``CopyObjectResult`` (``ETag``, ``LastModified``) of a CopyObject's 200 answer.
+
+    S3 answers a copy 200 before it is done and may then write an ``<Error>`` as the body; a
+    body that does not parse is an answer cut short. botocore makes both a 500 (so that they
+    are retried) with the body's code, else ``500``; so does this: the ``ClientError`` the
+    client would raise."""
+    import xml.etree.ElementTree as ET
+
+    from botocore.exceptions import ClientError
+
+    body = (data or b"").strip()
+    if not body:
+        return {}
+    try:
+        root = ET.fromstring(body)
+    except ET.ParseError:
+        root = None
+    fields = {} if root is None else {c.tag.rsplit("}", 1)[-1]: c.text or "" for c in root}
+    if root is not None and root.tag.rsplit("}", 1)[-1] != "Error":
+        return {k: v for k, v in fields.items() if k in ("ETag", "LastModified")}
+    error = {"Code": fields.get("Code") or "500", "Message": fields.get("Message") or ""}
+    raise ClientError({"Error": error, "ResponseMetadata": {"HTTPStatusCode": 500}}, "CopyObject")
+
+
 def presigned_wanted() -> tuple[bool, bool]:
-    """Whether the data path sends its small GETs and its whole-object PUTs by presigned URLs
-    (:meth:`S3Access.get_range`, :meth:`S3Access.put_object`): both unless
-    ``$EPOCHSYNC_S3_PRESIGNED`` is ``0`` (a store that refuses presigned requests: every
-    request then goes through the botocore client), the PUTs unless
+    """Whether the data path sends its small GETs, its whole-object PUTs and its copies by presigned
+    URLs (:meth:`S3Access.get_range`, :meth:`S3Access.put_object`, :meth:`S3Access.copy_object`):
+    all unless ``$EPOCHSYNC_S3_PRESIGNED`` is ``0`` (a store that refuses presigned requests:
+    every request then goes through the botocore client), the PUTs and copies unless
     ``$EPOCHSYNC_S3_PRESIGNED_PUT`` is ``0`` (for side-by-side runs). Read where the
     :class:`S3Access` is made (the driver); its executors' copies keep the answer."""
     on = os.environ.get("EPOCHSYNC_S3_PRESIGNED", "1").strip() != "0"
@@ -253,8 +311,8 @@ class S3Access:
     """A boto3 client (made lazily, once, shared by the threads of its process) with bounded
     retries and counters: the data path's S3 access (target writes, the source reads of apply
     and verify). Every request is one botocore builds and signs
-    (:func:`epochsync.stores.s3.make_client` with ``counted=True``); the small GETs and the
-    whole-object PUTs are sent by URLs it presigns (:func:`presigned_wanted`).
+    (:func:`epochsync.stores.s3.make_client` with ``counted=True``); the small GETs, the
+    whole-object PUTs and the CopyObjects are sent by URLs it presigns (:func:`presigned_wanted`).
 
     botocore's own retries are off: every attempt, including reading the body of a
     ranged GET, goes through :meth:`call`, which backs off exponentially (with
@@ -427,6 +485,57 @@ class S3Access:
         self.counters.sent("PutObject", len(body))
         resp = _presigned_request(http, "PUT", url, headers, body, "PutObject")
         return {"VersionId": resp.headers.get("x-amz-version-id"), "ETag": resp.headers.get("ETag")}
+
+    def copy_object(self, client, bucket: str, key: str, source: dict, meta: dict, precondition: dict) -> dict:
+        """One CopyObject of ``source`` (``Bucket``, ``Key``, ``VersionId``) to ``key`` with user metadata
+        ``meta`` (``MetadataDirective`` REPLACE) and ``precondition`` (``IfNoneMatch``, or
+        :data:`~epochsync.stores.s3.IF_UNMODIFIED_SINCE`), sent through ``client`` (inside
+        :meth:`call`); returns botocore's answer where the target reads it:
+        ``CopyObjectResult.ETag`` and ``VersionId``.
+
+        Sent by a URL botocore presigns (SigV4) where :meth:`http` allows it and the PUTs are
+        presigned (:func:`presigned_wanted`), as :meth:`put_object`: the copies of renames and of
+        changed small files from their pinned source versions skip the client's hooks and
+        response parsing. SigV4 query signing keeps every header botocore would send signed as
+        a header (none goes into the query string), so they are sent as botocore would send
+        them: ``x-amz-copy-source`` encoded by botocore's rule (:func:`_copy_source`; a key with
+        a space, ``+``, ``%``, ``#``, ``?`` or a carriage return comes through), the metadata
+        directive, the ``x-amz-meta-*`` fields and ``If-None-Match``; ``If-Unmodified-Since``
+        goes unsigned, as :meth:`put_object` sends it. A URL whose signed headers are not
+        exactly those (a client signing otherwise), a source that is not a plain bucket and
+        key, or metadata that is not printable ASCII is sent by ``client.copy_object`` instead.
+        S3 may answer a copy 200 with an ``<Error>`` in the body (an error met after its answer
+        began): that raises the ``ClientError`` the client raises for it (:func:`_copy_result`)."""
+        from epochsync.stores.s3 import IF_UNMODIFIED_SINCE
+
+        http = self.http() if getattr(self, "presigned_put", True) else None
+        headers = None
+        if http is not None:
+            unknown = set(precondition) - {"IfNoneMatch", IF_UNMODIFIED_SINCE}
+            if unknown:
+                raise EpochsyncError(f"S3Access.copy_object: unknown precondition {sorted(unknown)}")
+            headers = _copy_headers(source, meta)
+        if headers is not None:
+            params = {
+                "Bucket": bucket,
+                "Key": key,
+                "CopySource": dict(source),
+                "MetadataDirective": "REPLACE",
+                "Metadata": meta,
+            }
+            if "IfNoneMatch" in precondition:
+                params["IfNoneMatch"] = headers["If-None-Match"] = precondition["IfNoneMatch"]
+            url = client.generate_presigned_url("copy_object", Params=params, ExpiresIn=PRESIGNED_SECONDS)
+            signed = urllib.parse.quote(";".join(sorted({"host", *(h.lower() for h in headers)})), safe="-._~")
+            if f"X-Amz-SignedHeaders={signed}&" in url:
+                if IF_UNMODIFIED_SINCE in precondition:
+                    headers["If-Unmodified-Since"] = precondition[IF_UNMODIFIED_SINCE]
+                self.counters.sent("CopyObject", 0)
+                resp = _presigned_request(http, "PUT", url, headers, b"", "CopyObject")
+                return {"VersionId": resp.headers.get("x-amz-version-id"), "CopyObjectResult": _copy_result(resp.data)}
+        return client.copy_object(
+            Bucket=bucket, Key=key, CopySource=source, MetadataDirective="REPLACE", Metadata=meta, **precondition
+        )
 
     def get_all(self, bucket: str, key: str, version: str | None = None) -> bytes:
         """Returns the whole body of ``key`` (at ``version`` if given), with retries."""
@@ -1621,14 +1730,7 @@ class S3Target(Target):
         precondition = self._journal_key(journal, "put", rel_key, state, whole=True, meta=meta)
 
         def send(c, precondition: dict):
-            return c.copy_object(
-                Bucket=self.bucket,
-                Key=self._full(rel_key),
-                CopySource=source,
-                MetadataDirective="REPLACE",
-                Metadata=meta,
-                **precondition,
-            )
+            return self.io.copy_object(c, self.bucket, self._full(rel_key), source, meta, precondition)
 
         resp = self._conditional_write(what, send, rel_key, precondition, meta, None)
         etag = _etag((resp.get("CopyObjectResult") or {}).get("ETag") or resp.get("ETag"))
