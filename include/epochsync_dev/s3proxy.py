@@ -77,6 +77,8 @@ class S3Proxy:
         self.lock = threading.Lock()
         self.counters: dict[str, BucketCounters] = defaultdict(BucketCounters)
         self.faults: list[Fault] = []
+        #: whole-object copies not sized yet: ``(bucket, copy source)``, sized by :meth:`settle`
+        self.unsized: list[tuple[str, str]] = []
         #: every request as ``(method, bucket, key, query, status, copy source or "")`` while
         #: :meth:`keep_log` is on
         self.log: list[tuple[str, str, str, str, int, str]] | None = None
@@ -98,9 +100,31 @@ class S3Proxy:
     def reset_counters(self):
         with self.lock:
             self.counters = defaultdict(BucketCounters)
+            self.unsized = []
+
+    def settle(self) -> None:
+        """Size the whole-object copies counted since the last call (a HEAD of each source version
+        through ``head_client``) and add their bytes to the counters. A copy's answer does not
+        say its size, and a HEAD while the copy is answered would put a second request on the
+        store's and the proxy's clock inside every copy a measured tool makes: it would time
+        the proxy's bookkeeping, not the tool. So it waits until the counters are read."""
+        with self.lock:
+            todo, self.unsized = self.unsized, []
+        sized = [(bucket, src, self._object_size(src)) for bucket, src in todo]
+        with self.lock:
+            for bucket, src, n in sized:
+                self._count_copy(bucket, src, n)
+
+    def _count_copy(self, bucket: str, src: str, copied: int) -> None:
+        """Add ``copied`` bytes copied from ``src`` into ``bucket`` (under :attr:`lock`)."""
+        if copied > 0:
+            self.counters[bucket].bytes_copied += copied
+            src_bucket = unquote(src).lstrip("/").split("/", 1)[0]
+            self.counters[src_bucket].bytes_copied_out += copied
 
     def snapshot(self) -> dict[str, dict]:
-        """Counters per bucket, as plain dicts."""
+        """Counters per bucket, as plain dicts (the copies :meth:`settle` sizes included)."""
+        self.settle()
         with self.lock:
             return {b: c.as_dict() for b, c in self.counters.items()}
 
@@ -165,12 +189,13 @@ class S3Proxy:
                 conn.close()
                 # count before answering: a client that reads the counters right after its
                 # request returns must see that request
-                copied = 0
+                copied = None
                 src = self.headers.get("x-amz-copy-source")
                 if src and resp.status < 300:
                     rng = _RANGE_RE.match(self.headers.get("x-amz-copy-source-range", ""))
-                    # a whole-object copy does not say its size: ask the store (outside the lock)
-                    copied = int(rng.group(2)) - int(rng.group(1)) + 1 if rng else proxy._object_size(src)
+                    # a whole-object copy does not say its size: the store is asked when the
+                    # counters are read (settle), not while the copy waits for its answer
+                    copied = int(rng.group(2)) - int(rng.group(1)) + 1 if rng else None
                 with proxy.lock:
                     if proxy.log is not None:
                         proxy.log.append(
@@ -184,10 +209,11 @@ class S3Proxy:
                         c.bytes_out += len(data)
                     elif self.command == "GET":
                         c.listing_bytes += len(data)
-                    if copied > 0:
-                        c.bytes_copied += copied
-                        src_bucket = unquote(src).lstrip("/").split("/", 1)[0]
-                        proxy.counters[src_bucket].bytes_copied_out += copied
+                    if src and resp.status < 300:
+                        if copied is None:
+                            proxy.unsized.append((bucket, src))
+                        else:
+                            proxy._count_copy(bucket, src, copied)
                 # the store's own Date and Server, not the proxy's beside them (the s3 target reads
                 # the store's clock and version from them)
                 self.log_request(resp.status)

@@ -27,7 +27,10 @@ def test_counts_bytes_requests_and_copies(proxied, bucket_name):
     assert c.get_object(Bucket=bucket_name, Key="a/x", Range="bytes=10-19")["Body"].read() == b"0123456789"
     c.copy_object(Bucket=bucket_name, Key="b/x", CopySource={"Bucket": bucket_name, "Key": "a/x"})
     assert len(c.list_objects_v2(Bucket=bucket_name)["Contents"]) == 2
+    # the whole-object copy is sized when the counters are read, not while it waits for its answer
+    assert [b for b, _ in proxy.unsized] == [bucket_name]
     counts = proxy.snapshot()[bucket_name]
+    assert proxy.unsized == []
     assert counts["bytes_in"] == 1000
     assert counts["bytes_out"] == 10
     assert counts["bytes_copied"] == 1000 and counts["bytes_copied_out"] == 1000

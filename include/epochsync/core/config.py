@@ -708,7 +708,8 @@ class _TargetKeys:
     small_file: Size = Field(
         default=SMALL_FILE,
         description="s3: a changed file up to this size is read whole from its source version and written in one "
-        "PUT, instead of its changed ranges patched onto the replica's old version (one request fewer)",
+        "PUT, or copied server-side from that version where it is exactly the file, instead of its changed ranges "
+        "patched onto the replica's old version (one or two requests fewer)",
     )
     snapshot_retention: AtLeastOne = Field(default=3, description="how many committed namespace snapshots to keep")
     max_attempts: Attempts = Field(default=6, description="attempts per S3 request before a clear failure")

@@ -847,6 +847,8 @@ def _repeat_epochsync(
         t = time.monotonic()
         stats = replicate(str(cfg_path), "replica", epoch=e, spark=spark, progress=quiet)
         seconds = time.monotonic() - t
+        # the CPU first: reading the proxy's counters sizes its copies, HEADs that are not the run's
+        cpu_seconds = cpu.seconds() if cpu else None
         run = {
             "epoch": e,
             "seconds": round(seconds, 3),
@@ -854,7 +856,7 @@ def _repeat_epochsync(
             "requests": sum(int(c.get("total_requests", 0)) for c in proxy.snapshot().values()),
         }
         if cpu:
-            run["cpu_seconds"] = cpu.seconds()
+            run["cpu_seconds"] = cpu_seconds
         diffs = _replica_check(admin, bucket, _expected_files(after), skip=".epochsync/")["differences"]
         if diffs:
             row["replica_equals_source"] = False
@@ -1067,17 +1069,19 @@ def _measure_epoch(
         env=env,
         check=True,
     )
+    seconds = time.monotonic() - t
+    cpu_seconds = cpu.seconds() if cpu else None  # before the counters: reading them sizes copies
     rows.append(
         _row(
             scenario,
             "aws-s3-sync",
-            time.monotonic() - t,
+            seconds,
             proxy.snapshot(),
             files_b,
             sync_b,
             net,
             flags="s3 sync --delete (size + LastModified)",
-            cpu_seconds=cpu.seconds() if cpu else None,
+            cpu_seconds=cpu_seconds,
         )
     )
     rows[-1].update(_replica_check(admin, sync_b, expected))
@@ -1094,18 +1098,20 @@ def _measure_epoch(
             cpu.start()
         t = time.monotonic()
         rclone(rclone_bin, renv, "sync", f"BENCH:{files_b}", f"BENCH:{rc_bucket}", *RCLONE_FLAGS)
+        seconds = time.monotonic() - t
+        cpu_seconds = cpu.seconds() if cpu else None
         rows.append(
             _row(
                 scenario,
                 "rclone-sync",
-                time.monotonic() - t,
+                seconds,
                 proxy.snapshot(),
                 files_b,
                 rc_bucket,
                 net,
                 flags="sync " + " ".join(RCLONE_FLAGS),
                 replica_bucket=rc_bucket,
-                cpu_seconds=cpu.seconds() if cpu else None,
+                cpu_seconds=cpu_seconds,
             )
         )
         rows[-1].update(_replica_check(admin, rc_bucket, expected))
@@ -1128,6 +1134,7 @@ def _measure_epoch(
     t = time.monotonic()
     whole_file_copy(client, files_b, whole_b, before, after)
     seconds = time.monotonic() - t
+    cpu_seconds = cpu.seconds() if cpu else None
     rows.append(
         _row(
             scenario,
@@ -1137,7 +1144,7 @@ def _measure_epoch(
             files_b,
             whole_b,
             net,
-            cpu_seconds=cpu.seconds() if cpu else None,
+            cpu_seconds=cpu_seconds,
         )
     )
     expected_whole = {p: m for p, m in expected.items() if p in touched or p not in before}
