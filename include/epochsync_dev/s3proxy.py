@@ -34,6 +34,7 @@ class BucketCounters:
     listing_bytes: int = 0  # bucket listing responses (metadata, not file data)
     bytes_copied: int = 0  # server-side copies into this bucket (CopyObject, UploadPartCopy)
     bytes_copied_out: int = 0  # server-side copies whose source is in this bucket
+    copies_unsized: int = 0  # whole-object copies into this bucket whose size could not be learnt
 
     @property
     def total_requests(self) -> int:
@@ -48,6 +49,7 @@ class BucketCounters:
             "listing_bytes": self.listing_bytes,
             "bytes_copied": self.bytes_copied,
             "bytes_copied_out": self.bytes_copied_out,
+            "copies_unsized": self.copies_unsized,
         }
 
 
@@ -77,8 +79,9 @@ class S3Proxy:
         self.lock = threading.Lock()
         self.counters: dict[str, BucketCounters] = defaultdict(BucketCounters)
         self.faults: list[Fault] = []
-        #: whole-object copies not sized yet: ``(bucket, copy source)``, sized by :meth:`settle`
-        self.unsized: list[tuple[str, str]] = []
+        #: whole-object copies not sized yet, sized by :meth:`settle`: ``(bucket, copy source, the
+        #: source version the store copied, the key written, the version it made)``
+        self.unsized: list[tuple[str, str, str | None, str, str | None]] = []
         #: every request as ``(method, bucket, key, query, status, copy source or "")`` while
         #: :meth:`keep_log` is on
         self.log: list[tuple[str, str, str, str, int, str]] | None = None
@@ -110,10 +113,31 @@ class S3Proxy:
         the proxy's bookkeeping, not the tool. So it waits until the counters are read."""
         with self.lock:
             todo, self.unsized = self.unsized, []
-        sized = [(bucket, src, self._object_size(src)) for bucket, src in todo]
+        sized = [(u[0], u[1], self._copy_size(*u)) for u in todo]
         with self.lock:
             for bucket, src, n in sized:
-                self._count_copy(bucket, src, n)
+                if n is None:
+                    self.counters[bucket].copies_unsized += 1
+                else:
+                    self._count_copy(bucket, src, n)
+
+    def _copy_size(self, bucket: str, src: str, src_version: str | None, key: str, version: str | None):
+        """The size of a whole-object copy, asked after the fact: its source at the version the
+        store copied, else the version it made; the keys as they are now where no version is
+        known (an unversioned bucket). None when none of them is there any more (a rename's
+        source deleted in an unversioned bucket, and its copy since)."""
+        from botocore.exceptions import ClientError
+
+        path, _, query = unquote(src).lstrip("/").partition("?versionId=")
+        src_bucket, _, src_key = path.partition("/")
+        tries = [(src_bucket, src_key, query or src_version), (bucket, key, version)]
+        tries += [(b, k, None) for b, k, v in tries if v]
+        for b, k, v in tries:
+            try:
+                return self._object_size(b, k, v)
+            except ClientError:
+                continue
+        return None
 
     def _count_copy(self, bucket: str, src: str, copied: int) -> None:
         """Add ``copied`` bytes copied from ``src`` into ``bucket`` (under :attr:`lock`)."""
@@ -196,6 +220,7 @@ class S3Proxy:
                     # a whole-object copy does not say its size: the store is asked when the
                     # counters are read (settle), not while the copy waits for its answer
                     copied = int(rng.group(2)) - int(rng.group(1)) + 1 if rng else None
+                    answer = {k.lower(): v for k, v in headers_out}
                 with proxy.lock:
                     if proxy.log is not None:
                         proxy.log.append(
@@ -211,7 +236,9 @@ class S3Proxy:
                         c.listing_bytes += len(data)
                     if src and resp.status < 300:
                         if copied is None:
-                            proxy.unsized.append((bucket, src))
+                            copied_version = answer.get("x-amz-copy-source-version-id")
+                            made = answer.get("x-amz-version-id")
+                            proxy.unsized.append((bucket, src, copied_version, key, made))
                         else:
                             proxy._count_copy(bucket, src, copied)
                 # the store's own Date and Server, not the proxy's beside them (the s3 target reads
@@ -252,13 +279,11 @@ class S3Proxy:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         return self.url
 
-    def _object_size(self, copy_source: str) -> int:
-        """Size of a whole-object copy's source (HEAD through ``head_client``), 0 without one."""
+    def _object_size(self, bucket: str, key: str, version: str | None) -> int:
+        """Size of an object (at ``version``) by a HEAD through ``head_client``, 0 without one."""
         if self.head_client is None:
             return 0
-        src, _, query = unquote(copy_source).lstrip("/").partition("?versionId=")
-        bucket, _, key = src.partition("/")
-        kw = {"VersionId": query} if query else {}
+        kw = {"VersionId": version} if version else {}
         return int(self.head_client.head_object(Bucket=bucket, Key=key, **kw)["ContentLength"])
 
     def stop(self):

@@ -28,13 +28,22 @@ def test_counts_bytes_requests_and_copies(proxied, bucket_name):
     c.copy_object(Bucket=bucket_name, Key="b/x", CopySource={"Bucket": bucket_name, "Key": "a/x"})
     assert len(c.list_objects_v2(Bucket=bucket_name)["Contents"]) == 2
     # the whole-object copy is sized when the counters are read, not while it waits for its answer
-    assert [b for b, _ in proxy.unsized] == [bucket_name]
+    assert [u[0] for u in proxy.unsized] == [bucket_name]
     counts = proxy.snapshot()[bucket_name]
     assert proxy.unsized == []
     assert counts["bytes_in"] == 1000
     assert counts["bytes_out"] == 10
     assert counts["bytes_copied"] == 1000 and counts["bytes_copied_out"] == 1000
     assert counts["requests"] == {"PUT": 3, "GET": 2}
+    # a rename: the copy's source is gone when the counters are read, its copy is sized instead;
+    # a copy whose source and result are both gone is counted as not sized, not as 0 bytes
+    c.copy_object(Bucket=bucket_name, Key="c/x", CopySource={"Bucket": bucket_name, "Key": "b/x"})
+    c.delete_object(Bucket=bucket_name, Key="b/x")
+    c.copy_object(Bucket=bucket_name, Key="e/x", CopySource={"Bucket": bucket_name, "Key": "a/x"})
+    c.delete_object(Bucket=bucket_name, Key="a/x")
+    c.delete_object(Bucket=bucket_name, Key="e/x")
+    counts = proxy.snapshot()[bucket_name]
+    assert counts["bytes_copied"] == 2000 and counts["copies_unsized"] == 1, counts
     assert counts["listing_bytes"] > 0  # a listing is metadata, not file data read
 
 

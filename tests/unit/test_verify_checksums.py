@@ -148,3 +148,21 @@ def test_a_small_file_over_many_small_source_objects_keeps_the_patch():
     e = write_entry("M", 8192, 8192, [(100, 100)], layout=layout, objects=objects)
     op = build_plan([e], target=TARGET, store=STORE, epoch=2)["data"][0]
     assert op["write"] == {"mode": "put"} and len(op["pulls"]) == 2  # two objects hold its bytes: read whole
+
+
+def test_server_side_copies_do_not_send_an_apply_to_the_executors():
+    from types import SimpleNamespace
+
+    from epochsync.stages.apply import _client_ops
+
+    def io(endpoint):
+        return SimpleNamespace(kind="s3", settings=SimpleNamespace(endpoint_url=endpoint, access_key="k", region="r"))
+
+    target = SimpleNamespace(kind="s3", io=io("http://store"))
+    copy = {"copy_from": {"key": "data/F", "version": "v"}, "write": {"mode": "put"}, "source": SRC}
+    put = {"write": {"mode": "put"}, "source": SRC}
+    patch = {"write": {"mode": "patch"}}
+    ops = [copy] * 100 + [put] * 3 + [patch] * 2 + [dict(copy, extra_keys=["b"])]
+    assert _client_ops(ops, target, io("http://store")) == 6  # the copies move no bytes through here
+    assert _client_ops(ops, target, io("http://elsewhere")) == len(ops)  # no copy across stores: all read
+    assert _client_ops(ops, SimpleNamespace(kind="posix"), io("http://store")) == len(ops)

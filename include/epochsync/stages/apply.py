@@ -330,7 +330,7 @@ def apply_plan(plan: dict, target, source_io, source_bucket: str, jdir: str, sta
         ops.append(dict(op, state={k: state[k] for k in keys if k in state}))
     results = []
     if ops:
-        if spark is not None and len(ops) >= executor_min_ops(target):
+        if spark is not None and _client_ops(ops, target, source_io) >= executor_min_ops(target):
             results = _apply_on_executors(spark, ops, plan, target, source_io, source_bucket, jdir, faults, token)
         else:
             # posix: the data phase creates and writes files and moves no directory, so each
@@ -502,6 +502,17 @@ EXECUTOR_MIN_OPS = 64
 #: needs no other Spark job never connects (docs/INTERNALS.md "Apply of a small epoch into a
 #: posix target"); above this the executors' second process pays for itself, not measured
 POSIX_EXECUTOR_MIN_OPS = 2048
+
+
+def _client_ops(ops: list[dict], target, source_io) -> int:
+    """The data operations that move bytes through the client: all but the server-side copies
+    of pinned source versions (``_whole_file_how`` ``"copy"``), what :func:`executor_min_ops`
+    weighs. A copy is one request whose bytes never leave the store; 1,000 of them in this
+    process's threads took 2.35-2.54 s against 2.61-2.80 on the executors (bench e2e's 1,000
+    changed files of 10,000, 2026-11-29), and 5.3 CPU-s in all against 5.8."""
+    if ops and getattr(target, "kind", None) == "s3" and same_store(source_io, target):
+        return sum(1 for op in ops if _whole_file_how(op, target, source_io) != "copy" or op.get("extra_keys"))
+    return len(ops)
 
 
 def executor_min_ops(target=None) -> int:

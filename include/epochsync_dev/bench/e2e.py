@@ -1206,6 +1206,9 @@ def _row(scenario: Scenario, tool: str, seconds: float, counters: dict, src: str
             "other": sum(int(c.get("total_requests", 0)) for b, c in counters.items() if b not in (src, dst)),
         },
         "description": scenario.description,
+        # whole-object copies the proxy could not size afterwards (source and copy both gone):
+        # their bytes are missing from the copied and written figures
+        **({"copies_unsized": int(d["copies_unsized"])} if d.get("copies_unsized") else {}),
         **{k: v for k, v in extra.items() if v is not None},
     }
 
