@@ -51,6 +51,6 @@ def test_the_run_line_says_how_fast_the_host_was():
     line = _run_line(meta)
     assert "4.2 % of CPU time stolen by the hypervisor during the run" in line or "4.3 %" in line
     assert f"a Python loop of {bench.GAUGE_ADDITIONS:,} additions took 1.15 s" in line
-    assert line.endswith("code at 509fb99abcde.")
+    assert line.endswith("code at `509fb99abcde`.")
     # an older sidecar without them says nothing about them
     assert "stolen" not in _run_line({k: meta[k] for k in ("written_at", "machine", "cpus", "python")})

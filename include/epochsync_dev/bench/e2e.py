@@ -27,8 +27,9 @@ SeaweedFS counts every request and byte, server side of the client:
 - ``rclone-sync``: Debian's rclone (installed with apt-get when missing, as CI installs
   chromium; the row says why when it cannot), ``sync --checksum --fast-list`` bucket to
   bucket, configured by ``RCLONE_CONFIG_BENCH_*`` variables;
-- ``whole-file``: what lustre_rsync and geo-replication do: every changed or new file is
-  read whole and written whole, renames become copies, deletes deletes.
+- ``whole-file``: what lustre_rsync and geo-replication do: handed the change list (found
+  before the clock starts, as they read theirs from the changelogs), every changed or new
+  file is read whole and written whole, renames become copies, deletes deletes.
 
 Every replica is then compared with the ground truth of epoch 2. Rows go to
 ``bench/results/e2e.json``: ``{scenario, tool, seconds, bytes_read_source,
@@ -580,10 +581,12 @@ def whole_file_touched(before: dict[str, bytes], after: dict[str, bytes]) -> set
     return changed | gone
 
 
-def whole_file_copy(client, src_bucket: str, dst_bucket: str, before: dict[str, bytes], after: dict[str, bytes]):
-    """Bring ``dst_bucket`` from ``before`` to ``after`` the way whole-file replicators do."""
-    from concurrent.futures import ThreadPoolExecutor
-
+def whole_file_jobs(before: dict[str, bytes], after: dict[str, bytes]) -> tuple[list[tuple], list[str]]:
+    """The change list a whole-file replicator is handed (lustre_rsync and geo-replication read
+    it from the changelogs): ``(kind, path, old path)`` jobs, ``"copy"`` for a rename and
+    ``"put"`` for a changed or new file, and the paths to delete. Found here by hashing both
+    trees whole, so :func:`whole_file_copy`'s caller makes it before the clock starts: at
+    100,000 files that is about 2 GB hashed, which is not the copier's work."""
     sha_before = {p: hashlib.sha256(b).hexdigest() for p, b in before.items()}
     by_sha_before: dict[str, str] = {}
     for p, s in sha_before.items():
@@ -594,6 +597,13 @@ def whole_file_copy(client, src_bucket: str, dst_bucket: str, before: dict[str, 
             continue
         old = by_sha_before.get(hashlib.sha256(data).hexdigest())
         jobs.append(("copy", path, old) if old and old not in after else ("put", path, None))
+    return jobs, sorted(set(before) - set(after))
+
+
+def whole_file_copy(client, src_bucket: str, dst_bucket: str, jobs: list[tuple], deletes: list[str]):
+    """Bring ``dst_bucket`` from epoch 1 to 2 the way whole-file replicators do, given the change
+    list (:func:`whole_file_jobs`): 16 requests in flight."""
+    from concurrent.futures import ThreadPoolExecutor
 
     def run(job):
         kind, path, old = job
@@ -605,7 +615,7 @@ def whole_file_copy(client, src_bucket: str, dst_bucket: str, before: dict[str, 
 
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(run, jobs))
-    _delete_keys(client, dst_bucket, sorted(set(before) - set(after)))
+    _delete_keys(client, dst_bucket, deletes)
 
 
 def run_scenario(scenario: Scenario, *args, **kwargs) -> list[dict]:
@@ -1127,12 +1137,13 @@ def _measure_epoch(
             }
         )
 
-    # --- whole-file copy
+    # --- whole-file copy, handed the change list (found before the clock starts)
+    jobs, deletes = whole_file_jobs(before, after)
     proxy.reset_counters()
     if cpu:
         cpu.start()
     t = time.monotonic()
-    whole_file_copy(client, files_b, whole_b, before, after)
+    whole_file_copy(client, files_b, whole_b, jobs, deletes)
     seconds = time.monotonic() - t
     cpu_seconds = cpu.seconds() if cpu else None
     rows.append(

@@ -201,7 +201,7 @@ def _run_line(meta: dict[str, Any]) -> str:
             f"; a Python loop of {GAUGE_ADDITIONS:,} additions took {_num(meta['python_loop_seconds'], 2)} s at the end"
         )
     if meta.get("commit"):
-        line += f"; code at {meta['commit']}"
+        line += f"; code at `{meta['commit']}`"  # a version, as code: the pages name no commits in prose
     if meta.get("complete") is False:
         line += "; **incomplete run**"
     earlier = meta.get("merged_with") or []  # rows kept from earlier runs of other parts, oldest first
