@@ -162,7 +162,8 @@ def test_server_side_copies_do_not_send_an_apply_to_the_executors():
     copy = {"copy_from": {"key": "data/F", "version": "v"}, "write": {"mode": "put"}, "source": SRC}
     put = {"write": {"mode": "put"}, "source": SRC}
     patch = {"write": {"mode": "patch"}}
-    ops = [copy] * 100 + [put] * 3 + [patch] * 2 + [dict(copy, extra_keys=["b"])]
-    assert _client_ops(ops, target, io("http://store")) == 6  # the copies move no bytes through here
+    striped = {"stripes": [{"key": "s"}], "source": SRC}  # a striped target's operation has no "write"
+    ops = [copy] * 100 + [put] * 3 + [patch] * 2 + [dict(copy, extra_keys=["b"]), striped]
+    assert _client_ops(ops, target, io("http://store")) == 7  # the copies move no bytes through here
     assert _client_ops(ops, target, io("http://elsewhere")) == len(ops)  # no copy across stores: all read
     assert _client_ops(ops, SimpleNamespace(kind="posix"), io("http://store")) == len(ops)

@@ -511,7 +511,11 @@ def _client_ops(ops: list[dict], target, source_io) -> int:
     process's threads took 2.35-2.54 s against 2.61-2.80 on the executors (bench e2e's 1,000
     changed files of 10,000, 2026-11-29), and 5.3 CPU-s in all against 5.8."""
     if ops and getattr(target, "kind", None) == "s3" and same_store(source_io, target):
-        return sum(1 for op in ops if _whole_file_how(op, target, source_io) != "copy" or op.get("extra_keys"))
+        return sum(
+            1
+            for op in ops
+            if op.get("stripes") or op.get("extra_keys") or _whole_file_how(op, target, source_io) != "copy"
+        )
     return len(ops)
 
 
