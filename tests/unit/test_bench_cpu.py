@@ -123,3 +123,31 @@ def test_a_reading_lower_than_the_last_never_takes_cpu_away(monkeypatch):
     meter._sample()
     meter._sample()
     assert meter.seconds()["spark"] == 3.0  # the root's 1.0 and the worker's 2.0
+
+
+def test_the_harness_heap_is_set_aside_in_a_measured_window_and_its_pauses_counted(monkeypatch):
+    import gc
+
+    from epochsync_dev.bench.e2e import HarnessHeap
+
+    harness = [[i] for i in range(50_000)]  # the harness's objects, made before the window
+    heap = HarnessHeap()
+    monkeypatch.delenv("EPOCHSYNC_BENCH_GC_FREEZE", raising=False)
+    heap.set_aside()
+    try:
+        assert gc.get_freeze_count() >= len(harness)  # out of the collector's walks
+        gc.collect()  # a full collection inside the window: counted
+    finally:
+        got = heap.restore()
+    assert got["full_collections"] == 1 and heap.seconds > 0, (got, heap.seconds)
+    assert got["frozen"] >= len(harness)
+    assert gc.get_freeze_count() == 0  # the heap is back where it was
+    assert heap._callback not in gc.callbacks
+    gc.collect()
+    assert heap.full == 1  # a collection after the window is not counted
+
+    monkeypatch.setenv("EPOCHSYNC_BENCH_GC_FREEZE", "0")  # the heap kept in: pauses counted all the same
+    heap.set_aside()
+    gc.collect()
+    got = heap.restore()
+    assert got["frozen"] == 0 and got["full_collections"] == 1, got

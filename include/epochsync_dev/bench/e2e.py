@@ -845,7 +845,11 @@ def _repeat_epochsync(
     from epochsync.stages.replicate import replicate
 
     runs = [
-        {k: row.get(k) for k in ("epoch", "seconds", "stages", "requests", "cpu_seconds") if row.get(k) is not None}
+        {
+            k: row.get(k)
+            for k in ("epoch", "seconds", "stages", "requests", "cpu_seconds", "gc_pause")
+            if row.get(k) is not None
+        }
     ]
     for _ in range(scenario.repeats):
         e = max(contents) + 1
@@ -867,6 +871,7 @@ def _repeat_epochsync(
         }
         if cpu:
             run["cpu_seconds"] = cpu_seconds
+            run["gc_pause"] = cpu.gc
         diffs = _replica_check(admin, bucket, _expected_files(after), skip=".epochsync/")["differences"]
         if diffs:
             row["replica_equals_source"] = False
@@ -935,6 +940,9 @@ class CpuMeter:
         self.pids = {k: v for k, v in pids.items() if v}
         self.every = every
         self._thread = None
+        #: the window's collector pauses (:class:`HarnessHeap`), set by :meth:`seconds`
+        self.heap = HarnessHeap()
+        self.gc: dict | None = None
 
     def _sample(self) -> None:
         table = _proc_table()
@@ -960,6 +968,7 @@ class CpuMeter:
     def start(self) -> None:
         import threading
 
+        self.heap.set_aside()  # first: its collection is the harness's, not the tool's
         self._seen: dict[str, dict[tuple[int, int], tuple[float, float]]] = {k: {} for k in self.pids}
         self._at_start = True
         self._sample()
@@ -982,7 +991,55 @@ class CpuMeter:
         self._sample()
         out = {name: round(sum(last - first for first, last in seen.values()), 2) for name, seen in self._seen.items()}
         out["tool"] = round(tool, 2)
+        self.gc = self.heap.restore()
         return out
+
+
+class HarnessHeap:
+    """The harness's own objects set aside (``gc.freeze``) while a tool is measured, and the
+    collector's pauses in that window counted.
+
+    The in-process tools (epochsync's ``replicate``, the whole-file copier) run in the harness's
+    process, which holds the ground truth and the scenario's source: at 100,000 files some
+    millions of objects the collector tracks. A full collection walks all of them (0.78 s for
+    9 million here), and when one fell inside a measured epoch the tool paid for the harness's
+    heap: a deployment's process holds its own objects only. :meth:`set_aside` collects once
+    (outside the window) and freezes what is left; objects made in the window are collected as
+    usual. ``EPOCHSYNC_BENCH_GC_FREEZE=0`` keeps the heap in (to see what it cost); the pauses
+    are counted either way and go in the in-process tools' rows (``gc_pause``).
+    """
+
+    def __init__(self) -> None:
+        self._started: float | None = None
+        self.seconds = 0.0
+        self.full = 0
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        elif self._started is not None:
+            self.seconds += time.perf_counter() - self._started
+            self.full += int(info.get("generation") == 2)
+            self._started = None
+
+    def set_aside(self) -> None:
+        import gc
+
+        gc.collect()
+        if os.environ.get("EPOCHSYNC_BENCH_GC_FREEZE", "1").strip() != "0":
+            gc.freeze()
+        self.seconds, self.full, self._started = 0.0, 0, None
+        gc.callbacks.append(self._callback)
+
+    def restore(self) -> dict:
+        """Ends the window; returns its pauses: ``{seconds, full_collections, frozen}``."""
+        import gc
+
+        if self._callback in gc.callbacks:
+            gc.callbacks.remove(self._callback)
+        frozen = gc.get_freeze_count()
+        gc.unfreeze()
+        return {"seconds": round(self.seconds, 3), "full_collections": self.full, "frozen": frozen}
 
 
 def _measure_epoch(
@@ -1044,6 +1101,7 @@ def _measure_epoch(
             pulled=stat_row.get("bytes_pulled"),
             stages=stage_seconds(stat_row, es_seconds),
             cpu_seconds=es_cpu,
+            gc_pause=cpu.gc if cpu else None,
             **_plan_figures(cfg_path, e),
         )
     )
@@ -1156,6 +1214,7 @@ def _measure_epoch(
             whole_b,
             net,
             cpu_seconds=cpu_seconds,
+            gc_pause=cpu.gc if cpu else None,
         )
     )
     expected_whole = {p: m for p, m in expected.items() if p in touched or p not in before}
