@@ -98,6 +98,9 @@ def test_every_reader_sees_the_oracle_state(spark, merged):
             some = [r["fid"] for r in plain[::2]] + ["no-such-fid"]
             got = sorted(files.rows(some).to_pylist(), key=lambda r: r["fid"])
             assert got == [r for r in plain if r["fid"] in some], (t, e)
+            # fids gone since an earlier epoch (tombstones in a delta, or absent from a new base)
+            gone = {r["fid"] for k in range(1, e) for r in hist.at(k).snapshot} - {r["fid"] for r in want}
+            assert gone and files.rows(sorted(gone)).num_rows == 0, (t, e)
             dirs = sorted(
                 (r["fid"], [tuple(lk.values()) for lk in r["links"]]) for r in files.directories().to_pylist()
             )
@@ -107,6 +110,30 @@ def test_every_reader_sees_the_oracle_state(spark, merged):
             for d in [r["fid"] for r in plain if r["type"] == "dir"][:3]:
                 under = sorted(r["fid"] for r in plain if any(lk["pfid"] == d for lk in r["links"]))
                 assert files.linked_under([d]) == under
+
+
+def test_the_rows_a_delta_holds_are_read_without_the_base(spark, merged, monkeypatch):
+    """translate's new side: the fids the epoch's merge wrote come from its delta alone; the base
+    (every fid's row) is opened only for fids the deltas do not hold."""
+    hist, cfg, wh, layouts = merged
+    e = next(i + 1 for i, lay in reversed(list(enumerate(layouts["local"]))) if lay.has_deltas)
+    assert e >= EPOCHS - 1  # retention keeps the last two
+    files = snapshot_files(wh, "local", e, ROOT_FID)
+    newest = max(f["gen"] for f in files.layout.files if f["kind"] == "delta")
+    delta = files._read_files([f for f in files.layout.files if f["gen"] == newest], None, ["fid", sf.DELETED])
+    in_delta = sorted(set(delta["fid"].to_pylist()))
+    read: list[str] = []
+    real = files._read_files
+    monkeypatch.setattr(files, "_read_files", lambda fs, *a: read.extend(f["kind"] for f in fs) or real(fs, *a))
+    plain = _plain(spark, hist.at(e).snapshot)
+    got = sorted(files.rows(in_delta).to_pylist(), key=lambda r: r["fid"])
+    assert got == [r for r in plain if r["fid"] in in_delta]
+    assert read and "base" not in read, read
+    read.clear()
+    in_base = [r["fid"] for r in plain if r["fid"] not in in_delta][:3]
+    got = sorted(files.rows([*in_delta, *in_base]).to_pylist(), key=lambda r: r["fid"])
+    assert got == [r for r in plain if r["fid"] in {*in_delta, *in_base}]
+    assert "base" in read
 
 
 def test_deltas_pile_up_then_compact_and_buckets_split(merged):

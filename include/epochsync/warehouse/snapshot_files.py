@@ -18,7 +18,8 @@ the merge writes a new base instead (compaction, once every so many epochs). Rem
 old epoch's folder removes its links only: files still linked from newer epochs stay.
 
 Reading the rows of some fids (:meth:`SnapshotFiles.rows`) opens only the files of their
-buckets; the directories (:meth:`SnapshotFiles.directories`, what path resolution needs)
+buckets, and their base files only for the fids the deltas do not hold (the fids an
+epoch's merge wrote are read from its delta alone); the directories (:meth:`SnapshotFiles.directories`, what path resolution needs)
 and the links under given directories (:meth:`SnapshotFiles.linked_under`) are column
 scans. All of this runs in the caller with pyarrow (no Spark job: a lookup of a few
 thousand rows is milliseconds here and a Spark job's fixed cost is 0.1-0.3 s);
@@ -293,7 +294,22 @@ class SnapshotFiles:
             return self._read([], filter=cond, columns=columns)
         buckets = {bucket_of(f, self.layout.buckets) for f in wanted}
         files = [f for f in self.layout.files if f["bucket"] in buckets]
-        return self._read(files, filter=cond, columns=columns)
+        deltas = [f for f in files if f["kind"] == "delta"]
+        if not deltas:
+            return self._read(files, filter=cond, columns=columns)
+        # the deltas first: a fid they hold (a row or a tombstone) needs nothing from the base,
+        # and the fids an epoch's merge just wrote (translate's new side) are all there, so the
+        # base (every fid's row: the namespace) is read only for the others, in their buckets
+        cols = list(dict.fromkeys(["fid", *(columns or SNAPSHOT_FIELDS)]))
+        newer = newest_rows(self._read_files(deltas, cond, [*cols, GEN, DELETED]))
+        rest = sorted(set(wanted) - set(combine(newer["fid"]).to_pylist()))
+        live = newer.filter(pc.invert(pc.fill_null(newer[DELETED], scalar(False)))).select(cols)
+        if not rest:
+            return live
+        rest_buckets = {bucket_of(f, self.layout.buckets) for f in rest}
+        bases = [f for f in files if f["kind"] != "delta" and f["bucket"] in rest_buckets]
+        base = self._read_files(bases, pc.field("fid").isin(array(rest, pa.string())), cols)
+        return pa.concat_tables([base, live])
 
     def scan(self, filter=None, columns: list[str] | None = None) -> pa.Table:
         """Every row matching ``filter`` (a pyarrow expression; None: all), the given columns."""
