@@ -936,12 +936,13 @@ class CpuMeter:
     of a core at 4 a second, in every tool's ``tool``.
     """
 
-    def __init__(self, pids: dict[str, int], every: float = 0.25):
+    def __init__(self, pids: dict[str, int], every: float = 0.25, *, set_aside_heap: bool = True):
         self.pids = {k: v for k, v in pids.items() if v}
         self.every = every
         self._thread = None
-        #: the window's collector pauses (:class:`HarnessHeap`), set by :meth:`seconds`
-        self.heap = HarnessHeap()
+        #: the window's collector pauses (:class:`HarnessHeap`), set by :meth:`seconds`; without
+        #: ``set_aside_heap`` (the meter alone) :meth:`start` samples at once
+        self.heap = HarnessHeap() if set_aside_heap else None
         self.gc: dict | None = None
 
     def _sample(self) -> None:
@@ -968,7 +969,8 @@ class CpuMeter:
     def start(self) -> None:
         import threading
 
-        self.heap.set_aside()  # first: its collection is the harness's, not the tool's
+        if self.heap is not None:
+            self.heap.set_aside()  # first: its collection is the harness's, not the tool's
         self._seen: dict[str, dict[tuple[int, int], tuple[float, float]]] = {k: {} for k in self.pids}
         self._at_start = True
         self._sample()
@@ -991,7 +993,7 @@ class CpuMeter:
         self._sample()
         out = {name: round(sum(last - first for first, last in seen.values()), 2) for name, seen in self._seen.items()}
         out["tool"] = round(tool, 2)
-        self.gc = self.heap.restore()
+        self.gc = self.heap.restore() if self.heap is not None else None
         return out
 
 
