@@ -19,9 +19,9 @@ old epoch's folder removes its links only: files still linked from newer epochs 
 
 Reading the rows of some fids (:meth:`SnapshotFiles.rows`) opens only the files of their
 buckets, and their base files only for the fids the deltas do not hold (the fids an
-epoch's merge wrote are read from its delta alone); the directories (:meth:`SnapshotFiles.directories`, what path resolution needs)
-and the links under given directories (:meth:`SnapshotFiles.linked_under`) are column
-scans. All of this runs in the caller with pyarrow (no Spark job: a lookup of a few
+epoch's merge wrote are read from its delta alone); the directories
+(:meth:`SnapshotFiles.directories`, what path resolution needs) and the links under given
+directories (:meth:`SnapshotFiles.linked_under`) are column scans. All of this runs in the caller with pyarrow (no Spark job: a lookup of a few
 thousand rows is milliseconds here and a Spark job's fixed cost is 0.1-0.3 s);
 :func:`epochsync.warehouse.snapshots.read_snapshot` reads a whole snapshot on Spark.
 
