@@ -4,9 +4,9 @@ Namespaces of 10,000 to 100,000 files (log-normal sizes, median 8 KiB, a tail to
 the 1% small-writes scenario runs at 10,000, 30,000 and 100,000 files (the scale rows), and
 the same 1,000 changed files run in namespaces of 10,000, 30,000 and 100,000 files (the
 fixed-change series: a changelog replicator's cost should stay flat, a listing tool's grow).
-epochsync measures each fixed-change scenario twice more, alone, in the epochs after its
-tree's last scenario (the same change to other files), and that series' check takes the
-median of its three epochs (:data:`FIXED_REPEATS`).
+epochsync measures each fixed-change scenario again, alone, in later epochs of its tree (the
+same change to other files), after every tree's scenarios and in turn across the trees, and
+that series' check takes the median of its epochs (:data:`FIXED_REPEATS`, :class:`LaterRepeats`).
 ``--set quick`` (``make bench``) runs the 10,000-file tree only (the 1% and 1,000-file small
 writes, the churn); ``--set full`` (``make bench-full``) runs every scenario; both write
 ``e2e.json`` and its meta says which ran.
@@ -39,6 +39,7 @@ bytes_written, requests, net_changed_bytes}`` (plus detail fields), with a chart
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -92,11 +93,13 @@ SCALE_SIZES = (10_000, 30_000)  # plus SCENARIOS[SCALE].files
 #: 100,000 files (the last one is SCALE itself: 1% of 100,000)
 FIXED = ("small-writes-1000-10k", "small-writes-1000-30k", SCALE)
 FIXED_CHANGE = 1_000
-#: the fixed-change series' epochs measured after the one beside the peers (epochsync alone): its
-#: check takes the median of the three. One 1,000-file epoch is a noisy sample on a shared host:
-#: in one run (2026-11-29) the whole-file copy took 17.6, 11.5 and 11.6 s for the same kind of
-#: change at the three sizes, a spread as wide as the 1.3x target
-FIXED_REPEATS = 2
+#: the fixed-change series' epochs measured after the one beside the peers (epochsync alone, in
+#: turn across the three trees: :class:`LaterRepeats`): its check takes the median of the five.
+#: One 1,000-file epoch is a noisy sample on a shared host: in one run (2026-11-29) the
+#: whole-file copy took 17.6, 11.5 and 11.6 s for the same kind of change at the three sizes, a
+#: spread as wide as the 1.3x target. Two more epochs cost about a minute and a half at the
+#: three sizes (at 100,000 files: the source's epoch 10 s, the replica's check 25 s)
+FIXED_REPEATS = 4
 #: ``make bench`` (the scenarios that fit in its 20 minutes) and ``make bench-full`` (all), in the
 #: order they run; scenarios of one tree run as consecutive epochs of one source (:func:`run_group`),
 #: the churn last in its tree (it adds files). The quick set is the 10,000-file tree only: the
@@ -650,6 +653,7 @@ def run_group(
     rclone_bin: str | None = None,
     rclone_why: str = "",
     pids: dict[str, int] | None = None,
+    later: LaterRepeats | None = None,
 ) -> list[dict]:
     """Measure the tools on scenarios of one tree (:func:`tree_of`); returns one row per tool and scenario.
 
@@ -663,7 +667,9 @@ def run_group(
     session). ``rclone_bin`` (see :func:`rclone_binary`): without it the rclone rows say why
     it was not run. ``pids``: processes whose CPU each tool's row reports (``cpu_seconds``,
     :class:`CpuMeter`): ``store`` (SeaweedFS) and ``spark`` (the Connect server); the proxy's
-    is added.
+    is added. ``later``: the scenarios' repeat epochs (``Scenario.repeats``) are left to it, to be
+    measured in turn with other trees' (:meth:`LaterRepeats.run`), and the group's proxy stays
+    up until it closes; without it they run here, after the group's last scenario.
     """
     from epochsync.core.config import load_config
     from epochsync.stages.replicate import replicate
@@ -682,7 +688,12 @@ def run_group(
     say = lambda msg: print(f"bench e2e: {names}: {msg}", file=sys.stderr, flush=True)  # noqa: E731
     # the proxy runs in its own process: in this one it would take the GIL from epochsync's
     # threads while aws runs as a subprocess beside it
-    with S3ProxyProcess(weed_endpoint.url, weed_endpoint.access_key, weed_endpoint.secret_key) as proxy:
+    own = contextlib.ExitStack()
+    with own:
+        stack = later.stack if later is not None else own
+        proxy = stack.enter_context(
+            S3ProxyProcess(weed_endpoint.url, weed_endpoint.access_key, weed_endpoint.secret_key)
+        )
         ep = S3Endpoint(proxy.url, weed_endpoint.access_key, weed_endpoint.secret_key)
         conn = ep.airflow_conn_json()
         direct = weed_endpoint.airflow_conn_json()
@@ -801,84 +812,148 @@ def run_group(
                     r["requests_per_changed_file"] = round(r["requests"] / changed, 3)
             rows += epoch_rows
         # the repeats come last: the peers' replicas stay at the group's last scenario
-        for scenario in scenarios:
-            if scenario.repeats:
-                row = next(r for r in rows if r["scenario"] == scenario.name and r["tool"] == "epochsync")
-                _repeat_epochsync(
-                    scenario,
-                    row,
-                    source,
-                    contents,
-                    cfg_path=cfg_path,
-                    spark=spark,
-                    proxy=proxy,
-                    admin=admin,
-                    bucket=f"es-{slug}",
-                    quiet=quiet,
-                    cpu=CpuMeter({**(pids or {}), "proxy": proxy.pid}),
-                )
-                each = ", ".join(f"{r['seconds']:.1f}" for r in row["repeats"])
-                say(f"{scenario.name}: epochsync's epochs {each} s (median {row['median_seconds']:.1f} s)")
+        repeats = [
+            Repeats(
+                scenario,
+                next(r for r in rows if r["scenario"] == scenario.name and r["tool"] == "epochsync"),
+                source,
+                max(contents),
+                cfg_path=cfg_path,
+                conn=conn,
+                proxy=proxy,
+                admin=admin,
+                bucket=f"es-{slug}",
+                quiet=quiet,
+                say=say,
+                cpu=CpuMeter({**(pids or {}), "proxy": proxy.pid}),
+            )
+            for scenario in scenarios
+            if scenario.repeats
+        ]
+        if later is not None:
+            later.repeats += repeats
+        else:
+            for rep in repeats:
+                while rep.left:
+                    rep.once(spark)
+                rep.finish()
     return rows
 
 
-def _repeat_epochsync(
-    scenario: Scenario,
-    row: dict,
-    source,
-    contents: dict,
-    *,
-    cfg_path,
-    spark,
-    proxy,
-    admin,
-    bucket: str,
-    quiet,
-    cpu: CpuMeter | None = None,
-) -> None:
+class Repeats:
     """``scenario.repeats`` more epochs of ``scenario``'s change (other files each time), epochsync
-    alone, measured as its first one was: ``row`` (that first one's) gets ``repeats`` (every
-    measurement, the first included: epoch, seconds, stages, requests, CPU) and ``median_seconds``.
-    Each replica is checked by the listing's ETags; a wrong one marks ``row``."""
-    import statistics
+    alone, measured as its first one was (:meth:`once`, one epoch each call): ``row`` (that first
+    one's) gets ``repeats`` (every measurement, the first included: epoch, seconds, stages,
+    requests, CPU) and ``median_seconds`` (:meth:`finish`). Each replica is checked by the
+    listing's ETags; a wrong one marks ``row``. ``conn``: the Airflow connection of the group's
+    proxy, set again before each epoch (a later group's run set its own)."""
 
-    from epochsync.stages.replicate import replicate
+    def __init__(
+        self,
+        scenario: Scenario,
+        row: dict,
+        source,
+        epoch: int,
+        *,
+        cfg_path,
+        conn: str,
+        proxy,
+        admin,
+        bucket: str,
+        quiet,
+        say,
+        cpu: CpuMeter | None = None,
+    ) -> None:
+        self.scenario, self.row, self.source, self.epoch = scenario, row, source, epoch
+        self.cfg_path, self.conn, self.proxy, self.admin, self.bucket = cfg_path, conn, proxy, admin, bucket
+        self.quiet, self.say, self.cpu = quiet, say, cpu
+        self.runs = [
+            {
+                k: row.get(k)
+                for k in ("epoch", "seconds", "stages", "requests", "cpu_seconds", "gc_pause")
+                if row.get(k) is not None
+            }
+        ]
+        self.left = scenario.repeats
 
-    runs = [
-        {
-            k: row.get(k)
-            for k in ("epoch", "seconds", "stages", "requests", "cpu_seconds", "gc_pause")
-            if row.get(k) is not None
-        }
-    ]
-    for _ in range(scenario.repeats):
-        e = max(contents) + 1
-        contents[e] = after = source.epoch(e, scenario)
+    def once(self, spark) -> dict:
+        """Measure the next epoch on ``spark``; returns its run (also kept for ``row``)."""
+        from epochsync.stages.replicate import replicate
+
+        self.left -= 1
+        self.epoch = e = self.epoch + 1
+        after = self.source.epoch(e, self.scenario)
+        os.environ["AIRFLOW_CONN_BENCH_SOURCE"] = os.environ["AIRFLOW_CONN_BENCH_REPLICA"] = self.conn
         time.sleep(1.1)  # as before a measured epoch (the listing tools' 1 s resolution; kept alike)
-        proxy.reset_counters()
-        if cpu:
-            cpu.start()
+        self.proxy.reset_counters()
+        if self.cpu:
+            self.cpu.start()
         t = time.monotonic()
-        stats = replicate(str(cfg_path), "replica", epoch=e, spark=spark, progress=quiet)
+        stats = replicate(str(self.cfg_path), "replica", epoch=e, spark=spark, progress=self.quiet)
         seconds = time.monotonic() - t
         # the CPU first: reading the proxy's counters sizes its copies, HEADs that are not the run's
-        cpu_seconds = cpu.seconds() if cpu else None
+        cpu_seconds = self.cpu.seconds() if self.cpu else None
         run = {
             "epoch": e,
             "seconds": round(seconds, 3),
             "stages": stage_seconds(stats[-1] if stats else {}, seconds),
-            "requests": sum(int(c.get("total_requests", 0)) for c in proxy.snapshot().values()),
+            "requests": sum(int(c.get("total_requests", 0)) for c in self.proxy.snapshot().values()),
         }
-        if cpu:
+        if self.cpu:
             run["cpu_seconds"] = cpu_seconds
-            run["gc_pause"] = cpu.gc
-        diffs = _replica_check(admin, bucket, _expected_files(after), skip=".epochsync/")["differences"]
+            run["gc_pause"] = self.cpu.gc
+        diffs = _replica_check(self.admin, self.bucket, _expected_files(after), skip=".epochsync/")["differences"]
+        row = self.row
         if diffs:
             row["replica_equals_source"] = False
             row["differences"] = (row.get("differences") or []) + [f"epoch {e}: {d}" for d in diffs[:5]]
-        runs.append(run)
-    row["repeats"] = runs
-    row["median_seconds"] = round(statistics.median(r["seconds"] for r in runs), 3)
+        self.runs.append(run)
+        self.say(f"{self.scenario.name}: epochsync's epoch {e} alone: {seconds:.1f} s")
+        return run
+
+    def finish(self) -> None:
+        """Give ``row`` its ``repeats`` and ``median_seconds``."""
+        import statistics
+
+        self.row["repeats"] = self.runs
+        self.row["median_seconds"] = round(statistics.median(r["seconds"] for r in self.runs), 3)
+        each = ", ".join(f"{r['seconds']:.1f}" for r in self.runs)
+        self.say(f"{self.scenario.name}: epochsync's epochs {each} s (median {self.row['median_seconds']:.1f} s)")
+
+
+class LaterRepeats(contextlib.AbstractContextManager):
+    """The repeat epochs of several trees' scenarios (:func:`run_group` with ``later``), measured in
+    turn after every group (:meth:`run`): 10,000, 30,000, 100,000 files, then again. Each group's
+    proxy stays up until this closes.
+
+    Why in turn: the fixed-change check compares epochsync's epochs at 10,000 and 100,000 files.
+    Measured after each tree's own scenarios, those were 25-35 minutes apart, and this host's
+    speed changed by 30-50 % within that (session 13, 2026-11-29: rclone's same 1,000 files took
+    3.19 s against 2.17 in the run before). In turn, the epochs compared are a minute apart.
+    """
+
+    def __init__(self) -> None:
+        self.stack = contextlib.ExitStack()
+        self.repeats: list[Repeats] = []
+
+    def run(self, spark) -> None:
+        """Measure every repeat epoch, a round at a time across the groups (``spark()``: the session
+        to use, asked for before each epoch), then give each row its repeats and median."""
+        rounds = max((rep.left for rep in self.repeats), default=0)
+        for i in range(rounds):
+            for rep in self.repeats:
+                if rep.left:
+                    print(
+                        f"bench e2e: repeats, round {i + 1} of {rounds}: {rep.scenario.name}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    rep.once(spark())
+        for rep in self.repeats:
+            rep.finish()
+
+    def __exit__(self, *exc) -> None:
+        self.stack.close()
 
 
 def _proc_table() -> dict[int, tuple[int, int, float]]:
@@ -1603,7 +1678,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         weed = SeaweedFS(work / "seaweedfs")
-        with weed as endpoint:
+        with weed as endpoint, LaterRepeats() as later:
             for group in groups_of([table[n] for n in names]):
                 for sc in group:
                     print(f"bench e2e: scenario {sc.name}: {sc.description}", file=sys.stderr, flush=True)
@@ -1618,9 +1693,12 @@ def main(argv: list[str] | None = None) -> int:
                         rclone_bin=rclone_bin,
                         rclone_why=rclone_why,
                         pids={"store": weed.proc.pid, "spark": server.proc.pid},
+                        later=later,
                     )
                 )
                 save(done=False)
+            # the repeat epochs, in turn across the trees (10,000, 30,000, 100,000 files, again)
+            later.run(lambda: sessions[-1])
     finally:  # a failed scenario must not leave the Connect server running
         for session in sessions:
             session.stop()

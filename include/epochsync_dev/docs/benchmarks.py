@@ -376,7 +376,7 @@ def _e2e(data: Any) -> list[str]:
             if len(runs) > 1:
                 each = ", ".join(f"{_num(x.get('seconds'), 2)} s (epoch {_num(x.get('epoch'))})" for x in runs[1:])
                 out += [
-                    f"{_text(r.get('tool', '?'))} measured the same change again, alone, in the next epochs: "
+                    f"{_text(r.get('tool', '?'))} measured the same change again, alone, in later epochs: "
                     f"{each}; the median of its {len(runs)} epochs: {_num(r.get('median_seconds'), 2)} s.",
                     "",
                 ]
