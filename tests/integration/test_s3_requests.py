@@ -77,6 +77,7 @@ def epoch(env, target, entries, n, *, sample=1.0):
     env["fence"] = fence
     jdir = str(env["tmp"] / f"undo-{target.name}-{n}")
     figures = apply_plan(plan, target, src_io, env["store"]["bucket"], jdir, state)
+    env["facts"] = figures["facts"]
     result = verify_plan(plan, target, src_io, env["store"]["bucket"], sample=sample, facts=figures["facts"])
     counts = env["proxy"].snapshot()
     total = sum(c["total_requests"] for c in counts.values())
@@ -451,3 +452,44 @@ def test_a_large_file_patched_in_place_is_read_back(env):
     src_io = S3Access(resolve_s3("reqs_s3"))
     result = verify_plan(plan, target, src_io, env["store"]["bucket"], sample=1.0, facts={})
     assert result["problems"] == ["big: content differs from the source at epoch 2 (first difference at byte 1)"]
+
+
+def test_a_large_file_appended_is_a_multipart_upload_its_parts_cover(env):
+    """A file above ``small_object`` (8 MiB) appended to: one multipart upload, its unchanged part
+    copied server-side from the replica's version at E-1 and the appended bytes uploaded. Verify
+    reads none of it: the version's ETag is the one its parts make (SeaweedFS makes it as S3
+    does), each uploaded part is the MD5 apply computed, the copied part names its pinned E-1
+    version (``stages.verify.parts_cover``). A byte changed behind verify's back is a new
+    version, which the facts do not cover: read, so seen."""
+    target = new_target()
+    big = os.urandom(12 * 1024 * 1024)
+    f1 = row("file", size=len(big), version=put_source(env, "APP", big), fid="APP")
+    writes = [entry("APP", new=f1, new_paths=["log"], change={"data_changed": True, "whole_file": True})]
+    _, by_method, result = epoch(env, target, writes, 1)
+    assert result["ok"], result["problems"]
+    # a new file of 12 MiB: uploaded in parts (its bytes pulled from the source version)
+    assert result["files_by_checksum"] == 1 and result["files_hashed"] == 0, result
+    data = big + os.urandom(64 * 1024)
+    f2 = dict(f1, size=len(data), objects=[{"ost": "OST0000", "oid": "APP", "version": put_source(env, "APP", data)}])
+    change = {"data_changed": True, "whole_file": False, "ranges": [{"offset": len(big), "length": 64 * 1024}]}
+    writes = [entry("APP", old=f1, new=f2, old_paths=["log"], new_paths=["log"], change=change)]
+    plan = build_plan(writes, target=_target_dict(target.cfg), store=env["store"], epoch=2)
+    assert plan["data"][0]["write"]["mode"] == "multipart", plan["data"][0]["write"]
+    assert any("copy" in p for p in plan["data"][0]["write"]["parts"]), plan["data"][0]["write"]
+    _, by_method, result = epoch(env, target, writes, 2)
+    assert result["ok"], result["problems"]
+    assert result["files_by_checksum"] == 1 and result["files_hashed"] == 0, result
+    # the fence's and verify's listings, the appended range and the tail of E-1's last part
+    assert by_method.get("GET", 0) <= 4, by_method
+    assert tree(target) == {"log": ("file", sha(data), 0o644)}
+    c, b, pre = env["client"], target.bucket, target.prefix
+    bad = bytearray(data)
+    bad[5] ^= 1
+    c.put_object(
+        Bucket=b, Key=pre + "log", Body=bytes(bad), Metadata=c.head_object(Bucket=b, Key=pre + "log")["Metadata"]
+    )
+    src_io = S3Access(resolve_s3("reqs_s3"))
+    assert env["facts"]["log"]["parts"]  # the apply's facts of the version it wrote, now not current
+    result = verify_plan(plan, target, src_io, env["store"]["bucket"], sample=1.0, facts=env["facts"])
+    assert result["problems"] == ["log: content differs from the source at epoch 2 (first difference at byte 5)"]
+    assert result["files_by_checksum"] == 0 and result["files_hashed"] == 1, result

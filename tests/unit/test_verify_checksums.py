@@ -68,6 +68,46 @@ def test_a_copy_inside_the_target_is_covered_by_an_equal_etag_of_covered_bytes()
     assert not covered(item(unchanged=True), "b", {"b": dict(moved, etag="ff")}, "t3")
 
 
+def test_a_multipart_upload_is_covered_when_its_parts_make_the_file():
+    """As a posix file's written ranges: the parts run from 0 to the size, each uploaded part is
+    the MD5 apply computed, each copied part names its pinned E-1 version, the version's ETag is
+    the one the parts make, and the uploaded bytes came from the file's source versions at E."""
+    a, b = hashlib.md5(b"old").hexdigest(), hashlib.md5(b"new").hexdigest()
+    parts = [
+        {"copy": [0, 10], "from": {"key": "a", "version": "t0"}, "etag": a},
+        {"upload": [10, 15], "md5": b, "etag": b},
+    ]
+    whole = hashlib.md5(bytes.fromhex(a) + bytes.fromhex(b)).hexdigest() + "-2"
+    fact = {"version": "t1", "etag": whole, "parts": parts, "pulled_from": [["data/F", "v2"]]}
+    big = item(size=15)
+    assert covered(big, "a", {"a": fact}, "t1")
+    assert not covered(big, "a", {"a": fact}, "t0")  # another version is current
+    assert not covered(item(size=16), "a", {"a": fact}, "t1")  # the parts end before the file does
+    assert not covered(big, "a", {"a": dict(fact, etag=hashlib.md5(b"x").hexdigest() + "-2")}, "t1")
+    assert not covered(big, "a", {"a": dict(fact, etag=whole.replace("-2", "-3"))}, "t1")
+    assert not covered(big, "a", {"a": dict(fact, pulled_from=[["data/F", "v1"]])}, "t1")  # E-1's source bytes
+    assert not covered(big, "a", {"a": {k: v for k, v in fact.items() if k != "pulled_from"}}, "t1")
+    wrong_md5 = [parts[0], dict(parts[1], md5=a)]  # the store took other bytes than apply composed
+    assert not covered(big, "a", {"a": dict(fact, parts=wrong_md5)}, "t1")
+    unpinned = [dict(parts[0], **{"from": {"key": "a", "version": None}}), parts[1]]
+    assert not covered(big, "a", {"a": dict(fact, parts=unpinned)}, "t1")
+    gap = [parts[0], dict(parts[1], upload=[11, 16])]
+    assert not covered(item(size=16), "a", {"a": dict(fact, parts=gap)}, "t1")
+    bad = [dict(parts[0], etag="not hex"), parts[1]]
+    assert not covered(big, "a", {"a": dict(fact, parts=bad)}, "t1")
+    # SeaweedFS answers an UploadPartCopy with its chunks' "<md5>-<n>", and makes the version's
+    # ETag of that digest: the proof takes the part as the store named it
+    chunks = [dict(parts[0], etag=a + "-2"), parts[1]]
+    assert covered(big, "a", {"a": dict(fact, parts=chunks)}, "t1")
+    assert not covered(big, "a", {"a": dict(fact, parts=[parts[0], dict(parts[1], etag=b + "-1")])}, "t1")
+    # copied parts only (an unchanged file rewritten with new parts) need no source version
+    only = {"version": "t1", "etag": hashlib.md5(bytes.fromhex(a)).hexdigest() + "-1", "parts": parts[:1]}
+    assert covered(item(size=10), "a", {"a": dict(only, pulled_from=[])}, "t1")
+    # a hard link's copy of a multipart version is covered through it
+    link = {"version": "t2", "etag": whole, "copy_of": {"key": "a", "version": "t1", "etag": whole}}
+    assert covered(big, "b", {"a": fact, "b": link}, "t2")
+
+
 def write_entry(fid, old_size, new_size, ranges, version="v2", layout=None, objects=None):
     old = row("file", size=old_size, version="v1", fid=fid)
     new = row("file", size=new_size, version=version, fid=fid)

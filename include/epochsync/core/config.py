@@ -646,10 +646,10 @@ class VerifyConfig:
     sample: Ratio = 1.0
     """share of changed files whose bytes are compared"""
     contents: VerifyContents = "changed"
-    """changed: read only what no checksum covers (s3: the store's checksums of apply's writes;
-    posix: the ranges apply wrote, against its checksums of them, and nothing of a file only moved
-    or re-attributed unless it changed since apply); full: every compared file whole, from the
-    replica and the source"""
+    """changed: read only what no checksum covers (s3: the store's checksums of apply's writes and
+    of a multipart upload's parts; posix: the ranges apply wrote, against its checksums of them,
+    and nothing of a file only moved or re-attributed unless it changed since apply); full: every
+    compared file whole, from the replica and the source"""
 
 
 @_constructed

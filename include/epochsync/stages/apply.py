@@ -258,7 +258,14 @@ def _write_object(target, journal, state, pulled, spec: dict, key: str, length: 
         return len(body)
     parts = [dict(p, base=spec.get("base")) if "copy" in p else p for p in spec["write"]["parts"]]
     target.multipart(
-        journal, state, key, parts, meta, lambda a, b: _compose(target, spec, state, pulled, a, b, to_file)
+        journal,
+        state,
+        key,
+        parts,
+        meta,
+        lambda a, b: _compose(target, spec, state, pulled, a, b, to_file),
+        # the versions its uploaded bytes came from (a file's object: verify ties them to the file at E)
+        pulled_from=None if to_file else [[p["key"], p.get("version")] for p in spec.get("pulls") or []],
     )
     return sum(p["upload"][1] - p["upload"][0] for p in parts if "upload" in p)
 

@@ -78,10 +78,11 @@ def covered(item: dict, key: str, facts: dict, current: str | None = None, _dept
     - a copy of a version with the same ETag (the store's checksum of the same bytes) that is
       covered itself: the version this apply wrote at a hard link's first path, or the key's
       version at E-1 for a file whose source objects and size did not change (``unchanged``:
-      a rename or an attribute change), checked when that version was written.
+      a rename or an attribute change), checked when that version was written;
+    - a multipart upload of the item's file whose parts make the whole file, as a posix
+      file's written ranges do (:func:`parts_cover`).
 
-    Anything else (a range patch, a multipart upload, an ETag that is not the MD5, no fact)
-    is read.
+    Anything else (a range patch, an ETag that is not the MD5, no fact) is read.
     """
     fact = facts.get(key)
     src = item.get("source")
@@ -90,6 +91,16 @@ def covered(item: dict, key: str, facts: dict, current: str | None = None, _dept
     etag = fact.get("etag")
     if fact.get("md5") and etag == fact["md5"] and fact.get("source") == src:
         return True
+    if fact.get("parts") is not None:
+        # a multipart upload of this file: its uploaded bytes were pulled from the file's
+        # source versions at E (the ones verify would read) and its parts make the file
+        at_e = {(o["key"], o.get("version")) for o in src.get("objects") or [] if o}
+        pulled = fact.get("pulled_from")
+        return (
+            pulled is not None
+            and all((k, v) in at_e and v for k, v in pulled)
+            and parts_cover(fact["parts"], etag, item)
+        )
     copied = fact.get("copied_from")
     if copied:
         obj = single_object(src, int(item["attrs"].get("size") or 0))
@@ -102,6 +113,50 @@ def covered(item: dict, key: str, facts: dict, current: str | None = None, _dept
         # a hard link's copy of the path written just before it (same source, same item otherwise)
         return _depth < 2 and covered(item, copy_of["key"], facts, None, _depth + 1)
     return bool(item.get("unchanged"))
+
+
+def parts_cover(parts: list[dict], etag: str | None, item: dict) -> bool:
+    """Do a multipart upload's parts (its fact's, :meth:`epochsync.targets.s3.S3Target.multipart`)
+    make ``item``'s file at E? The same proof as a posix file's ``ranges`` (:func:`posix_contents`):
+
+    - the completed version's ETag is the one its parts' ETags make (the MD5 of their digests,
+      ``-N``), so the version is those parts in that order;
+    - the parts' ranges run from 0 to the file's size without a gap;
+    - every uploaded part's ETag is the MD5 apply computed of the bytes it sent (the store
+      checked them against ``Content-MD5``): E-1's bytes of the key with the source's changed
+      ranges at E laid over them, read from pinned versions (``stages.apply._compose``);
+    - every copied part names the pinned version it was copied from: the key's version at E-1,
+      which E-1's verify proved and the write fence found untouched since E-1's commit, and
+      translate copies only ranges the source's change detection says did not change at E.
+
+    As on posix, the bytes apply did not write are taken from E-1's proof and the source's
+    change detection, not read again."""
+    pos, digests = 0, []
+    try:
+        for part in parts:
+            span = part.get("copy") or part.get("upload")
+            if span is None or int(span[0]) != pos or int(span[1]) <= pos:
+                return False
+            pos = int(span[1])
+            tag = part.get("etag") or ""
+            if "upload" in part and part.get("md5") != tag:
+                return False
+            if "copy" in part:
+                if not (part.get("from") or {}).get("version"):
+                    return False
+                # a copied part's ETag is the store's word for the part, not a checksum this
+                # proof uses: S3 gives the MD5 of the range, SeaweedFS its chunks' "<md5>-<n>",
+                # and either goes into the version's ETag by its hex digest
+                tag = tag.split("-")[0]
+            digest = bytes.fromhex(tag)
+            if len(digest) != 16:
+                return False
+            digests.append(digest)
+    except (TypeError, ValueError):
+        return False
+    if not digests or pos != int(item["attrs"].get("size") or 0):
+        return False
+    return etag == f"{hashlib.md5(b''.join(digests)).hexdigest()}-{len(digests)}"
 
 
 def posix_contents(item: dict, fact: dict | None, identity: list | None) -> str:

@@ -1824,9 +1824,17 @@ class S3Target(Target):
                 pending = [e["Key"] for e in retry]
                 time.sleep(min(self.io.max_delay, self.io.base_delay * 2 ** (attempt - 1)))
 
-    def multipart(self, journal, state: dict, rel_key: str, parts: list[dict], meta: dict, read_upload) -> None:
+    def multipart(
+        self, journal, state: dict, rel_key: str, parts: list[dict], meta: dict, read_upload, *, pulled_from=None
+    ) -> None:
         """Build a new version from parts: ``{"copy": [a, b)}`` from the key's E-1 version or
-        ``{"upload": [a, b)}`` whose bytes ``read_upload(a, b)`` returns. Each part is a mutation."""
+        ``{"upload": [a, b)}`` whose bytes ``read_upload(a, b)`` returns. Each part is a mutation.
+
+        The version's fact keeps each part: its range and the store's ETag of it, the version a
+        copied part was copied from, and the MD5 of an uploaded part's bytes (computed here; the
+        request carries it as ``Content-MD5``, which the store checks); and ``pulled_from``, the
+        ``[key, version]`` of every source object version the uploaded bytes were pulled from
+        (``stages.verify.covered``)."""
         self.check_meta(rel_key, meta)
         self._journal_key(journal, "put", rel_key, state)
         key = self._full(rel_key)
@@ -1843,29 +1851,33 @@ class S3Target(Target):
         upload_id = up["UploadId"]
         journal.append({"op": "mpu", "key": rel_key, "upload_id": upload_id})
         done = []
+        made: list[dict] = []  # the fact's parts
         for n, part in enumerate(parts, start=1):
             journal.tick(f"part {n} of {rel_key}")
             if "copy" in part:
                 a, b = part["copy"]
-                source = {"Bucket": self.bucket, "Key": self._full(part.get("base") or rel_key)}
+                copy_source = {"Bucket": self.bucket, "Key": self._full(part.get("base") or rel_key)}
                 if cur is not None:
-                    source["VersionId"] = cur["version"]
+                    copy_source["VersionId"] = cur["version"]
                 r = self.io.call(
                     f"UploadPartCopy {rel_key} part {n}",
-                    lambda c, source=source, a=a, b=b, n=n: c.upload_part_copy(
+                    lambda c, copy_source=copy_source, a=a, b=b, n=n: c.upload_part_copy(
                         Bucket=self.bucket,
                         Key=key,
                         UploadId=upload_id,
                         PartNumber=n,
-                        CopySource=source,
+                        CopySource=copy_source,
                         CopySourceRange=f"bytes={a}-{b - 1}",
                     ),
                 )
                 self.io.counters.count(copied=b - a)
                 done.append({"PartNumber": n, "ETag": r["CopyPartResult"]["ETag"]})
+                copied_from = {"key": part.get("base") or rel_key, "version": copy_source.get("VersionId")}
+                made.append({"copy": [a, b], "from": copied_from, "etag": _etag(r["CopyPartResult"]["ETag"])})
             else:
                 a, b = part["upload"]
                 body = read_upload(a, b)
+                made.append({"upload": [a, b], "md5": hashlib.md5(body).hexdigest()})
                 r = self.io.call(
                     f"UploadPart {rel_key} part {n}",
                     lambda c, body=body, n=n: c.upload_part(
@@ -1873,6 +1885,7 @@ class S3Target(Target):
                     ),
                 )
                 done.append({"PartNumber": n, "ETag": r["ETag"]})
+                made[-1]["etag"] = _etag(r["ETag"])
         resp = self.io.call(
             f"COMPLETE multipart {rel_key}",
             lambda c: c.complete_multipart_upload(
@@ -1880,7 +1893,10 @@ class S3Target(Target):
             ),
         )
         size = max((p.get("copy") or p.get("upload"))[1] for p in parts) if parts else 0
-        self._wrote(rel_key, resp, meta, size)
+        fact: dict[str, Any] = {"parts": made}
+        if pulled_from is not None:
+            fact["pulled_from"] = [list(kv) for kv in pulled_from]
+        self._wrote(rel_key, resp, meta, size, **fact)
 
     def op_keys(self, op: dict) -> tuple[set[str], set[str]]:
         """Keys a namespace or post operation reads and writes: one object each, so
