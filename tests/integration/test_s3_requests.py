@@ -93,6 +93,14 @@ def put_source(env, fid: str, data: bytes) -> str:
     return env["client"].put_object(Bucket=env["store"]["bucket"], Key=f"data/{fid}", Body=data)["VersionId"]
 
 
+def flip_behind_verify(env, target, key: str, data: bytes, at: int) -> None:
+    """Put ``data`` with byte ``at`` flipped at ``key``, keeping its metadata: same size, a new version."""
+    c, b, full = env["client"], target.bucket, target.prefix + key
+    bad = bytearray(data)
+    bad[at] ^= 1
+    c.put_object(Bucket=b, Key=full, Body=bytes(bad), Metadata=c.head_object(Bucket=b, Key=full)["Metadata"])
+
+
 def tree(target) -> dict:
     return {e.path: (e.type, e.sha256 if e.type == "file" else None, e.mode) for e in target.walk()}
 
@@ -443,12 +451,7 @@ def test_a_large_file_patched_in_place_is_read_back(env):
     assert result["files_by_checksum"] == 0 and result["files_hashed"] == 1, result
     assert tree(target) == {"big": ("file", sha(bytes(data)), 0o644)}
     # the replica's byte changed behind verify's back (same size, same metadata): read, so seen
-    c, b, pre = env["client"], target.bucket, target.prefix
-    bad = bytearray(data)
-    bad[1] ^= 1
-    c.put_object(
-        Bucket=b, Key=pre + "big", Body=bytes(bad), Metadata=c.head_object(Bucket=b, Key=pre + "big")["Metadata"]
-    )
+    flip_behind_verify(env, target, "big", bytes(data), 1)
     src_io = S3Access(resolve_s3("reqs_s3"))
     result = verify_plan(plan, target, src_io, env["store"]["bucket"], sample=1.0, facts={})
     assert result["problems"] == ["big: content differs from the source at epoch 2 (first difference at byte 1)"]
@@ -482,12 +485,7 @@ def test_a_large_file_appended_is_a_multipart_upload_its_parts_cover(env):
     # the fence's and verify's listings, the appended range and the tail of E-1's last part
     assert by_method.get("GET", 0) <= 4, by_method
     assert tree(target) == {"log": ("file", sha(data), 0o644)}
-    c, b, pre = env["client"], target.bucket, target.prefix
-    bad = bytearray(data)
-    bad[5] ^= 1
-    c.put_object(
-        Bucket=b, Key=pre + "log", Body=bytes(bad), Metadata=c.head_object(Bucket=b, Key=pre + "log")["Metadata"]
-    )
+    flip_behind_verify(env, target, "log", data, 5)
     src_io = S3Access(resolve_s3("reqs_s3"))
     assert env["facts"]["log"]["parts"]  # the apply's facts of the version it wrote, now not current
     result = verify_plan(plan, target, src_io, env["store"]["bucket"], sample=1.0, facts=env["facts"])
