@@ -97,8 +97,8 @@ FIXED_CHANGE = 1_000
 #: turn across the three trees: :class:`LaterRepeats`): its check takes the median of the five.
 #: One 1,000-file epoch is a noisy sample on a shared host: in one run (2026-11-29) the
 #: whole-file copy took 17.6, 11.5 and 11.6 s for the same kind of change at the three sizes, a
-#: spread as wide as the 1.3x target. Two more epochs cost about a minute and a half at the
-#: three sizes (at 100,000 files: the source's epoch 10 s, the replica's check 25 s)
+#: spread as wide as the 1.3x target. A round of repeats costs about 70 s at the three sizes
+#: (at 100,000 files: the source's epoch 10 s, the replica's check 25 s)
 FIXED_REPEATS = 4
 #: ``make bench`` (the scenarios that fit in its 20 minutes) and ``make bench-full`` (all), in the
 #: order they run; scenarios of one tree run as consecutive epochs of one source (:func:`run_group`),
