@@ -138,8 +138,10 @@ def test_small_files_are_written_whole_and_larger_ones_patched():
     s = ops["S"]
     assert s["write"] == {"mode": "put"} and s["base"] is None and s["source"]["objects"][0]["version"] == "v2"
     assert [p["ranges"] for p in s["pulls"]] == [[[0, 8000]]]
-    # every byte of a whole, single-object file was written this epoch: a copy of that version
-    assert ops["N"]["copy_from"] == {"key": "data/N", "version": "v9"} and ops["N"]["write"] == {"mode": "put"}
+    # every byte of a new file is in the change's ranges, but the source did not say how long its
+    # version is: the ranges may hold only because of a truncate (issue 50), so it is read and put
+    assert "copy_from" not in ops["N"] and ops["N"]["write"] == {"mode": "put"}
+    assert ops["N"]["source"]["objects"][0]["version"] == "v9"
     # a small file rewritten in place is read, not copied: its source object may be shorter than it
     assert "copy_from" not in s
     # a new file with a hole at its end (a truncate up): read and put, never copied
@@ -175,6 +177,19 @@ def test_a_partly_written_file_is_copied_when_the_source_says_its_version_is_the
         assert "copy_from" not in ops[fid], fid
         assert ops[fid]["write"] == {"mode": "put"} and ops[fid]["source"] is not None  # read whole and put
     assert "copy_from" not in ops["B"] and ops["B"]["write"] == {"mode": "patch"}
+
+
+def test_a_file_truncated_down_then_up_within_the_epoch_is_never_copied_from_its_shorter_version():
+    # make demo's f001390.dat (issue 50): written, truncated to 10 bytes (the store's version is
+    # then 10 bytes long, and the WRITE record says so), truncated up to 436. The change's
+    # ranges run from the smallest size to the final one, [0, 436): every byte "changed", but
+    # the version holds 10 of them; the rest is a hole, zeros
+    for old_size in (0, 2000):
+        e = write_entry("F", old_size, 436, [(0, 436)])
+        e["new"]["objects"][0]["size"] = 10
+        op = build_plan([e], target=TARGET, store=STORE, epoch=2)["data"][0]
+        assert "copy_from" not in op, op
+        assert op["write"] == {"mode": "put"} and op["source"]["objects"][0]["version"] == "v2"
 
 
 def test_a_small_file_over_many_small_source_objects_keeps_the_patch():

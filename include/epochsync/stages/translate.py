@@ -761,15 +761,6 @@ def _objects_with_data(src: dict, size: int) -> list[int]:
     return [i for i, o in enumerate(src["objects"]) if o is not None and object_size(ss, sc, i, size)]
 
 
-def _wrote_every_byte(e: dict, size: int) -> bool:
-    """Did the epoch's writes (known extents) cover the file's bytes ``[0, size)``?"""
-    ch = e.get("change") or {}
-    if ch.get("whole_file") or not size:
-        return False
-    rs = merge_ranges([(int(r["offset"]), int(r["length"])) for r in ch.get("ranges") or [] if int(r["length"]) > 0])
-    return bool(rs) and rs[0][0] == 0 and rs[0][0] + rs[0][1] >= size
-
-
 def pinned_length(fid: str, row: dict) -> int | None:
     """The length of the version of the file's first source object pinned at E, as its ``WRITE``
     record gave it (``object.size``; None when the source did not say): the object
@@ -803,11 +794,13 @@ def _whole_file_write(op: dict, e: dict, target: dict, store: dict) -> None:
       ``copy_from``: apply makes it one server-side CopyObject when the source reader is the S3
       store of the same endpoint, else reads and puts it. Exactly: the file's bytes all lie in
       its first object at the same offsets (:func:`_objects_with_data`), and that version holds
-      ``[0, size)`` and nothing more, which the source says (its ``WRITE`` record gave the
-      version's length, :func:`pinned_length`, and it is the file's size) or the epoch shows
-      (its writes covered every byte). A version of another length (a file extended by a
-      truncate past its object's end: a hole at the end that the object does not hold) is read
-      and put: the copy would be shorter than the file.
+      ``[0, size)`` and nothing more, which only the source can say: its ``WRITE`` record gave
+      the version's length (:func:`pinned_length`) and it is the file's size. A version of
+      another length, or of no stated length, is read and put (zeros past its end): a file
+      truncated down and then up within the epoch has a hole at its end that the version does
+      not hold, and the change's ranges cover that hole (they run from the smallest size to the
+      final one), so "the epoch's ranges cover every byte" is no proof that the version does
+      (issue 50: ``make demo`` replicated such files as objects of the version's length).
     """
     new_size = int(op["new_size"])
     src = source_objects(e["fid"], e["new"], store)
@@ -825,13 +818,11 @@ def _whole_file_write(op: dict, e: dict, target: dict, store: dict) -> None:
     elif op.get("base") is not None:
         return
     op["source"] = src
-    stated = pinned_length(e["fid"], e["new"]) == new_size
-    if with_data == [0] and new_size <= COPY_OBJECT_MAX and (stated or _wrote_every_byte(e, new_size)):
+    if with_data == [0] and new_size <= COPY_OBJECT_MAX and pinned_length(e["fid"], e["new"]) == new_size:
         obj = src["objects"][0]
         if obj.get("version"):
-            op["copy_from"] = {"key": obj["key"], "version": obj["version"]}
-            if stated:
-                op["copy_from"]["size"] = new_size  # the source's word for the version's length
+            # the source's word for the version's length, which the copy's fact carries
+            op["copy_from"] = {"key": obj["key"], "version": obj["version"], "size": new_size}
 
 
 def _write_mode(new_size: int, ranges: list, base: str | None, base_len: int, target: dict) -> dict[str, Any]:
