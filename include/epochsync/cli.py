@@ -35,6 +35,10 @@ VERBS: dict[str, tuple[str, str]] = {
     "replicate": ("epochsync.stages.replicate", "run ingest, merge, translate, apply, verify, commit for a target"),
     "rollback": ("epochsync.stages.rollback", "roll a target back to its last committed epoch"),
     "relocate": ("epochsync.stages.replicate", "move a target's control directory to its configured control_dir"),
+    "audit": (
+        "epochsync.stages.audit",
+        "compare a target's committed epoch in full with the source at that epoch (--deep: bytes too)",
+    ),
     "changes": (
         "epochsync.report.changes",
         "list what differs between two committed epochs of a target (NEW, MODIFY, ...)",
