@@ -121,7 +121,10 @@ def _replicate_epoch(cfg: Config, tcfg: TargetConfig, e: int, session: _Session,
         raise EpochError(f"epoch {e} of source {src.name} is not closed: no EPOCH record yet from {', '.join(missing)}")
     mark_closed_seen(cfg.warehouse, tcfg.name, e)
 
+    running = {"stage": None}  # the stage an exception came from, for the event log
+
     def step(name, fn, detail):
+        running["stage"] = name
         t = time.monotonic()
         progress(f"{tcfg.name} epoch {e}: {name} ...")
         tag = f"epochsync-{name}-{tcfg.name}-e{e}"  # the stage's jobs in the Spark UI and event log
@@ -174,7 +177,7 @@ def _replicate_epoch(cfg: Config, tcfg: TargetConfig, e: int, session: _Session,
         return step("commit", lambda: run_commit(cfg, tcfg, e), lambda o: f": manifest at epoch {e}")
     except Exception as exc:
         progress(f"{tcfg.name} epoch {e}: FAILED: {exc}")
-        record_event(cfg.warehouse, tcfg.name, FAILED, e, message=str(exc)[:500])
+        record_event(cfg.warehouse, tcfg.name, FAILED, e, stage=running["stage"], message=str(exc)[:500])
         try:
             r = rollback_target(cfg, tcfg, session.existing, progress=progress)
             progress(f"{tcfg.name} epoch {e}: rolled back: {r['message']}")
