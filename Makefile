@@ -14,8 +14,11 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 export PYTHONPATH := $(CURDIR)/include$(if $(PYTHONPATH),:$(PYTHONPATH))
 export AIRFLOW__CORE__LOAD_EXAMPLES := False
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
-# this machine's pip.conf names local mirrors that may not exist; use the registry only
-export PIP_EXTRA_INDEX_URL :=
+# a pip.conf may name local index folders that do not exist: pip then prints a warning per
+# package and folder (265 of a first make demo's 328 lines here). An empty PIP_EXTRA_INDEX_URL
+# does not silence them (pip ignores an empty value), so PIP drops exactly that warning and
+# keeps everything else pip says, and its exit status
+PIP = set -o pipefail; pip_quiet() { "$(BIN)/pip" "$$@" 2>&1 | { grep -v "^WARNING: Location '.*' is ignored: it is neither a file nor a directory\.$$" || true; }; }; pip_quiet
 # MkDocs' banner about its successor, printed on every build
 export NO_MKDOCS_2_WARNING := 1
 
@@ -33,9 +36,9 @@ help: ## list the targets
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "installing pinned requirements into $(VENV) (first time: about 2 minutes)"
-	$(BIN)/pip install -q -r requirements.txt
+	@$(PIP) install -q -r requirements.txt
 	$(BIN)/python -c "import airflow, pyspark, boto3, moto, yaml, hypothesis" 
-	$(BIN)/pip install -q --no-deps -e .
+	@$(PIP) install -q --no-deps -e .
 	$(BIN)/python -c "import epochsync"
 	@touch $(STAMP)
 
@@ -46,7 +49,7 @@ venv: $(STAMP) ## create or reuse .venv and install requirements.txt and the epo
 $(DOCS_STAMP): $(STAMP) requirements-docs.txt requirements.txt
 	@echo "installing the documentation tools (requirements-docs.txt) into $(VENV)"
 	sed 's/\[[^]]*\]//' requirements.txt > $(VENV)/constraints.txt
-	$(BIN)/pip install -q -r requirements-docs.txt -c $(VENV)/constraints.txt
+	@$(PIP) install -q -r requirements-docs.txt -c $(VENV)/constraints.txt
 	$(BIN)/python -c "import mkdocs, material, mkdocstrings_handlers.python"
 	@touch $(DOCS_STAMP)
 
