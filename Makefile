@@ -28,7 +28,7 @@ PYTEST_ARGS ?=
 # 1,068-1,086 s with 40% more CPU (each worker starts its own Spark, SeaweedFS and moto).
 TEST_WORKERS ?= 0
 
-.PHONY: help venv test test-fast lint format docs docs-serve docs-ref demo gluster airflow bench bench-full bench-ingest bench-merge bench-e2e bench-warm bench-rollback bench-gluster bench-gluster-source clean
+.PHONY: help venv test test-fast lint format docs docs-serve docs-ref demo demo-transcript gluster airflow bench bench-full bench-ingest bench-merge bench-e2e bench-warm bench-rollback bench-gluster bench-gluster-source clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  make %-14s %s\n", $$1, $$2}'
@@ -80,6 +80,11 @@ format: $(STAMP) ## ruff format the tree
 
 demo: $(STAMP) ## the main job: simulate a source, replicate every epoch through Airflow, verify (SOURCE=gluster: a live GlusterFS volume instead; REINTEGRATE=1: then cache reintegration; REINTEGRATE=only)
 	$(if $(filter gluster,$(SOURCE)),$(BIN)/python -m epochsync_dev.demo_gluster,$(BIN)/python -m epochsync_dev.demo $(if $(REINTEGRATE),--reintegrate $(filter only,$(REINTEGRATE))))
+
+demo-transcript: $(STAMP) ## run make demo and keep its transcript (bench/results/demo.txt) for the README and Getting started; then make docs-ref
+	$(BIN)/python -m epochsync_dev.demo
+	cp var/demo/demo-transcript.txt bench/results/demo.txt
+	$(BIN)/python -m epochsync_dev.docs
 
 gluster: $(STAMP) ## a GlusterFS volume for you (2 btrfs bricks, changelog on, FUSE-mounted): prints its mount, a config and how to stop it; Ctrl-C stops and removes it
 	$(BIN)/python -m epochsync_dev.gluster --dir var/gluster

@@ -62,6 +62,16 @@ def _available() -> dict[str, tuple[str, str]]:
     return out
 
 
+def _version() -> str:
+    """The installed distribution's version (the source tree's, when run from a checkout)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("epochsync")
+    except PackageNotFoundError:
+        return "(not installed: a source checkout)"
+
+
 def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
     """Returns the ``epochsync`` parser; the options of ``verb`` are added only when it is named (its
     module is imported then)."""
@@ -71,6 +81,7 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
         description="Keep replicas of a parallel file system in sync from its changelogs, one epoch at a time.",
         epilog="Run 'epochsync VERB --help' for a verb's options.",
     )
+    parser.add_argument("--version", action="version", version=f"epochsync {_version()}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
     for name, (module, help_) in verbs.items():
         p = sub.add_parser(name, help=help_, description=help_)

@@ -395,7 +395,7 @@ def replicate_demo(args, env: dict, workdir: Path, logs: Path, state: dict) -> N
             )
             ok = res["state"] == "failed" and tasks.get("apply") == "failed" and rolled and not diffs
             status = (
-                f"FAILED as injected in apply ({tasks.get('apply')}); "
+                ("FAILED as injected in apply; " if tasks.get("apply") == "failed" else f"apply {tasks.get('apply')}; ")
                 + (f"rolled back to epoch {epoch - 1}" if rolled else "rollback DID NOT RUN")
                 + (", equals it" if not diffs else f", but the target DIFFERS from epoch {epoch - 1}")
             )
@@ -813,7 +813,9 @@ def _main(args: argparse.Namespace) -> int:
         log(f"demo: stopped by {interrupted.name} after {total:.0f}s: {interrupted.outcome}")
         return interrupted.exit_code
     if failures:
-        log(f"demo: FAILED in {total:.0f}s: " + " | ".join(failures))
+        verdict_line = f"demo: FAILED in {total:.0f}s: " + " | ".join(failures)
+        _write_transcript(args, workdir, state, report, verdict_line)
+        log(verdict_line)
         return 1
     done = []
     if args.reintegrate != "only":
@@ -827,8 +829,22 @@ def _main(args: argparse.Namespace) -> int:
             "truth; the write fence refused the master-side change and kept it; the injected failure "
             "rolled the master back to the boundary and the retry reintegrated the epoch"
         )
-    log(f"demo: PASSED in {total:.0f}s: " + "; ".join(done))
+    verdict_line = f"demo: PASSED in {total:.0f}s: " + "; ".join(done)
+    # the transcript is the replica part's: make demo's verdict, with or without --reintegrate
+    _write_transcript(args, workdir, state, report, f"demo: PASSED in {total:.0f}s: {done[0]}")
+    log(verdict_line)
     return 0
+
+
+def _write_transcript(args, workdir: Path, state: dict, report, verdict_line: str) -> None:
+    """``demo-transcript.txt``: the replica part's lines, the report and the verdict, as the
+    README shows them (``make demo-transcript``; :mod:`epochsync_dev.docs.demo_transcript`)."""
+    if args.reintegrate == "only":
+        return
+    from epochsync_dev.docs.demo_transcript import transcript_lines
+
+    text = transcript_lines(state["lines"], report, verdict_line, workdir)
+    (workdir / "demo-transcript.txt").write_text(text)
 
 
 if __name__ == "__main__":

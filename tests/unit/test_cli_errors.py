@@ -115,3 +115,14 @@ def test_every_stage_takes_the_same_arguments(capsys):
         build_parser("merge").parse_args(["--config", "c", "--epoch", "1"])  # no target
     assert entry.stage_main("nope", []) == 2
     assert "unknown stage 'nope'" in capsys.readouterr().err
+
+
+def test_version_prints_the_installed_version_and_exits_0(capsys):
+    from importlib.metadata import version
+
+    from epochsync.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"epochsync {version('epochsync')}"

@@ -66,3 +66,23 @@ def test_a_failed_epoch_says_which_stage_why_the_first_differences_and_where_it_
     assert lines[2:7] == [f"  {p}" for p in problems[:5]]
     assert lines[-1] == "rolled back to epoch 0"
     assert why_failed(cfg, "s3", 2) == []  # another epoch's events are not this one's
+
+
+def test_the_transcript_the_pages_show_is_a_runs_and_two_runs_of_one_seed_have_one_shape(tmp_path):
+    from epochsync_dev.docs.demo_transcript import BEGIN, END, shape, transcript_lines, with_transcript
+
+    work = tmp_path / "demo"
+    lines = [
+        "epoch  1 local  records   7042  net ops  4125  changed   59.8MiB  pulled   59.3MiB  copied        0B    23.5s  ok",
+        "epoch  1 s3     records   7042  net ops  4125  changed   59.8MiB  pulled   27.9MiB  copied   31.8MiB    42.2s  ok",
+    ]
+    a = transcript_lines(lines, f"{work}/sim/warehouse/report/index.html", "demo: PASSED in 328s: every", work)
+    assert "demo: report var/demo/sim/warehouse/report/index.html" in a
+    b = a.replace("23.5s", "31.0s").replace("328s", "401s")
+    assert shape(a) == shape(b)
+    assert shape(a) != shape(a.replace("27.9MiB", "59.3MiB"))  # a figure that moved is a difference
+    page = f"intro\n{BEGIN}\nold\n{END}\nafter\n"
+    out = with_transcript(page, a)
+    assert out.startswith(f"intro\n{BEGIN}\n```text\nepoch  1 local") and out.endswith(f"```\n{END}\nafter\n")
+    assert with_transcript(out, a) == out  # idempotent
+    assert with_transcript("no markers", a) == "no markers" and with_transcript(page, None) == page
