@@ -37,7 +37,7 @@ def shape(transcript: str) -> str:
     took, the demo's total and the progress lines a slow stage prints."""
     keep = [line for line in transcript.splitlines() if not line.startswith("    ... ")]
     text = "\n".join(keep)
-    text = re.sub(r"\s\d+\.\ds\s", " <s> ", text)
+    text = re.sub(r"\s+\d+\.\ds\s", " <s> ", text)  # right-aligned: the padding differs too
     return re.sub(r"in \d+s:", "in <s>:", text)
 
 
