@@ -7,6 +7,7 @@ import pytest
 
 from epochsync.cli import main
 from epochsync.core.config import load_config
+from epochsync.core.errors import ConfigError
 from epochsync.journal.undo import write_json_atomic
 from epochsync.report.status import failure_line, pending_operations, target_status
 from epochsync.stages.rollback import failure_reason
@@ -199,5 +200,5 @@ def test_each_stage_keeps_its_colour_on_every_targets_chart():
 
 
 def test_unknown_target_is_a_clear_error(cfg, capsys):
-    assert main(["status", "--config", cfg.file, "--target", "nope"]) == 1
+    assert main(["status", "--config", cfg.file, "--target", "nope"]) == ConfigError.exit_code == 3
     assert "no target named 'nope'" in capsys.readouterr().err

@@ -17,7 +17,7 @@ import contextlib
 import os
 import time
 
-from epochsync.core.errors import EpochError, EpochsyncError
+from epochsync.core.errors import EpochError, EpochsyncError, FenceError
 from epochsync.core.layout import object_range_to_file
 from epochsync.journal.lease import holds_target_lease
 from epochsync.journal.undo import (
@@ -706,7 +706,7 @@ def run_apply(cfg, target, epoch: int, spark=None, inject=None, first_epoch: int
     problems, state, fence = write_fence(plan, tgt, source_io, probe_path)
     if problems:
         shown = "; ".join(problems[:20]) + (f"; and {len(problems) - 20} more" if len(problems) > 20 else "")
-        raise EpochError(
+        raise FenceError(
             f"write fence: target {tcfg.name} ({tgt.describe()}) was changed by someone else since epoch "
             f"{pre['committed']}: {shown}. Nothing was written. Restore those paths or re-hydrate the target."
         )

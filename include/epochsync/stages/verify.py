@@ -17,7 +17,7 @@ import json
 import os
 import time
 
-from epochsync.core.errors import EpochError, EpochsyncError
+from epochsync.core.errors import EpochsyncError, VerifyError
 from epochsync.core.layout import assemble_file, object_size
 from epochsync.core.schema import Layout
 from epochsync.journal.lease import holds_target_lease
@@ -612,7 +612,7 @@ def run_verify(cfg, target, epoch: int, spark=None, first_epoch: int | None = No
     write_json_atomic(os.path.join(plan_dir(cfg.warehouse, tcfg.name, epoch), "verify.json"), result)
     write_stage_stats(cfg.warehouse, tcfg.name, epoch, "verify", result)
     if not result["ok"]:
-        raise EpochError(
+        raise VerifyError(
             f"verify of target {tcfg.name} epoch {epoch}: {result['problem_count']} difference(s) with the source: "
             + "; ".join(result["problems"][:10])
         )
