@@ -219,6 +219,9 @@ class Workload:
     to delete, in order; :meth:`finish_epoch` clears them.
     """
 
+    #: the operations after epoch 1's initial tree and their weights (a subclass may add its own ``op_<name>``)
+    op_weights: dict[str, int] = OP_WEIGHTS
+
     def __init__(self, cfg: SimConfig, sink: Callable[[Record], None]):
         self.cfg = cfg
         self.sink = sink
@@ -316,11 +319,11 @@ class Workload:
         elif cfg.records_per_epoch is not None and epoch > 1:
             budget = cfg.records_per_epoch - len(self.next_index)
         ops = cfg.ops_per_epoch if cfg.ops_per_epoch is not None else max(6, cfg.files // 2)
-        names = list(OP_WEIGHTS)
-        weights = list(OP_WEIGHTS.values())
+        names = list(self.op_weights)
+        weights = list(self.op_weights.values())
         data_ops = ("overwrite", "append")
         other = [n for n in names if n not in data_ops]
-        other_weights = [OP_WEIGHTS[n] for n in other]
+        other_weights = [self.op_weights[n] for n in other]
         done = 0
         while (self.epoch_records < budget) if budget is not None else (done < ops):
             if cfg.write_share is None:
