@@ -339,7 +339,9 @@ def _quiet(_line: str) -> None:
     pass
 
 
-def replicate_history(source: Source, *, spark=None, tamper=None, rollback: bool = True) -> dict[str, Any]:
+def replicate_history(
+    source: Source, *, spark=None, tamper=None, rollback: bool = True, targets=("posix", "s3")
+) -> dict[str, Any]:
     """Every epoch of ``source`` through both targets, checked as the module docstring says.
 
     ``spark``: the session the stages may ask for (a rollback reads the snapshot on it; default:
@@ -362,7 +364,7 @@ def replicate_history(source: Source, *, spark=None, tamper=None, rollback: bool
         spark = LazySession(lambda: spark_session("epochsync-net", cfg=cfg))
     stats = {"epochs": 0, "rollbacks": 0}
     for e, want in enumerate(source.truths, start=1):
-        for name in ("posix", "s3"):
+        for name in targets:
             what = f"{name} epoch {e}"
             rolled = False
             if rollback:
@@ -408,7 +410,7 @@ def replicate_prefix(cfg, name: str, e: int, spark) -> None:
 
 
 def run_seed(
-    seed: int, endpoint, workdir: Path, *, spark=None, tamper=None, net: NetConfig | None = None
+    seed: int, endpoint, workdir: Path, *, spark=None, net: NetConfig | None = None, **replicate_kw
 ) -> dict[str, Any]:
     """Generate and replicate the history of ``seed`` under ``workdir`` (removed after a pass)."""
     net = net or NetConfig.of_seed(seed)
@@ -416,7 +418,7 @@ def run_seed(
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     source = make_source(net, out, endpoint)
-    stats = replicate_history(source, spark=spark, tamper=tamper)
+    stats = replicate_history(source, spark=spark, **replicate_kw)
     shutil.rmtree(out, ignore_errors=True)
     return {**stats, "records": source.records}
 

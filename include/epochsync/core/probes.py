@@ -29,7 +29,7 @@ MUTANTS: dict[str, str] = {
     "verify-parts-stale": "verify: a multipart upload's parts cover a file whatever version is current",
     "verify-copy-stale": "verify: a server-side copy covers a file whatever version is current",
     "verify-ranges-stale": "verify: a posix file's written ranges cover it whatever its identity now",
-    "verify-carried-any": "translate: every moved entry counts as carried (verify skips it)",
+    "verify-carried-any": "translate: every entry there at E-1 and E counts as carried (verify leaves it out)",
 }
 
 
