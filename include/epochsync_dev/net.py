@@ -124,6 +124,53 @@ class NetWorkload(Workload):
             self.big_fid = self._create_file(layout=None)
             self.write(self.big_fid, 0, 2 * PART_SIZE + self.rng.randrange(1, 64 * 1024))
 
+    def _epoch_start(self, epoch: int) -> None:
+        """What every history holds, so that its few operations reach the paths: from epoch 2 a
+        file written through one of two links, and the big file changed; at epoch 2 a directory
+        of files renamed (on posix its files are carried)."""
+        if epoch == 1:
+            if not self._full_dirs():
+                self.op_rename_full_dir()  # none yet: it makes one
+            return
+        self.op_link_and_write()
+        if self.net.big:
+            self.op_big()
+        if epoch == 2:
+            self.op_rename_full_dir()
+
+    def op_link_and_write(self) -> None:
+        """A second name for a file, then a write to it: on s3 the second key is a copy of the first's new version."""
+        fid = self.files.choice(self.rng)
+        if fid is None or fid == self.big_fid:
+            return self.op_create()
+        parent = self._pick_dir()
+        self.emit(self.mdts[self.home_mdt[parent]], "HLINK", tfid=fid, pfid=parent, name=self._new_name("file"))
+        size = self.model.nodes[fid].size or 0
+        self.write(fid, self.rng.randrange(0, size + 1), self.rng.randrange(1, 300))
+
+    def _full_dirs(self) -> list[str]:
+        return [
+            d
+            for d in sorted(self.model.nodes)
+            if d in self.dirs and d != self.cfg.root_fid and self.model.entries_of(d)
+        ]
+
+    def op_rename_full_dir(self) -> None:
+        """Rename a directory that holds files (made here when none does)."""
+        full = self._full_dirs()
+        if not full:
+            self.op_mkdir()
+            d = next(d for d in sorted(self.model.nodes) if d in self.dirs and d != self.cfg.root_fid)
+            for _ in range(2):
+                fid = self._create_file(parent=d)
+                self.write(fid, 0, self.rng.randrange(1, 3000))
+            return
+        d = self.rng.choice(full)
+        parent = self._pick_dir()
+        if self.model.is_ancestor(d, parent):
+            parent = self.cfg.root_fid
+        self._rename(d, next(iter(self.model.nodes[d].links)), (parent, self._new_name("dir")))
+
     def _near(self, size: int) -> int:
         """A size near ``size``'s threshold neighbours or a little off it."""
         return max(0, self.rng.choice([*threshold_sizes(False), size // 2, size + self.rng.randrange(1, 9000)]))

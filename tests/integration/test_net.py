@@ -3,7 +3,7 @@
 ``epochsync_dev.net`` generates each history and checks every epoch against the oracle, once
 after a rollback and once for real. ``test_net`` runs the fixed seeds (which between them must
 reach every plan path and verify rule: the coverage table) and fresh ones
-(``EPOCHSYNC_NET_FRESH``, 2 by default); a failure prints the one command that replays it.
+(``EPOCHSYNC_NET_FRESH``, 1 by default); a failure prints the one command that replays it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from epochsync_dev.net import WANTED_PATHS, coverage_table, repro_command, run_s
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 #: fixed seeds: between them every path of WANTED_PATHS (every fourth seed has a big file)
-FIXED_SEEDS = [1, 2, 3, 4, 5, 6]
+FIXED_SEEDS = [1, 2, 3, 4]
 
 
 def run_or_fail(seed, seaweed, tmp_path, spark, **kw):
@@ -35,7 +35,7 @@ def test_net(seaweed, spark, tmp_path):
         print(f"net: seed {seed} (reproduce: {repro_command(seed)})")
         run_or_fail(seed, seaweed, tmp_path, spark)
     fixed = dict(PATHS)
-    fresh = [random.SystemRandom().randrange(10**9) for _ in range(int(os.environ.get("EPOCHSYNC_NET_FRESH", "2")))]
+    fresh = [random.SystemRandom().randrange(10**9) for _ in range(int(os.environ.get("EPOCHSYNC_NET_FRESH", "1")))]
     for seed in fresh:
         print(f"net: fresh seed {seed} (reproduce: {repro_command(seed)})")
         run_or_fail(seed, seaweed, tmp_path, spark)

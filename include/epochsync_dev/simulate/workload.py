@@ -312,6 +312,7 @@ class Workload:
         cfg = self.cfg
         if epoch == 1:
             self._initial_tree()
+        self._epoch_start(epoch)
         budget = None
         if cfg.records is not None:
             budget = cfg.records // cfg.epochs + (cfg.records % cfg.epochs if epoch == cfg.epochs else 0)
@@ -339,6 +340,9 @@ class Workload:
         window_end = window_start + EPOCH_INTERVAL_S * _NS
         if self.clock >= window_end:
             raise EpochsyncError(f"simulate: epoch {epoch} overflows its time window; use fewer records per epoch")
+
+    def _epoch_start(self, epoch: int) -> None:
+        """Operations a subclass makes at the start of every epoch, before the random ones (none)."""
 
     def _initial_tree(self) -> None:
         ndirs = max(1, self.cfg.files // 8)
