@@ -122,6 +122,7 @@ class NetWorkload(Workload):
         super()._initial_tree()
         if self.net.big:
             self.big_fid = self._create_file(layout=None)
+            self.files.discard(self.big_fid)  # only op_big changes it: it stays past two parts
             self.write(self.big_fid, 0, 2 * PART_SIZE + self.rng.randrange(1, 64 * 1024))
 
     def _epoch_start(self, epoch: int) -> None:

@@ -20,32 +20,36 @@ from epochsync_dev.net import NetConfig, NetFailure, run_seed
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-# mutant -> (seed, target, which facts mark a file its shortcut covers, or None for a plan mutant)
+# mutant -> (seed, target, which apply facts mark a file its shortcut covers; None: a plan mutant).
+# A mark gets the fact and whether the file was there at E-1 (a posix data operation that did
+# not create it): a carried entry was, and a file written whole has no byte outside its ranges.
 CASES = {
-    "copy-when-ranges-cover": (3, "s3", None),
-    "copy-ignores-length": (3, "s3", None),
-    "part-copy-past-base": (4, "s3", None),
-    "patch-keeps-stale-tail": (1, "s3", None),
-    "small-whole-drops-hole": (3, "s3", None),
-    "verify-checksum-stale": (1, "s3", lambda f: f.get("md5") and f.get("etag") == f["md5"] and f.get("source")),
-    "verify-parts-stale": (1, "s3", lambda f: f.get("parts") is not None),
-    "verify-copy-stale": (1, "s3", lambda f: f.get("copied_from")),
-    "verify-ranges-stale": (1, "posix", lambda f: f.get("ranges") is not None),
-    "verify-carried-any": (1, "posix", lambda f: f.get("ranges") is not None),
+    "copy-when-ranges-cover": (2, "s3", None),
+    "copy-ignores-length": (2, "s3", None),
+    "part-copy-past-base": (1, "s3", None),
+    "patch-keeps-stale-tail": (3, "s3", None),
+    "small-whole-drops-hole": (2, "s3", None),
+    "verify-checksum-stale": (1, "s3", lambda f, _old: f.get("md5") and f.get("etag") == f["md5"] and f.get("source")),
+    "verify-parts-stale": (1, "s3", lambda f, _old: f.get("parts") is not None),
+    "verify-copy-stale": (1, "s3", lambda f, _old: f.get("copied_from")),
+    "verify-ranges-stale": (1, "posix", lambda f, old: f.get("ranges") is not None and old),
+    "verify-carried-any": (1, "posix", lambda f, old: f.get("ranges") is not None and old),
 }
 
 
 def flip_one(cfg, name: str, epoch: int, marks) -> bool:
     """Change one byte of the first file whose apply fact ``marks`` picks, keeping its size (s3:
-    and its metadata; posix: outside the ranges apply wrote, when the mutant is of those)."""
+    and its metadata; posix: outside the ranges apply wrote)."""
     from epochsync.journal.undo import plan_dir, read_json
-    from epochsync.stages.context import APPLIED_FACTS
+    from epochsync.stages.context import APPLIED_FACTS, load_plan
     from epochsync.targets import open_target
 
     facts = (read_json(os.path.join(plan_dir(cfg.warehouse, name, epoch), APPLIED_FACTS)) or {}).get("facts") or {}
+    plan = load_plan(cfg, name, epoch)
+    there = {op["path"] for op in plan["data"] if "path" in op and not op.get("create")}
     target = open_target(cfg.target(name))
     for key, fact in sorted(facts.items()):
-        if not marks(fact):
+        if not marks(fact, key in there):
             continue
         if name == "s3":
             c, full = target.io.client, target._full(key)
@@ -58,7 +62,7 @@ def flip_one(cfg, name: str, epoch: int, marks) -> bool:
             return True
         path = os.path.join(target.root, key)
         size = os.path.getsize(path)
-        written = {o + i for o, n, _ in fact["ranges"] for i in range(n)} if mutant_of_ranges() else set()
+        written = {o + i for o, n, _ in fact["ranges"] for i in range(n)}
         at = next((i for i in range(size) if i not in written), None)
         if at is None:
             continue
@@ -71,13 +75,17 @@ def flip_one(cfg, name: str, epoch: int, marks) -> bool:
     return False
 
 
-def mutant_of_ranges() -> bool:
-    return os.environ.get("EPOCHSYNC_MUTANT") == "verify-ranges-stale"
-
-
 def test_every_mutant_is_caught(seaweed, spark, tmp_path, monkeypatch):
     assert set(CASES) == set(MUTANTS)
     rows, missed = [], []
+    # the controls first: without a mutant, verify itself refuses a byte changed behind its back
+    for name in ("verify-checksum-stale", "verify-ranges-stale"):
+        seed, target, marks = CASES[name]
+        with pytest.raises(NetFailure) as caught:
+            run_seed(seed, seaweed, tmp_path, spark=spark, tamper=lambda cfg, t, e, m=marks: flip_one(cfg, t, e, m),
+                     rollback=False, targets=(target,))  # fmt: skip
+        assert caught.value.check == "verify", caught.value
+        rows.append((f"(none: {name}'s tamper)", seed, target, f"verify: {str(caught.value)[:90]}"))
     for name, (seed, target, marks) in CASES.items():
         monkeypatch.setenv("EPOCHSYNC_MUTANT", name)
         flipped: list[int] = []
