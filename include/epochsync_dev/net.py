@@ -121,13 +121,13 @@ class NetWorkload(Workload):
     def _initial_tree(self) -> None:
         super()._initial_tree()
         if self.net.big:
-            self.big_fid = self._create_file(layout=None)
+            self.big_fid = self._create_file(parent=self.cfg.root_fid, layout=None)
             self.files.discard(self.big_fid)  # only op_big changes it: it stays past two parts
             self.write(self.big_fid, 0, 2 * PART_SIZE + self.rng.randrange(1, 64 * 1024))
 
     def _epoch_start(self, epoch: int) -> None:
         """What every history holds, so that its few operations reach the paths: from epoch 2 a
-        file written through one of two links, and the big file changed; at epoch 2 a directory
+        file written through one of two links, and the big file (in the root: no tree removal takes it) changed; at epoch 2 a directory
         of files renamed (on posix its files are carried)."""
         if epoch == 1:
             if not self._full_dirs():
