@@ -28,7 +28,7 @@ PYTEST_ARGS ?=
 # 1,068-1,086 s with 40% more CPU (each worker starts its own Spark, SeaweedFS and moto).
 TEST_WORKERS ?= 0
 
-.PHONY: help venv test test-fast lint format docs docs-serve docs-ref demo demo-transcript gluster airflow bench bench-full bench-ingest bench-merge bench-e2e bench-warm bench-rollback bench-gluster bench-gluster-source clean
+.PHONY: help venv test test-fast lint format docs docs-serve docs-ref demo demo-transcript gluster airflow bench bench-full bench-ingest bench-merge bench-e2e bench-warm bench-rollback bench-gluster bench-gluster-source soak clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  make %-14s %s\n", $$1, $$2}'
@@ -77,6 +77,10 @@ lint: $(STAMP) ## ruff lint, format check, mypy on include/epochsync/core and st
 format: $(STAMP) ## ruff format the tree
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
+
+MINUTES ?= 10
+soak: $(STAMP) ## the net of issue 50 on fresh seeds for MINUTES (default 10), histories per minute; SEED=S replays one
+	$(BIN)/python -m epochsync_dev.net $(if $(SEED),--seed $(SEED),--minutes $(MINUTES))
 
 demo: $(STAMP) ## the main job: simulate a source, replicate every epoch through Airflow, verify (SOURCE=gluster: a live GlusterFS volume instead; REINTEGRATE=1: then cache reintegration; REINTEGRATE=only)
 	$(if $(filter gluster,$(SOURCE)),$(BIN)/python -m epochsync_dev.demo_gluster,$(BIN)/python -m epochsync_dev.demo $(if $(REINTEGRATE),--reintegrate $(filter only,$(REINTEGRATE))))

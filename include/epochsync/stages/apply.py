@@ -19,6 +19,7 @@ import time
 
 from epochsync.core.errors import EpochError, EpochsyncError, FenceError
 from epochsync.core.layout import object_range_to_file
+from epochsync.core.probes import mutant
 from epochsync.journal.lease import holds_target_lease
 from epochsync.journal.undo import (
     PHASE_DATA,
@@ -99,7 +100,10 @@ def _compose(target, op: dict, state: dict, pulled: Pulled, a: int, b: int, to_f
         if s >= e:
             continue
         if to_file is None:
-            buf[s - a : e - a] = pulled.read(s, e - s)
+            got = pulled.read(s, e - s)
+            if mutant("patch-keeps-stale-tail"):  # test-only: E-1's bytes kept where nothing was pulled
+                got = got.rstrip(b"\0")
+            buf[s - a : s - a + len(got)] = got
         else:
             pos = s
             for fo, fn in to_file(s, e - s):
@@ -144,6 +148,8 @@ def run_data_op(op: dict, target, journal, source_io, source_bucket: str) -> dic
         from epochsync.stages.verify import source_bytes
 
         body = source_bytes(op["source"], length, source_io, source_bucket)
+        if mutant("small-whole-drops-hole"):  # test-only: the zeros past the version's end dropped
+            body = body.rstrip(b"\0")
         pulled.bytes = len(body)
         target.put(journal, state, key, body, meta, source=op["source"])
         written = len(body)
