@@ -153,6 +153,8 @@ class SchedulerStack:
         from epochsync_dev.embedded import free_port
 
         self.base = base
+        self.seaweed = seaweed
+        self.epochs = epochs
         env = airflow_env(base, seaweed)
         self.config = simulate(base, env, epochs=epochs, files=files, seed=seed)
         self.sim = self.config.parent
@@ -182,6 +184,14 @@ class SchedulerStack:
     @property
     def url(self) -> str:
         return self.airflow.url
+
+    def banner(self) -> str:
+        """What `make airflow` prints for this stack (the commands in it run as printed)."""
+        from epochsync_dev.devstack import banner
+
+        return banner(
+            self.airflow, self.password, self.config, self.epochs, self.seaweed, os.environ["EPOCHSYNC_SPARK_REMOTE"]
+        )
 
     def token(self) -> str:
         if self._token is None:
