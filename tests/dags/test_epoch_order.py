@@ -218,3 +218,19 @@ def test_rollback_of_a_run_that_wrote_nothing_succeeds_and_leaves_others_journal
         rollback_task(str(with_config), "scratch", ti=FakeTI("backfill__e2", ti.epochs))
     # no epochs resolved (wait_epoch_closed failed): nothing of this run to undo
     assert rollback_task(str(with_config), "scratch", ti=FakeTI("r9", None))["rolled_back"] == []
+
+
+def test_apply_refuses_a_catch_up_plan_that_starts_below_the_committed_epoch(with_config, monkeypatch):
+    """A catch-up run planned epochs 3..5 from epoch 2; another run committed epoch 4 meanwhile."""
+    import epochsync.stages.context as context
+    from epochsync.core.config import load_config
+    from epochsync.core.errors import EpochError
+
+    cfg = load_config(with_config)
+    monkeypatch.setattr(context, "committed_epoch", lambda c, t: 4)
+    with pytest.raises(
+        EpochError, match=r"at epoch 4, inside this run's epochs 3\.\.5, whose plan starts from epoch 2"
+    ):
+        context.check_preconditions(cfg, "scratch", 5, 3)
+    assert context.check_preconditions(cfg, "scratch", 5, 5)["action"] == "run"
+    assert context.check_preconditions(cfg, "scratch", 4, 3)["action"] == "noop"
