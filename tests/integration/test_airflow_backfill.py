@@ -69,9 +69,11 @@ def test_the_printed_backfill_commits_every_epoch_in_order(scheduler_stack):
     tis = [_task_instances(stack, r["dag_run_id"]) for r in runs]
     for before, after in zip(tis, tis[1:]):
         assert after["apply"]["start_date"] >= before["commit"]["end_date"], (before["commit"], after["apply"])
+    # and an epoch was ready to apply (planned) before the previous one committed: without
+    # wait_previous_epoch its apply would have started then, and refused (issue 50)
     assert any(
-        after["wait_epoch_closed"]["start_date"] < before["commit"]["end_date"] for before, after in zip(tis, tis[1:])
-    ), "the runs did not overlap: this test no longer runs the backfill the way that failed (issue 50)"
+        after["translate"]["end_date"] < before["commit"]["start_date"] for before, after in zip(tis, tis[1:])
+    ), "no epoch was held back: this test no longer runs the backfill the way that failed (issue 50)"
     # the tasks that write the target ran in its one-slot pool, which the stack created
     pools = {k: v["pool"] for k, v in tis[-1].items()}
     assert {k for k, v in pools.items() if v == "epochsync_target_s3"} == {

@@ -234,7 +234,12 @@ class SchedulerStack:
         deadline = time.monotonic() + timeout
         runs: list[dict] = []
         while time.monotonic() < deadline:
-            runs = self.runs(dag_id)
+            try:
+                runs = self.runs(dag_id)
+            except (TimeoutError, OSError) as exc:  # URLError too: a busy API server on two shared cores
+                print(f"wait_runs_done: the API did not answer ({exc}); asking again", flush=True)
+                time.sleep(10)
+                continue
             if len(runs) >= count and all(r["state"] in ("success", "failed") for r in runs):
                 return runs
             time.sleep(10)
