@@ -107,7 +107,17 @@ class RunWatcher:
         except OSError:
             return None
         last = None
-        for task in ("wait_epoch_closed", "ingest", "merge", "translate", "apply", "verify", "commit", "rollback"):
+        for task in (
+            "wait_epoch_closed",
+            "ingest",
+            "merge",
+            "translate",
+            "wait_previous_epoch",
+            "apply",
+            "verify",
+            "commit",
+            "rollback",
+        ):
             pos = max(text.rfind(f"task_id={task}"), text.rfind(f"'{task}'"), text.rfind(f"Task {task}"))
             if pos >= 0 and (last is None or pos > last[0]):
                 last = (pos, task)

@@ -718,7 +718,13 @@ def run_apply(cfg, target, epoch: int, spark=None, inject=None, first_epoch: int
         )
     jdir = journal_dir(cfg.warehouse, tcfg.name, epoch)
     os.makedirs(jdir, exist_ok=True)
-    write_json_atomic(os.path.join(jdir, "meta.json"), {"epoch": epoch, "first_epoch": plan.get("first_epoch")})
+    # the Airflow run that writes (its rollback task undoes only its own run's journal)
+    meta = {
+        "epoch": epoch,
+        "first_epoch": plan.get("first_epoch"),
+        "airflow_run": os.environ.get("AIRFLOW_CTX_DAG_RUN_ID"),
+    }
+    write_json_atomic(os.path.join(jdir, "meta.json"), meta)
     faults = fault_counter(cfg.warehouse, tcfg.name, epoch, resolve(inject))
     facts_path = os.path.join(plan_dir(cfg.warehouse, tcfg.name, epoch), APPLIED_FACTS)
     if os.path.exists(facts_path):  # an earlier attempt's: never verify against it
