@@ -23,11 +23,13 @@ from support.machine import cannot_run_here
 
 from epochsync.core.btrfs import run_btrfs
 from epochsync.formats.gluster import scan_records
-from epochsync.sources.gluster.changelog import CHANGELOG_DIR, HTIME_DIR, rolled_files
+from epochsync.sources.gluster.changelog import CHANGELOG_DIR, rolled_files
 from epochsync.sources.gluster.cut import BtrfsCut
 from epochsync.sources.gluster.state import SourceState
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+HTIME_DIR = "htime"  # a brick's HTIME index, in its changelog folder
 
 
 @pytest.fixture(scope="module")

@@ -377,7 +377,7 @@ def configure_cut(parser) -> None:
         "--rewalk",
         action="store_true",
         help="walk the next cut whole against the published state instead of trusting the changelogs (the way "
-        "out of a cut that refuses, e.g. a brick with no changelog position; as slow as a first cut)",
+        "out of a cut that refuses, e.g. a brick with no changelog position; every gfid is looked up, as at a first cut)",
     )
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON document")
 
