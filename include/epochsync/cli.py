@@ -31,7 +31,11 @@ VERBS: dict[str, tuple[str, str]] = {
     ),
     "cut": (
         "epochsync.stages.cut",
-        "cut a live source (kind: gluster) at the next epoch boundary and publish its records",
+        "cut a live source (kind: gluster) now, as its next epoch, and publish its records",
+    ),
+    "purge": (
+        "epochsync.stages.purge",
+        "drop a source's changelogs, records and cuts every consumer has applied (the purge DAG's task)",
     ),
     "replicate": ("epochsync.stages.replicate", "run ingest, merge, translate, apply, verify, commit for a target"),
     "rollback": ("epochsync.stages.rollback", "roll a target back to its last committed epoch"),
