@@ -14,8 +14,11 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 export PYTHONPATH := $(CURDIR)/include$(if $(PYTHONPATH),:$(PYTHONPATH))
 export AIRFLOW__CORE__LOAD_EXAMPLES := False
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
-# this machine's pip.conf names local mirrors that may not exist; use the registry only
-export PIP_EXTRA_INDEX_URL :=
+# a pip.conf may name local index folders that do not exist: pip then prints a warning per
+# package and folder (265 of a first make demo's 328 lines here). An empty PIP_EXTRA_INDEX_URL
+# does not silence them (pip ignores an empty value), so PIP drops exactly that warning and
+# keeps everything else pip says, and its exit status
+PIP = set -o pipefail; pip_quiet() { "$(BIN)/pip" "$$@" 2>&1 | { grep -v "^WARNING: Location '.*' is ignored: it is neither a file nor a directory\.$$" || true; }; }; pip_quiet
 # MkDocs' banner about its successor, printed on every build
 export NO_MKDOCS_2_WARNING := 1
 
@@ -25,7 +28,7 @@ PYTEST_ARGS ?=
 # 1,068-1,086 s with 40% more CPU (each worker starts its own Spark, SeaweedFS and moto).
 TEST_WORKERS ?= 0
 
-.PHONY: help venv test test-fast lint format docs docs-serve docs-ref demo gluster airflow bench bench-full bench-ingest bench-merge bench-e2e bench-warm bench-rollback bench-gluster bench-gluster-source clean
+.PHONY: help venv test test-fast lint format docs docs-serve docs-ref demo demo-transcript gluster airflow bench bench-full bench-ingest bench-merge bench-e2e bench-warm bench-rollback bench-gluster bench-gluster-source soak clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  make %-14s %s\n", $$1, $$2}'
@@ -33,9 +36,9 @@ help: ## list the targets
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "installing pinned requirements into $(VENV) (first time: about 2 minutes)"
-	$(BIN)/pip install -q -r requirements.txt
+	@$(PIP) install -q -r requirements.txt
 	$(BIN)/python -c "import airflow, pyspark, boto3, moto, yaml, hypothesis" 
-	$(BIN)/pip install -q --no-deps -e .
+	@$(PIP) install -q --no-deps -e .
 	$(BIN)/python -c "import epochsync"
 	@touch $(STAMP)
 
@@ -46,7 +49,7 @@ venv: $(STAMP) ## create or reuse .venv and install requirements.txt and the epo
 $(DOCS_STAMP): $(STAMP) requirements-docs.txt requirements.txt
 	@echo "installing the documentation tools (requirements-docs.txt) into $(VENV)"
 	sed 's/\[[^]]*\]//' requirements.txt > $(VENV)/constraints.txt
-	$(BIN)/pip install -q -r requirements-docs.txt -c $(VENV)/constraints.txt
+	@$(PIP) install -q -r requirements-docs.txt -c $(VENV)/constraints.txt
 	$(BIN)/python -c "import mkdocs, material, mkdocstrings_handlers.python"
 	@touch $(DOCS_STAMP)
 
@@ -75,8 +78,17 @@ format: $(STAMP) ## ruff format the tree
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+MINUTES ?= 10
+soak: $(STAMP) ## the net of issue 50 on fresh seeds for MINUTES (default 10), histories per minute; SEED=S replays one
+	$(BIN)/python -m epochsync_dev.net $(if $(SEED),--seed $(SEED),--minutes $(MINUTES))
+
 demo: $(STAMP) ## the main job: simulate a source, replicate every epoch through Airflow, verify (SOURCE=gluster: a live GlusterFS volume instead; REINTEGRATE=1: then cache reintegration; REINTEGRATE=only)
 	$(if $(filter gluster,$(SOURCE)),$(BIN)/python -m epochsync_dev.demo_gluster,$(BIN)/python -m epochsync_dev.demo $(if $(REINTEGRATE),--reintegrate $(filter only,$(REINTEGRATE))))
+
+demo-transcript: $(STAMP) ## run make demo and keep its transcript (bench/results/demo.txt) for the README and Getting started; then make docs-ref
+	$(BIN)/python -m epochsync_dev.demo
+	cp var/demo/demo-transcript.txt bench/results/demo.txt
+	$(BIN)/python -m epochsync_dev.docs
 
 gluster: $(STAMP) ## a GlusterFS volume for you (2 btrfs bricks, changelog on, FUSE-mounted): prints its mount, a config and how to stop it; Ctrl-C stops and removes it
 	$(BIN)/python -m epochsync_dev.gluster --dir var/gluster

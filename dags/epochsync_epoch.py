@@ -9,17 +9,21 @@ interval) and leaves the target at that epoch's boundary, never in between:
 3. `merge`: the net change per file (Spark);
 4. `translate`: the plan for the target's layout (Spark); a **dry run** stops here
    and prints the plan summary in this task's log;
-5. `apply`: namespace operations and modified byte extents, undo journal first (Spark);
-6. `verify`: sizes and checksums of every touched file against the source (Spark);
-7. `commit`: the target manifest says this epoch.
+5. `wait_previous_epoch`: the target is committed at the epoch before this run's (it waits
+   while a run of an earlier epoch is in flight, and fails at once, naming the missing
+   epochs, when none is);
+6. `apply`: namespace operations and modified byte extents, undo journal first (Spark);
+7. `verify`: sizes and checksums of every touched file against the source (Spark);
+8. `commit`: the target manifest says this epoch.
 
 `rollback` runs only when apply, verify or commit failed: it restores the previous
-epoch from the undo journal and the run ends **failed**. Runs never overlap and each
-epoch waits for the previous one (`max_active_runs=1`, `depends_on_past`).
+epoch from the undo journal and the run ends **failed** (a run that wrote nothing has
+nothing to undo). Scheduled and manual runs never overlap (`max_active_runs=1`); a
+backfill's do, and each epoch still commits after the previous one.
 
 **Trigger** with params `epoch`, `dry_run`, `whole_file`, `max_epochs_per_run`.
 **Backfill** missed epochs: `airflow backfill create --dag-id <this dag> --from-date
-<start of first epoch> --to-date <start of last epoch>`.
+<start of first epoch> --to-date <start of last epoch> --reprocess-behavior failed`.
 """
 
 from __future__ import annotations

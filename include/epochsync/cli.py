@@ -3,8 +3,9 @@
 Each verb lives in the module that owns it, which provides
 ``configure_<verb>(parser)`` and ``run_<verb>(args) -> int``; only the module of the
 verb being run is imported, so ``epochsync parse`` never loads Spark or Airflow.
-Exit codes: 0 done, 1 failed (one line on stderr saying what and where), 2 usage,
-130/143 stopped by SIGINT/SIGTERM (one line saying where the target was left).
+An error prints one line on stderr saying what and where, and exits with its class's
+status (:data:`epochsync.core.errors.EXIT_CODES`: the CLI reference's table); 2 is a usage
+error, 130/143 stopped by SIGINT/SIGTERM (one line saying where the target was left).
 """
 
 from __future__ import annotations
@@ -30,7 +31,11 @@ VERBS: dict[str, tuple[str, str]] = {
     ),
     "cut": (
         "epochsync.stages.cut",
-        "cut a live source (kind: gluster) at the next epoch boundary and publish its records",
+        "cut a live source (kind: gluster) now, as its next epoch, and publish its records",
+    ),
+    "purge": (
+        "epochsync.stages.purge",
+        "drop a source's changelogs, records and cuts every consumer has applied (the purge DAG's task)",
     ),
     "replicate": ("epochsync.stages.replicate", "run ingest, merge, translate, apply, verify, commit for a target"),
     "rollback": ("epochsync.stages.rollback", "roll a target back to its last committed epoch"),
@@ -66,6 +71,16 @@ def _available() -> dict[str, tuple[str, str]]:
     return out
 
 
+def _version() -> str:
+    """The installed distribution's version (the source tree's, when run from a checkout)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("epochsync")
+    except PackageNotFoundError:
+        return "(not installed: a source checkout)"
+
+
 def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
     """Returns the ``epochsync`` parser; the options of ``verb`` are added only when it is named (its
     module is imported then)."""
@@ -75,6 +90,7 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
         description="Keep replicas of a parallel file system in sync from its changelogs, one epoch at a time.",
         epilog="Run 'epochsync VERB --help' for a verb's options.",
     )
+    parser.add_argument("--version", action="version", version=f"epochsync {_version()}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
     for name, (module, help_) in verbs.items():
         p = sub.add_parser(name, help=help_, description=help_)
@@ -84,7 +100,8 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one verb; returns the exit status (0, 1 with one ``error:`` line, or 128 + the signal)."""
+    """Run one verb; returns the exit status: 0, the error class's (:data:`epochsync.core.errors.EXIT_CODES`)
+    with one ``error:`` line, 2 for a usage error, or 128 + the signal."""
     argv = list(sys.argv[1:] if argv is None else argv)
     verb = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(verb if verb in VERBS else None)
@@ -95,8 +112,9 @@ def main(argv: list[str] | None = None) -> int:
             module = importlib.import_module(_available()[args.verb][0])
             return int(getattr(module, f"run_{args.verb}")(args) or 0)
     except EpochsyncError as exc:
+        # each class of error its own status (core.errors.EXIT_CODES; the CLI reference's table)
         print(f"epochsync {args.verb}: error: {exc}", file=sys.stderr)
-        return 1
+        return exc.exit_code
     except KeyboardInterrupt as exc:
         sig = Interrupted.of(exc)
         print(

@@ -322,13 +322,6 @@ def _hold_use_lock(d: Path) -> None:
     atexit.register(_touch, d / LAST_USED)
 
 
-def _release_use_lock() -> None:
-    global _use_fd
-    if _use_fd is not None:
-        os.close(_use_fd)
-        _use_fd = None
-
-
 def _touch(path: Path) -> None:
     with contextlib.suppress(OSError):
         path.touch()

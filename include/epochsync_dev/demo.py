@@ -107,7 +107,17 @@ class RunWatcher:
         except OSError:
             return None
         last = None
-        for task in ("wait_epoch_closed", "ingest", "merge", "translate", "apply", "verify", "commit", "rollback"):
+        for task in (
+            "wait_epoch_closed",
+            "ingest",
+            "merge",
+            "translate",
+            "wait_previous_epoch",
+            "apply",
+            "verify",
+            "commit",
+            "rollback",
+        ):
             pos = max(text.rfind(f"task_id={task}"), text.rfind(f"'{task}'"), text.rfind(f"Task {task}"))
             if pos >= 0 and (last is None or pos > last[0]):
                 last = (pos, task)
@@ -395,9 +405,9 @@ def replicate_demo(args, env: dict, workdir: Path, logs: Path, state: dict) -> N
             )
             ok = res["state"] == "failed" and tasks.get("apply") == "failed" and rolled and not diffs
             status = (
-                f"FAILED as injected; apply {tasks.get('apply')}, rollback "
-                f"{'ran' if rolled else 'DID NOT RUN'}, target "
-                f"{'equals' if not diffs else 'DIFFERS from'} epoch {epoch - 1}"
+                ("FAILED as injected in apply; " if tasks.get("apply") == "failed" else f"apply {tasks.get('apply')}; ")
+                + (f"rolled back to epoch {epoch - 1}" if rolled else "rollback DID NOT RUN")
+                + (", equals it" if not diffs else f", but the target DIFFERS from epoch {epoch - 1}")
             )
             line = epoch_line(epoch, target, None, res["seconds"], status)
             log(line)
@@ -410,9 +420,12 @@ def replicate_demo(args, env: dict, workdir: Path, logs: Path, state: dict) -> N
         res = run_dag_epoch(tenv, target, epoch, logs)
         stats = read_json(local_path(wh.stats(target, epoch)))
         ok = res["state"] == "success"
+        why: list[str] = []
         if not ok:
-            status = f"FAILED (tasks {res.get('tasks')}; log {res['log']})"
-            failures.append(f"epoch {epoch} {target}: run {res['state']}; log {res['log']}")
+            why = why_failed(cfg, target, epoch)
+            failed = [t for t, st in (res.get("tasks") or {}).items() if st == "failed" and t != "rollback"]
+            status = f"FAILED in {', '.join(failed) or res['state']} (log {res['log']})"
+            failures.append(f"epoch {epoch} {target}: " + (why[0] if why else f"run {res['state']}; log {res['log']}"))
         else:
             diffs = verify_target(cfg, target, sim_dir, epoch)
             if diffs:
@@ -423,7 +436,9 @@ def replicate_demo(args, env: dict, workdir: Path, logs: Path, state: dict) -> N
                 status = "ok, equals ground truth" + (" after retry" if inject else "")
         line = epoch_line(epoch, target, stats, res["seconds"], status)
         log(line)
-        lines.append((epoch, TARGETS.index(target), 1, line))
+        for w in why:
+            log(f"    {w}")
+        lines.append((epoch, TARGETS.index(target), 1, "\n".join([line] + [f"    {w}" for w in why])))
         runs.append(_run_row(epoch, target, "retry" if inject else "run", res, ok, status, stats))
         return ok
 
@@ -456,7 +471,46 @@ def replicate_demo(args, env: dict, workdir: Path, logs: Path, state: dict) -> N
         t.start()
     for t in threads:
         t.join()
+    # epochs a chain never reached (an earlier epoch failed, or the demo was stopped): said, not left out
+    ran = {(r["epoch"], r["target"]) for r in runs}
+    for target in TARGETS:
+        missing = [e for e in range(1, args.epochs + 1) if (e, target) not in ran]
+        if missing:
+            line = f"epochs {_spans(missing)} {target:<6} not run (an earlier epoch of {target} failed or the demo stopped)"
+            log(line)
+            lines.append((missing[0], TARGETS.index(target), 2, line))
     state["lines"] = [x[3] for x in sorted(lines)]
+
+
+def _spans(epochs: list[int]) -> str:
+    """``[3, 4, 5]`` -> ``"3-5"``, ``[4]`` -> ``"4"``."""
+    return str(epochs[0]) if len(epochs) == 1 else f"{epochs[0]}-{epochs[-1]}"
+
+
+def why_failed(cfg, target: str, epoch: int, limit: int = 5) -> list[str]:
+    """What the user needs of a failed epoch, from the target's event log and the epoch's
+    verify report (not the Airflow log's traceback): the stage that failed and why, the first
+    verify differences, and where the rollback left the target."""
+    from epochsync.journal.undo import plan_dir, read_json
+    from epochsync.warehouse.events import FAILED, ROLLED_BACK, read_events
+
+    events = [e for e in read_events(cfg.warehouse, target) if e.get("epoch") == epoch]
+    out = []
+    failed = next((e for e in reversed(events) if e.get("event") == FAILED), None)
+    if failed is not None:
+        out.append(
+            f"epoch {epoch} {target}: {failed.get('stage') or 'a stage'} failed: {str(failed.get('message', ''))[:300]}"
+        )
+    report = read_json(os.path.join(plan_dir(cfg.warehouse, target, epoch), "verify.json")) or {}
+    problems = report.get("problems") or []
+    if problems and not report.get("ok", True):
+        out.append(f"verify found {report.get('problem_count', len(problems))} difference(s); the first:")
+        out += [f"  {p}" for p in problems[:limit]]
+    rolled = next((e for e in reversed(events) if e.get("event") == ROLLED_BACK), None)
+    if rolled is not None:
+        back = rolled.get("back_at")
+        out.append(f"rolled back to epoch {back}" if back is not None else str(rolled.get("message", "rolled back")))
+    return out
 
 
 def fence_victim(cache_dir: Path, epoch: int) -> str:
@@ -609,8 +663,9 @@ def reintegrate_demo(args, env: dict, workdir: Path, logs: Path, endpoint, state
             rolled = rolled_back(epoch)
             ok = res["state"] == "failed" and res.get("tasks", {}).get("apply") == "failed" and rolled and not diffs
             status = (
-                f"FAILED as injected; rollback {'ran' if rolled else 'DID NOT RUN'}, master "
-                f"{'equals' if not diffs else 'DIFFERS from'} epoch {epoch - 1}"
+                "FAILED as injected in apply; "
+                + (f"rolled back to epoch {epoch - 1}" if rolled else "rollback DID NOT RUN")
+                + (", equals it" if not diffs else f", but the master DIFFERS from epoch {epoch - 1}")
             )
             record(epoch, "injected-failure", res, ok, status, None)
             log(f"    rollback: {_from_log(Path(res['log']).read_text(errors='replace'), 'rolled back: ')}")
@@ -768,7 +823,9 @@ def _main(args: argparse.Namespace) -> int:
         log(f"demo: stopped by {interrupted.name} after {total:.0f}s: {interrupted.outcome}")
         return interrupted.exit_code
     if failures:
-        log(f"demo: FAILED in {total:.0f}s: " + " | ".join(failures))
+        verdict_line = f"demo: FAILED in {total:.0f}s: " + " | ".join(failures)
+        _write_transcript(args, workdir, state, report, verdict_line)
+        log(verdict_line)
         return 1
     done = []
     if args.reintegrate != "only":
@@ -782,8 +839,22 @@ def _main(args: argparse.Namespace) -> int:
             "truth; the write fence refused the master-side change and kept it; the injected failure "
             "rolled the master back to the boundary and the retry reintegrated the epoch"
         )
-    log(f"demo: PASSED in {total:.0f}s: " + "; ".join(done))
+    verdict_line = f"demo: PASSED in {total:.0f}s: " + "; ".join(done)
+    # the transcript is the replica part's: make demo's verdict, with or without --reintegrate
+    _write_transcript(args, workdir, state, report, f"demo: PASSED in {total:.0f}s: {done[0]}")
+    log(verdict_line)
     return 0
+
+
+def _write_transcript(args, workdir: Path, state: dict, report, verdict_line: str) -> None:
+    """``demo-transcript.txt``: the replica part's lines, the report and the verdict, as the
+    README shows them (``make demo-transcript``; :mod:`epochsync_dev.docs.demo_transcript`)."""
+    if args.reintegrate == "only":
+        return
+    from epochsync_dev.docs.demo_transcript import transcript_lines
+
+    text = transcript_lines(state["lines"], report, verdict_line, workdir)
+    (workdir / "demo-transcript.txt").write_text(text)
 
 
 if __name__ == "__main__":

@@ -99,8 +99,45 @@ def airflow_environment(
     return env
 
 
+#: prefixes of the variables the stack's Airflow runs with (besides PATH and PYTHONPATH): what
+#: :func:`write_airflow_wrapper` carries, and never the rest of the caller's environment
+STACK_VARIABLE_PREFIXES = ("AIRFLOW_", "EPOCHSYNC_")
+
+
+def wrapper_path(home: Path) -> Path:
+    """``<home>/bin/airflow``: the ``airflow`` command with the stack's environment (what the stack prints)."""
+    return Path(home) / "bin" / "airflow"
+
+
+def write_airflow_wrapper(home: Path, env: dict[str, str]) -> Path:
+    """Write ``<home>/bin/airflow``: runs the venv's ``airflow`` with the variables the stack's own
+    Airflow runs with (home, database, DAG and plugin folders, ``PYTHONPATH``, connections, config).
+
+    ``airflow backfill create`` run with only ``AIRFLOW_HOME`` and ``EPOCHSYNC_CONFIG`` fails
+    with ``TimetableNotRegistered``: it parses the DAGs, and the timetable is in the stack's
+    plugin folder. The script holds the connections' local keys: it is the owner's only (0700).
+    """
+    import shlex
+
+    keep = {k: v for k, v in env.items() if k.startswith(STACK_VARIABLE_PREFIXES) or k in ("PATH", "PYTHONPATH")}
+    keep.setdefault("PYTHONPATH", str(ROOT / "include"))
+    if str(ROOT / "include") not in keep["PYTHONPATH"].split(os.pathsep):
+        keep["PYTHONPATH"] = os.pathsep.join([str(ROOT / "include"), keep["PYTHONPATH"]])
+    path = wrapper_path(home)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = ["#!/bin/sh", "# written by the epochsync dev stack: airflow with the stack's environment"]
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(keep.items())]
+    lines.append(f'exec {shlex.quote(str(Path(sys.executable).parent / "airflow"))} "$@"')
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.chmod(0o700)
+    tmp.replace(path)
+    return path
+
+
 class AirflowStandalone:
-    """``airflow standalone`` in its own process group, logging to ``<home>/standalone.log``."""
+    """``airflow standalone`` in its own process group, logging to ``<home>/standalone.log``;
+    :func:`write_airflow_wrapper` writes ``<home>/bin/airflow`` for the commands run beside it."""
 
     def __init__(self, home: Path, env: dict[str, str], port: int):
         self.home = Path(home)
@@ -108,6 +145,7 @@ class AirflowStandalone:
         self.port = port
         self.proc: subprocess.Popen | None = None
         self.log_path = self.home / "standalone.log"
+        self.wrapper = wrapper_path(self.home)
 
     @property
     def url(self) -> str:
@@ -128,6 +166,7 @@ class AirflowStandalone:
 
     def start(self, *, timeout: float = 300) -> AirflowStandalone:
         self.home.mkdir(parents=True, exist_ok=True)
+        self.wrapper = write_airflow_wrapper(self.home, self.env)
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [str(Path(sys.executable).parent / "airflow"), "standalone"],
@@ -400,28 +439,7 @@ def _main(argv: list[str] | None) -> int:
         print("make airflow: starting airflow standalone (first start initialises the database) ...", flush=True)
         stack.start(timeout=600)
         stack.create_pools(config)
-        first, last = _epoch_dates(config, args.epochs)
-        print(
-            "\n"
-            f"  Airflow UI   {stack.url}\n"
-            f"  login        {ADMIN} / {password}\n"
-            f"  config       {config}  ({args.epochs} closed epochs)\n"
-            f"  S3 endpoint  {endpoint.url}  (key {endpoint.access_key})\n"
-            f"  Spark        {spark_url}  (Spark Connect on local[2]; connection spark_connect_default)\n"
-            f"  logs         {stack.log_path}\n"
-            "  DAGs         epochsync__sim__local (posix replica), epochsync__sim__s3 (s3 replica),\n"
-            "               epochsync__sim__audit (a feed: ingest, merge, publish),\n"
-            "               epochsync_hydrate__<target>, epochsync_purge__sim\n"
-            "\n"
-            "  Trigger epoch 1 in the UI (Trigger, param epoch = 1), or replay every epoch in order:\n"
-            f"    AIRFLOW_HOME={args.home} EPOCHSYNC_CONFIG={config} \\\n"
-            f"      {Path(sys.executable).parent}/airflow backfill create \\\n"
-            f"      --dag-id epochsync__sim__s3 --from-date {first} --to-date {last} --reprocess-behavior failed\n"
-            "  A failed epoch and its rollback: trigger the next epoch with inject_failure = after=3.\n"
-            f"  Pools        {', '.join(_pool_names(config))} (one slot: one writer per target)\n"
-            "\n  Ctrl-C stops Airflow and SeaweedFS.\n",
-            flush=True,
-        )
+        print(banner(stack, password, config, args.epochs, endpoint, spark_url), flush=True)
         while stack.proc is not None and stack.proc.poll() is None:
             time.sleep(1)
         print(f"make airflow: airflow standalone exited; see {stack.log_path}", file=sys.stderr)
@@ -442,6 +460,61 @@ def _main(argv: list[str] | None) -> int:
             stack.stop()
         spark.stop()
         weed.stop()
+
+
+#: the banner's line before the backfill command (tests find the command after it)
+BACKFILL_INTRO = "or replay every epoch in order:"
+
+
+def backfill_command(stack: AirflowStandalone, config: Path, epochs: int) -> str:
+    """The backfill of every simulated epoch, as the stack prints it (one line per ``\\``)."""
+    first, last = _epoch_dates(config, epochs)
+    return (
+        f"{_shown(stack.wrapper)} backfill create --dag-id epochsync__sim__s3 \\\n"
+        f"  --from-date {first} --to-date {last} --reprocess-behavior failed"
+    )
+
+
+def banner(stack: AirflowStandalone, password: str, config: Path, epochs: int, endpoint, spark_url: str) -> str:
+    """What ``make airflow`` prints once the stack is up: where things are, and commands that run as printed."""
+    command = "\n".join("    " + line for line in backfill_command(stack, config, epochs).splitlines())
+    return (
+        "\n"
+        f"  Airflow UI   {stack.url}\n"
+        f"  login        {ADMIN} / {password}\n"
+        f"  config       {config}  ({epochs} closed epochs)\n"
+        f"  S3 endpoint  {endpoint.url}  (key {endpoint.access_key})\n"
+        f"  Spark        {spark_url}  (Spark Connect on local[2]; connection spark_connect_default)\n"
+        f"  logs         {stack.log_path}\n"
+        f"  airflow CLI  {_shown(stack.wrapper)}  (the airflow command with the stack's environment)\n"
+        "  DAGs         epochsync__sim__local (posix replica), epochsync__sim__s3 (s3 replica),\n"
+        "               epochsync__sim__audit (a feed: ingest, merge, publish),\n"
+        "               epochsync_hydrate__<target>, epochsync_purge__sim\n"
+        "\n"
+        f"  Trigger epoch 1 in the UI (Trigger, param epoch = 1), {BACKFILL_INTRO}\n"
+        f"{command}\n"
+        "  A failed epoch and its rollback: trigger the next epoch with inject_failure = after=3.\n"
+        f"  Pools        {', '.join(_pool_names(config))} (one slot: one writer per target)\n"
+        "\n  Ctrl-C stops Airflow and SeaweedFS.\n"
+    )
+
+
+def printed_commands(text: str) -> list[str]:
+    """The commands of a banner: the indented lines after :data:`BACKFILL_INTRO`, continuations joined."""
+    block = []
+    for line in text.split(BACKFILL_INTRO, 1)[1].splitlines()[1:]:
+        if not line.startswith("    "):
+            break
+        block.append(line.strip())
+    return [c.strip() for c in "\n".join(block).replace("\\\n", " ").splitlines() if c.strip()]
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the working directory when it is below it (``var/airflow/bin/airflow``)."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def stop_stack(stack: AirflowStandalone | None, weed, config: Path | None, conns: dict[str, str]) -> str:

@@ -176,7 +176,8 @@ class GlusterStack:
         self.volume: GlusterVolume | None = None
         self._loops: list[str] = []
         self._mounts: list[str] = []
-        self._started_glusterd = False
+        #: the PID of the glusterd this stack started (None: it reused a running one)
+        self._started_glusterd: int | None = None
         self._created = False
 
     # ------------------------------------------------------------------ start
@@ -229,8 +230,10 @@ class GlusterStack:
             return
         say("gluster: starting glusterd")
         log = self.work_dir / "glusterd.log"
-        run([_which("glusterd") or "glusterd", f"--log-file={log}"])
-        self._started_glusterd = True
+        pid_file = self.work_dir / "glusterd.pid"
+        run([_which("glusterd") or "glusterd", f"--log-file={log}", f"--pid-file={pid_file}"])
+        # the daemon's PID (it forks): teardown ends this process and no other glusterd
+        self._started_glusterd = _read_pid(pid_file)
         self._register()
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -308,7 +311,7 @@ class GlusterStack:
         )
 
 
-def register(name: str, *, volume, mounts, loops, work_dir, own_dir: bool, started_glusterd: bool) -> None:
+def register(name: str, *, volume, mounts, loops, work_dir, own_dir: bool, started_glusterd: int | None) -> None:
     """Writes what a stack (or a btrfs loop) of this process has made to :data:`REGISTRY`, so that
     :func:`cleanup_stale` can tear it down should the process die."""
     REGISTRY.mkdir(parents=True, exist_ok=True)
@@ -365,10 +368,41 @@ def teardown(doc: dict) -> None:
         run(["losetup", "-d", dev], check=False)
     if doc.get("own_dir") and doc.get("work_dir"):
         shutil.rmtree(doc["work_dir"], ignore_errors=True)
-    if doc.get("started_glusterd"):
+    pid = doc.get("started_glusterd")
+    if pid:
         listed = gluster("volume", "list", check=False, timeout=20)
         if listed.returncode == 0 and "No volumes present" in (listed.stdout + listed.stderr):
-            run(["pkill", "-x", "glusterd"], check=False)
+            stop_glusterd(pid)
+
+
+def _read_pid(pid_file: Path) -> int | None:
+    """The PID a daemon wrote (it writes it once it has forked: waits up to 10 s), or None."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            return int(pid_file.read_text().strip())
+        except (OSError, ValueError):
+            time.sleep(0.1)
+    return None
+
+
+def stop_glusterd(pid) -> bool:
+    """SIGTERM to the glusterd this stack started, by its PID, never by name (a glusterd of
+    someone else's, or of a pool in its own namespace, is never touched); returns whether it
+    was still that glusterd. A registry entry of an older stack (``True``, no PID) is left."""
+    if isinstance(pid, bool) or not isinstance(pid, int):
+        return False
+    try:
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return False
+    if comm != "glusterd":  # the PID was reused by another process
+        return False
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _umount(path: str) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-EPOCH_ORDER = ["wait_epoch_closed", "ingest", "merge", "translate", "apply", "verify", "commit"]
+EPOCH_ORDER = ["wait_epoch_closed", "ingest", "merge", "translate", "wait_previous_epoch", "apply", "verify", "commit"]
 
 
 def dagbag(config: Path | None, monkeypatch):
@@ -49,16 +49,23 @@ def test_epoch_dag_tasks_and_order(bag):
 
 
 def test_epoch_dag_runs_one_epoch_at_a_time(bag):
+    """The stages that read the source wait for the previous run's (depends_on_past); the ones that
+    write the target wait for the previous epoch's commit (wait_previous_epoch, issue 50): a
+    backfill's runs overlap, and apply after the previous apply found the target two epochs back."""
     dag = bag.dags["epochsync__lustre1__dr"]
     assert dag.max_active_runs == 1
-    assert all(t.depends_on_past for t in dag.tasks)
+    past = {t.task_id for t in dag.tasks if t.depends_on_past}
+    assert past == {"wait_epoch_closed", "ingest", "merge", "translate"}
     assert dag.catchup is True
+    gate = dag.get_task("wait_previous_epoch")
+    assert gate.mode == "reschedule" and gate.pool == "default_pool", "it must hold no slot the run ahead needs"
     retries = {t.task_id: t.retries for t in dag.tasks}
     assert retries == {
         "wait_epoch_closed": 0,
         "ingest": 2,
         "merge": 2,
         "translate": 2,
+        "wait_previous_epoch": 0,
         "apply": 0,
         "verify": 0,
         "commit": 0,
@@ -219,7 +226,8 @@ def test_every_task_that_writes_a_target_takes_its_one_slot_pool(bag, dag_config
         epoch_dag = bag.dags[f"epochsync__lustre1__{target}"]
         pools = {t.task_id: t.pool for t in epoch_dag.tasks}
         assert {k for k, v in pools.items() if v == pool_name(target)} == writers, pools
-        assert {pools[k] for k in set(pools) - writers} == {"default_pool"}  # the sensor and the shared ingest
+        # the sensors (they hold nothing while they wait) and the shared ingest
+        assert {pools[k] for k in set(pools) - writers} == {"default_pool"}
         assert bag.dags[f"epochsync_hydrate__{target}"].get_task("hydrate").pool == pool_name(target)
     # the pools every Airflow stack creates for this config: exactly those, one slot each
     assert {k: v["slots"] for k, v in airflow_pools(load_config(dag_config)).items()} == {

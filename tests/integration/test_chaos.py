@@ -42,6 +42,7 @@ import yaml
 from support.machine import wait_for
 
 from epochsync.core.config import load_config
+from epochsync.core.errors import BusyError
 from epochsync.journal.undo import journal_dir, journal_exists, read_journal
 from epochsync.stages.context import committed_epoch, unfinished_epochs
 from epochsync.stages.replicate import replicate
@@ -258,7 +259,9 @@ def test_two_writers_racing_one_proceeds_the_other_is_refused_by_name(hist, kind
         second = subprocess.Popen(cmd, env=env_for(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         runs = {p.pid: (p, *p.communicate(timeout=300)) for p in (first, second)}
         codes = sorted(p.returncode for p, _, _ in runs.values())
-        assert codes == [0, 1], {pid: (p.returncode, err[-1500:]) for pid, (p, _, err) in runs.items()}
+        assert codes == [0, BusyError.exit_code], {
+            pid: (p.returncode, err[-1500:]) for pid, (p, _, err) in runs.items()
+        }
         (winner, wout, _), (loser, _, lerr) = sorted(runs.values(), key=lambda r: r[0].returncode)
         # refused by name: the target, the writer's pid and run, "nothing was changed"; one line, no traceback
         assert f"target {target} is being written by pid {winner.pid} on host " in lerr, lerr

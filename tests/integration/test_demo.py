@@ -1,8 +1,10 @@
-"""A short ``make demo`` on a real Spark standalone cluster: both targets through the Airflow DAG,
-an injected failure, ground truth.
+"""``make demo``'s own source on a real Spark standalone cluster: both targets through the Airflow
+DAG, the injected failure and its rollback, ground truth.
 
 The demo itself asserts every epoch of both targets against the simulator's ground truth;
-this test runs it small (2 epochs, 60 files; the failure is injected into epoch 2) with ``--cluster`` (a standalone master and
+this test runs it with the demo's defaults (seed 2026, 2,000 files, 6 epochs, the failure
+injected into epoch 4: what ``make demo`` runs, so a change that breaks ``make demo`` fails
+here) with ``--cluster`` (a standalone master and
 one worker started from the venv's pyspark, the Spark Connect server on that master) and
 checks what it reports: the task states of the failed run (apply failed, verify and commit
 upstream_failed, rollback ran once and failed the run on purpose), that the master lists
@@ -45,7 +47,15 @@ def _processes_mentioning(text: str) -> list[str]:
     return found
 
 
-def test_short_demo_replicates_both_targets_and_rolls_back_the_injected_failure(tmp_path):
+def test_the_default_demo_replicates_both_targets_and_rolls_back_the_injected_failure(tmp_path):
+    # make demo's own source (issue 50: make demo failed on main while this test ran a smaller
+    # one): the demo's defaults - seed, files, epochs, the failed epoch and its mutation count -
+    # read from its parser, so the two cannot drift apart; only the cluster, the reintegration
+    # (kept small) and the scratch folder are this test's
+    from epochsync_dev.demo import parse_args
+
+    d = parse_args([])
+    assert (d.seed, d.files, d.epochs, d.fail_epoch) == (2026, 2000, 6, 4)  # the README's demo
     work = tmp_path / "demo"
     cmd = [
         sys.executable,
@@ -53,14 +63,6 @@ def test_short_demo_replicates_both_targets_and_rolls_back_the_injected_failure(
         "epochsync_dev.demo",
         "--workdir",
         str(work),
-        "--epochs",
-        "2",
-        "--files",
-        "60",
-        "--fail-epoch",
-        "2",
-        "--fail-after",
-        "5",
         "--cluster",
         "--reintegrate",
         "--cache-epochs",
@@ -73,17 +75,16 @@ def test_short_demo_replicates_both_targets_and_rolls_back_the_injected_failure(
     assert done.returncode == 0, out[-6000:] + done.stderr[-3000:]
     assert re.search(r"^demo: PASSED in \d+s: every epoch of both targets equals", out, re.M), out[-3000:]
     assert "every cache epoch was reintegrated into the striped master" in out
+    assert "not run" not in out
 
     summary = json.loads((work / "demo-summary.json").read_text())
     assert summary["verdict"] == "passed" and summary["failures"] == []
+    assert summary["args"]["seed"] == d.seed and summary["args"]["files"] == d.files
     runs = {(r["epoch"], r["target"], r["kind"]): r for r in summary["runs"]}
-    assert set(runs) == {
-        (1, "local", "run"),
-        (1, "s3", "run"),
-        (2, "local", "run"),
-        (2, "s3", "injected-failure"),
-        (2, "s3", "retry"),
-    }
+    expected = {(e, t, "run") for e in range(1, d.epochs + 1) for t in ("local", "s3")}
+    expected.discard((d.fail_epoch, "s3", "run"))
+    expected |= {(d.fail_epoch, "s3", "injected-failure"), (d.fail_epoch, "s3", "retry")}
+    assert set(runs) == expected
     for key, run in runs.items():
         if key[2] == "injected-failure":
             continue
@@ -93,17 +94,38 @@ def test_short_demo_replicates_both_targets_and_rolls_back_the_injected_failure(
         assert run["stats"]["records_in"] > 0
         line = rf"^epoch +{key[0]} {key[1]:<6} records +\d+ .* ok, equals ground truth"
         assert re.search(line, out, re.M), f"no line for {key} in:\n{out[-3000:]}"
+    # the server-side copies of source versions are reached (the fast path that made make demo
+    # fail on main: files truncated down and then up copied from their shorter version); the
+    # demo compares every epoch with the ground truth, which is what catches a wrong copy
+    assert sum(runs[(e, "s3", "run" if e != d.fail_epoch else "retry")]["stats"]["bytes_copied"] for e in (1, 2)) > 0
 
-    failed = runs[(2, "s3", "injected-failure")]
+    f = d.fail_epoch
+    failed = runs[(f, "s3", "injected-failure")]
     assert failed["ok"] and failed["state"] == "failed"
     assert failed["tasks"]["apply"] == "failed"
     assert failed["tasks"]["verify"] == failed["tasks"]["commit"] == "upstream_failed"
     assert failed["tasks"]["rollback"] == "failed" and failed["tries"]["rollback"] == 1
-    assert "rolled back: the target is at epoch 1 again" in Path(failed["log"]).read_text()
-    assert re.search(r"^epoch +2 s3 .*FAILED as injected; apply failed, rollback ran, target equals epoch 1", out, re.M)
+    assert f"rolled back: the target is at epoch {f - 1} again" in Path(failed["log"]).read_text()
+    assert re.search(
+        rf"^epoch +{f} s3 .*FAILED as injected in apply; rolled back to epoch {f - 1}, equals it", out, re.M
+    )
+
+    # the transcript the README and Getting started show is this run's, apart from its timings
+    # (the seed fixes the rest): kept in bench/results/demo.txt by make demo-transcript
+    from epochsync_dev.docs import RESULTS
+    from epochsync_dev.docs.demo_transcript import MAKE_AGAIN, RESULT, kept_transcript, shape
+
+    made = (work / "demo-transcript.txt").read_text()
+    (ROOT / "build").mkdir(exist_ok=True)
+    (ROOT / "build" / "demo-transcript.txt").write_text(made)  # to look at, or keep, after a failure
+    kept = kept_transcript(RESULTS)
+    assert kept is not None and shape(kept) == shape(made), (
+        f"bench/results/{RESULT} is not this demo's transcript (this run's: build/demo-transcript.txt); "
+        f"run {MAKE_AGAIN}\n--- kept\n{kept}\n--- this run\n{made}"
+    )
 
     # the s3 chain reuses the records the posix chain ingested: no second ingest job
-    s3_log = Path(runs[(2, "s3", "retry")]["log"]).read_text()
+    s3_log = Path(runs[(2, "s3", "run")]["log"]).read_text()
     assert "already ingested" in s3_log and "nothing to do" in s3_log
     assert "nothing to do (param reingest" not in Path(runs[(2, "local", "run")]["log"]).read_text()
 
@@ -113,20 +135,17 @@ def test_short_demo_replicates_both_targets_and_rolls_back_the_injected_failure(
     apps = spark["cluster"]["activeapps"] + spark["cluster"]["completedapps"]
     assert [a["name"] for a in apps] == ["epochsync"], apps
     assert [w["state"] for w in spark["cluster"]["workers"]] == ["ALIVE"]
-    # ... every Spark task ran on the worker's executor, not in the driver (here only the
-    # warm-up's: this short demo's epochs are small) ...
+    # ... every Spark task ran on the worker's executor, not in the driver ...
     stages = spark["stages"]
     assert stages["epochsync-warm-up"]["tasks"] > 0, stages
     for tag, stage in stages.items():
         if stage["tasks"]:
             assert stage["executors"] and "driver" not in stage["executors"], (tag, stage)
-    # ... and the small stages ran no Spark job at all: the merges (below 250,000 rows), the
-    # ingests of a few records and the applies of fewer than 64 data operations run in the
-    # task's own process
+    # ... and the small stages ran no Spark job at all: the merges (below 250,000 rows) and the
+    # ingests of a few thousand records run in the task's own process
     for tag in (
         "epochsync-merge-local-e1",
         "epochsync-merge-s3-e2",
-        "epochsync-apply-s3-e2",
         "epochsync-ingest-local-e2",
     ):
         assert not stages.get(tag, {}).get("tasks"), (tag, stages[tag])
@@ -153,7 +172,7 @@ def test_short_demo_replicates_both_targets_and_rolls_back_the_injected_failure(
     assert "master's version kept, master at epoch 1" in fenced["status"]
     assert failing["tasks"]["apply"] == "failed" and failing["tasks"]["rollback"] == "failed"
     assert "rolled back: the target is at epoch 1 again" in Path(failing["log"]).read_text()
-    assert failing["status"] == "FAILED as injected; rollback ran, master equals epoch 1"
+    assert failing["status"] == "FAILED as injected in apply; rolled back to epoch 1, equals it"
     assert retry["status"] == "ok, equals the cache after retry" and retry["stats"]["records_in"] > 0
     assert reint["runs"][0]["status"] == "ok, equals the cache"
     # the master's layout, not the cache's: stripe objects of at most 64 KiB
@@ -172,8 +191,8 @@ def test_short_demo_replicates_both_targets_and_rolls_back_the_injected_failure(
     # the five-minute tour of the README and Getting started, on this demo's output
     from support.docs import run_tour
 
-    tour = run_tour(work, epochs=2)
-    assert re.search(r"^local +posix +Active +2 ", tour["status"].stdout, re.M), tour["status"].stdout
+    tour = run_tour(work, epochs=d.epochs)
+    assert re.search(rf"^local +posix +Active +{d.epochs} ", tour["status"].stdout, re.M), tour["status"].stdout
     assert re.search(r"^(DELETE|RENAME|NEW|LINK|MODIFY) ", tour["changes"].stdout, re.M), tour["changes"].stdout
     assert tour["report"].stdout.strip().endswith("index.html")
     assert tour["rollback"].stdout.strip() == "nothing to roll back"

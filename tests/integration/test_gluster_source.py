@@ -168,6 +168,104 @@ def test_a_directory_operation_split_by_a_cut_waits_for_the_next_one(hist):
     assert sorted(os.listdir(hist.folder / "replica/split")) == ["keep", "new-dir", "new-name"]
 
 
+def _brick_roots(hist) -> list[str]:
+    return [spec.split(":", 1)[1] for spec in hist.volume.bricks]
+
+
+def _hand_cut(hist, between=None) -> int:
+    """Takes the next cut by hand as the cut does (barrier, a snapshot per brick, barrier off), with
+    ``between()`` run once the barrier is on, and writes its record; returns its epoch."""
+    from epochsync.stages.cut import _hints
+
+    epoch = published_epoch(hist.cfg, hist.source) + 1
+    record = {"source": hist.source, "volume": hist.volume.name, "epoch": epoch, "bricks": {}, "cut": {"barrier": True}}
+    run_gluster(["volume", "barrier", hist.volume.name, "enable"])
+    try:
+        if between is not None:
+            between()
+        record["time_ns"] = time.time_ns()
+        for i, path in enumerate(_brick_roots(hist), start=1):
+            sub = btrfs.subvolume_of(path)
+            dest = os.path.join(os.path.dirname(sub), ".epochsync-cuts", hist.source, f"brick{i}", snapshot_name(epoch))
+            btrfs.snapshot(sub, dest)
+            record["bricks"][f"brick{i}"] = {
+                "snapshot": dest,
+                "root": os.path.join(dest, os.path.relpath(path, sub)),
+                "live": path,
+            }
+    finally:
+        run_gluster(["volume", "barrier", hist.volume.name, "disable"])
+    record["hints"], failed = _hints(record, False)
+    assert failed is None, failed
+    write_json_atomic(local_path(Warehouse(hist.cfg.warehouse).cut(hist.source, epoch)), record)
+    return epoch
+
+
+def test_a_rename_caught_half_way_waits_for_the_next_cut(hist):
+    """DHT renames a file whose new name hashes to the other brick in steps: the new name linked on
+    the file's brick (internal, never logged), then the rename held by the barrier. A cut then holds
+    two names of one gfid, a hard link no client made: it keeps its published name one epoch."""
+    hist.sh("mkdir -p hw && for i in $(seq 1 24); do echo $i > hw/p$i; done")
+    hist.step()
+    b1, b2 = _brick_roots(hist)
+    on1 = [f"p{i}" for i in range(1, 25) if os.path.exists(f"{b1}/hw/p{i}") and not _linkto(f"{b1}/hw/p{i}")]
+    on2 = [f"p{i}" for i in range(1, 25) if os.path.exists(f"{b2}/hw/p{i}") and not _linkto(f"{b2}/hw/p{i}")]
+    assert on1 and on2, (on1, on2)
+    src, dst = on1[0], on2[0]  # dst's name hashes to brick2, src's data is on brick1
+    hist.sh(f"rm hw/{dst}")
+    hist.step()
+    mover: list[subprocess.Popen] = []
+
+    def rename_held():
+        mover.append(subprocess.Popen(["mv", f"hw/{src}", f"hw/{dst}"], cwd=hist.mount))
+        deadline = time.monotonic() + 10
+        while not os.path.exists(f"{b1}/hw/{dst}") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert os.path.samefile(f"{b1}/hw/{src}", f"{b1}/hw/{dst}"), "the rename was not caught half-way"
+
+    epoch = _hand_cut(hist, rename_held)
+    assert mover[0].wait(timeout=60) == 0
+    published = hist.cut()
+    assert published["epoch"] == epoch and published["publish"]["halfway_renames"] == 1, published["publish"]
+    hist.replicate("local", epoch)
+    replica = hist.folder / "replica/hw"
+    assert (replica / src).exists() and not (replica / dst).exists(), sorted(os.listdir(replica))
+    # the next cut has the rename done: published then, equal to the cut
+    hist.step()
+    assert (replica / dst).exists() and not (replica / src).exists()
+
+
+def _linkto(path: str) -> bool:
+    return (os.lstat(path).st_mode & 0o7777) == 0o1000
+
+
+def test_a_cut_whose_live_changelogs_cannot_be_read_is_walked_whole(hist, monkeypatch, tmp_path):
+    """The hints (what the live changelogs logged just after the snapshots) cannot be read: the
+    snapshots are sound, so the cut is published, walked whole against the published state."""
+    import epochsync.stages.cut as cut_stage
+
+    fake = tmp_path / "live"
+    (fake / ".glusterfs/changelogs").mkdir(parents=True)
+    (fake / ".glusterfs/changelogs/CHANGELOG").write_bytes(b"not a changelog\n")
+    monkeypatch.setattr(cut_stage, "_live_brick_root", lambda where: str(fake))
+    hist.sh("mkdir -p walk && echo 1 > walk/one && chmod 0640 hw/*")
+    out = hist.cut()
+    walk = out["publish"]["walk"]
+    assert "hints" in walk["why"], walk
+    monkeypatch.undo()
+    hist.replicate("local", out["epoch"])
+    assert not hist.problems("local", out["epoch"])
+    # the published state was right: a walk asked for by hand repairs nothing
+    hist.sh("echo 2 > walk/two")
+    done = _cli(hist, "cut", "--source", hist.source, "--rewalk", "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    walk = json.loads(done.stdout)["cuts"][-1]["publish"]["walk"]
+    assert walk["why"] == {"asked": "epochsync cut --rewalk"} and walk["repaired"] == 0, walk
+    epoch = published_epoch(hist.cfg, hist.source)
+    hist.replicate("local", epoch)
+    assert not hist.problems("local", epoch)
+
+
 def test_binary_changelog_encoding(hist):
     run_gluster(["volume", "set", hist.volume.name, "changelog.encoding", "binary"])
     try:
@@ -283,3 +381,22 @@ def test_epochs_through_the_dag(hist, seaweed):
         assert read_cut(hist.cfg, hist.source, epoch)["resolved"]
         problems = hist.problems("local", epoch)
         assert not problems, f"epoch {epoch} differs from its cut:\n  " + "\n  ".join(problems)
+
+
+def test_cuts_are_purged_from_the_command_line(hist):
+    """``epochsync purge``: what the purge DAG does, from the CLI; every committed cut but the newest goes."""
+    kept = _cuts_kept(hist)
+    assert len(kept) > 2, kept
+    dry = _cli(hist, "purge", "--source", hist.source, "--dry-run")
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    assert "dry run" in dry.stdout and _cuts_kept(hist) == kept
+    done = _cli(hist, "purge", "--source", hist.source, "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    dropped = json.loads(done.stdout)["cuts_dropped"]
+    assert dropped and _cuts_kept(hist) == [e for e in kept if e not in dropped] and kept[-1] not in dropped
+
+
+def _cuts_kept(hist) -> list[int]:
+    from epochsync.stages.cut import mechanism
+
+    return mechanism(hist.cfg.source(hist.source)).epochs()

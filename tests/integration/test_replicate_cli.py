@@ -15,6 +15,8 @@ import pytest
 from support.histories import assert_equals_truth, simulate
 
 from epochsync.cli import main
+from epochsync.core.errors import EpochError
+from epochsync.journal.faults import InjectedFailure
 from epochsync.journal.undo import journal_dir, journal_exists, read_json
 from epochsync.targets import open_target
 from epochsync.warehouse.paths import Warehouse, local_path
@@ -50,7 +52,7 @@ def test_replicate_and_rollback_verbs(sim3, spark, capsys, monkeypatch):
     assert stats["records_in"] > 0 and set(stats["durations"]) >= {"ingest", "merge", "translate", "apply", "verify"}
 
     # a gap is refused, naming the missing epoch and the backfill command
-    assert main(["replicate", "--config", conf, "--target", "local", "--epoch", "4"]) == 1
+    assert main(["replicate", "--config", conf, "--target", "local", "--epoch", "4"]) == EpochError.exit_code
     err = capsys.readouterr().err
     assert "epoch(s) 3 are missing" in err and "--through 3" in err
 
@@ -60,7 +62,7 @@ def test_replicate_and_rollback_verbs(sim3, spark, capsys, monkeypatch):
 
     # an injected failure in apply: rolled back, the target is exactly at epoch 2
     rc = main(["replicate", "--config", conf, "--target", "local", "--epoch", "3", "--inject-failure", "after=2"])
-    assert rc == 1
+    assert rc == InjectedFailure.exit_code == 1  # the failure's own status, after the rollback
     captured = capsys.readouterr()
     assert "FAILED" in captured.out and "rolled back" in captured.out
     assert "injected failure" in captured.err

@@ -153,6 +153,8 @@ class SchedulerStack:
         from epochsync_dev.embedded import free_port
 
         self.base = base
+        self.seaweed = seaweed
+        self.epochs = epochs
         env = airflow_env(base, seaweed)
         self.config = simulate(base, env, epochs=epochs, files=files, seed=seed)
         self.sim = self.config.parent
@@ -182,6 +184,14 @@ class SchedulerStack:
     @property
     def url(self) -> str:
         return self.airflow.url
+
+    def banner(self) -> str:
+        """What `make airflow` prints for this stack (the commands in it run as printed)."""
+        from epochsync_dev.devstack import banner
+
+        return banner(
+            self.airflow, self.password, self.config, self.epochs, self.seaweed, os.environ["EPOCHSYNC_SPARK_REMOTE"]
+        )
 
     def token(self) -> str:
         if self._token is None:
@@ -224,7 +234,12 @@ class SchedulerStack:
         deadline = time.monotonic() + timeout
         runs: list[dict] = []
         while time.monotonic() < deadline:
-            runs = self.runs(dag_id)
+            try:
+                runs = self.runs(dag_id)
+            except (TimeoutError, OSError) as exc:  # URLError too: a busy API server on two shared cores
+                print(f"wait_runs_done: the API did not answer ({exc}); asking again", flush=True)
+                time.sleep(10)
+                continue
             if len(runs) >= count and all(r["state"] in ("success", "failed") for r in runs):
                 return runs
             time.sleep(10)

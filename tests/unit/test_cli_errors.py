@@ -115,3 +115,87 @@ def test_every_stage_takes_the_same_arguments(capsys):
         build_parser("merge").parse_args(["--config", "c", "--epoch", "1"])  # no target
     assert entry.stage_main("nope", []) == 2
     assert "unknown stage 'nope'" in capsys.readouterr().err
+
+
+def test_version_prints_the_installed_version_and_exits_0(capsys):
+    from importlib.metadata import version
+
+    from epochsync.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"epochsync {version('epochsync')}"
+
+
+def test_each_class_of_error_has_its_own_exit_status_and_the_table_names_each_once(monkeypatch, capsys):
+    from epochsync.core import errors
+    from epochsync.core.btrfs import BtrfsError
+    from epochsync.core.gluster import GlusterError
+    from epochsync.journal.lease import LeaseLostError, TargetBusyError
+    from epochsync.stages.ingest.commit import IngestNotClosedError
+
+    codes = [c for c, _ in errors.EXIT_CODES]
+    assert len(codes) == len(set(codes)), codes  # one meaning a status
+    cases = [
+        (errors.ConfigError("c.yaml", "targets[0].kind", "unknown kind"), 3),
+        (errors.NotClosedError("epoch 5 of source sim is not closed"), 4),
+        (IngestNotClosedError(["epoch 5 is not closed: waiting for OST0001"]), 4),
+        (errors.StoreError("s3://replica/: connection refused"), 5),
+        (TargetBusyError("t", {"run": "x"}), 6),
+        (LeaseLostError("lease of t taken over"), 6),
+        (errors.VerifyError("verify of target t epoch 4: 1 difference(s)"), 7),
+        (errors.EpochError("target t is at epoch 0, so epoch 2 would leave a gap"), 8),
+        (errors.ParseError("f.txt", 3, "bad type"), 9),
+        (errors.FenceError("write fence: target t was changed by someone else"), 10),
+        (errors.SnapshotError("no snapshot of epoch 3"), 11),
+        (GlusterError("gluster volume info failed"), 12),
+        (BtrfsError("btrfs subvolume snapshot failed"), 12),
+        (errors.EpochsyncError("something else"), 1),
+    ]
+    for exc, code in cases:
+        assert exc.exit_code == code and code in codes, (exc, code)
+        rollback_raising(monkeypatch, exc)
+        assert main(["rollback", "--config", "c.yaml", "--target", "t"]) == code
+        assert capsys.readouterr().err == f"epochsync rollback: error: {exc}\n"
+
+
+def test_a_rolled_back_epoch_keeps_its_failures_status(monkeypatch, tmp_path):
+    # replicate wraps the stage's error ("... failed and was rolled back: ...") and keeps its
+    # class's status: a verify difference exits 7 after the rollback, not EpochError's 8
+    from types import SimpleNamespace
+
+    from epochsync.core.errors import EpochError, VerifyError
+    from epochsync.stages import merge
+    from epochsync.warehouse.events import read_events
+
+    def verify(*a, **k):
+        raise VerifyError("verify of target t epoch 4: 1 difference(s) with the source: f: size 10, expected 436")
+
+    rolled = []
+    spark = SimpleNamespace(addTag=lambda t: None, removeTag=lambda t: None)
+    stubs = {
+        "check_preconditions": lambda cfg, tcfg, e: {"action": "run"},
+        "_missing_servers": lambda cfg, src, e: [],
+        "mark_closed_seen": lambda *a: None,
+        "_ingest": lambda *a, **k: {"records": 1},
+        "run_translate": lambda *a, **k: {"namespace_ops": 0, "data_ops": 1, "post_ops": 0},
+        "run_apply": lambda *a, **k: {},
+        "run_verify": verify,
+        "rollback_target": lambda *a, **k: rolled.append(1) or {"message": "target t is back at epoch 3"},
+    }
+    for name, fn in stubs.items():
+        monkeypatch.setattr(replicate, name, fn)
+    monkeypatch.setattr(merge, "run_merge", lambda *a, **k: {"changes": 1})
+    wh = (tmp_path / "wh").as_uri()
+    cfg = SimpleNamespace(warehouse=wh, source_of=lambda t: SimpleNamespace(name="sim"))
+    tcfg = SimpleNamespace(name="t", kind="s3")
+    session = SimpleNamespace(get=lambda: spark, existing=spark)
+    with pytest.raises(EpochError) as exc:
+        replicate._replicate_epoch(cfg, tcfg, 4, session, None, False, lambda line: None)
+    assert rolled == [1]
+    assert str(exc.value).startswith("epoch 4 of target t failed and was rolled back: verify of target t epoch 4")
+    assert exc.value.exit_code == VerifyError.exit_code == 7 != EpochError.exit_code
+    # the event log names the stage that failed (status and the report say it)
+    failed = [e for e in read_events(wh, "t") if e["event"] == "failed"]
+    assert [(e["epoch"], e["stage"]) for e in failed] == [(4, "verify")]

@@ -20,7 +20,7 @@ import yaml
 
 from epochsync.cli import main
 from epochsync.core.config import load_config
-from epochsync.core.errors import EpochsyncError
+from epochsync.core.errors import EpochError, EpochsyncError
 from epochsync.report.changes import KINDS, apply_to_listing
 from epochsync.stages.context import committed_epoch
 from epochsync.stages.publish import (
@@ -298,7 +298,7 @@ def test_consumers_behind_retention_are_refused_and_hydrate(sim, spark, capsys):
         r"epochsync feed hydrate --config .* --target ret --consumer slow",
     ):
         ack_consumer(cfg, "ret", "slow", 3)
-    assert main(["feed", "status", "--config", conf, "--target", "ret", "--consumer", "slow"]) == 1
+    assert main(["feed", "status", "--config", conf, "--target", "ret", "--consumer", "slow"]) == EpochError.exit_code
     assert "epochsync feed hydrate" in capsys.readouterr().err
     assert main(["feed", "status", "--config", conf, "--target", "ret"]) == 0
     assert "slow: acknowledged 2, lag 2, behind retention: hydrate" in capsys.readouterr().out

@@ -372,3 +372,22 @@ def test_an_epoch_before_the_first_window_is_an_error_for_every_record_and_the_e
         (7_000_001, "negative epoch -1"),
         (7_000_002, "closing EPOCH record: negative epoch -1"),
     ]
+
+
+def test_the_dev_stack_stops_only_the_glusterd_it_started_by_its_pid():
+    # never by name (pkill -x glusterd would end a host's glusterd, or a pool's in its namespace)
+    import subprocess
+    import sys
+
+    from epochsync_dev.gluster import stop_glusterd
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert stop_glusterd(other.pid) is False  # a PID now held by something that is not glusterd
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
+    assert stop_glusterd(True) is False  # an older registry entry: no PID, nothing is ended
+    assert stop_glusterd(None) is False
+    assert stop_glusterd(2**22 + 12345) is False  # no such process

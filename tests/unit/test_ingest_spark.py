@@ -396,13 +396,13 @@ def test_spark_app_prints_per_server_progress_and_fails_with_one_line(spark, tmp
     ]
     assert out[4].startswith("ingested 9 records of source src epochs 1..2 in ")
 
-    assert main(["--config", str(cfg_file), "--source", "src", "--epoch", "3"]) == 1
+    assert main(["--config", str(cfg_file), "--source", "src", "--epoch", "3"]) == 4  # NotClosedError: try later
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
         "ingest: error: epoch 3 of source 'src' is not closed: waiting for MDT0000 (closed through 2), "
         "OST0000 (closed through 2); ingest runs only on closed epochs (the sensor waits for them)"
     ]
-    assert main(["--config", str(cfg_file), "--source", "nope", "--epoch", "1"]) == 1
+    assert main(["--config", str(cfg_file), "--source", "nope", "--epoch", "1"]) == 3  # ConfigError
     assert "no source named 'nope' (have: src)" in capsys.readouterr().err
 
 

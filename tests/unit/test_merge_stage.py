@@ -95,7 +95,7 @@ def test_missing_inputs_name_what_to_run(spark, stage, capsys):
 
     with pytest.raises(EpochError, match=r"no snapshot of target 't' at epoch 6 .*merge epoch 6 first"):
         run_merge(load_config(cfg_path), "t", 7, 7, spark)
-    assert stage_main("merge", ["--config", str(cfg_path), "--target", "t", "--epoch", "9"]) == 1
+    assert stage_main("merge", ["--config", str(cfg_path), "--target", "t", "--epoch", "9"]) == EpochError.exit_code
     assert "error" in capsys.readouterr().err
     with pytest.raises(EpochError, match="bad epoch window"):
         run_merge(load_config(cfg_path), "t", 3, 2, spark)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from epochsync.cli import main
+from epochsync.core.errors import ParseError
 from epochsync.formats import ParseOptions, parse_file
 from epochsync.formats.cli import EXIT_QUARANTINED
 
@@ -56,7 +57,7 @@ def test_server_and_fixed_epoch_options(capsys):
 
 def test_bad_line_exits_1_with_file_line_reason_on_stderr(capsys):
     rc, recs, err = run(capsys, "--format", "lustre", MANUAL)
-    assert rc == 1
+    assert rc == ParseError.exit_code == 9  # a bad input line: its own status
     assert err == f"epochsync parse: error: {MANUAL}:5: index 1 of server MDT0000 goes backwards (after 4)\n"
     assert [r["index"] for r in recs] == [1, 2, 3, 4]  # the lines before it were written
 
@@ -97,7 +98,7 @@ def test_quarantine_with_nothing_bad_exits_0_and_leaves_an_empty_file(capsys, tm
 
 def test_truncated_gluster_file_reports_the_records_then_the_byte_offset(capsys):
     rc, recs, err = run(capsys, "--format", "gluster", "--server", "vol-b1", TRUNCATED)
-    assert rc == 1
+    assert rc == ParseError.exit_code
     assert [(r["server"], r["type"]) for r in recs] == [("vol-b1", "CREAT"), ("vol-b1", "WRITE")]
     assert err == (
         f"epochsync parse: error: {TRUNCATED}:@203: truncated record at byte 203: the file ends at byte 208 inside it\n"
@@ -123,14 +124,15 @@ def test_files_are_one_stream_index_order_is_checked_across_them(capsys, tmp_pat
     assert rc == 0 and [r["index"] for r in recs] == [1, 4, 5, 6, 9, 10, 16, 17, 23]
     rc, _, err = run(capsys, "--format", "lustre", str(second), str(first))
     assert (
-        rc == 1 and err == f"epochsync parse: error: {first}:1: index 1 of server MDT0000 goes backwards (after 23)\n"
+        rc == ParseError.exit_code
+        and err == f"epochsync parse: error: {first}:1: index 1 of server MDT0000 goes backwards (after 23)\n"
     )
 
 
 def test_missing_file_is_one_clear_line(capsys, tmp_path):
     missing = tmp_path / "nope.txt"
     rc, recs, err = run(capsys, "--format", "lustre", str(missing))
-    assert (rc, recs) == (1, [])
+    assert (rc, recs) == (ParseError.exit_code, [])
     assert err == f"epochsync parse: error: {missing}: cannot read: No such file or directory\n"
 
 
@@ -171,5 +173,5 @@ def test_the_installed_console_script(tmp_path):
     bad = subprocess.run(
         [str(script), "parse", "--format", "lustre", MANUAL], capture_output=True, text=True, timeout=120
     )
-    assert bad.returncode == 1
+    assert bad.returncode == ParseError.exit_code
     assert bad.stderr == f"epochsync parse: error: {MANUAL}:5: index 1 of server MDT0000 goes backwards (after 4)\n"

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from epochsync.cli import main
 from epochsync.core.config import load_config
-from epochsync.core.errors import EpochsyncError
+from epochsync.core.errors import EpochsyncError, StoreError
 from epochsync.core.model import DIR, FILE
 from epochsync.core.schema import Record, record_to_json
 from epochsync.formats.common import ParseOptions, RecordChecker
@@ -287,7 +287,7 @@ def test_cli_unreachable_store_is_one_clear_error(tmp_path, capsys, monkeypatch)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
     url = f"http://127.0.0.1:{free_port()}"
     rc = main(["simulate", "--out", str(tmp_path / "s"), "--endpoint", url, "--epochs", "1", "--files", "2"])
-    assert rc == 1
+    assert rc == StoreError.exit_code == 5
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "epochsync simulate: error: source store" in err[0] and url in err[0]
 
@@ -295,7 +295,7 @@ def test_cli_unreachable_store_is_one_clear_error(tmp_path, capsys, monkeypatch)
 def test_cli_missing_connection_is_one_clear_error(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("AIRFLOW_CONN_NOPE_S3", raising=False)
     rc = main(["simulate", "--out", str(tmp_path / "s"), "--conn-id", "nope_s3", "--epochs", "1"])
-    assert rc == 1
+    assert rc == StoreError.exit_code
     assert "AIRFLOW_CONN_NOPE_S3" in capsys.readouterr().err
 
 

@@ -7,8 +7,10 @@ import pytest
 
 from epochsync.cli import main
 from epochsync.core.config import load_config
+from epochsync.core.errors import ConfigError
 from epochsync.journal.undo import write_json_atomic
-from epochsync.report.status import pending_operations, target_status
+from epochsync.report.status import failure_line, pending_operations, target_status
+from epochsync.stages.rollback import failure_reason
 from epochsync.warehouse.events import FAILED, ROLLED_BACK, record_event
 from epochsync.warehouse.paths import Warehouse, local_path
 
@@ -82,8 +84,13 @@ def test_status_reports_figures_failures_and_pending(cfg, capsys):
         local_path(Warehouse(cfg.warehouse).cursor("sim", "local")),
         {"epoch": 2, "servers": {"MDT0000": 120, "OST0000": 88}},
     )
-    record_event(cfg.warehouse, "local", FAILED, 3, message="apply: injected failure")
-    record_event(cfg.warehouse, "local", ROLLED_BACK, 3, message="back at epoch 2")
+    record_event(
+        cfg.warehouse, "local", FAILED, 3, stage="verify", message="f001390.dat: object of 10 bytes, expected 436"
+    )
+    # the rollback's event, as rollback_target writes it: the reason is the epoch's failure
+    reason = failure_reason(cfg.warehouse, "local", [3])
+    assert reason == "verify failed: f001390.dat: object of 10 bytes, expected 436"
+    record_event(cfg.warehouse, "local", ROLLED_BACK, 3, message="rolled back to epoch 2", back_at=2, reason=reason)
     write_records(cfg, 2, ["CREAT"])  # committed: not pending
     write_records(cfg, 3, ["CREAT", "RENME", "WRITE", "WRITE", "SATTR", "EPOCH"])
     s = target_status(cfg, cfg.target("local"))
@@ -101,7 +108,17 @@ def test_status_reports_figures_failures_and_pending(cfg, capsys):
     main(["status", "--config", cfg.file])
     table = capsys.readouterr().out
     assert "local" in table and "Faulty" in table and "2026-01-01T00:10:00Z" in table
-    assert "last failure: rolled_back" in table and "MDT0000=120" in table
+    # why, and where the rollback left it, not "rolled_back ... back at epoch 2"
+    assert (
+        "last failure: epoch 3 verify failed: f001390.dat: object of 10 bytes, expected 436; rolled back to epoch 2"
+        in table
+    ), table
+    assert "MDT0000=120" in table
+    # an event written before the reason was kept still reads
+    assert failure_line({"event": ROLLED_BACK, "epoch": 3, "message": "back at epoch 2"}).endswith("back at epoch 2")
+    assert failure_line({"event": FAILED, "epoch": 4, "stage": "apply", "message": "boom"}).startswith(
+        "epoch 4 failed in apply at"
+    )
 
 
 def test_healthy_after_a_later_commit(cfg):
@@ -183,5 +200,5 @@ def test_each_stage_keeps_its_colour_on_every_targets_chart():
 
 
 def test_unknown_target_is_a_clear_error(cfg, capsys):
-    assert main(["status", "--config", cfg.file, "--target", "nope"]) == 1
+    assert main(["status", "--config", cfg.file, "--target", "nope"]) == ConfigError.exit_code == 3
     assert "no target named 'nope'" in capsys.readouterr().err

@@ -263,7 +263,9 @@ def test_names_that_could_escape_are_refused_before_anything_is_planned():
 def test_spark_app_entry_point_fails_with_one_line(capsys, tmp_path):
     from epochsync.stages.entry import stage_main
 
-    assert stage_main("translate", ["--config", str(tmp_path / "none.yaml"), "--target", "t", "--epoch", "1"]) == 1
+    assert (
+        stage_main("translate", ["--config", str(tmp_path / "none.yaml"), "--target", "t", "--epoch", "1"]) == 3
+    )  # ConfigError
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("translate: error:") and "none.yaml" in err[0]
 

@@ -23,7 +23,22 @@ from epochsync.journal.lease import pool_name
 log = logging.getLogger(__name__)
 
 #: the tasks of an epoch DAG (a live source's also start with ``cut``)
-EPOCH_TASKS = ("wait_epoch_closed", "ingest", "merge", "translate", "apply", "verify", "commit", "rollback")
+EPOCH_TASKS = (
+    "wait_epoch_closed",
+    "ingest",
+    "merge",
+    "translate",
+    "wait_previous_epoch",
+    "apply",
+    "verify",
+    "commit",
+    "rollback",
+)
+#: the tasks that write the target: ordered by the target's manifest (``wait_previous_epoch``
+#: before them), not by ``depends_on_past``, which orders a task after the same task of the
+#: previous run only (apply after the previous apply, not after the previous commit) and, after
+#: a failure, holds the next run silently for ever (``epochsync.airflow.ordering``)
+ORDERED_BY_MANIFEST = ("wait_previous_epoch", "apply", "verify", "commit", "rollback")
 #: idempotent stages that only write their own warehouse output: safe to retry on a transient error.
 #: apply, verify and commit are not retried: their failure means rollback.
 TRANSIENT_STAGES = ("ingest", "merge", "translate")
@@ -221,6 +236,8 @@ def build_epoch_dag(
 
         def stage(name: str, **kw) -> EpochStageOperator:
             retry = name in TRANSIENT_STAGES
+            if name in ORDERED_BY_MANIFEST:
+                kw["depends_on_past"] = False
             return EpochStageOperator(
                 task_id=name,
                 stage=name,
@@ -256,6 +273,21 @@ def build_epoch_dag(
         translate = stage(
             "translate", doc_md="The plan: namespace operations, pulls and writes in the target's layout.", pool=pool
         )
+        from epochsync.airflow.ordering import PreviousEpochSensor
+
+        gate = PreviousEpochSensor(
+            task_id="wait_previous_epoch",
+            config_path=cfg,
+            source=source.name,
+            target=target.name,
+            depends_on_past=False,
+            poke_interval=15.0,
+            # the wait ends when the runs ahead end (commit or fail); the timeout is a backstop
+            timeout=7 * 24 * 3600.0,
+            doc_md="Holds apply until the target is committed at the epoch before this run's: waits while a run "
+            "of an earlier epoch is in flight; fails at once, naming the missing epochs and the backfill that "
+            "runs them, when none is.",
+        )
         apply = stage(
             "apply",
             skip_in_dry_run=True,
@@ -274,6 +306,7 @@ def build_epoch_dag(
             python_callable=commit_task,
             op_kwargs={"config_path": cfg, "target": target.name},
             pool=pool,
+            depends_on_past=False,
             doc_md="Writes the target manifest at the run's last epoch (last, atomically) and advances cursors.",
         )
         rollback = PySparkOperator(
@@ -283,12 +316,13 @@ def build_epoch_dag(
             op_kwargs={"config_path": cfg, "target": target.name},
             trigger_rule=TriggerRule.ONE_FAILED,
             pool=pool,
+            depends_on_past=False,
             # rollback is idempotent and resumable: a transient error is retried
             retries=2,
             retry_delay=timedelta(seconds=10),
             doc_md="Runs only if apply, verify or commit failed: replays the undo journal, then fails the run.",
         )
-        wait >> ingest >> merge >> translate >> apply >> verify >> commit
+        wait >> ingest >> merge >> translate >> gate >> apply >> verify >> commit
         [apply, verify, commit] >> rollback
     return dag
 

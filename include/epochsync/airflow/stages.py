@@ -93,10 +93,15 @@ def run_stage_task(
     try:
         out = _call_stage(stage, cfg, target, source, first, through, spark, epochs, params)
     except EpochsyncError as exc:
-        # one line a person can act on, not a traceback: the run is red with this message
+        # one line a person can act on, not a traceback: the run is red with this message, and
+        # the target's event log says why (``epochsync status``, the report, the demo)
         from airflow.sdk.exceptions import AirflowException
 
+        _record_failure(cfg, target, through, stage, str(exc))
         raise AirflowException(f"{stage} of target {target} epochs {first}..{through}: {exc}") from None
+    except Exception as exc:
+        _record_failure(cfg, target, through, stage, f"{type(exc).__name__}: {exc}")
+        raise
     log.info(
         "%s of target %s epochs %d..%d: %s", stage, target, first, through, json.dumps(jsonable(out), sort_keys=True)
     )
@@ -105,6 +110,17 @@ def run_stage_task(
             "dry run: plan of %s epochs %d..%d: %s", target, first, through, json.dumps(jsonable(out), sort_keys=True)
         )
     return jsonable(out)
+
+
+def _record_failure(cfg, target: str, epoch: int, stage: str, message: str) -> None:
+    """A FAILED event in ``target``'s event log: the epoch, the stage and why (never raises: the
+    stage's own error is what the task must end with)."""
+    from epochsync.warehouse.events import FAILED, record_event
+
+    try:
+        record_event(cfg.warehouse, target, FAILED, epoch, stage=stage, message=message[:500])
+    except Exception:  # the warehouse itself may be what failed
+        log.warning("could not record the failure of %s epoch %d in the event log", target, epoch, exc_info=True)
 
 
 def _call_stage(stage: str, cfg, target: str, source: str, first: int, through: int, spark, epochs: dict, params):

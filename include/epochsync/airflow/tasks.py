@@ -127,9 +127,13 @@ class EpochClosedSensor(BaseSensorOperator):
                 ", ".join(self._missing),
             )
             return PokeReturnValue(is_done=False)
+        from epochsync.airflow.ordering import record_run
         from epochsync.journal.undo import mark_closed_seen
 
         mark_closed_seen(config.warehouse, self.target, epochs.through)
+        ti = context["ti"]
+        # the run's epochs on record: a later epoch's wait_previous_epoch waits for this run
+        record_run(config.warehouse, self.target, ti.dag_id, ti.run_id, epochs.first, epochs.through)
         feed = config.target(self.target).kind == "feed"
         self.log.info(
             "epoch %d of %s is closed; this run %s epochs %d..%d %s %s%s",
@@ -191,19 +195,28 @@ def commit_task(config_path: str, target: str, ti=None, **_):
         from airflow.sdk.exceptions import AirflowSkipException
 
         raise AirflowSkipException("dry run: nothing to commit")
+    from epochsync.airflow.ordering import forget_run
+
     config = load_config(config_path)
     result = commit_epoch(config, target, epochs["first"], epochs["through"])
+    forget_run(config.warehouse, target, ti.run_id)
     return jsonable(result)
 
 
 def rollback_task(config_path: str, target: str, ti=None, spark=None, **_):
     """The ``rollback`` task: undo the failed epoch, then fail the run on purpose.
 
-    Runs only when apply, verify or commit failed (trigger rule ``one_failed``). The
-    rollback leaves the target exactly at its last committed epoch; this task then
-    ends failed (without retry) so the run shows red and ``depends_on_past`` holds the
-    next epoch back until the operator retries this one.
+    Runs only when apply, verify or commit failed or could not run (trigger rule
+    ``one_failed``). When this run wrote nothing (it failed before apply: in
+    ``wait_previous_epoch``, say, or apply refused before its journal), there is nothing to
+    undo and the task succeeds; the run is red by the task that failed. Above all, it then
+    leaves alone the undo journal of another run in flight (a run of the same epoch ahead of
+    it). Otherwise the rollback leaves the target exactly at its last committed epoch and this
+    task ends failed (without retry), so the run shows red and holds the next epoch back
+    until the operator retries this one.
     """
+    import logging
+
     from airflow.sdk.exceptions import AirflowFailException
 
     from epochsync.spark import prepare_session
@@ -211,6 +224,16 @@ def rollback_task(config_path: str, target: str, ti=None, spark=None, **_):
 
     epochs = ti.xcom_pull(task_ids=EPOCHS_TASK) or {}
     config = load_config(config_path)
+    written = journal_of_run(config, target, epochs.get("through"), ti.run_id)
+    if written is not None:
+        back_at = committed_epoch(config, target)
+        message = (
+            f"nothing to roll back: this run wrote nothing to target {target!r} ({written}); it is at epoch {back_at}"
+        )
+        logging.getLogger("epochsync.rollback").info("%s", message)
+        result = {"rolled_back": [], "committed": back_at, "undone": 0, "message": message}
+        ti.xcom_push(key="rollback", value=result)
+        return result
     if spark is not None:
         prepare_session(spark)
     result = rollback_target(config, target, spark)
@@ -221,6 +244,25 @@ def rollback_task(config_path: str, target: str, ti=None, spark=None, **_):
         f"(see those tasks' logs); rolled back: the target is at epoch {back_at} again. "
         f"Fix the cause, then clear this run's failed tasks (or trigger the epoch again) to retry."
     )
+
+
+def journal_of_run(config: Config, target: str, through: int | None, run_id: str) -> str | None:
+    """None when ``target`` holds an undo journal of this run's epoch ``through`` written by this run
+    (or by a writer that did not name its run); otherwise why there is nothing of this run to undo."""
+    from epochsync.journal.undo import journal_dir, read_json
+    from epochsync.stages.context import unfinished_epochs
+
+    if through is None:
+        return "its epochs were never resolved"
+    tcfg = config.target(target)
+    if int(through) not in unfinished_epochs(config, tcfg, committed_epoch(config, target)):
+        return f"no undo journal of epoch {through}"
+    owner = (read_json(os.path.join(journal_dir(config.warehouse, target, int(through)), "meta.json")) or {}).get(
+        "airflow_run"
+    )
+    if owner and owner != run_id:
+        return f"the undo journal of epoch {through} is run {owner}'s, which is in flight or rolls back itself"
+    return None
 
 
 def config_path_from_env() -> str | None:

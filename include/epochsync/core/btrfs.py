@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import os
 
-from epochsync.core.errors import EpochsyncError
+from epochsync.core.errors import SourceError
 from epochsync.core.gluster import run_tool
 
 #: subvolume roots (and the file system's top level) have this inode number on btrfs
 BTRFS_SUBVOLUME_INO = 256
 
 
-class BtrfsError(EpochsyncError):
+class BtrfsError(SourceError):
     """A btrfs command failed, or btrfs-progs is not installed."""
 
 

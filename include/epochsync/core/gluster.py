@@ -15,7 +15,7 @@ import subprocess
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 
-from epochsync.core.errors import EpochsyncError
+from epochsync.core.errors import EpochsyncError, SourceError
 
 #: a volume's well-known gfids (Gluster's ``glusterfs-fops``/``syncop`` constants)
 ROOT_GFID = "00000000-0000-0000-0000-000000000001"
@@ -29,7 +29,7 @@ INTERNAL_GFIDS = frozenset({SHARD_ROOT_GFID, SHARD_REMOVE_ME_GFID, TRASH_GFID, T
 INTERNAL_ROOT_NAMES = frozenset({".glusterfs", ".shard", ".trashcan"})
 
 
-class GlusterError(EpochsyncError):
+class GlusterError(SourceError):
     """The gluster command line failed or the volume is not what the config says."""
 
 

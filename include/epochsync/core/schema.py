@@ -12,7 +12,7 @@ import base64
 import dataclasses
 import json
 import operator
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -351,13 +351,6 @@ def write_jsonl(records: Iterable[Record], stream: IO[str]) -> int:
         stream.write("\n")
         n += 1
     return n
-
-
-def iter_jsonl_objects(stream: IO[str]) -> Iterator[tuple[int, str]]:
-    """Yield (line number, text) of the non-blank lines of a JSON Lines stream."""
-    for lineno, line in enumerate(stream, 1):
-        if line.strip():
-            yield lineno, line
 
 
 # --------------------------------------------------------------------------- Arrow and Spark

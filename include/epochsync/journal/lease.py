@@ -52,7 +52,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from epochsync.core.errors import EpochError, EpochsyncError
+from epochsync.core.errors import BusyError, EpochsyncError
 from epochsync.core.shutdown import process_start
 from epochsync.targets.base import drop_control, hold_control
 
@@ -71,7 +71,7 @@ RUN_ID_ENV = "EPOCHSYNC_RUN_ID"
 POOL_PREFIX = "epochsync_target_"
 
 
-class TargetBusyError(EpochError):
+class TargetBusyError(BusyError):
     """Another live writer holds the target's lease; nothing was changed."""
 
     def __init__(self, target: str, holder: dict | None):
@@ -84,7 +84,7 @@ class TargetBusyError(EpochError):
         )
 
 
-class LeaseLostError(EpochError):
+class LeaseLostError(BusyError):
     """Our s3 lease expired or was taken over while we held it."""
 
 

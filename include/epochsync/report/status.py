@@ -234,11 +234,7 @@ def format_table(rows: list[dict]) -> str:
                 f"(run: epochsync rollback --config FILE --target {r['target']})"
             )
         if r.get("last_failure"):
-            f = r["last_failure"]
-            out.append(
-                f"  last failure: {f.get('event')} at {_iso(f.get('at'))}, epoch {f.get('epoch')}: "
-                f"{f.get('message', '')}".rstrip(": ")
-            )
+            out.append("  last failure: " + failure_line(r["last_failure"]))
         if r.get("view"):
             out.append(view_line(r["view"]))
         if r.get("cursors"):
@@ -257,6 +253,23 @@ def configure_status(parser) -> None:
     parser.add_argument("--target", action="append", help="only this target (repeatable)")
     parser.add_argument("--format", choices=("table", "json"), default="table")
     parser.add_argument("--checkpoint", help="ISO time: say whether every change up to it is replicated")
+
+
+def failure_line(ev: dict) -> str:
+    """One line of a FAILED or ROLLED_BACK event: when, which epoch, which stage failed and why,
+    and where a rollback left the target ("epoch 4 failed in verify at ...: 2 difference(s) ...;
+    rolled back to epoch 3")."""
+    at = _iso(ev.get("at"))
+    if ev.get("event") == ROLLED_BACK:
+        back = ev.get("back_at")
+        why = ev.get("reason")
+        if back is None:  # an event written before the reason was kept
+            return f"epoch {ev.get('epoch')} rolled back at {at}: {ev.get('message', '')}".rstrip(": ")
+        return (
+            f"epoch {ev.get('epoch')} " + (f"{why}; " if why else "failed; ") + f"rolled back to epoch {back} at {at}"
+        )
+    stage = ev.get("stage")
+    return f"epoch {ev.get('epoch')} failed" + (f" in {stage}" if stage else "") + f" at {at}: {ev.get('message', '')}"
 
 
 def run_status(args) -> int:
@@ -386,7 +399,9 @@ def _report_target(cfg: Config, t: TargetConfig) -> dict:
             }
         )
     for e in read_events(cfg.warehouse, t.name):
-        if e.get("event") != COMMITTED:
+        if e.get("event") in (FAILED, ROLLED_BACK):
+            out["events"].append(failure_line(e))
+        elif e.get("event") != COMMITTED:
             out["events"].append(
                 f"{_iso(e.get('at'))} epoch {e.get('epoch')}: {e.get('event', '')} {e.get('message', '')}".strip()
             )

@@ -12,7 +12,8 @@ first one when a run merges a window of several closed epochs, default ``epoch``
     DESIGN section 5 invariants before anything is written: ``{"action": "run" |
     "noop" | "rollback_first", "committed": M, ...}``. A gap (the manifest is below
     ``first_epoch - 1``) raises :class:`EpochError` naming the missing epochs and the
-    command that backfills them.
+    command that backfills them; so does a manifest inside ``first_epoch..epoch - 1`` (the
+    plan starts from ``first_epoch - 1``: another run committed part of the window).
 ``translate.run_translate(cfg, target, epoch, spark, whole_file=False, first_epoch=None) -> dict``
     Reads snapshots ``first-1`` and ``epoch`` and the change set (written by the merge),
     writes ``plans/target=T/epoch=E/plan.json``; returns the plan summary.

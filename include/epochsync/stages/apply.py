@@ -17,8 +17,9 @@ import contextlib
 import os
 import time
 
-from epochsync.core.errors import EpochError, EpochsyncError
+from epochsync.core.errors import EpochError, EpochsyncError, FenceError
 from epochsync.core.layout import object_range_to_file
+from epochsync.core.probes import mutant
 from epochsync.journal.lease import holds_target_lease
 from epochsync.journal.undo import (
     PHASE_DATA,
@@ -99,7 +100,10 @@ def _compose(target, op: dict, state: dict, pulled: Pulled, a: int, b: int, to_f
         if s >= e:
             continue
         if to_file is None:
-            buf[s - a : e - a] = pulled.read(s, e - s)
+            got = pulled.read(s, e - s)
+            if mutant("patch-keeps-stale-tail"):  # test-only: E-1's bytes kept where nothing was pulled
+                got = got.rstrip(b"\0")
+            buf[s - a : s - a + len(got)] = got
         else:
             pos = s
             for fo, fn in to_file(s, e - s):
@@ -144,6 +148,8 @@ def run_data_op(op: dict, target, journal, source_io, source_bucket: str) -> dic
         from epochsync.stages.verify import source_bytes
 
         body = source_bytes(op["source"], length, source_io, source_bucket)
+        if mutant("small-whole-drops-hole"):  # test-only: the zeros past the version's end dropped
+            body = body.rstrip(b"\0")
         pulled.bytes = len(body)
         target.put(journal, state, key, body, meta, source=op["source"])
         written = len(body)
@@ -706,13 +712,19 @@ def run_apply(cfg, target, epoch: int, spark=None, inject=None, first_epoch: int
     problems, state, fence = write_fence(plan, tgt, source_io, probe_path)
     if problems:
         shown = "; ".join(problems[:20]) + (f"; and {len(problems) - 20} more" if len(problems) > 20 else "")
-        raise EpochError(
+        raise FenceError(
             f"write fence: target {tcfg.name} ({tgt.describe()}) was changed by someone else since epoch "
             f"{pre['committed']}: {shown}. Nothing was written. Restore those paths or re-hydrate the target."
         )
     jdir = journal_dir(cfg.warehouse, tcfg.name, epoch)
     os.makedirs(jdir, exist_ok=True)
-    write_json_atomic(os.path.join(jdir, "meta.json"), {"epoch": epoch, "first_epoch": plan.get("first_epoch")})
+    # the Airflow run that writes (its rollback task undoes only its own run's journal)
+    meta = {
+        "epoch": epoch,
+        "first_epoch": plan.get("first_epoch"),
+        "airflow_run": os.environ.get("AIRFLOW_CTX_DAG_RUN_ID"),
+    }
+    write_json_atomic(os.path.join(jdir, "meta.json"), meta)
     faults = fault_counter(cfg.warehouse, tcfg.name, epoch, resolve(inject))
     facts_path = os.path.join(plan_dir(cfg.warehouse, tcfg.name, epoch), APPLIED_FACTS)
     if os.path.exists(facts_path):  # an earlier attempt's: never verify against it

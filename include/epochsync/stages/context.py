@@ -85,6 +85,14 @@ def check_preconditions(cfg, target, epoch: int, first_epoch: int | None = None)
             f"--through {first - 1} (or in Airflow: airflow backfill create --dag-id "
             f"epochsync__{tcfg.source}__{tcfg.name} ...)"
         )
+    if committed > first - 1:
+        # a catch-up run planned epochs first..epoch from first-1, and another run committed some
+        # of them meanwhile: its plan no longer starts where the target is
+        raise EpochError(
+            f"target {tcfg.name} is at epoch {committed}, inside this run's epochs {first}..{epoch}, whose plan "
+            f"starts from epoch {first - 1}: nothing was applied. Run epochs {committed + 1}..{epoch} again "
+            "(in Airflow: clear the whole run, so that it plans from the committed epoch)"
+        )
     if unfinished:
         return {
             "action": "rollback_first",

@@ -18,6 +18,15 @@ share the cuts; two callers wait for each other and the second finds its epoch d
 
 A source's first cut publishes the whole volume as it is (every gfid the bricks hold), so a
 target's epoch 1 is a full copy; every later epoch is what changed since the last cut.
+
+A cut is **walked whole** instead (every gfid the bricks hold and every published one compared,
+as the first cut does, against the published state) when the records cannot be trusted: a
+brick's changelog lost records since the last cut (:class:`~epochsync.sources.gluster.changelog.ChangelogGap`:
+two rollovers in one second at a short ``changelog.rollover-time``), cannot be read, or the live
+changelogs read after the snapshots do not continue them; and when asked (``epochsync cut
+--rewalk``: the way out of a cut that refuses, e.g. a brick with no position). The walk's
+repairs (gfids no record named whose published state differed) are logged and kept in the cut
+record (``publish.walk``).
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ from collections.abc import Callable
 
 from epochsync.core.config import Config, SourceConfig
 from epochsync.core.errors import EpochError
-from epochsync.core.gluster import Brick, parse_brick_spec
+from epochsync.core.gluster import Brick, GlusterError, parse_brick_spec
 from epochsync.core.schema import Record
 from epochsync.sources.gluster.backend import BrickView
 from epochsync.sources.gluster.changelog import CHANGELOG_DIR, Position, end_position, live_records, read_slice
@@ -42,7 +51,7 @@ from epochsync.warehouse.fs import fsync_dir, lock_file, read_json, write_json_a
 from epochsync.warehouse.paths import Warehouse, local_path
 
 #: the fields of a raw record a cut keeps of what the live changelogs logged just after it
-_HINT_FIELDS = ("tfid", "sfid", "pfid", "name", "spfid", "sname")
+_HINT_FIELDS = ("type", "tfid", "sfid", "pfid", "name", "spfid", "sname")
 #: a published record's line: ``json.dumps(..., separators=(",", ":"))`` without a new encoder per record
 _compact = json.JSONEncoder(separators=(",", ":")).encode
 
@@ -106,8 +115,16 @@ def published_epoch(cfg: Config, source: str) -> int:
 # --------------------------------------------------------------------------- the stage
 
 
-def cut_source(cfg, source: str, through: int | None = None, *, progress: Callable[[str], None] | None = None) -> dict:
-    """Take ``source``'s cuts up to ``through`` (default: the next one); returns the figures of each."""
+def cut_source(
+    cfg,
+    source: str,
+    through: int | None = None,
+    *,
+    progress: Callable[[str], None] | None = None,
+    rewalk: bool = False,
+) -> dict:
+    """Take ``source``'s cuts up to ``through`` (default: the next one); returns the figures of each.
+    ``rewalk``: the first of them is walked whole (see the module docstring)."""
     cfg = _config(cfg)
     src = gluster_source(cfg, source)
     say = progress or (lambda _line: None)
@@ -124,7 +141,7 @@ def cut_source(cfg, source: str, through: int | None = None, *, progress: Callab
             mech = mechanism(src)
             write_json_atomic(os.path.join(folder, "volume.json"), {"volume": src.volume, "bricks": list(src.bricks)})
             for epoch in range(last + 1, goal + 1):
-                done.append(_cut_one(cfg, src, mech, state, epoch, say))
+                done.append(_cut_one(cfg, src, mech, state, epoch, say, rewalk=rewalk and epoch == last + 1))
         finally:
             state.close()
     return {"source": src.name, "epoch": done[-1]["epoch"], "cuts": done}
@@ -145,7 +162,9 @@ def _fault_point(cfg: Config, source: str, epoch: int):
     return FaultCounter(spec, counter, os.path.join(folder, f"fault-cut-{epoch}.fired")).tick
 
 
-def _cut_one(cfg: Config, src: SourceConfig, mech: BtrfsCut, state: SourceState, epoch: int, say) -> dict:
+def _cut_one(
+    cfg: Config, src: SourceConfig, mech: BtrfsCut, state: SourceState, epoch: int, say, *, rewalk: bool = False
+) -> dict:
     wh = Warehouse(cfg.warehouse)
     path = local_path(wh.cut(src.name, epoch))
     fault = _fault_point(cfg, src.name, epoch)
@@ -164,7 +183,9 @@ def _cut_one(cfg: Config, src: SourceConfig, mech: BtrfsCut, state: SourceState,
             "cut": figures,
             "resolved": False,
         }
-        record["hints"] = _hints(record, first)
+        record["hints"], failed = _hints(record, first)
+        if failed:
+            record["hints_failed"] = failed
         write_json_atomic(path, record)
         say(
             f"cut {epoch} of {src.name}: barrier on {figures['barrier_on_s']:.2f} s, snapshots {figures['snapshots_s']:.3f} s, "
@@ -183,6 +204,12 @@ def _cut_one(cfg: Config, src: SourceConfig, mech: BtrfsCut, state: SourceState,
     live: list[Record] = []
     new_positions: dict[str, dict] = {}
     files_read = 0
+    # why this cut is walked whole (nothing: its records are trusted)
+    walk: dict[str, str] = {}
+    if rewalk and not first:
+        walk["asked"] = "epochsync cut --rewalk"
+    if record.get("hints_failed") and not first:
+        walk["hints"] = record["hints_failed"]
     for v in views:
         cdir = os.path.join(v.root, CHANGELOG_DIR)
         if first:
@@ -190,20 +217,42 @@ def _cut_one(cfg: Config, src: SourceConfig, mech: BtrfsCut, state: SourceState,
             live.extend(live_records(cdir))
             continue
         at = positions.get(v.name)
-        if at is None:
-            raise EpochError(f"source {src.name}: the state has no changelog position of {v.name} (a brick added?)")
-        sl = read_slice(cdir, Position.from_dict(at))
+        try:
+            if at is None:
+                raise EpochError(f"source {src.name}: the state has no changelog position of {v.name} (a brick added?)")
+            sl = read_slice(cdir, Position.from_dict(at))
+        except (GlusterError, EpochError, OSError) as exc:
+            if not walk and not rewalk and isinstance(exc, EpochError):
+                raise EpochError(
+                    f"{exc}; the cut is sound: 'epochsync cut --source {src.name} --rewalk' publishes it by walking "
+                    "it whole against the published state"
+                ) from None
+            walk[v.name] = str(exc)
+            # the records read are incomplete: the walk finds every change; the next cut reads on
+            # from the end of what this snapshot holds
+            raw.extend(_readable(cdir, at))
+            new_positions[v.name] = end_position(cdir).to_dict()
+            live.extend(live_records(cdir))
+            continue
         raw.extend(sl.records)
         live.extend(sl.live)
         files_read += len(sl.files)
         new_positions[v.name] = sl.position.to_dict()
-    raw.extend(Record(server="", index=0, epoch=epoch, type="HINT", **h) for h in record.get("hints") or [])
-    everything = walk_gfids(views) if first else []
+    for h in record.get("hints") or []:
+        h = dict(h)
+        raw.append(Record(server="", index=0, epoch=epoch, type=h.pop("type", "HINT"), **h))
+    everything: list[str] = []
+    if first:
+        everything = walk_gfids(views)
+    elif walk:
+        for why, what in sorted(walk.items()):
+            say(f"cut {epoch} of {src.name}: walked whole against the published state ({why}: {what})")
+        everything = sorted(set(walk_gfids(views)) | set(state.gfids()))
     time_ns = int(record["time_ns"])
     state.begin()
     try:
         resolver = Resolver(state, views, prev, epoch, time_ns)
-        resolved = resolver.resolve(raw, state.carry, everything)
+        resolved = resolver.resolve(raw, state.carry, everything, check_links=not first)
         # a changelog logs a gfid's data (and attribute) change once per rollover window: what
         # the live file logged before the cut may change again after it without a new record
         carry = set(resolved.carry) | {r.tfid for r in live if r.tfid and r.type in ("WRITE", "SATTR", "XATTR")}
@@ -231,6 +280,7 @@ def _cut_one(cfg: Config, src: SourceConfig, mech: BtrfsCut, state: SourceState,
         state.put("positions", new_positions)
         state.put("next_index", next_index)
         state.put("carry", sorted(g for g in carry if g))
+        state.put("halfway", resolved.halfway)
         state.put("epoch", epoch)
         state.commit()
     except BaseException:
@@ -247,6 +297,17 @@ def _cut_one(cfg: Config, src: SourceConfig, mech: BtrfsCut, state: SourceState,
             "first": first,
         }
     )
+    if walk:
+        figures["walk"] = {"why": walk, "repaired": len(resolved.repaired), "repaired_gfids": resolved.repaired[:50]}
+        say(
+            f"cut {epoch} of {src.name}: the walk repaired {len(resolved.repaired)} gfids the records did not name"
+            + (f" (first: {', '.join(resolved.repaired[:5])})" if resolved.repaired else "")
+        )
+    if resolved.halfway:
+        say(
+            f"cut {epoch} of {src.name}: {len(resolved.halfway)} renames caught half-way held back to the next cut: "
+            + ", ".join(resolved.halfway[:5])
+        )
     record["resolved"] = True
     record["publish"] = figures
     write_json_atomic(path, record)
@@ -257,23 +318,45 @@ def _cut_one(cfg: Config, src: SourceConfig, mech: BtrfsCut, state: SourceState,
     return {"epoch": epoch, "cut": record["cut"], "publish": figures}
 
 
-def _hints(record: dict, first: bool) -> list[dict]:
+def _hints(record: dict, first: bool) -> tuple[list[dict], str | None]:
     """What the live changelogs logged right after the snapshots: operations whose effect the cut
     holds though their record was written after it (a record is written once the operation is
-    done). Read now, kept in the cut record, so resolving again gives the same records."""
+    done). Read now, kept in the cut record, so resolving again gives the same records. Returns
+    them, and why they could not all be read (then the cut is walked whole: the snapshots are
+    sound, only the hints are missing)."""
     if first:
-        return []
+        return [], None
     out = []
-    for _brick, where in sorted(record["bricks"].items()):
+    failed = []
+    for brick, where in sorted(record["bricks"].items()):
         snap_dir = os.path.join(where["root"], CHANGELOG_DIR)
         live_dir = os.path.join(_live_brick_root(where), CHANGELOG_DIR)
-        at = end_position(snap_dir)
         try:
-            sl = read_slice(live_dir, at)
-        except EpochError:
+            sl = read_slice(live_dir, end_position(snap_dir))
+        except (GlusterError, EpochError, OSError) as exc:
+            failed.append(f"{brick}: {exc}")
             continue
         for r in sl.records:
             out.append({f: getattr(r, f) for f in _HINT_FIELDS if getattr(r, f)})
+    return out, "; ".join(failed) or None
+
+
+def _readable(changelog_dir: str, at: dict | None) -> list[Record]:
+    """The records of a brick's changelog a walk still reads (the slice's, short of its checks):
+    they name what the walk must look at anyway, and feed the half-way rename check."""
+    from epochsync.formats.gluster import scan_records
+    from epochsync.sources.gluster.changelog import rolled_files
+
+    out: list[Record] = []
+    after = (at or {}).get("rolled")
+    paths = [p for ts, p in rolled_files(changelog_dir) if after is None or ts >= after]
+    paths.append(os.path.join(changelog_dir, "CHANGELOG"))
+    for p in paths:
+        try:
+            with open(p, "rb") as f:
+                out.extend(r for _, r in scan_records(f.read())[0])
+        except (OSError, ValueError):
+            continue
     return out
 
 
@@ -290,6 +373,12 @@ def configure_cut(parser) -> None:
     parser.add_argument("--config", required=True, metavar="FILE", help="epochsync YAML config")
     parser.add_argument("--source", required=True, metavar="NAME", help="the live source (kind: gluster) to cut")
     parser.add_argument("--through", type=int, metavar="E", help="take every cut up to epoch E (default: the next one)")
+    parser.add_argument(
+        "--rewalk",
+        action="store_true",
+        help="walk the next cut whole against the published state instead of trusting the changelogs (the way "
+        "out of a cut that refuses, e.g. a brick with no changelog position; every gfid is looked up, as at a first cut)",
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON document")
 
 
@@ -299,7 +388,11 @@ def run_cut(args) -> int:
 
     cfg = load_config(args.config)
     out = cut_source(
-        cfg, args.source, args.through, progress=None if args.json else (lambda line: print(line, flush=True))
+        cfg,
+        args.source,
+        args.through,
+        progress=None if args.json else (lambda line: print(line, flush=True)),
+        rewalk=args.rewalk,
     )
     if args.json:
         print(json.dumps(out, indent=1, sort_keys=True))

@@ -8,7 +8,7 @@ Every stage takes the same arguments, parsed once here::
 ``ingest`` reads a source (``--source``, or the source of ``--target``, whose cursor then
 checks continuity) and prints a line per server and a summary; every other stage works
 on a target and prints its figures as one JSON line. A failure is one line on stderr,
-``<stage>: error: ...``, and exit 1; SIGTERM (Airflow stopping a task) exits 143 with a
+``<stage>: error: ...``, and the error class's exit status (the CLI's table); SIGTERM (Airflow stopping a task) exits 143 with a
 line saying the target keeps its committed epoch.
 """
 
@@ -76,7 +76,7 @@ def stage_main(stage: str, argv: list[str] | None = None) -> int:
         out = _run(stage, cfg, args, first, last, spark)
     except EpochsyncError as exc:
         print(f"{stage}: error: {exc}", file=sys.stderr)
-        return 1
+        return exc.exit_code
     except KeyboardInterrupt as exc:
         sig = Interrupted.of(exc)
         print(

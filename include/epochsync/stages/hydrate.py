@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from epochsync.core.config import Config, SourceConfig
-from epochsync.core.errors import EpochError
+from epochsync.core.errors import EpochError, NotClosedError
 from epochsync.journal.lease import holds_target_lease
 from epochsync.warehouse.paths import Warehouse, epoch_partitions
 
@@ -107,7 +107,7 @@ def hydrate_target(
         epoch = have[-1]
     missing = sorted(missing_epoch_servers(config, src.name, epoch))
     if missing:
-        raise EpochError(
+        raise NotClosedError(
             f"epoch {epoch} of source {src.name!r} is not closed (no EPOCH record yet from {', '.join(missing)}): "
             "hydrate only from a closed epoch's dump"
         )

@@ -292,3 +292,28 @@ def purge_source(config: Config, source_name: str, *, dry_run: bool = False, log
             )
         raise PurgeBlocked("; ".join(parts) + "; then purge again")
     return result
+
+
+# --------------------------------------------------------------------------- the verb
+
+
+def configure_purge(parser) -> None:
+    """Add the ``purge`` verb's options to ``parser``."""
+    parser.add_argument("--config", required=True, metavar="FILE", help="epochsync YAML config")
+    parser.add_argument("--source", required=True, metavar="NAME", help="the source to purge")
+    parser.add_argument("--dry-run", action="store_true", help="say what would be dropped; drop nothing")
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON document")
+
+
+def run_purge(args) -> int:
+    """The ``purge`` verb: what the purge DAG's task does, its log lines on stdout (or ``--json``);
+    returns 0 (1, naming them, when idle consumers block it)."""
+    import json
+
+    from epochsync.core.config import load_config
+
+    cfg = load_config(args.config)
+    out = purge_source(cfg, args.source, dry_run=args.dry_run, log=(lambda _l: None) if args.json else print)
+    if args.json:
+        print(json.dumps(out, indent=1, sort_keys=True))
+    return 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from epochsync.core.config import Config, TargetConfig, load_config
-from epochsync.core.errors import EpochError, EpochsyncError
+from epochsync.core.errors import EpochError, EpochsyncError, NotClosedError
 from epochsync.core.jsonable import scalars
 from epochsync.journal.lease import target_lease
 from epochsync.journal.undo import (
@@ -118,10 +118,15 @@ def _replicate_epoch(cfg: Config, tcfg: TargetConfig, e: int, session: _Session,
         progress(f"{tcfg.name}: {r['message']}")
     missing = _missing_servers(cfg, src.name, e)
     if missing:
-        raise EpochError(f"epoch {e} of source {src.name} is not closed: no EPOCH record yet from {', '.join(missing)}")
+        raise NotClosedError(
+            f"epoch {e} of source {src.name} is not closed: no EPOCH record yet from {', '.join(missing)}"
+        )
     mark_closed_seen(cfg.warehouse, tcfg.name, e)
 
+    running = {"stage": None}  # the stage an exception came from, for the event log
+
     def step(name, fn, detail):
+        running["stage"] = name
         t = time.monotonic()
         progress(f"{tcfg.name} epoch {e}: {name} ...")
         tag = f"epochsync-{name}-{tcfg.name}-e{e}"  # the stage's jobs in the Spark UI and event log
@@ -174,7 +179,7 @@ def _replicate_epoch(cfg: Config, tcfg: TargetConfig, e: int, session: _Session,
         return step("commit", lambda: run_commit(cfg, tcfg, e), lambda o: f": manifest at epoch {e}")
     except Exception as exc:
         progress(f"{tcfg.name} epoch {e}: FAILED: {exc}")
-        record_event(cfg.warehouse, tcfg.name, FAILED, e, message=str(exc)[:500])
+        record_event(cfg.warehouse, tcfg.name, FAILED, e, stage=running["stage"], message=str(exc)[:500])
         try:
             r = rollback_target(cfg, tcfg, session.existing, progress=progress)
             progress(f"{tcfg.name} epoch {e}: rolled back: {r['message']}")
@@ -184,7 +189,10 @@ def _replicate_epoch(cfg: Config, tcfg: TargetConfig, e: int, session: _Session,
                 f"'epochsync rollback --config {cfg.file} --target {tcfg.name}' again"
             ) from rexc
         if isinstance(exc, EpochsyncError):
-            raise EpochError(f"epoch {e} of target {tcfg.name} failed and was rolled back: {exc}") from exc
+            # the original error's class (its exit status: a verify difference stays a verify failure)
+            err = EpochError(f"epoch {e} of target {tcfg.name} failed and was rolled back: {exc}")
+            err.exit_code = exc.exit_code
+            raise err from exc
         raise
 
 

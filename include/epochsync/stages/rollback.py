@@ -25,7 +25,7 @@ from epochsync.journal.undo import (
 )
 from epochsync.stages.context import _config, _target_cfg, unfinished_epochs
 from epochsync.targets import open_target
-from epochsync.warehouse.events import ROLLED_BACK, record_event
+from epochsync.warehouse.events import FAILED, ROLLED_BACK, read_events, record_event
 from epochsync.warehouse.paths import Warehouse
 
 
@@ -39,6 +39,17 @@ def _expected_namespace(cfg: Config, tcfg: TargetConfig, epoch: int, spark) -> d
     links = visible(resolve_links(snap, src.root_fid), tcfg.fileset).select("fid", "path")
     rows = links.join(snap, "fid").collect()
     return {r["path"]: attrs_of(r["fid"], r.asDict(recursive=True)) for r in rows}
+
+
+def failure_reason(warehouse: str, target: str, epochs) -> str | None:
+    """Why the epochs were rolled back: the newest FAILED event of one of them (its stage and
+    message, as the stage recorded it), or None when none was recorded."""
+    wanted = set(epochs)
+    for ev in reversed(read_events(warehouse, target)):
+        if ev.get("event") == FAILED and ev.get("epoch") in wanted:
+            stage = ev.get("stage")
+            return f"{stage} failed: {ev.get('message', '')}" if stage else str(ev.get("message", ""))
+    return None
 
 
 @holds_target_lease
@@ -102,12 +113,15 @@ def rollback_target(cfg, target, spark=None, *, check: bool = True, progress=Non
                 "after fixing the cause, or re-hydrate the target)"
             )
     tgt.mark_rollback(max(epochs))
+    reason = failure_reason(cfg.warehouse, tcfg.name, epochs)
     record_event(
         cfg.warehouse,
         tcfg.name,
         ROLLED_BACK,
         max(epochs),
-        message=f"back at epoch {committed}",
+        message=f"rolled back to epoch {committed}" + (f" after {reason}" if reason else ""),
+        back_at=committed,
+        reason=reason,
         epochs=epochs,
         undone=undone,
     )

@@ -38,6 +38,7 @@ from epochsync.core.errors import EpochError, RecordError
 from epochsync.core.layout import file_range_to_objects, merge_ranges, object_size
 from epochsync.core.model import DIR, FILE, SYMLINK
 from epochsync.core.names import check_basename
+from epochsync.core.probes import PATHS, mutant, took
 from epochsync.journal.lease import holds_target_lease
 from epochsync.journal.undo import (
     write_json_atomic,
@@ -108,6 +109,8 @@ def part_plan(length: int, changed: list[tuple[int, int]], base_len: int, part_s
     least 5 MiB.
     """
     spans = [(o, min(n, length - o)) for o, n in changed if o < length]
+    if mutant("part-copy-past-base"):  # test-only: what lies past E-1's length is copied, not uploaded
+        spans, base_len = [(o, n) for o, n in spans if o + n <= base_len], length
     if length > base_len:
         spans.append((base_len, length - base_len))
     regions: list[list[int]] = []
@@ -140,6 +143,8 @@ def part_plan(length: int, changed: list[tuple[int, int]], base_len: int, part_s
         pos = e
     if pos < length:
         parts.append({"copy": [pos, length]})
+    for p in parts:
+        took("plan.part_copy" if "copy" in p else "plan.part_upload")
     return parts
 
 
@@ -278,6 +283,7 @@ def build_plan(
         # a posix replica moves a directory's descendants with it (one rename, nothing of theirs
         # to do): the fence checks them where they were, verify checks the directory where it is
         checked_after = [e for e in entries if not carried(e)]
+        PATHS["plan.carried"] += len(entries) - len(checked_after)
     else:
         plan = _plan_s3(entries, target, store, epoch)
         _check_s3_keys(plan, target)
@@ -309,6 +315,8 @@ def carried(entry: dict) -> bool:
     the apply: 2.5-3 s of a 6-12 s epoch). An s3 target copies each descendant's keys, so there
     it is verified as before.
     """
+    if mutant("verify-carried-any"):  # test-only: every entry that was and is there is left out of verify
+        return bool(entry["old_paths"] and entry["new_paths"])
     if entry.get("change") is not None or not entry["old_paths"] or not entry["new_paths"]:
         return False
     old, new = entry.get("old"), entry.get("new")
@@ -561,6 +569,7 @@ def _plan_posix(entries: list[dict], target: dict, store: dict, epoch: int) -> d
         if needs_data(e):
             op = _data_common(e, target, store)
             op.update(path=primary, create=created)
+            took("plan.posix_" + ("whole" if op["whole"] else "ranges"))
             data.append(op)
         elif created or attrs_changed(e):
             attrs.append({"op": "attrs", "path": primary, "attrs": attrs_of(e["fid"], new), "depth": depth(primary)})
@@ -697,7 +706,10 @@ def _plan_s3(entries: list[dict], target: dict, store: dict, epoch: int) -> dict
                 base = key0 if key0 in {_key(p, otype) for p in e["old_paths"]} else old_first
             op.update(key=key0, base=base, extra_keys=keys[1:])
             op["write"] = _write_mode(op["new_size"], op["ranges"], base, op["base_size"], target)
+            if op["write"]["mode"] == "patch" and op["new_size"] > int(target.get("small_file") or 0):
+                took("plan.patch_large")
             _whole_file_write(op, e, target, store)
+            _count_path(op)
             data.append(op)
             continue
         if ntype == FILE and striped:
@@ -712,6 +724,7 @@ def _plan_s3(entries: list[dict], target: dict, store: dict, epoch: int) -> dict
             olds = {_key(p, otype) for p in e["old_paths"]} if same_type else set()
             for k in keys:
                 if k not in olds or attrs_changed(e):
+                    took("plan.rename_copy")
                     ns.append(
                         {
                             "op": "copy",
@@ -808,6 +821,7 @@ def _whole_file_write(op: dict, e: dict, target: dict, store: dict) -> None:
     if op["write"]["mode"] == "patch" and new_size <= int(target.get("small_file") or 0):
         if len(with_data) > sum(1 for p in op["pulls"] for _ in p["ranges"]) + 1:
             return
+        took("plan.small_file_whole")
         op.update(
             base=None,
             whole=True,
@@ -818,11 +832,29 @@ def _whole_file_write(op: dict, e: dict, target: dict, store: dict) -> None:
     elif op.get("base") is not None:
         return
     op["source"] = src
-    if with_data == [0] and new_size <= COPY_OBJECT_MAX and pinned_length(e["fid"], e["new"]) == new_size:
+    exact = pinned_length(e["fid"], e["new"]) == new_size
+    if mutant("copy-ignores-length") or (
+        mutant("copy-when-ranges-cover") and merge_ranges(data_ranges(e)[1]) == [(0, new_size)]
+    ):
+        exact = True
+    if with_data == [0] and new_size <= COPY_OBJECT_MAX and exact:
         obj = src["objects"][0]
         if obj.get("version"):
             # the source's word for the version's length, which the copy's fact carries
             op["copy_from"] = {"key": obj["key"], "version": obj["version"], "size": new_size}
+
+
+def _count_path(op: dict) -> None:
+    """Count the s3 data path ``op`` takes (:data:`epochsync.core.probes.PATHS`)."""
+    mode = op["write"]["mode"]
+    if op.get("copy_from"):
+        took("plan.copy_from")
+    elif op.get("source") is not None and mode == "put":
+        took("plan.source_put")
+    else:
+        took("plan." + mode)
+    if op["extra_keys"]:
+        took("plan.link_copy")
 
 
 def _write_mode(new_size: int, ranges: list, base: str | None, base_len: int, target: dict) -> dict[str, Any]:

@@ -17,8 +17,9 @@ import json
 import os
 import time
 
-from epochsync.core.errors import EpochError, EpochsyncError
+from epochsync.core.errors import EpochsyncError, VerifyError
 from epochsync.core.layout import assemble_file, object_size
+from epochsync.core.probes import mutant, took
 from epochsync.core.schema import Layout
 from epochsync.journal.lease import holds_target_lease
 from epochsync.journal.undo import (
@@ -86,33 +87,49 @@ def covered(item: dict, key: str, facts: dict, current: str | None = None, _dept
     """
     fact = facts.get(key)
     src = item.get("source")
-    if not fact or src is None or (_depth == 0 and (current is None or fact.get("version") != current)):
+    if not fact or src is None:
         return False
+    # the version current now is the one the fact is of (a hard link's first path: checked there)
+    fresh = _depth > 0 or (current is not None and fact.get("version") == current)
     etag = fact.get("etag")
     if fact.get("md5") and etag == fact["md5"] and fact.get("source") == src:
-        return True
+        return _rule("verify.s3.checksum", fresh or mutant("verify-checksum-stale"))
     if fact.get("parts") is not None:
         # a multipart upload of this file: its uploaded bytes were pulled from the file's
         # source versions at E (the ones verify would read) and its parts make the file
         at_e = {(o["key"], o.get("version")) for o in src.get("objects") or [] if o}
         pulled = fact.get("pulled_from")
-        return (
-            pulled is not None
+        return _rule(
+            "verify.s3.parts",
+            (fresh or mutant("verify-parts-stale"))
+            and pulled is not None
             and all((k, v) in at_e and v for k, v in pulled)
-            and parts_cover(fact["parts"], etag, item)
+            and parts_cover(fact["parts"], etag, item),
         )
     copied = fact.get("copied_from")
     if copied:
         obj = single_object(src, int(item["attrs"].get("size") or 0))
-        return obj is not None and (copied["key"], copied["version"]) == (obj["key"], obj["version"])
+        return _rule(
+            "verify.s3.copy",
+            (fresh or mutant("verify-copy-stale"))
+            and obj is not None
+            and (copied["key"], copied["version"]) == (obj["key"], obj["version"]),
+        )
     copy_of = fact.get("copy_of")
-    if not copy_of or not etag or copy_of.get("etag") != etag:
+    if not fresh or not copy_of or not etag or copy_of.get("etag") != etag:
         return False
     first = facts.get(copy_of["key"])
     if first is not None and first.get("version") == copy_of["version"]:
         # a hard link's copy of the path written just before it (same source, same item otherwise)
-        return _depth < 2 and covered(item, copy_of["key"], facts, None, _depth + 1)
-    return bool(item.get("unchanged"))
+        return _rule("verify.s3.link_copy", _depth < 2 and covered(item, copy_of["key"], facts, None, _depth + 1))
+    return _rule("verify.s3.unchanged", bool(item.get("unchanged")))
+
+
+def _rule(name: str, holds: bool) -> bool:
+    """``holds``, counted under ``name`` when it does (:data:`epochsync.core.probes.PATHS`)."""
+    if holds:
+        took(name)
+    return holds
 
 
 def parts_cover(parts: list[dict], etag: str | None, item: dict) -> bool:
@@ -174,7 +191,11 @@ def posix_contents(item: dict, fact: dict | None, identity: list | None) -> str:
     - ``"whole"``: anything else (no fact, another identity): read whole and compared with the
       source's bytes at E.
     """
-    if not fact or identity is None or list(fact.get("id") or ()) != list(identity):
+    if not fact or identity is None:
+        return "whole"
+    if list(fact.get("id") or ()) != list(identity) and not (
+        mutant("verify-ranges-stale") and fact.get("ranges") is not None
+    ):
         return "whole"
     if fact.get("ranges") is not None:
         return "ranges"
@@ -329,8 +350,10 @@ def verify_plan(
             how = posix_contents(item, fact, idents.get(item["path"]))
             if how == "covered":
                 by_identity += 1
+                took("verify.posix.covered")
                 continue
             if how == "ranges":
+                took("verify.posix.ranges")
                 assert fact is not None  # posix_contents says "ranges" only with one
                 if sampled(item["path"], sample):
                     written.append((index, item["path"], fact["ranges"]))
@@ -344,6 +367,7 @@ def verify_plan(
             by_checksum += 1
             continue
         if sampled(item["path"], sample):
+            took("verify.posix.read" if posix else "verify.s3.read")
             size = int(item["attrs"].get("size") or 0)
             key = json.dumps([item["source"], size], sort_keys=True)
             group = groups.setdefault(key, {"source": item["source"], "size": size, "paths": []})
@@ -612,7 +636,7 @@ def run_verify(cfg, target, epoch: int, spark=None, first_epoch: int | None = No
     write_json_atomic(os.path.join(plan_dir(cfg.warehouse, tcfg.name, epoch), "verify.json"), result)
     write_stage_stats(cfg.warehouse, tcfg.name, epoch, "verify", result)
     if not result["ok"]:
-        raise EpochError(
+        raise VerifyError(
             f"verify of target {tcfg.name} epoch {epoch}: {result['problem_count']} difference(s) with the source: "
             + "; ".join(result["problems"][:10])
         )

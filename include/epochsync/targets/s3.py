@@ -35,7 +35,7 @@ from collections import defaultdict
 from datetime import UTC, datetime
 from typing import Any
 
-from epochsync.core.errors import EpochError, EpochsyncError, StoreError
+from epochsync.core.errors import EpochsyncError, FenceError, StoreError
 from epochsync.stores.s3 import decode_listing
 from epochsync.targets.base import (
     CONTROL_DIR,
@@ -1645,7 +1645,7 @@ class S3Target(Target):
         if "IfNoneMatch" in precondition and now["current"] is None:
             return self.io.call(what, lambda c: send(c, {}))
         since = next(iter(self._condition_since(precondition)), None)
-        raise EpochError(
+        raise FenceError(
             f"write fence: {self.describe()}{rel_key} was changed by someone else since the last commit: the store "
             f"refused this epoch's conditional write of it (412 Precondition Failed: "
             f"{', '.join(sorted(precondition))}){_both_versions(now['current'], now['history'], since)}. "

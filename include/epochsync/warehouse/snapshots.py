@@ -338,11 +338,6 @@ def resolve_paths(snapshot: DataFrame, root_fid: str, *, max_depth: int = MAX_DE
     )
 
 
-def paths_at(spark: SparkSession, wh: Warehouse, target: str, epoch: int, root_fid: str) -> DataFrame:
-    """:func:`resolve_paths` of snapshot ``epoch`` of ``target``."""
-    return resolve_paths(read_snapshot(spark, wh, target, epoch, root_fid), root_fid)
-
-
 def resolve_links(snapshot, root_fid: str, *, max_depth: int = 4096):
     """Every reachable link of a snapshot with its replica path: (fid, pfid, name, path), on Spark.
 

@@ -84,19 +84,6 @@ def publish_staged(staged: list[tuple[str, str]]) -> None:
             raise SnapshotError(f"could not move {tmp} to {uri}: {exc}") from None
 
 
-def table_rows(uri: str) -> int:
-    """Returns the rows of the Parquet table at ``uri`` (0 when absent), from its footers: no Spark job."""
-    from epochsync.core.arrow import dataset_module
-    from epochsync.warehouse import fs as warehouse_fs
-    from epochsync.warehouse.paths import local_path
-
-    ds = dataset_module()
-
-    if not warehouse_fs.exists(uri):
-        return 0
-    return ds.dataset(local_path(uri), format="parquet", partitioning="hive").count_rows()
-
-
 def conform(df: DataFrame, schema) -> DataFrame:
     """Columns of ``schema``, in its order, cast to its types (nullability aside: Spark
     cannot cast to a non-null field; the values honour it by construction)."""

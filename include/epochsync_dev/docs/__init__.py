@@ -4,7 +4,8 @@
 code and the results: the configuration's JSON Schema and its reference from the pydantic models
 (``epochsync.core.config``), the CLI reference from the argument parsers (``epochsync.cli``
 and each verb's ``configure_<verb>``), the benchmark pages and the README's headline figures
-from ``bench/results/*.json``. ``--check`` writes nothing and exits 1 naming the stale pages
+from ``bench/results/*.json``, the default demo's transcript from ``bench/results/demo.txt``
+(:mod:`epochsync_dev.docs.demo_transcript`). ``--check`` writes nothing and exits 1 naming the stale pages
 (the docs tests do the same).
 """
 
@@ -37,8 +38,14 @@ def generated_pages(root: Path = ROOT) -> dict[Path, str]:
         root / "docs" / "reference" / "cli.md": cli_reference(),
     }
     pages.update({root / "docs" / "benchmarks" / name: text for name, text in benchmark_pages(results).items()})
+    from epochsync_dev.docs.demo_transcript import PAGES, kept_transcript, with_transcript
+
+    transcript = kept_transcript(results)
     readme = root / "README.md"
-    pages[readme] = readme_with_figures(readme.read_text(), results)
+    pages[readme] = with_transcript(readme_with_figures(readme.read_text(), results), transcript)
+    for name in PAGES:
+        if root / name != readme:
+            pages[root / name] = with_transcript((root / name).read_text(), transcript)
     return pages
 
 

@@ -310,8 +310,8 @@ def cli_reference() -> str:
     with _columns(88):
         top = cli.build_parser(None)
         verbs = list(_subparsers(top).choices)
-        doc = " ".join((cli.__doc__ or "").split())
-        codes = doc[doc.find("Exit codes") :] if "Exit codes" in doc else ""
+        from epochsync.core.errors import EXIT_CODES
+
         out = [
             BANNER.format(source="the argument parsers of include/epochsync/cli.py and each verb's configure_<verb>"),
             "",
@@ -324,8 +324,6 @@ def cli_reference() -> str:
             "```",
             "",
         ]
-        if codes:
-            out += [_plain(codes), ""]
         out += ["| verb | what it does |", "|---|---|"]
         out += [f"| [`{v}`](#{_anchor('epochsync ' + v)}) | {_cell(_plain(cli.VERBS[v][1]))} |" for v in verbs]
         out.append("")
@@ -338,4 +336,15 @@ def cli_reference() -> str:
                 else ""
             )
             out += _verb_section(parser, f"epochsync {verb}", 2, note)
-    return "\n".join(out)
+        out += [
+            "",
+            "## Exit codes",
+            "",
+            "Every error prints one line on standard error, saying what failed and where, and exits with",
+            "the status of its class, so a script or an alert can tell them apart:",
+            "",
+            "| status | meaning |",
+            "|---|---|",
+        ]
+        out += [f"| {code} | {_cell(_plain(what))} |" for code, what in EXIT_CODES]
+    return "\n".join(out) + "\n"

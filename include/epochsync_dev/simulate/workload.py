@@ -219,6 +219,9 @@ class Workload:
     to delete, in order; :meth:`finish_epoch` clears them.
     """
 
+    #: the operations after epoch 1's initial tree and their weights (a subclass may add its own ``op_<name>``)
+    op_weights: dict[str, int] = OP_WEIGHTS
+
     def __init__(self, cfg: SimConfig, sink: Callable[[Record], None]):
         self.cfg = cfg
         self.sink = sink
@@ -309,6 +312,7 @@ class Workload:
         cfg = self.cfg
         if epoch == 1:
             self._initial_tree()
+        self._epoch_start(epoch)
         budget = None
         if cfg.records is not None:
             budget = cfg.records // cfg.epochs + (cfg.records % cfg.epochs if epoch == cfg.epochs else 0)
@@ -316,11 +320,11 @@ class Workload:
         elif cfg.records_per_epoch is not None and epoch > 1:
             budget = cfg.records_per_epoch - len(self.next_index)
         ops = cfg.ops_per_epoch if cfg.ops_per_epoch is not None else max(6, cfg.files // 2)
-        names = list(OP_WEIGHTS)
-        weights = list(OP_WEIGHTS.values())
+        names = list(self.op_weights)
+        weights = list(self.op_weights.values())
         data_ops = ("overwrite", "append")
         other = [n for n in names if n not in data_ops]
-        other_weights = [OP_WEIGHTS[n] for n in other]
+        other_weights = [self.op_weights[n] for n in other]
         done = 0
         while (self.epoch_records < budget) if budget is not None else (done < ops):
             if cfg.write_share is None:
@@ -336,6 +340,9 @@ class Workload:
         window_end = window_start + EPOCH_INTERVAL_S * _NS
         if self.clock >= window_end:
             raise EpochsyncError(f"simulate: epoch {epoch} overflows its time window; use fewer records per epoch")
+
+    def _epoch_start(self, epoch: int) -> None:
+        """Operations a subclass makes at the start of every epoch, before the random ones (none)."""
 
     def _initial_tree(self) -> None:
         ndirs = max(1, self.cfg.files // 8)

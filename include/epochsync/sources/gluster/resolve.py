@@ -16,6 +16,12 @@ published records left (:class:`epochsync.sources.gluster.state.SourceState`):
 - a directory is the same on every brick, or it is in the middle of an operation that the cut
   split between bricks (it reached some before their barrier and the others after): then it
   keeps its published state this epoch and is looked at again at the next cut;
+- a file with several names one of which no record made (no ``LINK``, creator or finished
+  ``RENAME`` names it) is a rename the cut caught half-way: DHT renames a file whose new name
+  hashes to another brick by linking the new name on the file's brick (an internal operation,
+  never logged), then renaming and unlinking (held by the barrier, logged as the ``RENAME``).
+  No client made that link: the file keeps its published state this epoch and is published as
+  it is at the next cut (once: a real link whose record was lost is published then);
 - anything whose parent is not (yet) published waits with it.
 
 Each touched gfid then gets the records that take the published state to the cut's: a creator
@@ -61,6 +67,8 @@ class Resolved:
     records: dict[str, list[Record]]
     carry: list[str]
     figures: dict = field(default_factory=dict)
+    halfway: list[str] = field(default_factory=list)  # renames caught half-way, held back
+    repaired: list[str] = field(default_factory=list)  # gfids no record named that differed
 
 
 @dataclass
@@ -118,7 +126,14 @@ class Resolver:
         self.epoch = epoch
         self.time_ns = time_ns
         self.first = bricks[0].name
-        self.figures: dict = {"looked_up": 0, "split_dirs": 0, "deferred": 0, "fiemap_files": 0, "whole_files": 0}
+        self.figures: dict = {
+            "looked_up": 0,
+            "split_dirs": 0,
+            "deferred": 0,
+            "fiemap_files": 0,
+            "whole_files": 0,
+            "halfway_renames": 0,
+        }
 
     # ------------------------------------------------------------------ the cut's view
     def look(self, gfid: str, known: Known | None) -> _After:
@@ -155,15 +170,27 @@ class Resolver:
             return [a for part in pool.map(lambda c: [self.look(g, known.get(g)) for g in c], chunks) for a in part]
 
     # ------------------------------------------------------------------ one epoch
-    def resolve(self, records: Iterable[Record], carry: Iterable[str], everything: Iterable[str] = ()) -> Resolved:
+    def resolve(
+        self,
+        records: Iterable[Record],
+        carry: Iterable[str],
+        everything: Iterable[str] = (),
+        *,
+        check_links: bool = True,
+    ) -> Resolved:
         """The epoch's canonical records: ``records`` are the raw ones of every brick (the epoch's and
         the hints read after the cut), ``carry`` the gfids the last cut asked to look at again,
-        ``everything`` every gfid of the volume (a source's first cut: the bricks walked)."""
+        ``everything`` every gfid of the volume (a source's first cut, or a cut walked whole: the
+        bricks walked and the published gfids). ``check_links``: hold back a rename caught half-way
+        (not at a first cut, which has no records to tell)."""
+        records = list(records)
         touched, names, bases = touched_by(records)
-        touched |= set(carry) | set(everything)
-        touched -= INTERNAL_GFIDS
+        touched |= set(carry)
         holders = self.state.holders(names)
         touched |= set(holders.values())
+        named = set(touched)  # what the records and the carry name (a walk's repairs are the rest)
+        touched |= set(everything)
+        touched -= INTERNAL_GFIDS
         known = self.state.known(touched)
         after: dict[str, _After] = {}
         pending = sorted(touched)
@@ -203,10 +230,13 @@ class Resolver:
             if a.split:
                 carry_next.add(g)
                 self.figures["split_dirs"] += 1
+        halfway = self._halfway_renames(records, after, known, carry_next) if check_links else set()
+        carry_next |= halfway
         self._defer_orphans(after, known, carry_next)
         out: dict[str, list[Record]] = {b.name: [] for b in self.bricks}
         published: list[Known] = []
         dropped: list[str] = []
+        repaired: list[str] = []
         for g in sorted(after):
             a = after[g]
             if g in carry_next:
@@ -214,6 +244,8 @@ class Resolver:
             k = known.get(g)
             recs, brick = self._records(g, k, a)
             out[brick].extend(recs)
+            if g not in named and _differs(k, a, recs):
+                repaired.append(g)
             if a.node is None:
                 if k is not None:
                     dropped.append(g)
@@ -230,7 +262,38 @@ class Resolver:
                 )
         self.state.update(published, dropped)
         self.figures["touched"] = len(after)
-        return Resolved(records=out, carry=sorted(carry_next), figures=self.figures)
+        return Resolved(
+            records=out,
+            carry=sorted(carry_next),
+            figures=self.figures,
+            halfway=sorted(halfway),
+            repaired=repaired,
+        )
+
+    def _halfway_renames(
+        self, records: list[Record], after: dict[str, _After], known: dict[str, Known], carry: set[str]
+    ) -> set[str]:
+        """The files with a name no record made while they keep another (see the module docstring);
+        not the ones the last cut held back already."""
+        made: dict[tuple[str, str, str], list[Record]] = {}
+        for r in records:
+            g = r.sfid or r.tfid
+            if g and r.pfid and r.name:
+                made.setdefault((g, r.pfid, r.name), []).append(r)
+        held = set(self.state.halfway)
+        out: set[str] = set()
+        for g, a in after.items():
+            node = a.node
+            if node is None or node.type == "dir" or len(node.names) < 2 or g in carry or g in held:
+                continue
+            now = set(node.names)
+            had = set(known[g].names) if g in known else set()
+            for p, n in sorted(now - had):
+                if not any(_makes_name(r, now) for r in made.get((g, p, n), ())):
+                    out.add(g)
+                    self.figures["halfway_renames"] += 1
+                    break
+        return out
 
     def _defer_orphans(self, after: dict[str, _After], known: dict[str, Known], carry: set[str]) -> None:
         """Keeps back whatever would be published under a directory that is not published (a split
@@ -438,6 +501,27 @@ class Resolver:
                 else:
                     out.append((lo + o, n))
         return out
+
+
+def _makes_name(r: Record, now: set[tuple[str, str]]) -> bool:
+    """Did raw record ``r`` (naming a gfid's name) give the gfid that name as a client sees it: a
+    link, a creation, or a rename finished (its old name gone)? A hint of an older cut record
+    (no type kept) counts, as before types were kept."""
+    if r.type == "RENME":
+        return (r.spfid, r.sname) not in now
+    return r.type in ("HLINK", "CREAT", "MKNOD", "SLINK", "MKDIR", "HINT")
+
+
+def _differs(k: Known | None, a: _After, recs: list[Record]) -> bool:
+    """Does a gfid's published state differ from the cut's in what the records must say (it exists,
+    its names, its size, its bytes)? Times and modes are republished by a walk whatever they are."""
+    if a.node is None:
+        return k is not None
+    if k is None:
+        return True
+    if sorted(k.names) != sorted(a.node.names) or (a.node.type == "file" and k.size != a.node.size):
+        return True
+    return any(r.type == "WRITE" for r in recs)
 
 
 def _shard_on(views: Iterable[BrickView], base: str, index: int) -> str | None:

@@ -150,6 +150,15 @@ class SourceState:
         """Forgets which gfid held each of ``names`` (before they are given to others)."""
         self.db.executemany("DELETE FROM name WHERE pgfid = ? AND name = ?", list(names))
 
+    def gfids(self) -> list[str]:
+        """Returns every published gfid (a cut walked whole compares each with the bricks)."""
+        return [g for (g,) in self.db.execute("SELECT gfid FROM node ORDER BY gfid")]
+
+    @property
+    def halfway(self) -> list[str]:
+        """The gfids the last cut held back as renames caught half-way (published at this cut as they are)."""
+        return list(self.get("halfway", []))
+
     def count(self) -> int:
         """Returns how many gfids are published."""
         return int(self.db.execute("SELECT count(*) FROM node").fetchone()[0])

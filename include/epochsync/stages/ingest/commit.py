@@ -8,7 +8,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from epochsync.core.errors import EpochError, EpochsyncError, ParseError
+from epochsync.core.errors import EpochError, EpochsyncError, NotClosedError, ParseError
 
 #: Bytes a fast-path chunk holds (cut at a line end); bounds an executor's memory per file.
 from epochsync.stages.ingest.closure import Closure
@@ -28,6 +28,10 @@ class IngestError(EpochError):
         super().__init__(problems[0] + more + (f"; {hint}" if hint else ""))
 
 
+class IngestNotClosedError(IngestError, NotClosedError):
+    """The epoch to ingest is not closed yet (a server's ``EPOCH`` record is missing)."""
+
+
 @dataclass
 class _Judgement:
     bad: list[tuple[int | None, dict]]
@@ -44,7 +48,9 @@ def _judge(src, job: IngestJob, reports: list[dict], skipped_closed: Mapping[str
             closed[r["server"]] = c
     closure = Closure(job.last, closed, src.name)
     if not closure.closed:
-        raise IngestError([closure.describe()], hint="ingest runs only on closed epochs (the sensor waits for them)")
+        raise IngestNotClosedError(
+            [closure.describe()], hint="ingest runs only on closed epochs (the sensor waits for them)"
+        )
 
     bad = [(e, d) for r in reports for e, d in r["errors"]]
     bad_total = len(bad) + sum(r["errors_dropped"] for r in reports)
