@@ -134,7 +134,7 @@ class SourceError(EpochsyncError):
 #: the CLI's exit statuses: (code, what it means), the CLI reference's table
 EXIT_CODES: tuple[tuple[int, str], ...] = (
     (0, "success (for ``status``: every target Active or Lagging)"),
-    (1, "an error of no class below; ``status``: a target is Faulty or Unreachable"),
+    (1, "an error of no class below; ``status``: a target is Faulty or Unreachable; ``audit``: the target differs"),
     (2, "usage: a wrong option or argument (the verb's ``--help`` lists them)"),
     (ConfigError.exit_code, "the config is wrong: the file and the key are named"),
     (NotClosedError.exit_code, "the epoch is not closed yet: run again later"),
