@@ -136,7 +136,7 @@ def test_the_verb_prints_text_and_jsonl(replicated, spark, capsys):
     assert lines == [to_json_line(r) for r in recs]
     assert [json.loads(x)["kind"] for x in lines] == [r["kind"] for r in recs]
     # errors are one line naming what to do
-    assert main(["changes", "--config", conf, "--target", "local", "--from", "2", "--to", "5"]) == 1
+    assert main(["changes", "--config", conf, "--target", "local", "--from", "2", "--to", "5"]) == 8  # EpochError
     assert "target local is at epoch 4: epoch 5 is not committed yet" in capsys.readouterr().err
     assert main(["changes", "--config", conf, "--target", "local", "--from", "1", "--to", "3"]) == 1
     err = capsys.readouterr().err

@@ -759,6 +759,6 @@ def test_relocate_verb_moves_a_posix_control_directory(tmp_path, capsys):
     jdir = tmp_path / "warehouse" / "undo" / "target=t" / "epoch=5"
     jdir.mkdir(parents=True)
     (jdir / "ns.jsonl").write_text("")
-    assert main(["relocate", "--config", str(conf), "--target", "t"]) == 1
+    assert main(["relocate", "--config", str(conf), "--target", "t"]) == 8  # EpochError
     assert "roll them back first" in capsys.readouterr().err
     assert (replica / ".epochsync" / "manifest.json").exists()

@@ -410,6 +410,7 @@ def test_new_files_are_server_side_copies_of_their_source_versions(env):
         fid, data = f"C{i:03d}", os.urandom(1000 + i)
         contents[f"c/f{i:03d}"] = data
         f = row("file", size=len(data), version=put_source(env, fid, data), fid=fid)
+        f["objects"][0]["size"] = len(data)  # the WRITE record states the version's length (the copy rule)
         change = {"data_changed": True, "whole_file": False, "ranges": [{"offset": 0, "length": len(data)}]}
         entries.append(entry(fid, new=f, new_paths=[f"c/f{i:03d}"], change=change))
     total, by_method, result = epoch(env, target, entries, 1)
@@ -423,9 +424,10 @@ def test_new_files_are_server_side_copies_of_their_source_versions(env):
     want.update({p: ("file", sha(b), 0o644) for p, b in contents.items()})
     assert tree(target) == want
 
-    # the source object of a new file holds 5 bytes fewer than the file its records say
+    # the source object of a new file holds 5 bytes fewer than the file and its records say
     data = os.urandom(600)
     short = row("file", size=len(data) + 5, version=put_source(env, "SHORT", data), fid="SHORT")
+    short["objects"][0]["size"] = len(data) + 5  # a source that states a wrong length
     change = {"data_changed": True, "whole_file": False, "ranges": [{"offset": 0, "length": len(data) + 5}]}
     _, _, result = epoch(env, target, [entry("SHORT", new=short, new_paths=["c/short"], change=change)], 2)
     assert not result["ok"]

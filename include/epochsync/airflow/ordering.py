@@ -176,7 +176,10 @@ class PreviousEpochSensor(BaseSensorOperator):
         """Go, wait or fail (:func:`previous_epoch_turn`)."""
         from airflow.sdk.exceptions import AirflowFailException
 
-        from epochsync.airflow.tasks import EPOCHS_TASK, committed_epoch
+        # not from epochsync.airflow.tasks, which imports this module (no import cycle)
+        from epochsync.stages.context import committed_epoch
+
+        EPOCHS_TASK = "wait_epoch_closed"  # epochsync.airflow.tasks.EPOCHS_TASK: the run's epochs in XCom
 
         ti = context["ti"]
         epochs = ti.xcom_pull(task_ids=EPOCHS_TASK) or {}

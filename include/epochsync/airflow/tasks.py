@@ -233,7 +233,11 @@ def rollback_task(config_path: str, target: str, ti=None, spark=None, **_):
         logging.getLogger("epochsync.rollback").info("%s", message)
         result = {"rolled_back": [], "committed": back_at, "undone": 0, "message": message}
         ti.xcom_push(key="rollback", value=result)
-        return result
+        # the run still ends red: a failed epoch is never a green run, whatever its rollback had to do
+        raise AirflowFailException(
+            f"epoch {epochs.get('through', '?')} of target {target!r} failed (see the failed task's log); "
+            f"{message}. Fix the cause, then clear this run's failed tasks (or trigger the epoch again) to retry."
+        )
     if spark is not None:
         prepare_session(spark)
     result = rollback_target(config, target, spark)
