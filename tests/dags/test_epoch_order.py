@@ -160,7 +160,9 @@ def test_the_gate_reads_the_runs_on_record_and_the_manifest(bag, with_config, mo
 
     wh = load_config(with_config).warehouse
     committed = {"epoch": 0}
-    monkeypatch.setattr(epochsync.airflow.tasks, "committed_epoch", lambda cfg, target: committed["epoch"])
+    import epochsync.stages.context
+
+    monkeypatch.setattr(epochsync.stages.context, "committed_epoch", lambda cfg, target: committed["epoch"])
     gate = bag.dags["epochsync__lustre1__scratch"].get_task("wait_previous_epoch")
     assert gate.mode == "reschedule" and not gate.depends_on_past
     for e in (1, 2, 3):
