@@ -227,7 +227,15 @@ class GlusterStack:
 
     def _glusterd(self, say) -> None:
         if glusterd_running():
-            return
+            # a running glusterd is reused once it answers; one that is on its way out (another
+            # stack's, just sent SIGTERM) is waited for, and then this stack starts its own
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and glusterd_running():
+                if gluster("volume", "list", check=False, timeout=20).returncode == 0:
+                    return
+                time.sleep(0.5)
+            if glusterd_running():
+                raise RuntimeError("a glusterd is running on this machine but did not answer within 30 s")
         say("gluster: starting glusterd")
         log = self.work_dir / "glusterd.log"
         pid_file = self.work_dir / "glusterd.pid"
@@ -402,7 +410,20 @@ def stop_glusterd(pid) -> bool:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
         return False
+    # it is gone before this returns: the next stack must not find it dying and reuse it
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.1)
     return True
+
+
+def _alive(pid: int) -> bool:
+    """Is ``pid`` a live process (a zombie, exited but not reaped, is not)?"""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 def _umount(path: str) -> None:

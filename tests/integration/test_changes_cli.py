@@ -19,7 +19,7 @@ from support.histories import simulate, truth
 
 from epochsync.cli import main
 from epochsync.core.config import load_config
-from epochsync.core.errors import EpochError
+from epochsync.core.errors import SnapshotError
 from epochsync.report.changes import apply_to_listing, changes_between, to_json_line, to_text
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -95,7 +95,7 @@ def test_every_window_equals_the_ground_truth_diff(replicated, spark):
     for e1 in range(0, EPOCHS):
         for e2 in range(e1 + 1, EPOCHS + 1):
             if 1 in (e1, e2):  # pruned
-                with pytest.raises(EpochError, match=r"no snapshot at epoch 1: pruned .*kept: 2, 3, 4"):
+                with pytest.raises(SnapshotError, match=r"no snapshot at epoch 1: pruned .*kept: 2, 3, 4"):
                     changes_between(cfg, "local", e1, e2, spark)
                 continue
             recs = changes_between(cfg, "local", e1, e2, spark)

@@ -42,7 +42,7 @@ import sys
 from typing import Any
 
 from epochsync.core.config import Config, TargetConfig, load_config
-from epochsync.core.errors import EpochError, EpochsyncError
+from epochsync.core.errors import EpochError, EpochsyncError, SnapshotError
 from epochsync.core.model import FILE
 from epochsync.warehouse.paths import Warehouse, epoch_partitions, local_path
 
@@ -106,7 +106,7 @@ def check_inputs(cfg: Config, tcfg: TargetConfig, e1: int, e2: int, windows: lis
     missing = [e for e in (e1, e2) if e and e not in have]  # epoch 0 without a snapshot: the empty tree
     if missing:
         kept = ", ".join(map(str, have)) or "none"
-        raise EpochError(
+        raise SnapshotError(
             f"target {tcfg.name}: no snapshot at epoch {' and '.join(map(str, missing))}: pruned "
             f"(snapshot_retention: {tcfg.snapshot_retention} keeps the newest; snapshots kept: {kept}). "
             f"Choose --from/--to among those (or 0), or raise targets.{tcfg.name}.snapshot_retention "
