@@ -13,7 +13,7 @@ import os
 import pytest
 
 from epochsync.core.config import config_from_dict
-from epochsync.core.errors import EpochError
+from epochsync.core.errors import EpochError, SnapshotError
 from epochsync.report.changes import (
     apply_to_listing,
     check_inputs,
@@ -236,7 +236,7 @@ def test_pruned_snapshot_and_missing_change_set_are_named(tmp_path):
         os.makedirs(local_path(wh.snapshot("t", e)))
     for e in (2, 3):
         os.makedirs(local_path(wh.changes("t", e)))
-    with pytest.raises(EpochError, match=r"no snapshot at epoch 1: pruned \(snapshot_retention: 2 .*kept: 3, 4\)"):
+    with pytest.raises(SnapshotError, match=r"no snapshot at epoch 1: pruned \(snapshot_retention: 2 .*kept: 3, 4\)"):
         check_inputs(cfg, t, 1, 4, [(2, 2), (3, 3), (4, 4)])
     with pytest.raises(EpochError, match=r"no change set for committed epoch\(s\) 4"):
         check_inputs(cfg, t, 3, 4, [(4, 4)])
