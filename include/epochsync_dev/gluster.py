@@ -108,8 +108,32 @@ def gluster(*args: str, timeout: float = 120, check: bool = True) -> subprocess.
 
 
 def glusterd_running() -> bool:
-    """Is a glusterd running on this machine?"""
-    return run(["pgrep", "-x", "glusterd"], check=False).returncode == 0
+    """Is a glusterd running in this process's network and mount namespaces (the one the
+    ``gluster`` CLI here talks to)? A glusterd of a pool in its own namespaces is not counted:
+    processes are told apart by /proc, never matched by name across namespaces."""
+    return bool(host_glusterd_pids())
+
+
+def host_glusterd_pids() -> list[int]:
+    """PIDs of the live glusterd processes that share this process's net and mount namespaces."""
+    try:
+        mine = (os.readlink("/proc/self/ns/net"), os.readlink("/proc/self/ns/mnt"))
+    except OSError:
+        mine = None
+    pids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() != "glusterd":
+                continue
+            ns = (os.readlink(f"/proc/{pid}/ns/net"), os.readlink(f"/proc/{pid}/ns/mnt"))
+        except OSError:
+            continue
+        if (mine is None or ns == mine) and _alive(pid):
+            pids.append(pid)
+    return pids
 
 
 @dataclass
