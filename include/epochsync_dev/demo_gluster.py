@@ -132,6 +132,7 @@ def run(args) -> int:
     from epochsync.core.config import load_config
     from epochsync.core.gluster import run_gluster
     from epochsync.journal.undo import read_json
+    from epochsync.sources.gluster.reader import data_roots
     from epochsync.targets import open_target
     from epochsync.warehouse.events import ROLLED_BACK, read_events
     from epochsync.warehouse.paths import Warehouse, local_path
@@ -250,7 +251,7 @@ def run(args) -> int:
                 else:
                     if truth is None:
                         rec = read_json(local_path(wh.cut(SOURCE, epoch)))
-                        truth = cut_truth([v["root"] for _, v in sorted(rec["bricks"].items())])
+                        truth = cut_truth([root for _, root in sorted(data_roots(rec).items())])
                         cut = rec["cut"]
                         log(
                             f"epoch {epoch:>2} cut    in {cut['total_s']:.2f}s (barrier on {cut['barrier_on_s']:.2f}s, "

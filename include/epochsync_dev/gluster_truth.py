@@ -19,7 +19,7 @@ import os
 import stat as st
 import struct
 
-from epochsync.core.gluster import INTERNAL_ROOT_NAMES
+from epochsync.core.gluster import is_internal_root_name
 
 _MDATA = struct.Struct(">BQQQQQQQ")
 
@@ -114,7 +114,7 @@ def _walk(root: str):
         rel = stack.pop()
         base = os.path.join(root, rel) if rel else root
         for name in sorted(os.listdir(base)):
-            if not rel and name in INTERNAL_ROOT_NAMES:
+            if not rel and is_internal_root_name(name):
                 continue
             p = f"{rel}/{name}" if rel else name
             s = os.lstat(os.path.join(base, name))

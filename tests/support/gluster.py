@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from epochsync.core.config import load_config
+from epochsync.sources.gluster.reader import data_roots
 from epochsync.stages.cut import cut_source, read_cut
 from epochsync.stages.replicate import replicate
 from epochsync.targets import open_target
@@ -62,10 +63,11 @@ class GlusterHistory:
         return replicate(self.cfg, target, epoch, spark=self.spark, progress=self.lines.append, **kw)
 
     def roots(self, epoch: int) -> list[str]:
-        """Returns the brick directories of cut ``epoch``."""
+        """Returns the brick directories of cut ``epoch`` its bytes are read from (a replicated
+        volume: each set's reader)."""
         rec = read_cut(self.cfg, self.source, epoch)
         assert rec is not None, f"no cut {epoch}"
-        return [v["root"] for _, v in sorted(rec["bricks"].items())]
+        return [root for _, root in sorted(data_roots(rec).items())]
 
     def truth(self, epoch: int) -> dict[str, dict]:
         """Returns the ground truth of cut ``epoch``."""

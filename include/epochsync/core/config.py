@@ -483,9 +483,15 @@ class CutConfig:
     snapshots: SnapshotTemplate = "{subvolume_parent}/.epochsync-cuts/{source}/{brick}"
     """where a brick's snapshots go, one folder per brick on the brick's own btrfs file system; from
     {subvolume} (the brick's subvolume), {subvolume_parent}, {source}, {volume}, {brick} (brick1, ...)"""
-    barrier: bool = True
-    """hold namespace operations with Gluster's barrier while the bricks are snapshotted (off: each
-    brick's snapshot is consistent on its own; directories an operation splits wait one epoch)"""
+    barrier: bool = False
+    """hold namespace operations with Gluster's barrier while the bricks are snapshotted: every
+    namespace operation is then in all bricks' snapshots or in none, for 2 s or more of held
+    operations per cut (Gluster's floor); off (the default): nothing is held, each brick's
+    snapshot is consistent on its own, an operation the cut splits between bricks waits one
+    epoch; data writes are never held either way"""
+    bricks_here: bool = False
+    """the bricks of other hosts are mounted here, at the paths gluster volume info shows (a dev
+    pool on one machine, epochsync_dev.pool): the cut snapshots and reads them here"""
     timeout_s: Annotated[Duration, Field(alias="timeout")] = 120.0
     """the longest a barrier or snapshot command may take before the cut fails (and the barrier is lifted)"""
 
@@ -516,8 +522,8 @@ class ChangelogSourceKeys:
 
 @dataclass(frozen=True, config=_KEYS, kw_only=True)
 class GlusterSourceKeys:
-    """A live GlusterFS distribute volume, cut at each epoch boundary and read from its bricks'
-    changelogs and snapshots (``kind: gluster``)."""
+    """A live GlusterFS volume (distribute, replicated, arbiter or distributed-replicate), cut at
+    each epoch boundary and read from its bricks' changelogs and snapshots (``kind: gluster``)."""
 
     kind: Literal["gluster"]
     """gluster: a live GlusterFS volume, cut by epochsync"""
@@ -527,6 +533,14 @@ class GlusterSourceKeys:
     """the volume's name (gluster volume list)"""
     bricks: tuple[BrickSpec, ...] = ()
     """the volume's bricks as host:/path, in its order; default: read from gluster volume info --xml"""
+    replica: AtLeastOne | None = None
+    """bricks per replica set (each that many consecutive bricks hold the same files); default: the
+    volume's (gluster volume info), 1 when bricks are listed"""
+    arbiter: bool | None = None
+    """the last brick of each replica set is an arbiter (names and metadata, no data); default: the volume's"""
+    glusterd_host: Text | None = None
+    """a server of the pool whose glusterd the gluster command line asks (--remote-host); default:
+    this machine's glusterd"""
     cut: CutConfig = dataclasses.field(default_factory=CutConfig)
     """how the volume is cut at each epoch boundary"""
     epoch: EpochConfig
@@ -570,6 +584,10 @@ class SourceConfig:
     volume: str | None = None
     bricks: tuple[str, ...] = ()
     cut: CutConfig | None = None
+    #: gluster: bricks per replica set (servers are then set1, set2, ...), the last one an arbiter
+    replica: int = 1
+    arbiter: bool = False
+    glusterd_host: str | None = None
 
     @classmethod
     def of(cls, keys: ChangelogSourceKeys | GlusterSourceKeys, warehouse: str) -> SourceConfig:
@@ -586,7 +604,20 @@ class SourceConfig:
                 changelogs=keys.changelogs,
                 store=keys.store,
             )
-        bricks = keys.bricks or _volume_bricks(keys.volume, warehouse, keys.name)
+        if keys.bricks:
+            bricks, replica, arbiter = keys.bricks, keys.replica or 1, bool(keys.arbiter)
+        else:
+            bricks, replica, arbiter = _volume_bricks(keys.volume, warehouse, keys.name, keys.glusterd_host)
+            replica, arbiter = keys.replica or replica, arbiter if keys.arbiter is None else keys.arbiter
+        if len(bricks) % replica:
+            raise ValueError(f"{len(bricks)} bricks are not whole replica sets of {replica} (replica)")
+        if arbiter and replica < 3:
+            raise ValueError(f"an arbiter needs replica 3 or more, got replica {replica}")
+        servers = (
+            tuple(f"brick{i}" for i in range(1, len(bricks) + 1))
+            if replica == 1
+            else tuple(f"set{i}" for i in range(1, len(bricks) // replica + 1))
+        )
         return cls(
             name=keys.name,
             epoch=keys.epoch,
@@ -594,12 +625,15 @@ class SourceConfig:
             retention=keys.retention,
             kind="gluster",
             root_fid=keys.root_fid,
-            servers=tuple(f"brick{i}" for i in range(1, len(bricks) + 1)),
+            servers=servers,
             changelogs=ChangelogConfig(uri=f"{_cuts_uri(warehouse, keys.name)}/changelogs", format="jsonl"),
             store=None,
             volume=keys.volume,
             bricks=tuple(bricks),
             cut=keys.cut,
+            replica=replica,
+            arbiter=arbiter,
+            glusterd_host=keys.glusterd_host,
         )
 
 
@@ -609,9 +643,11 @@ def _cuts_uri(warehouse: str, source: str) -> str:
     return f"{warehouse.rstrip('/')}/cuts/source={source}"
 
 
-def _volume_bricks(volume: str, warehouse: str, source: str) -> tuple[str, ...]:
-    """A gluster source's bricks when the config does not list them: those its last cut recorded
-    (``cuts/source=S/volume.json``), else ``gluster volume info``."""
+def _volume_bricks(
+    volume: str, warehouse: str, source: str, remote_host: str | None = None
+) -> tuple[tuple[str, ...], int, bool]:
+    """A gluster source's bricks, replica count and arbiter when the config does not list them: those
+    its last cut recorded (``cuts/source=S/volume.json``), else ``gluster volume info``."""
     import json
     from urllib.parse import urlparse
 
@@ -623,14 +659,16 @@ def _volume_bricks(volume: str, warehouse: str, source: str) -> tuple[str, ...]:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
         if doc.get("volume") == volume and doc.get("bricks"):
-            return tuple(doc["bricks"])
+            return tuple(doc["bricks"]), int(doc.get("replica", 1)), bool(doc.get("arbiter", False))
     except (OSError, ValueError):
         pass
     from epochsync.core.errors import EpochsyncError
-    from epochsync.core.gluster import bricks_of
+    from epochsync.core.gluster import check_supported, volume_info
 
     try:
-        return tuple(b.spec for b in bricks_of(volume))
+        info = volume_info(volume, remote_host=remote_host)
+        check_supported(info)
+        return tuple(b.spec for b in info["bricks"]), info["replica"], bool(info["arbiter"])
     except EpochsyncError as exc:
         raise ValueError(f"cannot read the bricks of volume {volume!r} ({exc}); list them under 'bricks'") from None
 

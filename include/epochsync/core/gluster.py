@@ -2,8 +2,10 @@
 command line that reports and barriers a volume.
 
 Bricks are named ``brick1``, ``brick2``, ... in the volume's order (``gluster volume info``
-numbers them the same way); those names are the source's servers (``server`` of every record,
-``server=`` in the warehouse).
+numbers them the same way). In a distribute volume those names are the source's servers
+(``server`` of every record, ``server=`` in the warehouse); in a replicated one the servers are
+its replica sets, ``set1``, ``set2``, ... (each ``replica`` consecutive bricks of the volume's
+order, as Gluster groups them; with an arbiter, the last brick of each set is the arbiter).
 """
 
 from __future__ import annotations
@@ -27,6 +29,14 @@ TRASH_INTERNAL_GFID = "00000000-0000-0000-0000-000000000006"
 INTERNAL_GFIDS = frozenset({SHARD_ROOT_GFID, SHARD_REMOVE_ME_GFID, TRASH_GFID, TRASH_INTERNAL_GFID})
 #: root entries Gluster keeps for itself (on every brick)
 INTERNAL_ROOT_NAMES = frozenset({".glusterfs", ".shard", ".trashcan"})
+#: AFR's directory of a replicated volume's bricks where a heal parks the inodes of names it
+#: removes (``.glusterfs-anonymous-inode-<volume id>``): hidden from clients, never replicated
+ANON_INODE_PREFIX = ".glusterfs-anonymous-inode-"
+
+
+def is_internal_root_name(name: str) -> bool:
+    """Is ``name``, an entry of a brick's root, Gluster's own (never part of a replica)?"""
+    return name in INTERNAL_ROOT_NAMES or name.startswith(ANON_INODE_PREFIX)
 
 
 class GlusterError(SourceError):
@@ -104,43 +114,110 @@ def run_tool(
     return done.stdout
 
 
-def run_gluster(args: list[str], *, timeout: float = 120.0, what: str | None = None) -> str:
-    """``gluster --mode=script ARGS``; returns stdout. A failure is one GlusterError line with Gluster's words."""
-    return run_tool([gluster_cli(), "--mode=script", *args], what or "gluster " + " ".join(args), timeout=timeout)
+def run_gluster(
+    args: list[str], *, timeout: float = 120.0, what: str | None = None, remote_host: str | None = None
+) -> str:
+    """``gluster --mode=script ARGS``; returns stdout. ``remote_host``: the glusterd of that server
+    of the pool is asked (``--remote-host``) instead of this machine's. A failure is one GlusterError
+    line with Gluster's words."""
+    remote = [f"--remote-host={remote_host}"] if remote_host else []
+    return run_tool(
+        [gluster_cli(), *remote, "--mode=script", *args], what or "gluster " + " ".join(args), timeout=timeout
+    )
 
 
-def volume_info(volume: str) -> dict:
-    """``gluster volume info VOLUME --xml`` → ``{"name", "type", "status", "bricks": [Brick], "options": {}}``."""
-    text = run_gluster(["volume", "info", volume, "--xml"], what=f"gluster volume info {volume}")
+def _xml(text: str, what: str) -> ET.Element:
     try:
         root = ET.fromstring(text)
     except ET.ParseError as exc:
-        raise GlusterError(f"gluster volume info {volume}: unreadable XML ({exc})") from None
+        raise GlusterError(f"{what}: unreadable XML ({exc})") from None
     if root.findtext("opRet") not in (None, "0"):
-        raise GlusterError(f"gluster volume info {volume}: {root.findtext('opErrstr') or 'failed'}")
+        raise GlusterError(f"{what}: {root.findtext('opErrstr') or 'failed'}")
+    return root
+
+
+def volume_info(volume: str, *, remote_host: str | None = None) -> dict:
+    """``gluster volume info VOLUME --xml`` → ``{"name", "id", "type", "status", "bricks": [Brick],
+    "replica", "arbiter", "disperse", "arbiters": [brick name], "options": {}}``."""
+    what = f"gluster volume info {volume}"
+    root = _xml(run_gluster(["volume", "info", volume, "--xml"], what=what, remote_host=remote_host), what)
     vol = root.find("volInfo/volumes/volume")
     if vol is None:
         raise GlusterError(f"no volume named {volume!r} (gluster volume list shows the volumes)")
     bricks = []
+    arbiters = []
     for i, b in enumerate(vol.findall("bricks/brick"), start=1):
         spec = b.findtext("name") or (b.text or "").strip()
-        bricks.append(parse_brick_spec(spec, i))
+        brick = parse_brick_spec(spec, i)
+        bricks.append(brick)
+        if b.findtext("isArbiter") == "1":
+            arbiters.append(brick.name)
     options = {o.findtext("name"): o.findtext("value") for o in vol.findall("options/option")}
+
+    def count(tag: str) -> int:
+        try:
+            return int(vol.findtext(tag) or 0)
+        except ValueError:
+            return 0
+
     return {
         "name": vol.findtext("name"),
+        "id": vol.findtext("id"),
         "type": vol.findtext("typeStr"),
         "status": vol.findtext("statusStr"),
         "bricks": bricks,
+        "replica": max(1, count("replicaCount")),
+        "arbiter": count("arbiterCount"),
+        "disperse": count("disperseCount"),
+        "arbiters": arbiters,
         "options": options,
     }
 
 
-def bricks_of(volume: str) -> list[Brick]:
-    """The bricks of a distribute volume, in its order; other volume types are refused with the reason."""
-    info = volume_info(volume)
-    if info["type"] not in ("Distribute",):
+#: the volume types epochsync cuts
+SUPPORTED_TYPES = ("Distribute", "Replicate", "Distributed-Replicate")
+
+
+def check_supported(info: dict) -> None:
+    """Refuses a volume epochsync cannot read from a cut, with the reason."""
+    kind = info["type"] or "?"
+    if info["disperse"] or "Disperse" in kind:
         raise GlusterError(
-            f"volume {volume} is of type {info['type']}: epochsync cuts distribute volumes (each file on one "
-            "brick); replicated and dispersed volumes are not supported yet"
+            f"volume {info['name']} is of type {kind}: a dispersed volume stores each file as erasure-coded "
+            "fragments, no brick holds a file's bytes, so a cut of its bricks cannot be read without decoding "
+            "every fragment; epochsync replicates distribute, replicated, arbiter and distributed-replicate volumes"
         )
+    if kind not in SUPPORTED_TYPES:
+        raise GlusterError(
+            f"volume {info['name']} is of type {kind}: epochsync cuts {', '.join(SUPPORTED_TYPES)} volumes"
+        )
+    if len(info["bricks"]) % info["replica"]:
+        raise GlusterError(
+            f"volume {info['name']}: {len(info['bricks'])} bricks are not whole replica sets of {info['replica']}"
+        )
+
+
+def bricks_of(volume: str, *, remote_host: str | None = None) -> list[Brick]:
+    """The bricks of a volume epochsync cuts, in its order; other volume types are refused with the reason."""
+    info = volume_info(volume, remote_host=remote_host)
+    check_supported(info)
     return info["bricks"]
+
+
+def volume_status(volume: str, *, remote_host: str | None = None, timeout: float = 20.0) -> dict[str, bool] | None:
+    """``{brick spec: online}`` from ``gluster volume status VOLUME --xml``, or None when glusterd does
+    not answer (then nothing is known of the bricks' processes; the cut goes by the snapshots)."""
+    what = f"gluster volume status {volume}"
+    try:
+        root = _xml(
+            run_gluster(["volume", "status", volume, "--xml"], what=what, remote_host=remote_host, timeout=timeout),
+            what,
+        )
+    except GlusterError:
+        return None
+    out = {}
+    for node in root.iter("node"):
+        host, path = node.findtext("hostname"), node.findtext("path")
+        if host and path and path.startswith("/"):
+            out[f"{host}:{os.path.normpath(path)}"] = node.findtext("status") == "1"
+    return out

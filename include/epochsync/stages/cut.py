@@ -38,12 +38,22 @@ from collections.abc import Callable
 
 from epochsync.core.config import Config, SourceConfig
 from epochsync.core.errors import EpochError
-from epochsync.core.gluster import Brick, GlusterError, parse_brick_spec
+from epochsync.core.gluster import Brick, GlusterError, parse_brick_spec, volume_info, volume_status
 from epochsync.core.schema import Record
 from epochsync.sources.gluster.backend import BrickView
 from epochsync.sources.gluster.changelog import CHANGELOG_DIR, Position, end_position, live_records, read_slice
 from epochsync.sources.gluster.cut import BtrfsCut
-from epochsync.sources.gluster.reader import cut_record
+from epochsync.sources.gluster.reader import cut_record, data_roots
+from epochsync.sources.gluster.replicas import (
+    ReplicaSet,
+    choose_reader,
+    covered,
+    merge_set_records,
+    owed_heals,
+    quorum,
+    replica_sets,
+    started_s,
+)
 from epochsync.sources.gluster.resolve import Resolver, walk_gfids
 from epochsync.sources.gluster.state import SourceState
 from epochsync.stages.context import _config
@@ -73,7 +83,23 @@ def mechanism(src: SourceConfig) -> BtrfsCut:
     """Returns the source's cut mechanism (btrfs: the one built)."""
     cut = src.cut
     assert cut is not None and src.volume is not None
-    return BtrfsCut(src.name, src.volume, bricks(src), cut.snapshots, barrier=cut.barrier, timeout=cut.timeout_s)
+    return BtrfsCut(
+        src.name,
+        src.volume,
+        bricks(src),
+        cut.snapshots,
+        barrier=cut.barrier,
+        timeout=cut.timeout_s,
+        bricks_here=cut.bricks_here,
+        remote_host=src.glusterd_host,
+    )
+
+
+def sets_of(src: SourceConfig) -> list[ReplicaSet] | None:
+    """The replica sets of a replicated source (its servers), None for a distribute one."""
+    if src.replica <= 1:
+        return None
+    return replica_sets([b.name for b in bricks(src)], src.replica, src.arbiter)
 
 
 def cuts_dir(cfg: Config, source: str) -> str:
@@ -139,7 +165,10 @@ def cut_source(
             if goal <= last:
                 return {"source": src.name, "noop": True, "epoch": last, "message": f"cut {goal} is taken already"}
             mech = mechanism(src)
-            write_json_atomic(os.path.join(folder, "volume.json"), {"volume": src.volume, "bricks": list(src.bricks)})
+            write_json_atomic(
+                os.path.join(folder, "volume.json"),
+                {"volume": src.volume, "bricks": list(src.bricks), "replica": src.replica, "arbiter": src.arbiter},
+            )
             for epoch in range(last + 1, goal + 1):
                 done.append(_cut_one(cfg, src, mech, state, epoch, say, rewalk=rewalk and epoch == last + 1))
         finally:
@@ -183,9 +212,13 @@ def _cut_one(
             "cut": figures,
             "resolved": False,
         }
+        rsets = sets_of(src)
+        if rsets:
+            _choose_readers(cfg, src, mech, rsets, record, epoch)
         record["hints"], failed = _hints(record, first)
+        failed = _uncovered(failed, rsets, record)
         if failed:
-            record["hints_failed"] = failed
+            record["hints_failed"] = "; ".join(f"{b}: {w}" for b, w in sorted(failed.items()))
         write_json_atomic(path, record)
         say(
             f"cut {epoch} of {src.name}: barrier on {figures['barrier_on_s']:.2f} s, snapshots {figures['snapshots_s']:.3f} s, "
@@ -194,10 +227,20 @@ def _cut_one(
         )
     fault("snapshots taken")
     t0 = time.monotonic()
-    views = [BrickView(b, record["bricks"][b]["root"]) for b in src.servers]
+    rsets = sets_of(src)
+    roots = data_roots(record)
+    views = [BrickView(b, roots[b]) for b in src.servers]
     prev_rec = read_cut(cfg, src.name, epoch - 1) if epoch > 1 else None
     prev = None
-    if prev_rec and all(os.path.isdir(prev_rec["bricks"][b]["root"]) for b in src.servers):
+    if rsets and prev_rec and prev_rec.get("sets"):
+        # a set is compared with its last cut only through the same reader (module docstring of replicas)
+        prev = [
+            BrickView(s.name, prev_rec["bricks"][r]["root"])
+            for s in rsets
+            if (r := record["sets"][s.name]["reader"]) == prev_rec["sets"].get(s.name, {}).get("reader")
+            and os.path.isdir(prev_rec["bricks"][r]["root"])
+        ]
+    elif not rsets and prev_rec and all(os.path.isdir(prev_rec["bricks"][b]["root"]) for b in src.servers):
         prev = [BrickView(b, prev_rec["bricks"][b]["root"]) for b in src.servers]
     positions = state.get("positions", {})
     raw: list[Record] = []
@@ -210,34 +253,54 @@ def _cut_one(
         walk["asked"] = "epochsync cut --rewalk"
     if record.get("hints_failed") and not first:
         walk["hints"] = record["hints_failed"]
-    for v in views:
-        cdir = os.path.join(v.root, CHANGELOG_DIR)
+    per_brick: dict[str, list[Record]] = {}
+    unread: dict[str, Exception] = {}
+    for name in record["bricks"] if rsets else src.servers:
+        cdir = os.path.join(record["bricks"][name]["root"], CHANGELOG_DIR)
         if first:
-            new_positions[v.name] = end_position(cdir).to_dict()
+            new_positions[name] = end_position(cdir).to_dict()
             live.extend(live_records(cdir))
             continue
-        at = positions.get(v.name)
+        at = positions.get(name)
         try:
             if at is None:
-                raise EpochError(f"source {src.name}: the state has no changelog position of {v.name} (a brick added?)")
+                raise EpochError(f"source {src.name}: the state has no changelog position of {name} (a brick added?)")
             sl = read_slice(cdir, Position.from_dict(at))
         except (GlusterError, EpochError, OSError) as exc:
-            if not walk and not rewalk and isinstance(exc, EpochError):
-                raise EpochError(
-                    f"{exc}; the cut is sound: 'epochsync cut --source {src.name} --rewalk' publishes it by walking "
-                    "it whole against the published state"
-                ) from None
-            walk[v.name] = str(exc)
-            # the records read are incomplete: the walk finds every change; the next cut reads on
-            # from the end of what this snapshot holds
-            raw.extend(_readable(cdir, at))
-            new_positions[v.name] = end_position(cdir).to_dict()
+            unread[name] = exc
+            # the records read are incomplete: the walk (or the set's other bricks) has the rest; the
+            # next cut reads on from the end of what this snapshot holds
+            per_brick[name] = _readable(cdir, at)
+            new_positions[name] = end_position(cdir).to_dict()
             live.extend(live_records(cdir))
             continue
-        raw.extend(sl.records)
+        per_brick[name] = sl.records
         live.extend(sl.live)
         files_read += len(sl.files)
-        new_positions[v.name] = sl.position.to_dict()
+        new_positions[name] = sl.position.to_dict()
+    q = int(record.get("quorum", 1))
+    for name, exc in unread.items():
+        rset = next((r for r in rsets or () if name in r.bricks), None)
+        if rset is not None and covered(rset, set(unread) & set(rset.bricks), q):
+            say(
+                f"cut {epoch} of {src.name}: {name}'s changelog could not be read ({exc}); the other bricks "
+                f"of {rset.name} hold its records"
+            )
+            continue
+        if not walk and not rewalk and isinstance(exc, EpochError):
+            raise EpochError(
+                f"{exc}; the cut is sound: 'epochsync cut --source {src.name} --rewalk' publishes it by walking "
+                "it whole against the published state"
+            ) from None
+        walk[name] = str(exc)
+    if rsets:
+        for rset in rsets:
+            reader = record["sets"][rset.name]["reader"]
+            order = [reader, *(b for b in rset.bricks if b != reader)]
+            raw.extend(merge_set_records([per_brick.get(b, []) for b in order]))
+    else:
+        for name in src.servers:
+            raw.extend(per_brick.get(name, []))
     for h in record.get("hints") or []:
         h = dict(h)
         raw.append(Record(server="", index=0, epoch=epoch, type=h.pop("type", "HINT"), **h))
@@ -318,27 +381,87 @@ def _cut_one(
     return {"epoch": epoch, "cut": record["cut"], "publish": figures}
 
 
-def _hints(record: dict, first: bool) -> tuple[list[dict], str | None]:
+def _choose_readers(cfg: Config, src: SourceConfig, mech: BtrfsCut, rsets: list[ReplicaSet], record: dict, epoch: int):
+    """Records in a replicated source's new cut each set's reader, the bricks' state and the quorum
+    (:mod:`epochsync.sources.gluster.replicas`); an EpochError when a set has no brick to read."""
+    names = [b.name for b in mech.bricks]
+    index_of = {b: i for i, b in enumerate(names)}
+    spec_of = {b.name: b.spec for b in mech.bricks}
+    online_by_spec = volume_status(src.volume, remote_host=src.glusterd_host)
+    online = None if online_by_spec is None else {b: online_by_spec.get(spec_of[b], False) for b in names}
+    try:
+        options = volume_info(src.volume, remote_host=src.glusterd_host)["options"]
+        record["quorum"] = quorum(src.replica, options)
+    except GlusterError:
+        record["quorum"] = 1  # unknown: an operation may be on one brick only
+    roots = {b: record["bricks"][b]["root"] for b in names}
+    owed_now = owed_heals(roots, src.volume, index_of)
+    prev = read_cut(cfg, src.name, epoch - 1) if epoch > 1 else None
+    started = {b: started_s(os.path.join(roots[b], CHANGELOG_DIR)) for b in names}
+    record["status"] = online
+    record["owed"] = owed_now
+    record["sets"] = {}
+    for rset in rsets:
+        verdict = choose_reader(
+            rset,
+            previous=((prev or {}).get("sets") or {}).get(rset.name, {}).get("reader"),
+            online=online,
+            owed_now=owed_now,
+            owed_before=(prev or {}).get("owed") or {},
+            started=started,
+            last_cut_s=prev["time_ns"] / 1e9 if prev else None,
+            source=src.name,
+            epoch=epoch,
+        )
+        record["sets"][rset.name] = {
+            "bricks": list(rset.bricks),
+            "arbiter": rset.arbiter,
+            "reader": verdict.reader,
+            "not_reader": verdict.refused,
+        }
+
+
+def _uncovered(failed: dict[str, str], rsets: list[ReplicaSet] | None, record: dict) -> dict[str, str]:
+    """The bricks whose hints could not be read and whose set's other bricks do not make up for them
+    (every one of a distribute source)."""
+    if not failed or not rsets:
+        return failed
+    q = int(record.get("quorum", 1))
+    out = {}
+    for rset in rsets:
+        missing = set(failed) & set(rset.bricks)
+        if missing and not covered(rset, missing, q):
+            out.update({b: failed[b] for b in missing})
+    return out
+
+
+def _hints(record: dict, first: bool) -> tuple[list[dict], dict[str, str]]:
     """What the live changelogs logged right after the snapshots: operations whose effect the cut
     holds though their record was written after it (a record is written once the operation is
     done). Read now, kept in the cut record, so resolving again gives the same records. Returns
-    them, and why they could not all be read (then the cut is walked whole: the snapshots are
-    sound, only the hints are missing)."""
+    them (each distinct one once: replicas log the same operations), and why a brick's could not be
+    read (then the cut is walked whole unless the brick's set is covered without it: the snapshots
+    are sound, only the hints are missing)."""
     if first:
-        return [], None
+        return [], {}
     out = []
-    failed = []
+    seen: set[tuple] = set()
+    failed: dict[str, str] = {}
     for brick, where in sorted(record["bricks"].items()):
         snap_dir = os.path.join(where["root"], CHANGELOG_DIR)
         live_dir = os.path.join(_live_brick_root(where), CHANGELOG_DIR)
         try:
             sl = read_slice(live_dir, end_position(snap_dir))
         except (GlusterError, EpochError, OSError) as exc:
-            failed.append(f"{brick}: {exc}")
+            failed[brick] = str(exc)
             continue
         for r in sl.records:
-            out.append({f: getattr(r, f) for f in _HINT_FIELDS if getattr(r, f)})
-    return out, "; ".join(failed) or None
+            h = {f: getattr(r, f) for f in _HINT_FIELDS if getattr(r, f)}
+            key = tuple(sorted(h.items()))
+            if key not in seen:
+                seen.add(key)
+                out.append(h)
+    return out, failed
 
 
 def _readable(changelog_dir: str, at: dict | None) -> list[Record]:

@@ -28,7 +28,7 @@ import stat as st
 import struct
 from dataclasses import dataclass, field
 
-from epochsync.core.gluster import INTERNAL_ROOT_NAMES, ROOT_GFID, SHARD_ROOT_GFID
+from epochsync.core.gluster import ANON_INODE_PREFIX, ROOT_GFID, SHARD_ROOT_GFID, is_internal_root_name
 
 GFID_XATTR = "trusted.gfid"
 LINKTO_XATTR = "trusted.glusterfs.dht.linkto"
@@ -76,6 +76,31 @@ class BrickView:
         self.name = name
         self.root = root
         self._handles = os.path.join(root, ".glusterfs")
+        self._internal: frozenset[str] | None = None
+
+    def internal_dirs(self) -> frozenset[str]:
+        """The gfids of AFR's anonymous-inode directories in the brick's root: they and every name in them
+        are outside the volume's namespace (``.shard`` and ``.trashcan`` are known by their fixed gfids)."""
+        if self._internal is None:
+            found = set()
+            try:
+                with os.scandir(self.root) as it:
+                    for e in it:
+                        if e.name.startswith(ANON_INODE_PREFIX):
+                            raw = _xattr(e.path, GFID_XATTR, follow=False)
+                            if raw is not None and len(raw) == 16:
+                                found.add(gfid_text(raw))
+            except OSError:
+                pass
+            self._internal = frozenset(found)
+        return self._internal
+
+    def _public(self, names: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """``names`` without those in or of AFR's anonymous-inode directories."""
+        internal = self.internal_dirs()
+        return [
+            (p, n) for p, n in names if p not in internal and not (p == ROOT_GFID and n.startswith(ANON_INODE_PREFIX))
+        ]
 
     def handle(self, gfid: str) -> str:
         """Returns the path of ``gfid``'s handle under ``.glusterfs`` (the root: the brick itself)."""
@@ -109,8 +134,11 @@ class BrickView:
                 return None  # a dangling handle: the directory is gone (being removed)
             if m is None or not st.S_ISDIR(ds.st_mode):
                 return None
+            names = [(m.group(1), m.group(2))]
+            if not self._public(names):
+                return None  # one of Gluster's own directories
             node = self._node(gfid, path, ds, "dir", full, _listxattr(path, follow=True) if full else None)
-            node.names = [(m.group(1), m.group(2))]
+            node.names = names
             return node
         if is_linkto(path, s):
             return None  # a DHT linkto file: the data lives on another brick
@@ -135,7 +163,10 @@ class BrickView:
             names = gfid2path(path, listed)
             if s.st_nlink != len(names) + 1:
                 names = [(p, n) for p, n in names if self.lookup_name(p, n) == gfid]
-            node.names = names
+            public = self._public(names)
+            if names and not public:
+                return None  # an inode a heal parked in AFR's anonymous-inode directory: no longer a file of the volume
+            node.names = public
         return node
 
     def _node(
@@ -319,7 +350,7 @@ def walk_brick(view: BrickView):
         with os.scandir(d) as it:
             entries = sorted(it, key=lambda e: e.name)
         for e in entries:
-            if dgfid == ROOT_GFID and e.name in INTERNAL_ROOT_NAMES:
+            if dgfid == ROOT_GFID and is_internal_root_name(e.name):
                 continue
             raw = _xattr(e.path, GFID_XATTR, follow=False)
             if raw is None or len(raw) != 16:

@@ -79,8 +79,10 @@ class BtrfsCut:
         bricks: list[Brick],
         template: str,
         *,
-        barrier: bool = True,
+        barrier: bool = False,
         timeout: float = 120.0,
+        bricks_here: bool = False,
+        remote_host: str | None = None,
     ):
         self.source = source
         self.volume = volume
@@ -88,6 +90,8 @@ class BtrfsCut:
         self.template = template
         self.barrier = barrier
         self.timeout = timeout
+        self.bricks_here = bricks_here
+        self.remote_host = remote_host
         self._layout: dict[str, tuple[str, str, str]] | None = None
 
     def layout(self) -> dict[str, tuple[str, str, str]]:
@@ -97,10 +101,11 @@ class BtrfsCut:
             return self._layout
         out = {}
         for b in self.bricks:
-            if not b.is_local():
+            if not self.bricks_here and not b.is_local():
                 raise GlusterError(
                     f"{b.name} ({b.spec}) is on another host: the btrfs cut snapshots bricks where it runs; run it on "
-                    "the bricks' host (remote bricks need an agent per server: docs, GlusterFS source)"
+                    "the bricks' host (remote bricks need an agent per server: docs, GlusterFS source), or set "
+                    "cut.bricks_here when their file systems are mounted here at the same paths"
                 )
             if not os.path.isdir(b.path):
                 raise GlusterError(f"{b.name}: brick directory {b.path} does not exist here")
@@ -147,7 +152,10 @@ class BtrfsCut:
         t0 = time.monotonic()
         if self.barrier:
             run_gluster(
-                ["volume", "barrier", self.volume, "enable"], timeout=self.timeout, what=f"barrier on {self.volume}"
+                ["volume", "barrier", self.volume, "enable"],
+                timeout=self.timeout,
+                what=f"barrier on {self.volume}",
+                remote_host=self.remote_host,
             )
         t1 = time.monotonic()
         try:
@@ -163,6 +171,7 @@ class BtrfsCut:
                     ["volume", "barrier", self.volume, "disable"],
                     timeout=self.timeout,
                     what=f"barrier off {self.volume}",
+                    remote_host=self.remote_host,
                 )
         t3 = time.monotonic()
         figures.update(

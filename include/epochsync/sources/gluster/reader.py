@@ -34,7 +34,15 @@ def cut_reader(warehouse: str, source: str, epoch: int) -> CutReader:
     rec = cut_record(warehouse, source, epoch)
     if rec is None:
         raise EpochError(f"source {source} has no cut {epoch}: take it first (epochsync cut --source {source})")
-    return CutReader(source, epoch, [(b, v["root"]) for b, v in sorted(rec["bricks"].items())])
+    return CutReader(source, epoch, sorted(data_roots(rec).items()))
+
+
+def data_roots(rec: dict) -> dict[str, str]:
+    """``{server: directory in the cut}`` a cut's bytes are read from: every brick of a distribute
+    volume; each replica set's reader of a replicated one (``sets``: never an arbiter)."""
+    if rec.get("sets"):
+        return {s: rec["bricks"][v["reader"]]["root"] for s, v in rec["sets"].items()}
+    return {b: v["root"] for b, v in rec["bricks"].items()}
 
 
 class ReadCounters:
