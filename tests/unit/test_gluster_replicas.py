@@ -178,7 +178,7 @@ def _info(monkeypatch, *, t, r=3, a=0, d=0, n=3):
         for i in range(1, n + 1)
     )
     monkeypatch.setattr(core_gluster, "run_gluster", lambda *a_, **k: _INFO.format(r=r, a=a, d=d, t=t, bricks=bricks))
-    return volume_info("v", remote_host="10.0.0.1")
+    return volume_info("v", command=("ssh", "n1", "gluster"))
 
 
 def test_volume_types_are_read_and_dispersed_ones_refused(monkeypatch):

@@ -538,9 +538,9 @@ class GlusterSourceKeys:
     volume's (gluster volume info), 1 when bricks are listed"""
     arbiter: bool | None = None
     """the last brick of each replica set is an arbiter (names and metadata, no data); default: the volume's"""
-    glusterd_host: Text | None = None
-    """a server of the pool whose glusterd the gluster command line asks (--remote-host); default:
-    this machine's glusterd"""
+    gluster_command: tuple[Text, ...] = ()
+    """the command that runs Gluster's command line against the pool, as a list (e.g. [ssh, node1,
+    gluster]); default: this machine's gluster, talking to its glusterd"""
     cut: CutConfig = dataclasses.field(default_factory=CutConfig)
     """how the volume is cut at each epoch boundary"""
     epoch: EpochConfig
@@ -587,7 +587,7 @@ class SourceConfig:
     #: gluster: bricks per replica set (servers are then set1, set2, ...), the last one an arbiter
     replica: int = 1
     arbiter: bool = False
-    glusterd_host: str | None = None
+    gluster_command: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, keys: ChangelogSourceKeys | GlusterSourceKeys, warehouse: str) -> SourceConfig:
@@ -607,7 +607,7 @@ class SourceConfig:
         if keys.bricks:
             bricks, replica, arbiter = keys.bricks, keys.replica or 1, bool(keys.arbiter)
         else:
-            bricks, replica, arbiter = _volume_bricks(keys.volume, warehouse, keys.name, keys.glusterd_host)
+            bricks, replica, arbiter = _volume_bricks(keys.volume, warehouse, keys.name, keys.gluster_command)
             replica, arbiter = keys.replica or replica, arbiter if keys.arbiter is None else keys.arbiter
         if len(bricks) % replica:
             raise ValueError(f"{len(bricks)} bricks are not whole replica sets of {replica} (replica)")
@@ -633,7 +633,7 @@ class SourceConfig:
             cut=keys.cut,
             replica=replica,
             arbiter=arbiter,
-            glusterd_host=keys.glusterd_host,
+            gluster_command=keys.gluster_command,
         )
 
 
@@ -644,7 +644,7 @@ def _cuts_uri(warehouse: str, source: str) -> str:
 
 
 def _volume_bricks(
-    volume: str, warehouse: str, source: str, remote_host: str | None = None
+    volume: str, warehouse: str, source: str, command: tuple[str, ...] = ()
 ) -> tuple[tuple[str, ...], int, bool]:
     """A gluster source's bricks, replica count and arbiter when the config does not list them: those
     its last cut recorded (``cuts/source=S/volume.json``), else ``gluster volume info``."""
@@ -666,7 +666,7 @@ def _volume_bricks(
     from epochsync.core.gluster import check_supported, volume_info
 
     try:
-        info = volume_info(volume, remote_host=remote_host)
+        info = volume_info(volume, command=command)
         check_supported(info)
         return tuple(b.spec for b in info["bricks"]), info["replica"], bool(info["arbiter"])
     except EpochsyncError as exc:

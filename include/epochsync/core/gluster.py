@@ -115,15 +115,13 @@ def run_tool(
 
 
 def run_gluster(
-    args: list[str], *, timeout: float = 120.0, what: str | None = None, remote_host: str | None = None
+    args: list[str], *, timeout: float = 120.0, what: str | None = None, command: tuple[str, ...] | None = None
 ) -> str:
-    """``gluster --mode=script ARGS``; returns stdout. ``remote_host``: the glusterd of that server
-    of the pool is asked (``--remote-host``) instead of this machine's. A failure is one GlusterError
-    line with Gluster's words."""
-    remote = [f"--remote-host={remote_host}"] if remote_host else []
-    return run_tool(
-        [gluster_cli(), *remote, "--mode=script", *args], what or "gluster " + " ".join(args), timeout=timeout
-    )
+    """``gluster --mode=script ARGS``; returns stdout. ``command``: how Gluster's command line is run
+    against the pool (a source's ``gluster_command``, e.g. ``ssh node1 gluster``; default: this
+    machine's ``gluster``). A failure is one GlusterError line with Gluster's words."""
+    cli = list(command) if command else [gluster_cli()]
+    return run_tool([*cli, "--mode=script", *args], what or "gluster " + " ".join(args), timeout=timeout)
 
 
 def _xml(text: str, what: str) -> ET.Element:
@@ -136,11 +134,11 @@ def _xml(text: str, what: str) -> ET.Element:
     return root
 
 
-def volume_info(volume: str, *, remote_host: str | None = None) -> dict:
+def volume_info(volume: str, *, command: tuple[str, ...] | None = None) -> dict:
     """``gluster volume info VOLUME --xml`` → ``{"name", "id", "type", "status", "bricks": [Brick],
     "replica", "arbiter", "disperse", "arbiters": [brick name], "options": {}}``."""
     what = f"gluster volume info {volume}"
-    root = _xml(run_gluster(["volume", "info", volume, "--xml"], what=what, remote_host=remote_host), what)
+    root = _xml(run_gluster(["volume", "info", volume, "--xml"], what=what, command=command), what)
     vol = root.find("volInfo/volumes/volume")
     if vol is None:
         raise GlusterError(f"no volume named {volume!r} (gluster volume list shows the volumes)")
@@ -197,20 +195,22 @@ def check_supported(info: dict) -> None:
         )
 
 
-def bricks_of(volume: str, *, remote_host: str | None = None) -> list[Brick]:
+def bricks_of(volume: str, *, command: tuple[str, ...] | None = None) -> list[Brick]:
     """The bricks of a volume epochsync cuts, in its order; other volume types are refused with the reason."""
-    info = volume_info(volume, remote_host=remote_host)
+    info = volume_info(volume, command=command)
     check_supported(info)
     return info["bricks"]
 
 
-def volume_status(volume: str, *, remote_host: str | None = None, timeout: float = 20.0) -> dict[str, bool] | None:
+def volume_status(
+    volume: str, *, command: tuple[str, ...] | None = None, timeout: float = 20.0
+) -> dict[str, bool] | None:
     """``{brick spec: online}`` from ``gluster volume status VOLUME --xml``, or None when glusterd does
     not answer (then nothing is known of the bricks' processes; the cut goes by the snapshots)."""
     what = f"gluster volume status {volume}"
     try:
         root = _xml(
-            run_gluster(["volume", "status", volume, "--xml"], what=what, remote_host=remote_host, timeout=timeout),
+            run_gluster(["volume", "status", volume, "--xml"], what=what, command=command, timeout=timeout),
             what,
         )
     except GlusterError:

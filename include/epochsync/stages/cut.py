@@ -91,7 +91,7 @@ def mechanism(src: SourceConfig) -> BtrfsCut:
         barrier=cut.barrier,
         timeout=cut.timeout_s,
         bricks_here=cut.bricks_here,
-        remote_host=src.glusterd_host,
+        command=src.gluster_command,
     )
 
 
@@ -387,10 +387,10 @@ def _choose_readers(cfg: Config, src: SourceConfig, mech: BtrfsCut, rsets: list[
     names = [b.name for b in mech.bricks]
     index_of = {b: i for i, b in enumerate(names)}
     spec_of = {b.name: b.spec for b in mech.bricks}
-    online_by_spec = volume_status(src.volume, remote_host=src.glusterd_host)
+    online_by_spec = volume_status(src.volume, command=src.gluster_command)
     online = None if online_by_spec is None else {b: online_by_spec.get(spec_of[b], False) for b in names}
     try:
-        options = volume_info(src.volume, remote_host=src.glusterd_host)["options"]
+        options = volume_info(src.volume, command=src.gluster_command)["options"]
         record["quorum"] = quorum(src.replica, options)
     except GlusterError:
         record["quorum"] = 1  # unknown: an operation may be on one brick only

@@ -82,7 +82,7 @@ class BtrfsCut:
         barrier: bool = False,
         timeout: float = 120.0,
         bricks_here: bool = False,
-        remote_host: str | None = None,
+        command: tuple[str, ...] | None = None,
     ):
         self.source = source
         self.volume = volume
@@ -91,7 +91,7 @@ class BtrfsCut:
         self.barrier = barrier
         self.timeout = timeout
         self.bricks_here = bricks_here
-        self.remote_host = remote_host
+        self.command = command
         self._layout: dict[str, tuple[str, str, str]] | None = None
 
     def layout(self) -> dict[str, tuple[str, str, str]]:
@@ -155,7 +155,7 @@ class BtrfsCut:
                 ["volume", "barrier", self.volume, "enable"],
                 timeout=self.timeout,
                 what=f"barrier on {self.volume}",
-                remote_host=self.remote_host,
+                command=self.command,
             )
         t1 = time.monotonic()
         try:
@@ -171,7 +171,7 @@ class BtrfsCut:
                     ["volume", "barrier", self.volume, "disable"],
                     timeout=self.timeout,
                     what=f"barrier off {self.volume}",
-                    remote_host=self.remote_host,
+                    command=self.command,
                 )
         t3 = time.monotonic()
         figures.update(
