@@ -87,6 +87,9 @@ def _collide(root: str, snapshot: str, position: dict, where: str) -> str | None
 
 def test_changelog_gaps_at_rollover_1s_are_walked_and_repaired(fast_rollover, spark, tmp_path, monkeypatch):
     h = GlusterHistory(fast_rollover, tmp_path, spark)
+    # the barrier's own rollover at each cut is the one that collides with the periodic one (and
+    # makes enough rolled files per slice for a gap in the middle)
+    h.use_barrier(True)
     writer = subprocess.Popen(
         [
             "bash",

@@ -43,6 +43,13 @@ class GlusterHistory:
         self.cfg = load_config(self.config_path)
         self.lines: list[str] = []
 
+    def use_barrier(self, on: bool) -> None:
+        """The cuts from now on hold namespace operations with Gluster's barrier (``cut.barrier``), or not."""
+        doc = yaml.safe_load(self.config_path.read_text())
+        doc["sources"][0].setdefault("cut", {})["barrier"] = on
+        self.config_path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        self.cfg = load_config(self.config_path)
+
     # ------------------------------------------------------------------ steps
     def sh(self, script: str, *, check: bool = True) -> str:
         """Runs a bash script in the mount; returns its output."""
@@ -61,6 +68,12 @@ class GlusterHistory:
     def replicate(self, target: str, epoch: int, **kw) -> list[dict]:
         """Replicates every cut up to ``epoch`` into ``target``; returns the stats rows."""
         return replicate(self.cfg, target, epoch, spark=self.spark, progress=self.lines.append, **kw)
+
+    def read_cut(self, epoch: int) -> dict:
+        """Returns the record of cut ``epoch``."""
+        rec = read_cut(self.cfg, self.source, epoch)
+        assert rec is not None, f"no cut {epoch}"
+        return rec
 
     def roots(self, epoch: int) -> list[str]:
         """Returns the brick directories of cut ``epoch`` its bytes are read from (a replicated

@@ -245,3 +245,25 @@ def test_afrs_anonymous_inode_directory_is_not_part_of_the_volume(tmp_path):
     assert view.lookup(parked) is None  # a heal parked it: no longer a file of the volume
     assert view.lookup(anon_gfid) is None
     assert view.lookup(kept).names == [(ROOT, "kept")]
+
+
+def test_status_says_which_brick_read_each_set_and_why_not_the_others():
+    from epochsync.report.status import source_cut_lines
+
+    lines = source_cut_lines(
+        {
+            "epoch": 7,
+            "walked": False,
+            "down": ["brick1"],
+            "sets": {
+                "set1": {"reader": "brick2", "not_reader": {"brick1": "down at the cut (gluster volume status)"}},
+                "set2": {"reader": "brick4", "not_reader": {}},
+            },
+        }
+    )
+    assert lines == [
+        "  source's last cut: epoch 7; bricks down at the cut: brick1",
+        "    set1 read by brick2 (not brick1: down at the cut (gluster volume status))",
+        "    set2 read by brick4",
+    ]
+    assert source_cut_lines({"epoch": 3, "walked": True}) == ["  source's last cut: epoch 3 (walked whole)"]

@@ -124,6 +124,8 @@ def target_status(cfg: Config, tcfg: TargetConfig, *, checkpoint: datetime | Non
     cursor = read_json(local_path(wh.cursor(src.name, tcfg.name)), None)
     out["cursors"] = (cursor or {}).get("servers", {})
     out["view"] = _view_status(tcfg)
+    if src.kind == "gluster":
+        out["source_cut"] = source_cut_status(cfg, src.name)
     if checkpoint is not None:
         out["checkpoint"] = checkpoint.isoformat().replace("+00:00", "Z")
         out["checkpoint_completed"] = bool(synced_until and synced_until >= checkpoint)
@@ -136,6 +138,39 @@ def target_status(cfg: Config, tcfg: TargetConfig, *, checkpoint: datetime | Non
     else:
         out["status"] = "Lagging"
     return out
+
+
+def source_cut_status(cfg: Config, source: str) -> dict | None:
+    """A live source's last cut: its epoch and, for a replicated volume, which brick read each set,
+    why the others did not (down at the cut, owed heals...), and the bricks owed heals."""
+    from epochsync.stages.cut import cut_epochs, read_cut
+
+    epochs = cut_epochs(cfg, source)
+    rec = read_cut(cfg, source, epochs[-1]) if epochs else None
+    if rec is None:
+        return None
+    out: dict = {"epoch": rec.get("epoch"), "walked": bool((rec.get("publish") or {}).get("walk"))}
+    if rec.get("sets"):
+        out["sets"] = {
+            s: {"reader": v["reader"], "not_reader": v.get("not_reader") or {}} for s, v in rec["sets"].items()
+        }
+        out["owed_heals"] = rec.get("owed") or {}
+        out["down"] = sorted(b for b, up in (rec.get("status") or {}).items() if up is False)
+    return out
+
+
+def source_cut_lines(cut: dict) -> list[str]:
+    """The human lines of :func:`source_cut_status`."""
+    head = f"  source's last cut: epoch {cut['epoch']}" + (" (walked whole)" if cut.get("walked") else "")
+    if not cut.get("sets"):
+        return [head]
+    if cut.get("down"):
+        head += f"; bricks down at the cut: {', '.join(cut['down'])}"
+    lines = [head]
+    for name, v in sorted(cut["sets"].items()):
+        others = "; ".join(f"{b}: {w}" for b, w in sorted(v["not_reader"].items()))
+        lines.append(f"    {name} read by {v['reader']}" + (f" (not {others})" if others else ""))
+    return lines
 
 
 def _view_status(tcfg: TargetConfig) -> dict | None:
@@ -237,6 +272,8 @@ def format_table(rows: list[dict]) -> str:
             out.append("  last failure: " + failure_line(r["last_failure"]))
         if r.get("view"):
             out.append(view_line(r["view"]))
+        if r.get("source_cut"):
+            out.extend(source_cut_lines(r["source_cut"]))
         if r.get("cursors"):
             out.append("  cursors: " + ", ".join(f"{k}={v}" for k, v in sorted(r["cursors"].items())))
         if "checkpoint" in r:

@@ -203,7 +203,7 @@ def content(k: int, n: int = STEADY_FILE) -> bytes:
 class Driver:
     """The epochsync driver: ``python -m epochsync_dev.bench.gluster CONFIG SOURCE TARGET [CONFIG2]``
     kept running, told over its stdin to cut (``cut``), to cut as ``CONFIG2`` says (``cut2``: the
-    same source with ``cut.barrier: false``), to cut and replicate (``cycle``) or to replicate every
+    same source with ``cut.barrier: true``), to cut and replicate (``cycle``) or to replicate every
     cut epoch since the last commit (``window``)."""
 
     def __init__(self, config: Path, source: str, target: str, env: dict, log: Path, config2: Path | None = None):
@@ -591,19 +591,19 @@ class Bench:
             "view": {"snapshots": "required", "path": self.view_es, "keep": 3},
         }
         doc = self.master.config(str(self.work / "warehouse"), [target], source="vol", interval=f"{a.rollover}s")
+        # the default every user gets: no barrier (``cut.barrier: false``)
+        doc["sources"][0]["cut"] = {"barrier": False}
         self.config = self.work / "epochsync.yaml"
         self.config.write_text(yaml.safe_dump(doc, sort_keys=False))
-        # the same source cut without Gluster's barrier (``cut.barrier: false``), for the cuts part
-        doc["sources"][0]["cut"] = {"barrier": False}
-        self.config_nobarrier = self.work / "epochsync-nobarrier.yaml"
-        self.config_nobarrier.write_text(yaml.safe_dump(doc, sort_keys=False))
+        # the same source cut with Gluster's barrier (``cut.barrier: true``), for the cuts part
+        doc["sources"][0]["cut"] = {"barrier": True}
+        self.config_barrier = self.work / "epochsync-barrier.yaml"
+        self.config_barrier.write_text(yaml.safe_dump(doc, sort_keys=False))
         from epochsync.spark import REMOTE_ENV
 
         self.env = dict(os.environ, **{REMOTE_ENV: self.server.url})
         self.server.wait_warm_up(300)
-        self.driver = Driver(
-            self.config, "vol", "es", self.env, self.work / "driver.log", config2=self.config_nobarrier
-        )
+        self.driver = Driver(self.config, "vol", "es", self.env, self.work / "driver.log", config2=self.config_barrier)
         stack.callback(self.driver.stop)
         # the steady writer's cuts come from a process of their own, on the epoch's schedule
         self.cutter = Driver(self.config, "vol", "es", self.env, self.work / "cutter.log")
@@ -1148,7 +1148,7 @@ class Bench:
         for i in range(2 * n):
             barrier = i % 2 == 0
             t0 = time.time()
-            out = self.driver.call("cut" if barrier else "cut2")
+            out = self.driver.call("cut2" if barrier else "cut")
             cuts.append((t0, time.time(), barrier, out))
             time.sleep(1.0)  # a cut's probe window starts 0.5 s before it: the windows never overlap
         stop.set()
