@@ -343,9 +343,19 @@ class GlusterStack:
         )
 
 
-def register(name: str, *, volume, mounts, loops, work_dir, own_dir: bool, started_glusterd: int | None) -> None:
-    """Writes what a stack (or a btrfs loop) of this process has made to :data:`REGISTRY`, so that
-    :func:`cleanup_stale` can tear it down should the process die."""
+def register(
+    name: str,
+    *,
+    volume,
+    mounts,
+    loops,
+    work_dir,
+    own_dir: bool,
+    started_glusterd: int | None,
+    extra: dict | None = None,
+) -> None:
+    """Writes what a stack (or a btrfs loop, or a pool: ``extra``) of this process has made to
+    :data:`REGISTRY`, so that :func:`cleanup_stale` can tear it down should the process die."""
     REGISTRY.mkdir(parents=True, exist_ok=True)
     doc = {
         "pid": os.getpid(),
@@ -355,6 +365,7 @@ def register(name: str, *, volume, mounts, loops, work_dir, own_dir: bool, start
         "work_dir": str(work_dir),
         "own_dir": own_dir,
         "started_glusterd": started_glusterd,
+        **(extra or {}),
     }
     tmp = REGISTRY / f".{name}.json.tmp"
     tmp.write_text(json.dumps(doc))
@@ -470,8 +481,16 @@ def cleanup_stale(progress=None) -> list[str]:
             continue
         if process_running(int(doc.get("pid") or 0)):
             continue
-        say(f"gluster: removing the stack of a process that died: volume {doc.get('volume')} in {doc.get('work_dir')}")
-        teardown(doc)
+        if doc.get("kind") == "pool":
+            from epochsync_dev.pool import pool_teardown  # the pool module builds on this one
+
+            say(f"gluster: removing the pool of a process that died: {doc.get('work_dir')}")
+            pool_teardown(doc)
+        else:
+            say(
+                f"gluster: removing the stack of a process that died: volume {doc.get('volume')} in {doc.get('work_dir')}"
+            )
+            teardown(doc)
         with contextlib.suppress(FileNotFoundError):
             entry.unlink()
         gone.append(str(doc.get("volume")))

@@ -192,8 +192,9 @@ def choose_reader(
     for b in rset.bricks:
         if b == rset.arbiter:
             refused[b] = "the arbiter (no data)"
-        elif online is not None and online.get(b) is False:
-            refused[b] = "down at the cut (gluster volume status)"
+        elif online is not None and online.get(b) is not True:
+            # a brick of a server glusterd lost is not listed at all: as down as one listed offline
+            refused[b] = "down at the cut (gluster volume status: " + ("offline)" if b in online else "not listed)")
         elif owed_now.get(b):
             refused[b] = f"owed heals of {owed_now[b]} gfids at this cut"
         elif owed_before.get(b):
