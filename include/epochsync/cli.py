@@ -54,6 +54,7 @@ VERBS: dict[str, tuple[str, str]] = {
     ),
     "status": ("epochsync.report.status", "per target: committed epoch, lag, last run's figures"),
     "report": ("epochsync.report.status", "write an HTML report of lag and bytes over epochs"),
+    "agent": ("epochsync.agent.cli", "the agent on a Gluster server: serve, check its config, info of a running one"),
     "spark": ("epochsync.spark_server", "the local Spark server commands share: start, stop, status"),
     "bench": ("epochsync_dev.bench", "run a benchmark and write bench/results/*.json"),
 }

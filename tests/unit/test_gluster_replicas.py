@@ -255,6 +255,7 @@ def test_status_says_which_brick_read_each_set_and_why_not_the_others():
             "epoch": 7,
             "walked": False,
             "down": ["brick1"],
+            "owed_heals": {"brick1": 42, "brick3": 0},
             "sets": {
                 "set1": {"reader": "brick2", "not_reader": {"brick1": "down at the cut (gluster volume status)"}},
                 "set2": {"reader": "brick4", "not_reader": {}},
@@ -262,7 +263,7 @@ def test_status_says_which_brick_read_each_set_and_why_not_the_others():
         }
     )
     assert lines == [
-        "  source's last cut: epoch 7; bricks down at the cut: brick1",
+        "  source's last cut: epoch 7; bricks down at the cut: brick1; heals owed to brick1 (42 gfids)",
         "    set1 read by brick2 (not brick1: down at the cut (gluster volume status))",
         "    set2 read by brick4",
     ]

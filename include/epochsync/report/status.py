@@ -166,6 +166,9 @@ def source_cut_lines(cut: dict) -> list[str]:
         return [head]
     if cut.get("down"):
         head += f"; bricks down at the cut: {', '.join(cut['down'])}"
+    owed = {b: n for b, n in sorted((cut.get("owed_heals") or {}).items()) if n}
+    if owed:
+        head += "; heals owed to " + ", ".join(f"{b} ({n} gfids)" for b, n in owed.items())
     lines = [head]
     for name, v in sorted(cut["sets"].items()):
         others = "; ".join(f"{b}: {w}" for b, w in sorted(v["not_reader"].items()))
