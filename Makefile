@@ -28,7 +28,7 @@ PYTEST_ARGS ?=
 # 1,068-1,086 s with 40% more CPU (each worker starts its own Spark, SeaweedFS and moto).
 TEST_WORKERS ?= 0
 
-.PHONY: help venv test test-fast lint format docs docs-serve docs-ref demo demo-transcript gluster airflow bench bench-full bench-ingest bench-merge bench-e2e bench-warm bench-rollback bench-gluster bench-gluster-source soak clean
+.PHONY: help venv test test-fast lint format docs docs-serve docs-ref demo demo-transcript gluster airflow bench bench-full bench-ingest bench-merge bench-e2e bench-warm bench-rollback bench-gluster bench-gluster-source bench-gluster-pool soak clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  make %-14s %s\n", $$1, $$2}'
@@ -82,16 +82,16 @@ MINUTES ?= 10
 soak: $(STAMP) ## the net of issue 50 on fresh seeds for MINUTES (default 10), histories per minute; SEED=S replays one
 	$(BIN)/python -m epochsync_dev.net $(if $(SEED),--seed $(SEED),--minutes $(MINUTES))
 
-demo: $(STAMP) ## the main job: simulate a source, replicate every epoch through Airflow, verify (SOURCE=gluster: a live GlusterFS volume instead; REINTEGRATE=1: then cache reintegration; REINTEGRATE=only)
-	$(if $(filter gluster,$(SOURCE)),$(BIN)/python -m epochsync_dev.demo_gluster,$(BIN)/python -m epochsync_dev.demo $(if $(REINTEGRATE),--reintegrate $(filter only,$(REINTEGRATE))))
+demo: $(STAMP) ## the main job: simulate a source, replicate every epoch through Airflow, verify (SOURCE=gluster: a live GlusterFS volume instead; NODES=3: replica 3 over three servers, one killed and back; REINTEGRATE=1: then cache reintegration; REINTEGRATE=only)
+	$(if $(filter gluster,$(SOURCE)),$(BIN)/python -m epochsync_dev.demo_gluster $(if $(NODES),--nodes $(NODES)),$(BIN)/python -m epochsync_dev.demo $(if $(REINTEGRATE),--reintegrate $(filter only,$(REINTEGRATE))))
 
 demo-transcript: $(STAMP) ## run make demo and keep its transcript (bench/results/demo.txt) for the README and Getting started; then make docs-ref
 	$(BIN)/python -m epochsync_dev.demo
 	cp var/demo/demo-transcript.txt bench/results/demo.txt
 	$(BIN)/python -m epochsync_dev.docs
 
-gluster: $(STAMP) ## a GlusterFS volume for you (2 btrfs bricks, changelog on, FUSE-mounted): prints its mount, a config and how to stop it; Ctrl-C stops and removes it
-	$(BIN)/python -m epochsync_dev.gluster --dir var/gluster
+gluster: $(STAMP) ## a GlusterFS volume for you (2 btrfs bricks, changelog on, FUSE-mounted; NODES=3 TYPE=replica|dist-replica|arbiter: a pool of 3 servers here): prints its mount, a config and how to stop it; Ctrl-C stops and removes it
+	$(if $(NODES),$(BIN)/python -m epochsync_dev.pool --dir var/pool --nodes $(NODES) $(if $(TYPE),--type $(TYPE)),$(BIN)/python -m epochsync_dev.gluster --dir var/gluster)
 
 airflow: $(STAMP) ## SeaweedFS + Spark Connect + airflow standalone with the project's DAGs (UI on :8080; LIVE=1: a live source)
 	$(BIN)/python -m epochsync_dev.devstack $(if $(LIVE),--live)
@@ -122,6 +122,9 @@ bench-rollback: $(STAMP) ## roll back a 2,000-file directory rename on SeaweedFS
 bench-gluster: $(STAMP) ## epochsync beside geo-replication and rsync on a live GlusterFS volume (issue 33); root; under 20 minutes; keeps bench-gluster-source's rows; then make docs-ref
 	$(BIN)/python -m epochsync_dev.bench gluster --merge $(BENCH_GLUSTER_ARGS)
 	$(BIN)/python -m epochsync_dev.docs
+
+bench-gluster-pool: $(STAMP) ## cuts with and without the barrier and a 64 KiB append on a replica 3 volume over a pool of three servers on this machine; root; about 5 minutes
+	$(BIN)/python -m epochsync_dev.bench gluster-pool
 
 bench-gluster-source: $(STAMP) ## the live-source rows on a GlusterFS volume (issue 31): cuts with and without the barrier, live 10 s epochs under Airflow; root; about 6 minutes; keeps bench-gluster's rows
 	$(BIN)/python -m epochsync_dev.bench gluster --parts airflow,cuts --merge

@@ -21,7 +21,13 @@ directly): every path's type, size, mode, owner, mtime, xattrs, symlink target a
 and the bytes of every file (on s3: of every file whose bytes the epoch changed, and of every
 file at the last epoch). At the end the last cut is compared with what a fresh FUSE client sees.
 
-    python -m epochsync_dev.demo_gluster [--workdir var/demo-gluster] [--fail-epoch 3]
+With ``--nodes 3`` (``make demo SOURCE=gluster NODES=3``) the volume is ``replica 3`` over a pool of
+three servers on this machine (:mod:`epochsync_dev.pool`): in the middle of epoch 3's workload
+the server holding the reader of the cut before is killed (``kill -9`` of its glusterd, brick and
+self-heal daemon), epoch 3 is cut with it down, and it comes back in the middle of epoch 4's
+workload, which waits for the heal. Barrier off, as every volume's default.
+
+    python -m epochsync_dev.demo_gluster [--workdir var/demo-gluster] [--fail-epoch 3] [--nodes 3]
 """
 
 from __future__ import annotations
@@ -66,6 +72,7 @@ WORKLOADS = {
     3: """
         mv glibc-2.36/sysdeps glibc-2.36/sysdeps-renamed
         mv glibc-2.36/elf glibc-2.36/manual/elf-moved
+        # --- fault: (NODES=3) the server of the set's reader is killed here
         for f in demo/plain.bin demo/sharded.bin; do
           dd if=/dev/urandom bs=64k count=1 status=none >> $f
           dd if=/dev/urandom of=$f bs=4k count=1 seek=5000 conv=notrunc status=none
@@ -81,6 +88,7 @@ WORKLOADS = {
         ls glibc-2.36/iconvdata | awk 'NR % 2 == 0' | sed 's|^|glibc-2.36/iconvdata/|' | xargs rm -f
         truncate -s 1000 glibc-2.36/ChangeLog.old/ChangeLog.1 || true
         truncate -s 10M demo/sharded.bin
+        # --- fault: (NODES=3) the killed server comes back here, and the volume heals
         rm glibc-2.36/manual/elf-moved/Makefile && mkdir glibc-2.36/manual/elf-moved/Makefile
         mv glibc-2.36/NEWS glibc-2.36/README
         echo scratch > demo/scratch && rm demo/scratch
@@ -112,6 +120,9 @@ def parse_args(argv):
     p.add_argument("--workdir", default=str(REPO / "var" / "demo-gluster"), help="scratch folder (emptied first)")
     p.add_argument("--fail-epoch", type=int, default=3, help="epoch whose s3 apply fails once (0: none)")
     p.add_argument("--fail-after", type=int, default=25, help="mutations before the injected failure")
+    p.add_argument(
+        "--nodes", type=int, default=1, help="1: a 2-brick volume here; 3: replica 3 over a 3-server pool, one killed"
+    )
     return p.parse_args(argv)
 
 
@@ -139,6 +150,7 @@ def run(args) -> int:
     from epochsync_dev.embedded import SeaweedFS, SparkConnectServer, warm_up_wanted
     from epochsync_dev.gluster import GlusterStack, GlusterUnavailable
     from epochsync_dev.gluster_truth import changed_files, compare, cut_truth, mount_truth
+    from epochsync_dev.pool import GlusterPool
 
     workdir = Path(args.workdir).resolve()
     if workdir.exists():
@@ -150,12 +162,21 @@ def run(args) -> int:
     lines: list[str] = []
     runs: list[dict] = []
     weed = SeaweedFS(workdir / "seaweedfs")
-    stack = GlusterStack(workdir / "gluster", bricks=2, brick_size="3G", rollover=5)
+    pooled = args.nodes > 1
+    stack = (
+        GlusterPool(nodes=args.nodes, image_size="3G", rollover=5)
+        if pooled
+        else GlusterStack(workdir / "gluster", bricks=2, brick_size="3G", rollover=5)
+    )
     spark_server = None
     try:
         src_tar = tarball()
         try:
-            vol = stack.start(progress=log)
+            if pooled:
+                stack.start(progress=log)
+                vol = stack.create_volume("demo", type="replica", progress=log)
+            else:
+                vol = stack.start(progress=log)
         except GlusterUnavailable as exc:
             log(f"demo: cannot run a GlusterFS volume here: {exc}")
             return 1
@@ -200,12 +221,46 @@ def run(args) -> int:
             subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=mount, check=True)
             return time.monotonic() - t0
 
+        killed: list[int] = []
+
+        def fault(epoch: int) -> None:
+            """NODES=3: the server of the last cut's reader killed (epoch 3), brought back and healed (epoch 4)."""
+            if not pooled:
+                return
+            if not killed:
+                rec = read_json(local_path(wh.cut(SOURCE, epoch - 1)))
+                reader = next(iter(rec["sets"].values()))["reader"]
+                root = rec["bricks"][reader]["root"]
+                node = next(n for n in range(1, stack.nodes + 1) if root.startswith(f"{stack.node_dir(n)}/"))
+                stack.stop_node(node)
+                killed.append(node)
+                log(
+                    f"demo: killed server {node} ({stack.address(node)}: glusterd, brick, self-heal daemon), the reader's"
+                )
+            else:
+                node = killed[0]
+                t0 = time.monotonic()
+                stack.start_node(node)
+                healed = stack.wait_healed(vol.name, timeout=600)
+                log(
+                    f"demo: server {node} is back; the volume healed {healed:.0f}s later ({time.monotonic() - t0:.0f}s)"
+                )
+
+        def workload(epoch: int) -> float:
+            parts = WORKLOADS[epoch].format(tarball=src_tar).split("# --- fault:")
+            took = sh(parts[0])
+            for part in parts[1:]:
+                fault(epoch)
+                took += sh(part.split("\n", 1)[1])
+            return took
+
         prev_truth: dict = {}
         for epoch in sorted(k for k in WORKLOADS if isinstance(k, int)):
-            took = sh(WORKLOADS[epoch].format(tarball=src_tar))
+            took = workload(epoch)
             if epoch == 1:
-                run_gluster(["volume", "set", vol.name, "features.shard", "on"])
-                run_gluster(["volume", "set", vol.name, "features.shard-block-size", "4MB"])
+                command = tuple(getattr(vol, "gluster_command", ()))
+                run_gluster(["volume", "set", vol.name, "features.shard", "on"], command=command)
+                run_gluster(["volume", "set", vol.name, "features.shard-block-size", "4MB"], command=command)
                 took += sh(WORKLOADS["1-sharded"])
             log(f"demo: epoch {epoch} workload on the mount done in {took:.1f}s")
             truth = None
@@ -253,11 +308,21 @@ def run(args) -> int:
                         rec = read_json(local_path(wh.cut(SOURCE, epoch)))
                         truth = cut_truth([root for _, root in sorted(data_roots(rec).items())])
                         cut = rec["cut"]
+                        held = (
+                            f"barrier on {cut['barrier_on_s']:.2f}s, snapshots {cut['snapshots_s']:.3f}s, off {cut['barrier_off_s']:.2f}s"
+                            if cut.get("barrier")
+                            else f"no barrier, snapshots {cut['snapshots_s']:.3f}s"
+                        )
                         log(
-                            f"epoch {epoch:>2} cut    in {cut['total_s']:.2f}s (barrier on {cut['barrier_on_s']:.2f}s, "
-                            f"snapshots {cut['snapshots_s']:.3f}s, off {cut['barrier_off_s']:.2f}s); "
+                            f"epoch {epoch:>2} cut    in {cut['total_s']:.2f}s ({held}); "
                             f"{sum(rec['publish']['records'].values())} records from {rec['publish']['raw_records']} raw ones"
                         )
+                        for name, rs in (rec.get("sets") or {}).items():
+                            down = [b for b, up in (rec.get("status") or {}).items() if not up]
+                            log(
+                                f"epoch {epoch:>2} {name} read through {rs['reader']}"
+                                + (f" (down at the cut: {', '.join(down)})" if down else "")
+                            )
                     last = epoch == max(k for k in WORKLOADS if isinstance(k, int))
                     contents = None if (target == "local" or last) else changed_files(prev_truth, truth)
                     diffs = compare(open_target(cfg.target(target)), truth, contents=contents)
@@ -338,6 +403,7 @@ def run(args) -> int:
     log(
         f"demo: PASSED in {total:.0f}s: every epoch of both targets equals its cut of the live volume; "
         "the injected failure was rolled back and retried"
+        + (f"; server {killed[0]} was killed in epoch 3's workload and came back in epoch 4's" if killed else "")
     )
     return 0
 

@@ -76,6 +76,7 @@ class PoolVolume:
     mount: str
     work_dir: str
     gluster_command: list[str]
+    host: str = ""  # the server a client mounts it from
     options: dict[str, str] = field(default_factory=dict)
 
     def config(
@@ -380,6 +381,7 @@ class GlusterPool:
             mount=str(self.work_dir / "mnt" / name),
             work_dir=str(self.work_dir),
             gluster_command=self.gluster_command,
+            host=self.address(1),
         )
         self.volumes[name] = vol
         self._register()

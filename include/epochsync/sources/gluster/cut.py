@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
@@ -159,10 +160,19 @@ class BtrfsCut:
             )
         t1 = time.monotonic()
         try:
-            stamps = []
-            for b, cut in zip(self.bricks, cuts, strict=True):
-                stamps.append(time.time_ns())
-                btrfs.snapshot(layout[b.name][0], cut.snapshot)
+            # every brick's snapshot at once: each flushes its own brick's dirty data first, and
+            # on a pool each brick is another server's disk (no two snapshots wait for each other)
+            def one(pair: tuple[Brick, BrickCut]) -> int:
+                stamp = time.time_ns()
+                btrfs.snapshot(layout[pair[0].name][0], pair[1].snapshot)
+                return stamp
+
+            pairs = list(zip(self.bricks, cuts, strict=True))
+            if len(pairs) > 1:
+                with ThreadPoolExecutor(max_workers=min(len(pairs), 16)) as pool:
+                    stamps = list(pool.map(one, pairs))
+            else:
+                stamps = [one(p) for p in pairs]
             stamps.append(time.time_ns())
             t2 = time.monotonic()
         finally:
@@ -180,7 +190,7 @@ class BtrfsCut:
                 "snapshots_s": round(t2 - t1, 4),
                 "barrier_off_s": round(t3 - t2, 4),
                 "total_s": round(t3 - t0, 4),
-                "time_ns": stamps[0],
+                "time_ns": min(stamps[:-1]),
                 "snapshot_times_ns": stamps[:-1],
             }
         )
