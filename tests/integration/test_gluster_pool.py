@@ -150,6 +150,40 @@ def test_a_partitioned_server(pool, r3):
     assert all(rec["status"].values())
 
 
+def test_a_server_killed_during_a_cut_and_a_brick_during_the_pull(pool, r3):
+    """kill -9 of the reader's server while the cut runs: the cut either holds (and is right) or
+    fails with one line, and the next attempt cuts; then the new reader's brick killed while the
+    epoch is pulled: the pull reads the snapshots, so the epoch commits equal to its cut."""
+    import threading
+
+    from epochsync.core.errors import EpochsyncError
+
+    rec = r3.read_cut(max(_epochs(r3)))
+    node = node_of(pool, readers(rec)["set1"], rec)
+    r3.sh("mkdir -p k; for i in $(seq 1 30); do echo during-cut > k/f$i; done")
+    killer = threading.Timer(0.05, pool.stop_node, args=(node,))
+    killer.start()
+    try:
+        epoch = r3.cut()["epoch"]
+    except EpochsyncError as exc:
+        assert "\n" not in str(exc)
+        epoch = r3.cut()["epoch"]
+    killer.join()
+    rec = r3.read_cut(epoch)
+    reader = readers(rec)["set1"]
+    pull_killer = threading.Timer(0.5, pool.kill_brick, args=("r3", node_of(pool, reader, rec)))
+    pull_killer.start()
+    r3.replicate("local", epoch)
+    pull_killer.join()
+    problems = r3.problems("local", epoch)
+    assert not problems, problems
+    assert not mount_problems(r3, epoch)
+    pool.start_node(node)
+    pool.start_volume_force("r3")
+    pool.wait_healed("r3")
+    step(r3, "echo after > k/after")
+
+
 def test_arbiter_volume_never_reads_the_arbiter(pool, spark, tmp_path_factory):
     h = _history(pool, pool.arb, spark, tmp_path_factory.mktemp("pool-arb"))
     h.sh("mkdir a b; for i in $(seq 1 40); do printf 'x%s\\n' $i > a/f$i; done")
