@@ -469,7 +469,8 @@ def _umount(path: str) -> None:
 
 
 def cleanup_stale(progress=None) -> list[str]:
-    """Tears down every registered stack whose owner process is gone; returns their volume names."""
+    """Tears down every registered stack (or pool) whose owner process is gone; returns their
+    volume names (a pool's folder)."""
     say = progress or (lambda _l: None)
     gone = []
     if not REGISTRY.is_dir():
@@ -486,14 +487,16 @@ def cleanup_stale(progress=None) -> list[str]:
 
             say(f"gluster: removing the pool of a process that died: {doc.get('work_dir')}")
             pool_teardown(doc)
+            name = doc.get("work_dir")
         else:
             say(
                 f"gluster: removing the stack of a process that died: volume {doc.get('volume')} in {doc.get('work_dir')}"
             )
             teardown(doc)
+            name = doc.get("volume")
         with contextlib.suppress(FileNotFoundError):
             entry.unlink()
-        gone.append(str(doc.get("volume")))
+        gone.append(str(name))
     return gone
 
 

@@ -695,6 +695,9 @@ pool: volume {vol.name} ({vol.type}, {len(vol.bricks)} bricks) is mounted at {vo
     except KeyboardInterrupt:
         print("\npool: stopping: unmount, stop the servers, remove the namespaces and images", flush=True)
     finally:
+        # a second Ctrl-C or SIGTERM (make and the shell send theirs too) must not cut the teardown short
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         pool.stop()
     print("pool: stopped; nothing left running", flush=True)
     return 0

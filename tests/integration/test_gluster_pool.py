@@ -231,3 +231,40 @@ def _epochs(h: GlusterHistory) -> list[int]:
     from epochsync.stages.cut import published_epoch
 
     return list(range(1, published_epoch(h.cfg, h.source) + 1))
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def test_make_gluster_nodes_leaves_nothing_behind(pool, tmp_path, how):
+    """``make gluster NODES=2``'s pool, stopped by SIGTERM (it removes itself) or killed -9 (the next
+    stack or pool that starts removes it): no namespace, mount or loop device of it is left."""
+    import signal
+    import subprocess
+    import sys
+
+    from epochsync_dev.gluster import cleanup_stale
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "epochsync_dev.pool", "--dir", str(tmp_path), "--nodes", "2", "--type", "replica"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "stop:" in line:
+            break
+    out = "".join(lines)
+    assert "stop:" in out, out
+    ns = out.split("namespaces ", 1)[1].split("..", 1)[0][:-1]  # es<id>n
+    proc.send_signal(getattr(signal, how))
+    rest = proc.communicate(timeout=120)[0]
+    if how == "SIGKILL":
+        cleanup_stale()
+    else:
+        assert proc.returncode == 0 and "nothing left running" in rest, rest
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert ns not in left, left
+    mounts = open("/proc/self/mounts").read()
+    assert f"epochsync-pool-{ns[2:-1]}" not in mounts
+    assert pool.r3.name in subprocess.run(["ls", pool.work_dir / "mnt"], capture_output=True, text=True).stdout
