@@ -28,7 +28,7 @@ import stat as st
 import struct
 from dataclasses import dataclass, field
 
-from epochsync.core.gluster import ANON_INODE_PREFIX, ROOT_GFID, SHARD_ROOT_GFID, is_internal_root_name
+from epochsync.core.gluster import ANON_INODE_PREFIX, ROOT_GFID, is_internal_root_name
 
 GFID_XATTR = "trusted.gfid"
 LINKTO_XATTR = "trusted.glusterfs.dht.linkto"
@@ -326,11 +326,6 @@ def gfid2path(path: str, listed: list[str] | None = None) -> list[tuple[str, str
             if sep and name:
                 out.append((pgfid, name))
     return sorted(set(out))
-
-
-def is_shard_name(pgfid: str) -> bool:
-    """Is an entry of directory ``pgfid`` a shard (a block of a sharded file)?"""
-    return pgfid == SHARD_ROOT_GFID
 
 
 def shard_base(name: str) -> tuple[str, int] | None:
