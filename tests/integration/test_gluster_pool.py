@@ -15,11 +15,20 @@ The steps share the pool and run in order: a failure early makes later ones fail
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import time
 import types
+from pathlib import Path
 
 import pytest
+import yaml
 from support.gluster import GlusterHistory
 
+from epochsync.core.config import load_config
+from epochsync.core.errors import EpochsyncError
 from epochsync.sources.gluster import replicas
 from epochsync_dev.gluster_truth import cut_truth, mount_truth
 
@@ -184,13 +193,115 @@ def test_a_server_killed_during_a_cut_and_a_brick_during_the_pull(pool, r3):
     step(r3, "echo after > k/after")
 
 
-def test_arbiter_volume_never_reads_the_arbiter(pool, spark, tmp_path_factory):
+class Agents:
+    """An ``epochsync agent serve`` on every server of the pool, each in its server's namespaces,
+    serving that server's bricks; stopped by the PID this started."""
+
+    def __init__(self, pool, folder: Path):
+        import secrets
+
+        self.pool = pool
+        self.folder = folder
+        self.secret = secrets.token_hex(16)
+        secret = folder / "secret"
+        secret.write_text(self.secret)
+        secret.chmod(0o600)
+        self.urls = {pool.address(n): f"http://{pool.address(n)}:7411" for n in range(1, pool.nodes + 1)}
+        self.procs: dict[int, subprocess.Popen] = {}
+        for n in range(1, pool.nodes + 1):
+            mine = [
+                b.split(":", 1)[1]
+                for v in pool.volumes.values()
+                for b in v.bricks
+                if b.startswith(pool.address(n) + ":")
+            ]
+            doc = {
+                "listen": f"{pool.address(n)}:7411",
+                "secret_file": str(secret),
+                "bricks": mine,
+                "log": str(self.log(n)),
+            }
+            (folder / f"agent{n}.yaml").write_text(yaml.safe_dump(doc))
+            self.start(n)
+
+    def log(self, n: int) -> Path:
+        return self.folder / f"agent{n}.log"
+
+    def start(self, n: int) -> None:
+        from epochsync.agent.client import AgentClient
+
+        cmd = [
+            *self.pool.nsenter(n),
+            sys.executable,
+            "-m",
+            "epochsync.cli",
+            "agent",
+            "serve",
+            "--config",
+            str(self.folder / f"agent{n}.yaml"),
+        ]
+        self.procs[n] = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=open(self.folder / f"agent{n}.err", "ab")
+        )
+        client = AgentClient(self.urls[self.pool.address(n)], self.secret, timeout=5)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                client.info()
+                return
+            except Exception:
+                if time.monotonic() > deadline or self.procs[n].poll() is not None:
+                    raise AssertionError(
+                        f"agent {n} did not start: {(self.folder / f'agent{n}.err').read_text()[-2000:]}"
+                    ) from None
+                time.sleep(0.3)
+
+    def kill(self, n: int) -> None:
+        """kill -9 of server ``n``'s agent alone."""
+        self.procs[n].kill()
+        self.procs[n].wait(timeout=30)
+
+    def stop(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+
+
+@pytest.fixture(scope="module")
+def agents(pool):
+    folder = pool.work_dir / "agents"  # not under /tmp, which each server has its own of
+    folder.mkdir()
+    a = Agents(pool, folder)
+    os.environ["AIRFLOW_CONN_POOL_AGENTS"] = json.dumps({"conn_type": "generic", "password": a.secret})
+    yield a
+    a.stop()
+    os.environ.pop("AIRFLOW_CONN_POOL_AGENTS", None)
+
+
+def test_arbiter_volume_never_reads_the_arbiter_and_agents_serve_it(pool, agents, spark, tmp_path_factory):
+    """A 2 x (2 + 1) volume cut and pulled through the servers' agents: each set read through a
+    data brick, never the arbiter; the snapshots are the agents' and every byte of the epochs came
+    through them. The agent of the reader's server killed alone: the epoch's pull fails, the
+    target stays at the epoch before, and once the agent is back the epoch commits."""
     h = _history(pool, pool.arb, spark, tmp_path_factory.mktemp("pool-arb"))
-    h.sh("mkdir a b; for i in $(seq 1 40); do printf 'x%s\\n' $i > a/f$i; done")
+    doc = yaml.safe_load(h.config_path.read_text())
+    doc["sources"][0].update(agents=agents.urls, agent_conn_id="pool_agents")
+    h.config_path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    h.cfg = load_config(h.config_path)
+    h.sh(
+        "mkdir a b; for i in $(seq 1 40); do printf 'x%s\\n' $i > a/f$i; done; dd if=/dev/urandom of=a/big bs=64k count=20 status=none"
+    )
     epoch, rec = step(h)
     assert len(rec["sets"]) == 2
     for s in rec["sets"].values():
         assert s["arbiter"] and s["reader"] != s["arbiter"]
+    assert all(b.get("agent") and "/.epochsync-agent/" in b["root"] for b in rec["bricks"].values()), rec["bricks"]
+    served = "".join(agents.log(n).read_text() for n in agents.procs if agents.log(n).exists())
+    assert "GET /v1/read?" in served and "POST /v1/cut" in served
     # kill one data brick of every set (server 1 holds the first data brick of each)
     killed = pool.kill_brick("arb", 1)
     assert killed
@@ -200,7 +311,21 @@ def test_arbiter_volume_never_reads_the_arbiter(pool, spark, tmp_path_factory):
         assert node_of(pool, s["reader"], rec) != 1, "a killed brick stayed the reader"
     pool.start_volume_force("arb")
     pool.wait_healed("arb")
-    step(h, "echo after-heal > b/z")
+    epoch, rec = step(h, "echo after-heal > b/z")
+    # the agent of a reader's server killed alone, before the epoch is pulled
+    h.sh("echo more >> a/big; echo new > b/new")
+    epoch = h.cut()["epoch"]
+    rec = h.read_cut(epoch)
+    node = node_of(pool, next(iter(rec["sets"].values()))["reader"], rec)
+    agents.kill(node)
+    with pytest.raises(EpochsyncError) as failed:
+        h.replicate("local", epoch)
+    assert "agent" in str(failed.value) and "\n" not in str(failed.value)
+    assert not h.problems("local", epoch - 1), "the failed pull left the target off its last epoch"
+    agents.start(node)
+    h.replicate("local", epoch)
+    assert not h.problems("local", epoch)
+    assert not mount_problems(h, epoch)
 
 
 def test_a_stale_reader_is_caught(pool, r3, monkeypatch):

@@ -90,9 +90,15 @@ class AgentClient:
         """The agent's version, bricks, snapshots and limits."""
         return self._json("GET", "/v1/info")
 
-    def cut(self, brick: str, name: str) -> dict:
-        """A read-only snapshot ``name`` of ``brick``; returns ``{"root", "time_ns", ...}``."""
-        return self._json("POST", "/v1/cut", body={"brick": brick, "name": name})
+    def cut(self, brick: str, name: str, *, replace: bool = False) -> dict:
+        """A read-only snapshot ``name`` of ``brick`` (``replace``: one there already is made again);
+        returns ``{"root", "time_ns", ...}``."""
+        return self._json("POST", "/v1/cut", body={"brick": brick, "name": name, "replace": replace})
+
+    def where(self, brick: str) -> dict:
+        """``{"snapshots", "folder", "rel"}``: ``brick``'s snapshots, the agent's folder of them, and
+        the brick's directory inside a snapshot."""
+        return self._json("GET", "/v1/snapshots", {"brick": brick})
 
     def purge(self, brick: str, name: str) -> dict:
         """Deletes snapshot ``name`` of ``brick`` (an AgentGone when it is gone already)."""
@@ -102,23 +108,25 @@ class AgentClient:
         """The names of the snapshots kept of ``brick``."""
         return self._json("GET", "/v1/snapshots", {"brick": brick})["snapshots"]
 
-    def stat(self, brick: str, snap: str, gfid: str) -> dict:
-        """Attributes and xattrs (hex values) of the file of ``gfid``."""
-        return self._json("GET", "/v1/stat", {"brick": brick, "snap": snap, "gfid": gfid})
+    def stat(self, brick: str, snap: str, gfid: str, shard: int = 0) -> dict:
+        """Attributes and xattrs (hex values) of the file of ``gfid`` (``shard`` N ≥ 1: its block N,
+        ``.shard/<gfid>.N``)."""
+        q = {"brick": brick, "snap": snap, "gfid": gfid} | ({"shard": shard} if shard else {})
+        return self._json("GET", "/v1/stat", q)
 
     def fiemap(self, brick: str, snap: str, gfid: str) -> list[tuple[int, ...]]:
         """The FIEMAP extents (logical, physical, length, flags) of the file of ``gfid``."""
         doc = self._json("GET", "/v1/fiemap", {"brick": brick, "snap": snap, "gfid": gfid})
         return [tuple(e) for e in doc["extents"]]
 
-    def read(self, brick: str, snap: str, gfid: str, offset: int, length: int) -> bytes:
-        """``length`` bytes at ``offset`` of the file of ``gfid`` (fewer past its end), in requests of at most MAX_READ."""
+    def read(self, brick: str, snap: str, gfid: str, offset: int, length: int, shard: int = 0) -> bytes:
+        """``length`` bytes at ``offset`` of the file of ``gfid`` (or of its block ``shard``; fewer past
+        its end), in requests of at most MAX_READ."""
         out = []
         while length > 0:
             n = min(length, MAX_READ)
-            chunk = self.request(
-                "GET", "/v1/read", {"brick": brick, "snap": snap, "gfid": gfid, "offset": offset, "length": n}
-            )
+            q = {"brick": brick, "snap": snap, "gfid": gfid, "offset": offset, "length": n}
+            chunk = self.request("GET", "/v1/read", q | ({"shard": shard} if shard else {}))
             out.append(chunk)
             if len(chunk) < n:
                 break

@@ -195,12 +195,20 @@ class Bricks:
         _, rel, _ = self._brick(brick)
         return os.path.normpath(os.path.join(self.snapshot_dir(brick, snap), rel))
 
-    def handle(self, brick: str | None, snap: str | None, gfid: str | None) -> str:
+    def handle(self, brick: str | None, snap: str | None, gfid: str | None, shard: str | None = None) -> str:
         """The path of the file (or directory) of ``gfid`` in the snapshot; refuses one that would
         lead outside it (a directory's handle is a symlink, and it is resolved and checked)."""
         if not gfid or not GFID.fullmatch(gfid):
             raise AgentPathError(f"gfid {gfid!r} is not a gfid (8-4-4-4-12 lowercase hex)")
         root = self.root(brick, snap)
+        if shard is not None:
+            # block N of a sharded file: .shard/<gfid>.N, a regular file of the brick's
+            if not shard.isdigit() or int(shard) < 1:
+                raise AgentPathError(f"shard {shard!r}: a block number of at least 1")
+            path = os.path.join(root, ".shard", f"{gfid}.{int(shard)}")
+            if not os.path.isfile(path) or os.path.islink(path):
+                raise AgentNotFound(f"no block {shard} of gfid {gfid} in snapshot {snap} of brick {brick}")
+            return path
         path = os.path.join(root, ".glusterfs", gfid[:2], gfid[2:4], gfid)
         if gfid == "00000000-0000-0000-0000-000000000001":
             return root
@@ -246,13 +254,15 @@ class Bricks:
         _, _, folder = self._brick(brick)
         return sorted(n for n in os.listdir(folder) if SNAPSHOT_NAME.fullmatch(n))
 
-    def cut(self, brick: str | None, name: str | None) -> dict:
+    def cut(self, brick: str | None, name: str | None, replace: bool = False) -> dict:
         """A read-only snapshot ``name`` of the brick's subvolume (kept when it exists already: a retried cut)."""
         sub, rel, folder = self._brick(brick)
         if not name or not SNAPSHOT_NAME.fullmatch(name):
             raise AgentPathError(f"snapshot name {name!r}: letters, digits, '.', '_' and '-' only")
         dest = os.path.join(folder, name)
         t = time.time_ns()
+        if replace and os.path.isdir(dest):
+            self.btrfs.delete_snapshot(dest)
         if not os.path.isdir(dest):
             self.btrfs.snapshot(sub, dest)
         return {"brick": brick, "snapshot": name, "root": os.path.join(dest, rel), "time_ns": t}
@@ -402,23 +412,27 @@ class Handler(BaseHTTPRequestHandler):
                 args = json.loads(body or b"{}")
             except ValueError:
                 raise AgentError("the request's body is not JSON") from None
-            do = b.cut if url.path == "/v1/cut" else b.purge
-            return _json(do(args.get("brick"), args.get("name"))), "application/json"
+            if url.path == "/v1/cut":
+                done = b.cut(args.get("brick"), args.get("name"), replace=bool(args.get("replace")))
+            else:
+                done = b.purge(args.get("brick"), args.get("name"))
+            return _json(done), "application/json"
         if method != "GET":
             raise AgentPathError(f"{method} {url.path}: the agent only reads, apart from cut and purge")
         if url.path == "/v1/info":
             return _json(self.server.info()), "application/json"
         if url.path == "/v1/snapshots":
-            return _json({"snapshots": b.snapshots(brick)}), "application/json"
+            _sub, rel, folder = b._brick(brick)
+            return _json({"snapshots": b.snapshots(brick), "folder": folder, "rel": rel}), "application/json"
         if url.path == "/v1/stat":
-            return _json(stat_of(b.handle(brick, snap, gfid))), "application/json"
+            return _json(stat_of(b.handle(brick, snap, gfid, q.get("shard")))), "application/json"
         if url.path == "/v1/fiemap":
             path = b.handle(brick, snap, gfid)
             if not os.path.isfile(path) or os.path.islink(path):
                 raise AgentError(f"gfid {gfid} is not a regular file: only files have extents")
             return _json({"extents": [list(e) for e in b.btrfs.fiemap(path)]}), "application/json"
         if url.path == "/v1/read":
-            path = b.handle(brick, snap, gfid)
+            path = b.handle(brick, snap, gfid, q.get("shard"))
             try:
                 offset, length = int(q.get("offset", 0)), int(q.get("length", 0))
             except ValueError:

@@ -541,6 +541,13 @@ class GlusterSourceKeys:
     gluster_command: tuple[Text, ...] = ()
     """the command that runs Gluster's command line against the pool, as a list (e.g. [ssh, node1,
     gluster]); default: this machine's gluster, talking to its glusterd"""
+    agents: dict[Text, Text] = dataclasses.field(default_factory=dict)
+    """the epochsync agent of each server, by the host the bricks name (e.g. node1:
+    https://node1:7411): each brick's snapshots are taken, purged and its bytes pulled through its
+    server's agent; default: none (the bricks are snapshotted and read where the pipeline runs)"""
+    agent_conn_id: Text | None = None
+    """the Airflow connection whose password is the agents' shared secret (extras ca, cert, key
+    for TLS); required with agents"""
     cut: CutConfig = dataclasses.field(default_factory=CutConfig)
     """how the volume is cut at each epoch boundary"""
     epoch: EpochConfig
@@ -588,6 +595,9 @@ class SourceConfig:
     replica: int = 1
     arbiter: bool = False
     gluster_command: tuple[str, ...] = ()
+    #: gluster: host -> agent URL, and the connection of the agents' secret
+    agents: tuple[tuple[str, str], ...] = ()
+    agent_conn_id: str | None = None
 
     @classmethod
     def of(cls, keys: ChangelogSourceKeys | GlusterSourceKeys, warehouse: str) -> SourceConfig:
@@ -609,6 +619,13 @@ class SourceConfig:
         else:
             bricks, replica, arbiter = _volume_bricks(keys.volume, warehouse, keys.name, keys.gluster_command)
             replica, arbiter = keys.replica or replica, arbiter if keys.arbiter is None else keys.arbiter
+        if keys.agents and not keys.agent_conn_id:
+            raise ValueError("agents need agent_conn_id: the Airflow connection whose password is their secret")
+        if keys.agents:
+            hosts = {str(b).split(":", 1)[0] for b in bricks}
+            missing = sorted(hosts - set(keys.agents))
+            if missing:
+                raise ValueError(f"agents: no agent for the bricks of {', '.join(missing)}")
         if len(bricks) % replica:
             raise ValueError(f"{len(bricks)} bricks are not whole replica sets of {replica} (replica)")
         if arbiter and replica < 3:
@@ -634,6 +651,8 @@ class SourceConfig:
             replica=replica,
             arbiter=arbiter,
             gluster_command=keys.gluster_command,
+            agents=tuple(sorted(keys.agents.items())),
+            agent_conn_id=keys.agent_conn_id,
         )
 
 

@@ -36,7 +36,13 @@ def source_access(cfg: Config, tcfg: TargetConfig, epoch: int | None = None):
 
         if epoch is None:
             raise EpochError(f"source {src.name} is read from its cuts: say which epoch's")
-        return cut_reader(cfg.warehouse, src.name, epoch), src.name
+        agents = None
+        if src.agents:
+            from epochsync.stores.connections import resolve_agent
+
+            assert src.agent_conn_id is not None
+            agents = resolve_agent(src.agent_conn_id)
+        return cut_reader(cfg.warehouse, src.name, epoch, agents=agents), src.name
     from epochsync.stores.connections import resolve_s3
     from epochsync.targets.s3 import S3Access
 

@@ -83,6 +83,15 @@ def mechanism(src: SourceConfig) -> BtrfsCut:
     """Returns the source's cut mechanism (btrfs: the one built)."""
     cut = src.cut
     assert cut is not None and src.volume is not None
+    agents = {}
+    if src.agents:
+        from epochsync.stores.connections import resolve_agent
+
+        assert src.agent_conn_id is not None
+        settings = resolve_agent(src.agent_conn_id)
+        urls = dict(src.agents)
+        clients = {url: settings.client(url) for url in urls.values()}
+        agents = {b.name: clients[urls[b.host]] for b in bricks(src)}
     return BtrfsCut(
         src.name,
         src.volume,
@@ -92,6 +101,7 @@ def mechanism(src: SourceConfig) -> BtrfsCut:
         timeout=cut.timeout_s,
         bricks_here=cut.bricks_here,
         command=src.gluster_command,
+        agents=agents,
     )
 
 
@@ -208,7 +218,11 @@ def _cut_one(
             "volume": src.volume,
             "epoch": epoch,
             "time_ns": figures["time_ns"],
-            "bricks": {c.brick: {"snapshot": c.snapshot, "root": c.root, "live": live_paths[c.brick]} for c in cuts},
+            "bricks": {
+                c.brick: {"snapshot": c.snapshot, "root": c.root, "live": live_paths[c.brick]}
+                | ({"agent": c.agent} if c.agent else {})
+                for c in cuts
+            },
             "cut": figures,
             "resolved": False,
         }

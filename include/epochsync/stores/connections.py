@@ -95,3 +95,59 @@ def resolve_s3(conn_id: str) -> S3Settings:
     raise StoreError(
         f"connection {conn_id!r} is not defined: set ${var} (JSON: conn_type, login, password, extra.endpoint_url)"
     )
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """How to reach a source's agents: the shared secret (the connection's password) and, for TLS,
+    the CA that signed the agents' certificates and this client's own (the connection's extras
+    ``ca``, ``cert``, ``key``). Picklable: a pull's reader carries it to the executors."""
+
+    conn_id: str
+    secret: str
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+
+    def client(self, url: str):
+        """An :class:`epochsync.agent.client.AgentClient` of the agent at ``url``."""
+        from epochsync.agent.client import AgentClient
+
+        return AgentClient(url, self.secret, ca=self.ca, cert=self.cert, key=self.key)
+
+
+def resolve_agent(conn_id: str) -> AgentSettings:
+    """The agents' settings of connection ``conn_id``: ``$AIRFLOW_CONN_<ID>`` first (JSON, or a URI
+    whose password is the secret), then Airflow's store; a StoreError when it has no password."""
+    var = "AIRFLOW_CONN_" + conn_id.upper()
+    text = os.environ.get(var)
+    password, extra = None, {}
+    if text:
+        try:
+            if text.lstrip().startswith("{"):
+                d = json.loads(text)
+                password, extra = d.get("password"), d.get("extra") or {}
+                if isinstance(extra, str):
+                    extra = json.loads(extra) if extra.strip() else {}
+            else:
+                u = urlparse(text)
+                password, extra = (unquote(u.password) if u.password else None), dict(parse_qsl(u.query))
+        except (ValueError, AttributeError) as exc:
+            raise StoreError(f"connection {conn_id!r}: cannot parse ${var}: {exc}") from None
+    else:
+        try:
+            from airflow.sdk import BaseHook
+        except ImportError:
+            raise StoreError(
+                f"connection {conn_id!r} is not defined: set ${var} (JSON: password = the agents' secret)"
+            ) from None
+        try:
+            conn = BaseHook.get_connection(conn_id)
+        except Exception as exc:  # Airflow raises its own not-found types
+            raise StoreError(
+                f"connection {conn_id!r} is not defined: set ${var} or add it in Airflow ({exc})"
+            ) from None
+        password, extra = conn.password, conn.extra_dejson or {}
+    if not password:
+        raise StoreError(f"connection {conn_id!r} has no password: it is the agents' shared secret")
+    return AgentSettings(conn_id, password, extra.get("ca"), extra.get("cert"), extra.get("key"))

@@ -21,6 +21,7 @@ the same interface; docs/INTERNALS.md says how they map.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
@@ -40,6 +41,7 @@ class BrickCut:
     brick: str
     snapshot: str  # the snapshot (a read-only subvolume)
     root: str  # the brick's directory inside it
+    agent: dict | None = None  # taken by an agent: {"url", "brick" (its path), "snapshot" (its name there)}
 
 
 class CutMechanism(Protocol):
@@ -84,6 +86,7 @@ class BtrfsCut:
         timeout: float = 120.0,
         bricks_here: bool = False,
         command: tuple[str, ...] | None = None,
+        agents: dict | None = None,
     ):
         self.source = source
         self.volume = volume
@@ -93,7 +96,14 @@ class BtrfsCut:
         self.timeout = timeout
         self.bricks_here = bricks_here
         self.command = command
+        #: brick name -> the AgentClient of its server: that brick's snapshots are the agent's
+        self.agents = dict(agents or {})
         self._layout: dict[str, tuple[str, str, str]] | None = None
+
+    def name(self, epoch: int) -> str:
+        """The snapshot's name: ``epoch-E`` in this source's own folder; ``<source>.epoch-E`` in an
+        agent's, which every source of that brick shares."""
+        return f"{self.source}.{snapshot_name(epoch)}" if self.agents else snapshot_name(epoch)
 
     def layout(self) -> dict[str, tuple[str, str, str]]:
         """Returns ``{brick: (subvolume, the brick's path inside it, snapshot folder)}``; checks that every
@@ -102,6 +112,11 @@ class BtrfsCut:
             return self._layout
         out = {}
         for b in self.bricks:
+            agent = self.agents.get(b.name)
+            if agent is not None:
+                doc = agent.where(b.path)  # the agent's folder for the brick, on the brick's server
+                out[b.name] = ("", doc["rel"], doc["folder"])
+                continue
             if not self.bricks_here and not b.is_local():
                 raise GlusterError(
                     f"{b.name} ({b.spec}) is on another host: the btrfs cut snapshots bricks where it runs; run it on "
@@ -135,7 +150,7 @@ class BtrfsCut:
     def root(self, brick: str, epoch: int) -> str:
         """Returns the directory of ``brick`` inside cut ``epoch``."""
         _sub, rel, folder = self.layout()[brick]
-        return os.path.join(folder, snapshot_name(epoch), rel)
+        return os.path.join(folder, self.name(epoch), rel)
 
     def take(self, epoch: int) -> tuple[list[BrickCut], dict]:
         """The barrier, a snapshot per brick, the barrier lifted; returns the bricks' cuts and the
@@ -144,10 +159,12 @@ class BtrfsCut:
         cuts = []
         for b in self.bricks:
             _sub, rel, folder = layout[b.name]
-            dest = os.path.join(folder, snapshot_name(epoch))
-            if btrfs.is_subvolume(dest):
+            dest = os.path.join(folder, self.name(epoch))
+            agent = self.agents.get(b.name)
+            if agent is None and btrfs.is_subvolume(dest):
                 btrfs.delete_snapshot(dest)  # a half-made cut of an attempt that died: made again
-            cuts.append(BrickCut(b.name, dest, os.path.join(dest, rel)))
+            info = {"url": agent.url, "brick": b.path, "snapshot": self.name(epoch)} if agent else None
+            cuts.append(BrickCut(b.name, dest, os.path.join(dest, rel), info))
         figures: dict = {"barrier": self.barrier}
         wall0 = time.time_ns()
         t0 = time.monotonic()
@@ -164,7 +181,12 @@ class BtrfsCut:
             # on a pool each brick is another server's disk (no two snapshots wait for each other)
             def one(pair: tuple[Brick, BrickCut]) -> int:
                 stamp = time.time_ns()
-                btrfs.snapshot(layout[pair[0].name][0], pair[1].snapshot)
+                agent = self.agents.get(pair[0].name)
+                if agent is not None:
+                    # the agent's snapshot (one of an attempt that died is made again)
+                    agent.cut(pair[0].path, self.name(epoch), replace=True)
+                else:
+                    btrfs.snapshot(layout[pair[0].name][0], pair[1].snapshot)
                 return stamp
 
             pairs = list(zip(self.bricks, cuts, strict=True))
@@ -203,23 +225,35 @@ class BtrfsCut:
 
     def drop(self, epoch: int) -> None:
         """Deletes every brick's snapshot of ``epoch``."""
+        from epochsync.agent.protocol import AgentGone
+
         for b in self.bricks:
+            agent = self.agents.get(b.name)
+            if agent is not None:
+                with contextlib.suppress(AgentGone):
+                    agent.purge(b.path, self.name(epoch))
+                continue
             _sub, _rel, folder = self.layout()[b.name]
-            btrfs.delete_snapshot(os.path.join(folder, snapshot_name(epoch)))
+            btrfs.delete_snapshot(os.path.join(folder, self.name(epoch)))
 
     def epochs(self) -> list[int]:
         """The epochs every brick still has a snapshot of."""
         have: set[int] | None = None
+        prefix = f"{self.source}." if self.agents else ""
         for b in self.bricks:
-            _sub, _rel, folder = self.layout()[b.name]
+            agent = self.agents.get(b.name)
             found = set()
             try:
-                for name in os.listdir(folder):
-                    m = _SNAPSHOT_NAME.fullmatch(name)
-                    if m:
-                        found.add(int(m.group(1)))
+                if agent is not None:
+                    names = agent.snapshots(b.path)
+                else:
+                    names = os.listdir(self.layout()[b.name][2])
             except FileNotFoundError:
-                pass
+                names = []
+            for name in names:
+                m = _SNAPSHOT_NAME.fullmatch(name[len(prefix) :]) if name.startswith(prefix) else None
+                if m:
+                    found.add(int(m.group(1)))
             have = found if have is None else have & found
         return sorted(have or ())
 

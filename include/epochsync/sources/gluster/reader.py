@@ -28,13 +28,25 @@ def cut_record(warehouse: str, source: str, epoch: int) -> dict | None:
     return read_json(local_path(Warehouse(warehouse).cut(source, epoch)))
 
 
-def cut_reader(warehouse: str, source: str, epoch: int) -> CutReader:
+def cut_reader(warehouse: str, source: str, epoch: int, *, agents=None) -> CutReader:
     """The reader of ``epoch``'s cut of ``source`` (apply's and verify's bytes); an EpochError when that
-    cut was never taken."""
+    cut was never taken. A cut its servers' agents took is read through them (``agents``: the
+    source's :class:`epochsync.stores.connections.AgentSettings`)."""
     rec = cut_record(warehouse, source, epoch)
     if rec is None:
         raise EpochError(f"source {source} has no cut {epoch}: take it first (epochsync cut --source {source})")
+    remote = data_agents(rec)
+    if remote and agents is not None:
+        return AgentCutReader(source, epoch, sorted(remote.items()), agents)
     return CutReader(source, epoch, sorted(data_roots(rec).items()))
+
+
+def data_agents(rec: dict) -> dict[str, dict]:
+    """``{server: {"url", "brick", "snapshot"}}`` of the bricks :func:`data_roots` names, when agents
+    took the cut (empty otherwise)."""
+    names = {s: v["reader"] for s, v in rec["sets"].items()} if rec.get("sets") else {b: b for b in rec["bricks"]}
+    out = {s: rec["bricks"][b].get("agent") for s, b in names.items()}
+    return out if all(out.values()) else {}
 
 
 def data_roots(rec: dict) -> dict[str, str]:
@@ -167,3 +179,92 @@ def _pread(path: str, offset: int, length: int) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+#: the xattrs of a sharded file's base: its block size and its logical size (8-byte big-endian first)
+_SHARD_BLOCK = "trusted.glusterfs.shard.block-size"
+_SHARD_SIZE = "trusted.glusterfs.shard.file-size"
+
+
+class AgentCutReader(CutReader):
+    """Reads files by gfid from one cut that its servers' agents took, through those agents: the
+    pipeline needs no access to the bricks (see :mod:`epochsync.agent`)."""
+
+    def __init__(self, source: str, epoch: int, remote: list[tuple[str, dict]], agents):
+        self.remote = remote  # (server, {"url", "brick", "snapshot"})
+        self.agents = agents
+        self._clients: dict[str, object] = {}
+        super().__init__(source, epoch, [])
+
+    def __getstate__(self):
+        return {"source": self.source, "epoch": self.epoch, "remote": self.remote, "agents": self.agents}
+
+    def __setstate__(self, d):
+        self.__init__(d["source"], d["epoch"], d["remote"], d["agents"])
+
+    def _client(self, url: str):
+        with self._lock:
+            if url not in self._clients:
+                self._clients[url] = self.agents.client(url)
+            return self._clients[url]
+
+    def _locate(self, gfid: str):
+        from epochsync.agent.protocol import AgentGone, AgentNotFound
+
+        found = self._where.get(gfid)
+        if found is not None:
+            return found
+        for _server, where in self.remote:
+            try:
+                st = self._client(where["url"]).stat(where["brick"], where["snapshot"], gfid)
+            except AgentNotFound:
+                continue
+            except AgentGone as exc:
+                raise EpochError(
+                    f"cut {self.epoch} of source {self.source} is gone ({exc}): its bytes cannot be read; this "
+                    "epoch cannot be replicated from it (hydrate the target again)"
+                ) from None
+            if st["mode"] & 0o170000 == 0o040000:
+                continue
+            x = st.get("xattrs") or {}
+            block = int.from_bytes(bytes.fromhex(x[_SHARD_BLOCK])[:8], "big") if _SHARD_BLOCK in x else None
+            size = (
+                int.from_bytes(bytes.fromhex(x[_SHARD_SIZE])[:8], "big") if block and _SHARD_SIZE in x else st["size"]
+            )
+            found = (where, block, size)
+            with self._lock:
+                self._where[gfid] = found
+            return found
+        raise EpochError(f"gfid {gfid} is not in cut {self.epoch} of source {self.source}: nothing to read")
+
+    def get_range(self, bucket: str, key: str, version: str | None, offset: int, length: int) -> bytes:
+        """Bytes ``[offset, offset+length)`` of file ``key`` (a gfid) in the cut, from its agent; zeros past its end."""
+        if length <= 0:
+            return b""
+        where, block, _size = self._locate(key)
+        if not block:
+            data = self._client(where["url"]).read(where["brick"], where["snapshot"], key, offset, length)
+        else:
+            data = self._sharded_remote(key, where, block, offset, length)
+        self.counters.requests["agent-read"] += 1
+        self.counters.bytes_received += length
+        return data + bytes(length - len(data))
+
+    def _sharded_remote(self, gfid: str, base: dict, block: int, offset: int, length: int) -> bytes:
+        from epochsync.agent.protocol import AgentNotFound
+
+        out = bytearray(length)
+        pos, end = offset, offset + length
+        while pos < end:
+            index, within = divmod(pos, block)
+            n = min(block - within, end - pos)
+            wheres = [base] if index == 0 else [w for _s, w in self.remote]
+            for w in wheres:  # a block is on whichever brick its name hashes to
+                try:
+                    data = self._client(w["url"]).read(w["brick"], w["snapshot"], gfid, within, n, shard=index)
+                except AgentNotFound:
+                    continue
+                out[pos - offset : pos - offset + len(data)] = data
+                break
+            pos += n
+        return bytes(out)
