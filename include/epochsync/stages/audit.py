@@ -23,6 +23,7 @@ import json
 import time
 from dataclasses import asdict, dataclass
 
+from epochsync.core.argtypes import epoch_number
 from epochsync.core.config import Config, TargetConfig
 from epochsync.core.errors import EpochError
 from epochsync.stages.context import _config, _store_dict, _target_cfg, committed_epoch
@@ -174,7 +175,7 @@ def configure_audit(parser) -> None:
     parser.add_argument("--config", required=True, metavar="FILE", help="epochsync YAML config")
     parser.add_argument("--target", required=True, metavar="NAME", help="target to audit")
     parser.add_argument(
-        "--epoch", type=int, metavar="E", help="epoch to audit (default and only choice: the committed one)"
+        "--epoch", type=epoch_number, metavar="E", help="epoch to audit (default and only choice: the committed one)"
     )
     parser.add_argument("--deep", action="store_true", help="compare every file's bytes too (reads the whole replica)")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON document")

@@ -7,7 +7,7 @@ import os
 import re
 
 from epochsync.core.config import Config, TargetConfig, load_config
-from epochsync.core.errors import EpochError
+from epochsync.core.errors import EpochError, NotClosedError, SourceError
 from epochsync.journal.undo import (
     journal_exists,
     manifest_epoch,
@@ -85,10 +85,19 @@ def check_preconditions(cfg, target, epoch: int, first_epoch: int | None = None)
     if committed < first - 1:
         missing = list(range(committed + 1, first))
         span = f"{missing[0]}" if len(missing) == 1 else f"{missing[0]}..{missing[-1]}"
+        gap = f"target {tcfg.name} is at epoch {committed}, so epoch {first} would leave a gap: epoch(s) {span} are missing"
+        closed = _latest_closed(cfg, tcfg.source)
+        if closed is not None and closed <= committed:
+            # nothing the source has closed can fill the gap: no backfill command to give
+            raise NotClosedError(
+                f"{gap}, and source {tcfg.source} has closed none of them yet (it is closed through "
+                f"{closed if closed else 'no epoch'}): run epoch {committed + 1} once it is closed"
+            )
+        through = first - 1 if closed is None else min(first - 1, closed)
+        later = f" (epochs {through + 1}.. are not closed yet)" if through < first - 1 else ""
         raise EpochError(
-            f"target {tcfg.name} is at epoch {committed}, so epoch {first} would leave a gap: epoch(s) {span} "
-            f"are missing. Backfill them first: epochsync replicate --config {cfg.file} --target {tcfg.name} "
-            f"--through {first - 1} (or in Airflow: airflow backfill create --dag-id "
+            f"{gap}. Backfill them first: epochsync replicate --config {cfg.file} --target {tcfg.name} "
+            f"--through {through}{later} (or in Airflow: airflow backfill create --dag-id "
             f"epochsync__{tcfg.source}__{tcfg.name} ...)"
         )
     if committed > first - 1:
@@ -178,3 +187,21 @@ def load_plan(cfg: Config, target: str, epoch: int) -> dict:
 
 #: in the plan directory: the facts the apply's responses gave (s3: versions written), for verify
 APPLIED_FACTS = "applied.json"
+
+
+def _latest_closed(cfg: Config, source: str) -> int | None:
+    """The last epoch ``source`` has closed (0: none), or None when that cannot be told here (then
+    a message names no bound)."""
+    try:
+        src = cfg.source(source)
+        if src.kind == "gluster":
+            from epochsync.stages.cut import published_epoch
+
+            return published_epoch(cfg, source)
+        from epochsync.stages.ingest.closure import latest_closed_epoch
+
+        return latest_closed_epoch(cfg, source) or 0
+    except SourceError:
+        raise  # the source cannot be read (its changelog folder is not there): that is the error to say
+    except Exception:  # the bound is a courtesy of an error message: never a second error
+        return None

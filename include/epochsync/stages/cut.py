@@ -36,6 +36,7 @@ import os
 import time
 from collections.abc import Callable
 
+from epochsync.core.argtypes import epoch_number
 from epochsync.core.config import Config, SourceConfig
 from epochsync.core.errors import EpochError
 from epochsync.core.gluster import Brick, GlusterError, parse_brick_spec, volume_info, volume_status
@@ -293,20 +294,20 @@ def _cut_one(
         files_read += len(sl.files)
         new_positions[name] = sl.position.to_dict()
     q = int(record.get("quorum", 1))
-    for name, exc in unread.items():
+    for name, failure in unread.items():
         rset = next((r for r in rsets or () if name in r.bricks), None)
         if rset is not None and covered(rset, set(unread) & set(rset.bricks), q):
             say(
-                f"cut {epoch} of {src.name}: {name}'s changelog could not be read ({exc}); the other bricks "
+                f"cut {epoch} of {src.name}: {name}'s changelog could not be read ({failure}); the other bricks "
                 f"of {rset.name} hold its records"
             )
             continue
-        if not walk and not rewalk and isinstance(exc, EpochError):
+        if not walk and not rewalk and isinstance(failure, EpochError):
             raise EpochError(
-                f"{exc}; the cut is sound: 'epochsync cut --source {src.name} --rewalk' publishes it by walking "
+                f"{failure}; the cut is sound: 'epochsync cut --source {src.name} --rewalk' publishes it by walking "
                 "it whole against the published state"
             ) from None
-        walk[name] = str(exc)
+        walk[name] = str(failure)
     if rsets:
         for rset in rsets:
             reader = record["sets"][rset.name]["reader"]
@@ -398,18 +399,20 @@ def _cut_one(
 def _choose_readers(cfg: Config, src: SourceConfig, mech: BtrfsCut, rsets: list[ReplicaSet], record: dict, epoch: int):
     """Records in a replicated source's new cut each set's reader, the bricks' state and the quorum
     (:mod:`epochsync.sources.gluster.replicas`); an EpochError when a set has no brick to read."""
+    assert src.volume is not None  # a gluster source's (config)
+    volume = src.volume
     names = [b.name for b in mech.bricks]
     index_of = {b: i for i, b in enumerate(names)}
     spec_of = {b.name: b.spec for b in mech.bricks}
-    online_by_spec = volume_status(src.volume, command=src.gluster_command)
+    online_by_spec = volume_status(volume, command=src.gluster_command)
     online = None if online_by_spec is None else {b: online_by_spec.get(spec_of[b], False) for b in names}
     try:
-        options = volume_info(src.volume, command=src.gluster_command)["options"]
+        options = volume_info(volume, command=src.gluster_command)["options"]
         record["quorum"] = quorum(src.replica, options)
     except GlusterError:
         record["quorum"] = 1  # unknown: an operation may be on one brick only
     roots = {b: record["bricks"][b]["root"] for b in names}
-    owed_now = owed_heals(roots, src.volume, index_of)
+    owed_now = owed_heals(roots, volume, index_of)
     prev = read_cut(cfg, src.name, epoch - 1) if epoch > 1 else None
     started = {b: started_s(os.path.join(roots[b], CHANGELOG_DIR)) for b in names}
     record["status"] = online
@@ -509,7 +512,9 @@ def configure_cut(parser) -> None:
     """Add the ``cut`` verb's options to ``parser``."""
     parser.add_argument("--config", required=True, metavar="FILE", help="epochsync YAML config")
     parser.add_argument("--source", required=True, metavar="NAME", help="the live source (kind: gluster) to cut")
-    parser.add_argument("--through", type=int, metavar="E", help="take every cut up to epoch E (default: the next one)")
+    parser.add_argument(
+        "--through", type=epoch_number, metavar="E", help="take every cut up to epoch E (default: the next one)"
+    )
     parser.add_argument(
         "--rewalk",
         action="store_true",

@@ -18,6 +18,7 @@ import argparse
 import json
 import sys
 
+from epochsync.core.argtypes import epoch_number
 from epochsync.core.config import load_config
 from epochsync.core.errors import EpochsyncError
 from epochsync.core.jsonable import jsonable
@@ -33,8 +34,8 @@ def build_parser(stage: str) -> argparse.ArgumentParser:
         prog=f"spark_apps/{stage}.py", description=f"Run the {stage} stage of an epoch (window)."
     )
     p.add_argument("--config", required=True, metavar="FILE", help="epochsync YAML config")
-    p.add_argument("--epoch", type=int, required=True, metavar="E", help="first epoch of the run")
-    p.add_argument("--through", type=int, metavar="E2", help="last epoch of the run (default: --epoch)")
+    p.add_argument("--epoch", type=epoch_number, required=True, metavar="E", help="first epoch of the run")
+    p.add_argument("--through", type=epoch_number, metavar="E2", help="last epoch of the run (default: --epoch)")
     p.add_argument(
         "--target",
         required=stage != "ingest",

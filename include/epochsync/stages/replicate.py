@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+from epochsync.core.argtypes import epoch_number
 from epochsync.core.config import Config, TargetConfig, load_config
 from epochsync.core.errors import EpochError, EpochsyncError, NotClosedError
 from epochsync.core.jsonable import scalars
@@ -205,8 +206,8 @@ def configure_replicate(parser) -> None:
     parser.add_argument("--config", required=True, metavar="FILE", help="epochsync YAML config")
     parser.add_argument("--target", required=True, metavar="NAME", help="target to replicate into")
     which = parser.add_mutually_exclusive_group(required=True)
-    which.add_argument("--epoch", type=int, metavar="E", help="replicate exactly this epoch (the next one)")
-    which.add_argument("--through", type=int, metavar="E", help="replicate every closed epoch up to E")
+    which.add_argument("--epoch", type=epoch_number, metavar="E", help="replicate exactly this epoch (the next one)")
+    which.add_argument("--through", type=epoch_number, metavar="E", help="replicate every closed epoch up to E")
     parser.add_argument("--whole-file", action="store_true", help="pull changed files whole, not only their extents")
     parser.add_argument(
         "--inject-failure", metavar="SPEC", help="fault injection, e.g. after=3,epoch=2 (see epochsync.journal.faults)"

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import IO, cast
 
-from epochsync.core.errors import StoreError
+from epochsync.core.errors import SourceError, StoreError
 from epochsync.warehouse.paths import local_path
 
 #: Bytes a fast-path chunk holds (cut at a line end); bounds an executor's memory per file.
@@ -145,6 +145,12 @@ def list_changelog_files(src) -> dict[str, list[ChangelogFile]]:
     uri = src.changelogs.uri
     if not _is_s3(uri):
         base = local_path(uri)
+        if getattr(src, "kind", "changelogs") != "gluster" and not os.path.isdir(base):
+            # not "epoch 1 is not closed" forever: the directory the config names is not there
+            raise SourceError(
+                f"source {src.name}: changelogs.uri {uri}: no such directory here (the servers' changelog "
+                "files are read from it; check the path, or that it is mounted)"
+            )
         return {s: _list_local(base, s) for s in src.servers}
     s3 = _changelog_s3(src)
     bucket, prefix = _split_s3(uri)
