@@ -123,7 +123,7 @@ bench-gluster: $(STAMP) ## epochsync beside geo-replication and rsync on a live 
 	$(BIN)/python -m epochsync_dev.bench gluster --merge $(BENCH_GLUSTER_ARGS)
 	$(BIN)/python -m epochsync_dev.docs
 
-bench-gluster-pool: $(STAMP) ## cuts with and without the barrier and a 64 KiB append on a replica 3 volume over a pool of three servers on this machine; root; about 5 minutes
+bench-gluster-pool: $(STAMP) ## cuts with and without the barrier and a 64 KiB append on a replica 3 volume over a pool of three servers on this machine; root; about 2 minutes
 	$(BIN)/python -m epochsync_dev.bench gluster-pool
 
 bench-gluster-source: $(STAMP) ## the live-source rows on a GlusterFS volume (issue 31): cuts with and without the barrier, live 10 s epochs under Airflow; root; about 6 minutes; keeps bench-gluster's rows

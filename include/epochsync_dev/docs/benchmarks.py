@@ -652,6 +652,25 @@ def _generic(data: Any, depth: int = 0) -> list[str]:
     return [f"`{_text(json.dumps(data)[:200])}`", ""]
 
 
+def _gluster_pool(data: Any) -> list[str]:
+    out = ["A `replica 3` volume over three servers (`topology: replica3-3servers`, `gluster.pool.json`):", ""]
+    for r in data:
+        if r.get("row") == "cuts":
+            mode = "with Gluster's barrier" if r.get("barrier") else "without it (`cut.barrier: false`, the default)"
+            target = f" (target ≤ {_num(r.get('target_s'), 1)} s)" if r.get("target_s") else ""
+            out.append(
+                f"- {_num(r.get('cuts'))} cuts {mode}, under a writer: end to end median "
+                f"{_num(r.get('end_to_end_s_median'), 3)} s, max {_num(r.get('end_to_end_s_max'), 3)} s{target}"
+            )
+        elif r.get("row") == "append":
+            out.append(
+                f"- {_num(r.get('appended_kib'))} KiB appended to a {_num(r.get('file_mib'))} MiB file: "
+                f"{_num(r.get('bytes_pulled'))} bytes pulled from the source (target ≤ 1 MiB); the replica "
+                f"{'equals' if r.get('replica_equals_cut') else 'DIFFERS from'} its cut"
+            )
+    return out + [""]
+
+
 LAYOUTS: dict[str, Callable[[Any], list[str]]] = {
     "bench": _bench,
     "ingest": _ingest,
@@ -668,6 +687,7 @@ LAYOUTS: dict[str, Callable[[Any], list[str]]] = {
     "gluster": _gluster,
     "gluster.lag": _gluster_lag,
     "gluster.source": _gluster_source,
+    "gluster.pool": _gluster_pool,
     "gluster.stages": _gluster_stages,
 }
 
@@ -833,6 +853,18 @@ def headline_rows(results: Path) -> list[list[str]]:
                 f"epochsync {_bytes(appends['epochsync']['bytes_written'])}, "
                 f"geo-replication {_bytes(appends['geo-replication']['bytes_written'])}",
                 date("gluster"),
+            ]
+        )
+    pool = {(r.get("row"), r.get("barrier")): r for r in gluster.get("gluster.pool") or []}
+    if ("cuts", False) in pool:
+        off = pool[("cuts", False)]
+        on = pool.get(("cuts", True))
+        rows.append(
+            [
+                "a cut of a replica 3 volume over three servers (barrier off / on)",
+                f"{_num(off['end_to_end_s_median'], 3)} s (max {_num(off['end_to_end_s_max'], 3)} s)"
+                + (f" / {_num(on['end_to_end_s_median'], 2)} s" if on else ""),
+                str(_meta(results, "gluster.pool", None).get("written_at", ""))[:10],
             ]
         )
     return rows
