@@ -136,16 +136,12 @@ def host_glusterd_pids() -> list[int]:
     return pids
 
 
-@dataclass
-class GlusterVolume:
-    """A running volume of the stack: its name, bricks (``host:/path``), mount point and folder."""
+class VolumeConfig:
+    """A config for a volume of the dev stacks (``source_keys()``: how the source reaches it)."""
 
-    name: str
-    bricks: list[str]
-    mount: str
-    work_dir: str
-    host: str
-    options: dict[str, str] = field(default_factory=dict)
+    def source_keys(self) -> dict:
+        """The gluster source's keys of this volume."""
+        raise NotImplementedError
 
     def config(
         self,
@@ -157,19 +153,33 @@ class GlusterVolume:
         start: str = "2026-01-01T00:00:00Z",
     ) -> dict:
         """An epochsync config (as a dict) for this volume as source ``source`` and the given targets."""
-        return {
-            "warehouse": warehouse,
-            "sources": [
-                {
-                    "name": source,
-                    "kind": "gluster",
-                    "volume": self.name,
-                    "bricks": list(self.bricks),
-                    "epoch": {"interval": interval, "start": start},
-                }
-            ],
-            "targets": targets,
-        }
+        return volume_config(warehouse, targets, self.source_keys(), source, interval, start)
+
+
+@dataclass
+class GlusterVolume(VolumeConfig):
+    """A running volume of the stack: its name, bricks (``host:/path``), mount point and folder."""
+
+    name: str
+    bricks: list[str]
+    mount: str
+    work_dir: str
+    host: str
+    options: dict[str, str] = field(default_factory=dict)
+
+    def source_keys(self) -> dict:
+        """The source's keys for this volume: its name and bricks."""
+        return {"volume": self.name, "bricks": list(self.bricks)}
+
+
+def volume_config(warehouse: str, targets: list[dict], keys: dict, source: str, interval: str, start: str) -> dict:
+    """An epochsync config (as a dict) with one gluster source ``source`` (``keys``: its volume and
+    how it is reached) and the given targets."""
+    return {
+        "warehouse": warehouse,
+        "sources": [{"name": source, "kind": "gluster", **keys, "epoch": {"interval": interval, "start": start}}],
+        "targets": targets,
+    }
 
 
 class GlusterStack:

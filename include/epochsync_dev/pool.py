@@ -38,6 +38,7 @@ from pathlib import Path
 from epochsync_dev.gluster import (
     REGISTRY,
     GlusterUnavailable,
+    VolumeConfig,
     _alive,
     _read_pid,
     _umount,
@@ -64,7 +65,7 @@ TYPES = ("replica", "dist-replica", "arbiter", "distribute")
 
 
 @dataclass
-class PoolVolume:
+class PoolVolume(VolumeConfig):
     """A volume of the pool: name, layout, bricks (``address:/path``; the path is the brick's
     folder on this host too), its FUSE mount here and the options set."""
 
@@ -79,31 +80,10 @@ class PoolVolume:
     host: str = ""  # the server a client mounts it from
     options: dict[str, str] = field(default_factory=dict)
 
-    def config(
-        self,
-        warehouse: str,
-        targets: list[dict],
-        *,
-        source: str = "vol",
-        interval: str = "10s",
-        start: str = "2026-01-01T00:00:00Z",
-    ) -> dict:
-        """An epochsync config (as a dict) for this volume as source ``source``: its bricks and layout
-        read from the pool through ``gluster_command``, the bricks' file systems mounted here."""
-        return {
-            "warehouse": warehouse,
-            "sources": [
-                {
-                    "name": source,
-                    "kind": "gluster",
-                    "volume": self.name,
-                    "gluster_command": list(self.gluster_command),
-                    "cut": {"bricks_here": True},
-                    "epoch": {"interval": interval, "start": start},
-                }
-            ],
-            "targets": targets,
-        }
+    def source_keys(self) -> dict:
+        """The source's keys: the volume, read from the pool through ``gluster_command``, the bricks'
+        file systems mounted here."""
+        return {"volume": self.name, "gluster_command": list(self.gluster_command), "cut": {"bricks_here": True}}
 
 
 def _free_subnet() -> ipaddress.IPv4Network:

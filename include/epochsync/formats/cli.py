@@ -10,6 +10,7 @@ import json
 import os
 import sys
 
+from epochsync.core.argtypes import non_negative
 from epochsync.core.errors import ParseError
 from epochsync.core.schema import write_jsonl
 from epochsync.formats import FORMATS, ParseOptions, parse_stream
@@ -46,10 +47,10 @@ def configure_parse(parser: argparse.ArgumentParser) -> None:
     parser.epilog = _EPILOG
     parser.add_argument("--format", required=True, choices=FORMATS, help="changelog format of the input files")
     parser.add_argument("--server", metavar="NAME", help="server (MDT, OST, brick) the records come from")
-    parser.add_argument("--epoch", type=_non_negative, metavar="N", help="give every record epoch N")
+    parser.add_argument("--epoch", type=non_negative, metavar="N", help="give every record epoch N")
     parser.add_argument(
         "--first-epoch",
-        type=_non_negative,
+        type=non_negative,
         default=1,
         metavar="N",
         help="Lustre MARK epochs: the epoch of the records before the first MARK (default 1)",
@@ -114,13 +115,3 @@ def run_parse(args: argparse.Namespace) -> int:
         )
         return EXIT_QUARANTINED
     return 0
-
-
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value

@@ -64,6 +64,19 @@ def _from_uri(conn_id: str, text: str) -> S3Settings:
     )
 
 
+def _airflow_connection(conn_id: str, var: str):
+    """Airflow's connection ``conn_id`` from its store, or None outside Airflow; a StoreError when
+    Airflow does not know it."""
+    try:
+        from airflow.sdk import BaseHook
+    except ImportError:
+        return None
+    try:
+        return BaseHook.get_connection(conn_id)
+    except Exception as exc:  # Airflow raises its own not-found types
+        raise StoreError(f"connection {conn_id!r} is not defined: set ${var} or add it in Airflow ({exc})") from None
+
+
 def resolve_s3(conn_id: str) -> S3Settings:
     """Settings for ``conn_id``: env var first, then Airflow's store if importable."""
     var = "AIRFLOW_CONN_" + conn_id.upper()
@@ -73,17 +86,8 @@ def resolve_s3(conn_id: str) -> S3Settings:
             return _from_json(conn_id, text) if text.lstrip().startswith("{") else _from_uri(conn_id, text)
         except (ValueError, AttributeError) as exc:
             raise StoreError(f"connection {conn_id!r}: cannot parse ${var}: {exc}") from None
-    try:
-        from airflow.sdk import BaseHook  # noqa: F401 - only inside Airflow
-    except ImportError:
-        BaseHook = None  # noqa: N806
-    if BaseHook is not None:
-        try:
-            conn = BaseHook.get_connection(conn_id)
-        except Exception as exc:  # Airflow raises its own not-found types
-            raise StoreError(
-                f"connection {conn_id!r} is not defined: set ${var} or add it in Airflow ({exc})"
-            ) from None
+    conn = _airflow_connection(conn_id, var)
+    if conn is not None:
         extra = conn.extra_dejson or {}
         return S3Settings(
             conn_id=conn_id,
@@ -135,18 +139,9 @@ def resolve_agent(conn_id: str) -> AgentSettings:
         except (ValueError, AttributeError) as exc:
             raise StoreError(f"connection {conn_id!r}: cannot parse ${var}: {exc}") from None
     else:
-        try:
-            from airflow.sdk import BaseHook
-        except ImportError:
-            raise StoreError(
-                f"connection {conn_id!r} is not defined: set ${var} (JSON: password = the agents' secret)"
-            ) from None
-        try:
-            conn = BaseHook.get_connection(conn_id)
-        except Exception as exc:  # Airflow raises its own not-found types
-            raise StoreError(
-                f"connection {conn_id!r} is not defined: set ${var} or add it in Airflow ({exc})"
-            ) from None
+        conn = _airflow_connection(conn_id, var)
+        if conn is None:
+            raise StoreError(f"connection {conn_id!r} is not defined: set ${var} (JSON: password = the agents' secret)")
         password, extra = conn.password, conn.extra_dejson or {}
     if not password:
         raise StoreError(f"connection {conn_id!r} has no password: it is the agents' shared secret")

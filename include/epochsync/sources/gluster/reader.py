@@ -85,6 +85,8 @@ class CutReader:
     """Reads files by gfid from one cut of a gluster source (see the module docstring)."""
 
     kind = "gluster"
+    #: the counter each read adds to (``requests``)
+    read_kind = "read"
 
     def __init__(self, source: str, epoch: int, roots: list[tuple[str, str]]):
         self.source = source
@@ -133,14 +135,15 @@ class CutReader:
         """Bytes ``[offset, offset+length)`` of file ``key`` (a gfid) in the cut; zeros past its end."""
         if length <= 0:
             return b""
-        path, block, _size = self._locate(key)
-        if not block:
-            data = _pread(path, offset, length)
-        else:
-            data = self._sharded(key, path, block, offset, length)
-        self.counters.requests["read"] += 1
+        where, block, _size = self._locate(key)
+        data = self._read(key, where, block, offset, length)
+        self.counters.requests[self.read_kind] += 1
         self.counters.bytes_received += length
         return data + bytes(length - len(data))
+
+    def _read(self, gfid: str, path, block: int | None, offset: int, length: int) -> bytes:
+        """The bytes of the located file (fewer past its end)."""
+        return _pread(path, offset, length) if not block else self._sharded(gfid, path, block, offset, length)
 
     def get_all(self, bucket: str, key: str, version: str | None = None) -> bytes:
         """Returns the whole file ``key`` as the cut holds it."""
@@ -190,6 +193,8 @@ class AgentCutReader(CutReader):
     """Reads files by gfid from one cut that its servers' agents took, through those agents: the
     pipeline needs no access to the bricks (see :mod:`epochsync.agent`)."""
 
+    read_kind = "agent-read"
+
     def __init__(self, source: str, epoch: int, remote: list[tuple[str, dict]], agents):
         self.remote = remote  # (server, {"url", "brick", "snapshot"})
         self.agents = agents
@@ -237,18 +242,11 @@ class AgentCutReader(CutReader):
             return found
         raise EpochError(f"gfid {gfid} is not in cut {self.epoch} of source {self.source}: nothing to read")
 
-    def get_range(self, bucket: str, key: str, version: str | None, offset: int, length: int) -> bytes:
-        """Bytes ``[offset, offset+length)`` of file ``key`` (a gfid) in the cut, from its agent; zeros past its end."""
-        if length <= 0:
-            return b""
-        where, block, _size = self._locate(key)
+    def _read(self, gfid: str, path, block: int | None, offset: int, length: int) -> bytes:
+        """The bytes of the located file, from its agent (fewer past its end)."""
         if not block:
-            data = self._client(where["url"]).read(where["brick"], where["snapshot"], key, offset, length)
-        else:
-            data = self._sharded_remote(key, where, block, offset, length)
-        self.counters.requests["agent-read"] += 1
-        self.counters.bytes_received += length
-        return data + bytes(length - len(data))
+            return self._client(path["url"]).read(path["brick"], path["snapshot"], gfid, offset, length)
+        return self._sharded_remote(gfid, path, block, offset, length)
 
     def _sharded_remote(self, gfid: str, base: dict, block: int, offset: int, length: int) -> bytes:
         from epochsync.agent.protocol import AgentNotFound
