@@ -52,6 +52,7 @@ VERBS: dict[str, tuple[str, str]] = {
         "epochsync.stages.publish",
         "feed consumers: register (from a dump), ack an epoch, status, hydrate, unregister",
     ),
+    "check": ("epochsync.report.check", "check a setup: the warehouse, each source and target reached as a run would"),
     "status": ("epochsync.report.status", "per target: committed epoch, lag, last run's figures"),
     "report": ("epochsync.report.status", "write an HTML report of lag and bytes over epochs"),
     "agent": ("epochsync.agent.cli", "the agent on a Gluster server: serve, check its config, info of a running one"),

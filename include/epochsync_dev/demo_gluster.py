@@ -14,7 +14,7 @@ mount between cuts:
 
 Every epoch goes through the Airflow DAG ``epochsync__vol__<target>`` (``dag.test()`` in one
 kept process per target) into a posix target and an s3 target; the DAG's first task cuts
-the volume (Gluster's barrier, a read-only btrfs snapshot per brick). Epoch 3 of the s3
+the volume (a read-only btrfs snapshot per brick, without Gluster's barrier: the default). Epoch 3 of the s3
 target gets an injected apply failure: the run fails, the rollback restores epoch 2, the
 retry succeeds. Each committed epoch is compared with its cut (the brick snapshots walked
 directly): every path's type, size, mode, owner, mtime, xattrs, symlink target and hard links,
