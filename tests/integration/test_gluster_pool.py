@@ -30,6 +30,7 @@ from support.gluster import GlusterHistory
 from epochsync.core.config import load_config
 from epochsync.core.errors import EpochsyncError
 from epochsync.sources.gluster import replicas
+from epochsync.stages.cut import cut_source
 from epochsync_dev.gluster_truth import cut_truth, mount_truth
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -152,6 +153,14 @@ def test_a_partitioned_server(pool, r3):
     pool.isolate(other)
     try:
         step(r3, "for i in $(seq 1 8); do echo cut-off > p$i; done; mv p1 p1r; rm p2")
+        # asked through the cut-off server, Gluster says the others' bricks are down and its own is
+        # owed heals: no brick to read, and the error says why
+        doc = yaml.safe_load(r3.config_path.read_text())
+        doc["sources"][0]["gluster_command"] = [*pool.nsenter(other), "gluster"]
+        minority = r3.folder / "minority.yaml"
+        minority.write_text(yaml.safe_dump(doc, sort_keys=False))
+        with pytest.raises(EpochsyncError, match="sees 1 of the 3 servers of its pool"):
+            cut_source(load_config(minority), "vol")
     finally:
         pool.rejoin(other)
     pool.wait_healed("r3", timeout=240)
@@ -164,8 +173,6 @@ def test_a_server_killed_during_a_cut_and_a_brick_during_the_pull(pool, r3):
     fails with one line, and the next attempt cuts; then the new reader's brick killed while the
     epoch is pulled: the pull reads the snapshots, so the epoch commits equal to its cut."""
     import threading
-
-    from epochsync.core.errors import EpochsyncError
 
     rec = r3.read_cut(max(_epochs(r3)))
     node = node_of(pool, readers(rec)["set1"], rec)

@@ -40,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from epochsync.core.argtypes import epoch_number
 from epochsync.core.config import Config, SourceConfig
 from epochsync.core.errors import EpochError
-from epochsync.core.gluster import Brick, GlusterError, parse_brick_spec, volume_info, volume_status
+from epochsync.core.gluster import Brick, GlusterError, parse_brick_spec, run_gluster, volume_info, volume_status
 from epochsync.core.schema import Record
 from epochsync.sources.gluster.backend import BrickView
 from epochsync.sources.gluster.changelog import CHANGELOG_DIR, Position, end_position, live_records, read_slice
@@ -423,23 +423,43 @@ def _choose_readers(cfg: Config, src: SourceConfig, mech: BtrfsCut, rsets: list[
     record["owed"] = owed_now
     record["sets"] = {}
     for rset in rsets:
-        verdict = choose_reader(
-            rset,
-            previous=((prev or {}).get("sets") or {}).get(rset.name, {}).get("reader"),
-            online=online,
-            owed_now=owed_now,
-            owed_before=(prev or {}).get("owed") or {},
-            started=started,
-            last_cut_s=prev["time_ns"] / 1e9 if prev else None,
-            source=src.name,
-            epoch=epoch,
-        )
+        try:
+            verdict = choose_reader(
+                rset,
+                previous=((prev or {}).get("sets") or {}).get(rset.name, {}).get("reader"),
+                online=online,
+                owed_now=owed_now,
+                owed_before=(prev or {}).get("owed") or {},
+                started=started,
+                last_cut_s=prev["time_ns"] / 1e9 if prev else None,
+                source=src.name,
+                epoch=epoch,
+            )
+        except EpochError as exc:
+            raise EpochError(f"{exc}{_minority_hint(src)}") from None
         record["sets"][rset.name] = {
             "bricks": list(rset.bricks),
             "arbiter": rset.arbiter,
             "reader": verdict.reader,
             "not_reader": verdict.refused,
         }
+
+
+def _minority_hint(src: SourceConfig) -> str:
+    """When the glusterd ``gluster_command`` reaches sees fewer than half of its pool (a server cut
+    off from the others, which says their bricks are down), the words that say so; else nothing."""
+    try:
+        out = run_gluster(["pool", "list"], timeout=30, command=src.gluster_command or None)
+    except GlusterError:
+        return ""
+    peers = [line for line in out.splitlines()[1:] if line.strip()]
+    seen = sum(1 for line in peers if line.split()[-1:] == ["Connected"])
+    if peers and seen * 2 <= len(peers):
+        return (
+            f" (the glusterd that answered sees {seen} of the {len(peers)} servers of its pool: it may be cut "
+            "off from the others; point gluster_command at a server in the majority)"
+        )
+    return ""
 
 
 def _uncovered(failed: dict[str, str], rsets: list[ReplicaSet] | None, record: dict) -> dict[str, str]:
