@@ -333,6 +333,17 @@ def test_arbiter_volume_never_reads_the_arbiter_and_agents_serve_it(pool, agents
     h.replicate("local", epoch)
     assert not h.problems("local", epoch)
     assert not mount_problems(h, epoch)
+    # the purge drops every committed cut but the newest, through the agents
+    from epochsync.stages.cut import mechanism
+    from epochsync.stages.purge import purge_source
+
+    mech = mechanism(h.cfg.source(h.source))
+    assert len(mech.epochs()) > 1
+    purge_source(h.cfg, h.source, log=lambda _l: None)
+    assert mech.epochs() == [epoch]
+    assert all(
+        names == [f"vol.epoch-{epoch:010d}"] for names in (mech.agents[b.name].snapshots(b.path) for b in mech.bricks)
+    )
 
 
 def test_a_stale_reader_is_caught(pool, r3, monkeypatch):
