@@ -76,8 +76,10 @@ def _bucket(conn_id: str, bucket: str) -> str:
 
 
 def _changelogs(src) -> str:
-    from epochsync.stages.ingest.files import list_changelog_files
+    from epochsync.stages.ingest.files import list_changelog_files, missing_changelog_folder
 
+    if (gone := missing_changelog_folder(src)) is not None:
+        raise gone
     files = list_changelog_files(src)
     counts = ", ".join(f"{s} {len(files.get(s, []))}" for s in src.servers)
     return f"{src.changelogs.uri}: changelog files per server: {counts}"
@@ -91,7 +93,9 @@ def _gluster(src) -> str:
     if info["status"] != "Started":
         raise SourceError(f"volume {src.volume} is {info['status']}, not Started (gluster volume start {src.volume})")
     if (info["options"] or {}).get("changelog.changelog") != "on":
-        raise SourceError(f"volume {src.volume}: changelogs are off (gluster volume set {src.volume} changelog.changelog on)")
+        raise SourceError(
+            f"volume {src.volume}: changelogs are off (gluster volume set {src.volume} changelog.changelog on)"
+        )
     return f"volume {src.volume}: {info['type']}, {len(info['bricks'])} bricks, started, changelogs on"
 
 

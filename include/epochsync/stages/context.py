@@ -199,7 +199,10 @@ def _latest_closed(cfg: Config, source: str) -> int | None:
 
             return published_epoch(cfg, source)
         from epochsync.stages.ingest.closure import latest_closed_epoch
+        from epochsync.stages.ingest.files import missing_changelog_folder
 
+        if (gone := missing_changelog_folder(src)) is not None:
+            raise gone
         return latest_closed_epoch(cfg, source) or 0
     except SourceError:
         raise  # the source cannot be read (its changelog folder is not there): that is the error to say

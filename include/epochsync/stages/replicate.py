@@ -119,6 +119,10 @@ def _replicate_epoch(cfg: Config, tcfg: TargetConfig, e: int, session: _Session,
         progress(f"{tcfg.name}: {r['message']}")
     missing = _missing_servers(cfg, src.name, e)
     if missing:
+        from epochsync.stages.ingest.files import missing_changelog_folder
+
+        if (gone := missing_changelog_folder(src)) is not None:
+            raise gone
         raise NotClosedError(
             f"epoch {e} of source {src.name} is not closed: no EPOCH record yet from {', '.join(missing)}"
         )

@@ -139,18 +139,25 @@ def settled_files(
     return out
 
 
+def missing_changelog_folder(src) -> SourceError | None:
+    """The error to give instead of "not closed" when a source's local ``changelogs.uri`` folder is
+    not there at all (a wrong path, or a mount that is not up: waiting will not close an epoch);
+    None when it is there, or the changelogs are in a bucket or a gluster source's cuts."""
+    uri = src.changelogs.uri
+    if _is_s3(uri) or getattr(src, "kind", "changelogs") == "gluster" or os.path.isdir(local_path(uri)):
+        return None
+    return SourceError(
+        f"source {src.name}: changelogs.uri {uri}: no such directory here (the servers' changelog files are "
+        "read from it; check the path, or that it is mounted)"
+    )
+
+
 def list_changelog_files(src) -> dict[str, list[ChangelogFile]]:
     """Per configured server, its changelog files in name order (listed by the caller: a
     few LISTs per server, no Spark job)."""
     uri = src.changelogs.uri
     if not _is_s3(uri):
         base = local_path(uri)
-        if getattr(src, "kind", "changelogs") != "gluster" and not os.path.isdir(base):
-            # not "epoch 1 is not closed" forever: the directory the config names is not there
-            raise SourceError(
-                f"source {src.name}: changelogs.uri {uri}: no such directory here (the servers' changelog "
-                "files are read from it; check the path, or that it is mounted)"
-            )
         return {s: _list_local(base, s) for s in src.servers}
     s3 = _changelog_s3(src)
     bucket, prefix = _split_s3(uri)
