@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 import uuid
 from pathlib import Path
 
@@ -176,7 +178,19 @@ def spark(spark_connect):
     from epochsync.spark import spark_session
 
     session = spark_session("epochsync-tests", remote=spark_connect, shuffle_partitions=2)
+    # the server drops a session idle for 10 minutes (spark_server.SESSION_IDLE_TIMEOUT), and a
+    # run can go longer than that between two tests of this one (the demo's and the live
+    # volumes' minutes): a request every two minutes keeps it
+    done = threading.Event()
+
+    def keep_alive():
+        while not done.wait(120):
+            with contextlib.suppress(Exception):
+                session.conf.get("spark.sql.session.timeZone")
+
+    threading.Thread(target=keep_alive, name="spark-session-keep-alive", daemon=True).start()
     yield session
+    done.set()
     session.stop()
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 INCLUDE = Path(__file__).resolve().parents[2] / "include"
 #: the folders of ``epochsync`` (README, "Layout"), and the only modules at its top
-FOLDERS = {"core", "formats", "warehouse", "stages", "journal", "stores", "sources", "targets", "report", "airflow"}
+FOLDERS = {"core", "formats", "warehouse", "stages", "journal", "stores", "sources", "targets", "report", "airflow", "agent"}
 TOP = {"__init__", "cli", "spark", "spark_server"}
 
 
@@ -140,12 +140,14 @@ def test_the_cycle_finder_sees_imports_inside_functions(tmp_path, monkeypatch):
 #: who may import whom: a module imports only from its own layer or those before it (the
 #: longest prefix names a module's layer). ``report.changes`` (the change records between
 #: two committed epochs) sits below the stages because the feed's publish stage uses it;
-#: ``report.status`` reads the stages' state, so the rest of ``report`` sits above them.
+#: ``report.status`` reads the stages' state, so the rest of ``report`` sits above them. The
+#: agent's protocol and client sit with the stores (a source's reads and the S3 settings use
+#: them); the agent itself serves the sources' snapshots, so it sits with them.
 LAYERS = [
     "core",
     "formats",
-    "warehouse stores",
-    "sources",
+    "warehouse stores agent.protocol agent.client",
+    "sources agent",
     "targets",
     "journal",
     "spark spark_server",

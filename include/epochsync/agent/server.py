@@ -330,11 +330,15 @@ class AgentServer(ThreadingHTTPServer):
 
     def info(self) -> dict:
         """What ``/v1/info`` answers."""
-        from epochsync.cli import _version
+        from importlib.metadata import PackageNotFoundError, version
 
+        try:
+            ours = version("epochsync")
+        except PackageNotFoundError:
+            ours = "(not installed: a source checkout)"
         return {
             "agent": "epochsync",
-            "version": _version(),
+            "version": ours,
             "bricks": {b: {"snapshots": self.bricks.snapshots(b)} for b in self.bricks.layout},
             "max_requests": self.cfg.max_requests,
             "tls": bool(self.cfg.tls_cert),

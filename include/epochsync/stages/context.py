@@ -195,9 +195,9 @@ def _latest_closed(cfg: Config, source: str) -> int | None:
     try:
         src = cfg.source(source)
         if src.kind == "gluster":
-            from epochsync.stages.cut import published_epoch
+            from epochsync.sources.gluster.state import published_epoch_at
 
-            return published_epoch(cfg, source)
+            return published_epoch_at(cfg.warehouse, source)
         from epochsync.stages.ingest.closure import latest_closed_epoch
         from epochsync.stages.ingest.files import missing_changelog_folder
 

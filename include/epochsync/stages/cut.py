@@ -57,7 +57,7 @@ from epochsync.sources.gluster.replicas import (
     started_s,
 )
 from epochsync.sources.gluster.resolve import Resolver, walk_gfids
-from epochsync.sources.gluster.state import SourceState
+from epochsync.sources.gluster.state import SourceState, published_epoch_at
 from epochsync.stages.context import _config
 from epochsync.warehouse.fs import fsync_dir, lock_file, read_json, write_json_atomic, write_text_atomic
 from epochsync.warehouse.paths import Warehouse, local_path
@@ -140,14 +140,7 @@ def cut_epochs(cfg: Config, source: str) -> list[int]:
 
 def published_epoch(cfg: Config, source: str) -> int:
     """The last epoch whose records a cut published (0: none)."""
-    path = os.path.join(cuts_dir(cfg, source), "state.sqlite")
-    if not os.path.exists(path):
-        return 0
-    state = SourceState(path)
-    try:
-        return state.epoch
-    finally:
-        state.close()
+    return published_epoch_at(cfg.warehouse, source)
 
 
 # --------------------------------------------------------------------------- the stage

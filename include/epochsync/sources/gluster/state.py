@@ -20,6 +20,8 @@ import os
 import sqlite3
 from dataclasses import dataclass, field
 
+from epochsync.warehouse.paths import Warehouse, local_path
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS node (
     gfid TEXT PRIMARY KEY,
@@ -175,3 +177,17 @@ class SourceState:
         """Drops the epoch's uncommitted changes."""
         if self.db.in_transaction:
             self.db.execute("ROLLBACK")
+
+
+def published_epoch_at(warehouse: str, source: str) -> int:
+    """The last epoch whose records a cut of ``source`` published (0: none), from its state in
+    ``warehouse`` (what :func:`epochsync.stages.cut.published_epoch` answers, for the layers below
+    the stages)."""
+    path = os.path.join(local_path(Warehouse(warehouse).cuts(source)), "state.sqlite")
+    if not os.path.exists(path):
+        return 0
+    state = SourceState(path)
+    try:
+        return state.epoch
+    finally:
+        state.close()
