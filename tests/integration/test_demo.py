@@ -47,6 +47,24 @@ def _processes_mentioning(text: str) -> list[str]:
     return found
 
 
+def _run_demo(cmd: list[str]) -> subprocess.CompletedProcess:
+    """Runs the demo; a test run stopped meanwhile (SIGTERM, Ctrl-C, the timeout) sends the demo
+    SIGTERM and waits for it, so that it stops the servers it started (``subprocess.run`` would
+    kill it at once and leave them running)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        out, err = proc.communicate(timeout=3000)
+    except BaseException:
+        proc.terminate()
+        try:
+            proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def test_the_default_demo_replicates_both_targets_and_rolls_back_the_injected_failure(tmp_path):
     # make demo's own source (issue 50: make demo failed on main while this test ran a smaller
     # one): the demo's defaults - seed, files, epochs, the failed epoch and its mutation count -
@@ -70,7 +88,7 @@ def test_the_default_demo_replicates_both_targets_and_rolls_back_the_injected_fa
         "--cache-files",
         "24",
     ]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=3000, cwd=ROOT)
+    done = _run_demo(cmd)
     out = done.stdout
     assert done.returncode == 0, out[-6000:] + done.stderr[-3000:]
     assert re.search(r"^demo: PASSED in \d+s: every epoch of both targets equals", out, re.M), out[-3000:]
