@@ -8,7 +8,19 @@ from pathlib import Path
 
 INCLUDE = Path(__file__).resolve().parents[2] / "include"
 #: the folders of ``epochsync`` (README, "Layout"), and the only modules at its top
-FOLDERS = {"core", "formats", "warehouse", "stages", "journal", "stores", "sources", "targets", "report", "airflow", "agent"}
+FOLDERS = {
+    "core",
+    "formats",
+    "warehouse",
+    "stages",
+    "journal",
+    "stores",
+    "sources",
+    "targets",
+    "report",
+    "airflow",
+    "agent",
+}
 TOP = {"__init__", "cli", "spark", "spark_server"}
 
 
