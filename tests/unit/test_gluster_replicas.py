@@ -8,6 +8,7 @@ import os
 import uuid
 
 import pytest
+from support.machine import cannot_run_here
 
 from epochsync.core import gluster as core_gluster
 from epochsync.core.config import config_from_dict
@@ -130,7 +131,7 @@ def _brick(root, files: dict[str, dict[str, bytes]]):
 
 def test_pending_heals_are_read_from_a_peers_afr_index(tmp_path):
     if not _can_set_trusted(tmp_path):
-        pytest.skip("trusted.* xattrs need root")
+        cannot_run_here("EPOCHSYNC_REQUIRE_GLUSTER", "a brick's trusted.* xattrs", "setting them needs root")
     g1, g2, g3 = (str(uuid.uuid4()) for _ in range(3))
     zero, data = bytes(12), bytes.fromhex("000000020000000100000000")
     _brick(
@@ -222,7 +223,7 @@ def test_a_replicated_sources_servers_are_its_sets(tmp_path):
 
 def test_afrs_anonymous_inode_directory_is_not_part_of_the_volume(tmp_path):
     if not _can_set_trusted(tmp_path):
-        pytest.skip("trusted.* xattrs need root")
+        cannot_run_here("EPOCHSYNC_REQUIRE_GLUSTER", "a brick's trusted.* xattrs", "setting them needs root")
     root = tmp_path / "brick"
     anon_gfid, parked, kept = (str(uuid.uuid4()) for _ in range(3))
     anon = root / f".glusterfs-anonymous-inode-{uuid.uuid4()}"
