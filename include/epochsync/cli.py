@@ -74,13 +74,10 @@ def _available() -> dict[str, tuple[str, str]]:
 
 
 def _version() -> str:
-    """The installed distribution's version (the source tree's, when run from a checkout)."""
-    from importlib.metadata import PackageNotFoundError, version
+    """The installed distribution's version (:func:`epochsync.core.version.package_version`)."""
+    from epochsync.core.version import package_version
 
-    try:
-        return version("epochsync")
-    except PackageNotFoundError:
-        return "(not installed: a source checkout)"
+    return package_version()
 
 
 def build_parser(verb: str | None = None) -> argparse.ArgumentParser:

@@ -330,15 +330,11 @@ class AgentServer(ThreadingHTTPServer):
 
     def info(self) -> dict:
         """What ``/v1/info`` answers."""
-        from importlib.metadata import PackageNotFoundError, version
+        from epochsync.core.version import package_version
 
-        try:
-            ours = version("epochsync")
-        except PackageNotFoundError:
-            ours = "(not installed: a source checkout)"
         return {
             "agent": "epochsync",
-            "version": ours,
+            "version": package_version(),
             "bricks": {b: {"snapshots": self.bricks.snapshots(b)} for b in self.bricks.layout},
             "max_requests": self.cfg.max_requests,
             "tls": bool(self.cfg.tls_cert),
