@@ -88,14 +88,17 @@ def _collide(root: str, snapshot: str, position: dict, where: str) -> str | None
 def test_changelog_gaps_at_rollover_1s_are_walked_and_repaired(fast_rollover, spark, tmp_path, monkeypatch):
     h = GlusterHistory(fast_rollover, tmp_path, spark)
     # the barrier's own rollover at each cut is the one that collides with the periodic one (and
-    # makes enough rolled files per slice for a gap in the middle)
+    # makes enough rolled files per slice for a gap in the middle). The writer also creates a file
+    # every few writes: the first file after a cut covers the rest of that cut's publish, before the
+    # step's own creations start, and on a loaded machine it held only writes, so no gap there lost
+    # a creation that the replica would show (a CI run failed "no brick had the rolled files").
     h.use_barrier(True)
     writer = subprocess.Popen(
         [
             "bash",
             "-c",
             "mkdir -p live; i=0; while [ ! -e live/.stop ]; do i=$((i+1)); printf '%s\\n' $i >> live/log; "
-            "echo $i > live/n$((i % 20)); sleep 0.02; done",
+            "echo $i > live/n$((i % 20)); if [ $((i % 5)) = 0 ]; then echo $i > live/c$i; fi; sleep 0.02; done",
         ],
         cwd=h.mount,
     )
