@@ -289,11 +289,21 @@ def agents(pool):
     os.environ.pop("AIRFLOW_CONN_POOL_AGENTS", None)
 
 
-def test_arbiter_volume_never_reads_the_arbiter_and_agents_serve_it(pool, agents, spark, tmp_path_factory):
+def test_arbiter_volume_never_reads_the_arbiter_and_agents_serve_it(pool, agents, spark, tmp_path_factory, monkeypatch):
     """A 2 x (2 + 1) volume cut and pulled through the servers' agents: each set read through a
-    data brick, never the arbiter; the snapshots are the agents' and every byte of the epochs came
-    through them. The agent of the reader's server killed alone: the epoch's pull fails, the
-    target stays at the epoch before, and once the agent is back the epoch commits."""
+    data brick, never the arbiter; the snapshots are the agents' and everything the cut and the
+    pull read of them came through the agents (the pipeline opens no brick path: a local read
+    would fail the test). The agent of the reader's server killed alone: the epoch's pull fails,
+    the target stays at the epoch before, and once the agent is back the epoch commits. An agent
+    killed before a cut: the cut leaves its bricks out and reads each set through a brick whose
+    agent answers. A whole server down (glusterd, bricks, agent) for an epoch, then back and
+    healed."""
+    import epochsync.stages.cut as cut_stage
+
+    def no_local_brick(name, root, live=None):
+        raise AssertionError(f"the cut read brick {name} at {root} here, not through its agent")
+
+    monkeypatch.setattr(cut_stage, "LocalBrick", no_local_brick)
     h = _history(pool, pool.arb, spark, tmp_path_factory.mktemp("pool-arb"))
     doc = yaml.safe_load(h.config_path.read_text())
     doc["sources"][0].update(agents=agents.urls, agent_conn_id="pool_agents")
@@ -308,7 +318,7 @@ def test_arbiter_volume_never_reads_the_arbiter_and_agents_serve_it(pool, agents
         assert s["arbiter"] and s["reader"] != s["arbiter"]
     assert all(b.get("agent") and "/.epochsync-agent/" in b["root"] for b in rec["bricks"].values()), rec["bricks"]
     served = "".join(agents.log(n).read_text() for n in agents.procs if agents.log(n).exists())
-    assert "GET /v1/read?" in served and "POST /v1/cut" in served
+    assert "GET /v1/read?" in served and "POST /v1/cut" in served and "POST /v1/brick" in served
     # kill one data brick of every set (server 1 holds the first data brick of each)
     killed = pool.kill_brick("arb", 1)
     assert killed
@@ -333,6 +343,31 @@ def test_arbiter_volume_never_reads_the_arbiter_and_agents_serve_it(pool, agents
     h.replicate("local", epoch)
     assert not h.problems("local", epoch)
     assert not mount_problems(h, epoch)
+    # an agent killed alone before a cut, its bricks up: they are not cut, and no set is read through them
+    h.sh("for i in $(seq 1 10); do echo agentless >> a/f$i; done")
+    agents.kill(node)
+    try:
+        epoch, rec = step(h, "mv a/f11 b/f11; echo x > b/nx")
+    finally:
+        agents.start(node)
+    missing = {b for b, w in rec["bricks"].items() if w.get("missing")}
+    assert missing and all("agent" in rec["bricks"][b]["missing"] for b in missing), rec["bricks"]
+    assert not missing & {s["reader"] for s in rec["sets"].values()}, rec["sets"]
+    epoch, rec = step(h, "echo agent-back >> b/nx")
+    assert not any(w.get("missing") for w in rec["bricks"].values())
+    # a whole server down for an epoch: glusterd, its bricks and its agent
+    down = 2
+    pool.stop_node(down)
+    agents.kill(down)
+    try:
+        epoch, rec = step(h, "for i in $(seq 12 20); do echo down >> a/f$i; done; rm a/f12; mkdir b/c")
+        assert any(w.get("missing") for w in rec["bricks"].values())
+    finally:
+        pool.start_node(down)
+        agents.start(down)
+    pool.start_volume_force("arb")
+    pool.wait_healed("arb")
+    epoch, rec = step(h, "echo healed > b/c/h")
     # the purge drops every committed cut but the newest, through the agents
     from epochsync.stages.cut import mechanism
     from epochsync.stages.purge import purge_source

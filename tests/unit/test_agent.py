@@ -234,3 +234,76 @@ def test_cut_and_purge_a_btrfs_brick(btrfs_dir, tmp_path):
         server.shutdown()
         server.server_close()
         subprocess.run(["btrfs", "subvolume", "delete", sub], capture_output=True)
+
+
+# --------------------------------------------------------------------------- a cut's reads through the agent
+
+
+def _second_snapshot(tmp_path) -> str:
+    """Snapshot ``epoch-0000000002`` of the fake brick: the file with its second KiB changed."""
+    old = tmp_path / "snaps" / "epoch-0000000001"
+    new = tmp_path / "snaps" / "epoch-0000000002"
+    shutil.copytree(old, new, symlinks=True)
+    root = new / "brick"
+    f = root / "d" / "f"
+    data = bytearray(f.read_bytes())
+    data[1024:2048] = b"\xff" * 1024
+    os.unlink(_handle(str(root), FILE_GFID))
+    f.write_bytes(bytes(data))
+    os.link(f, _handle(str(root), FILE_GFID))
+    return str(root)
+
+
+def test_a_cuts_reads_through_the_agent_answer_as_the_snapshot_read_here(agent, tmp_path):
+    """Every batched read of ``sources.gluster.bricks`` gives through the agent what it gives on the
+    snapshot here: the gfids looked up (a file, a directory, the root, one absent), the ranges a file
+    changed between two snapshots, the changelog's end and a slice of it, the heal index, a walk."""
+    from epochsync.sources.gluster.bricks import AgentBrick, LocalBrick
+    from epochsync.sources.gluster.changelog import Position
+
+    c = AgentClient(agent.url, SECRET)
+    old_root = str(tmp_path / "snaps" / "epoch-0000000001" / "brick")
+    new_root = _second_snapshot(tmp_path)
+    here, there = LocalBrick("b", new_root), AgentBrick("b", c, agent.brick, "epoch-0000000002")
+    old_here, old_there = LocalBrick("b", old_root), AgentBrick("b", c, agent.brick, "epoch-0000000001")
+    gfids = [FILE_GFID, DIR_GFID, ROOT_GFID, "12345678-1234-4234-8234-123456789abc"]
+    for full in (True, False):
+        assert there.lookup_many(gfids, full=full) == here.lookup_many(gfids, full=full)
+    assert there.lookup_many(gfids)[0].size == 10240 and there.lookup_many(gfids)[3] is None
+    items = [(FILE_GFID, 10240), (DIR_GFID, 0)]
+    assert there.changed_files(old_there, items) == here.changed_files(old_here, items)
+    assert there.changed_files(old_there, items)[1] is None  # a directory: not compared, read whole
+    assert there.changelog_end() == here.changelog_end()
+    assert there.gfids() == here.gfids()
+    assert there.owed("vol", {"b": 0}) == here.owed("vol", {"b": 0}) == {}
+    assert there.started() == here.started()
+    assert there.exists() and not AgentBrick("b", c, agent.brick, "epoch-0000000009").exists()
+    at = Position(rolled=None, live_len=0, live_sha=here.changelog_end()[0].live_sha)
+    assert there.changelog_readable(at.to_dict()) == here.changelog_readable(at.to_dict())
+
+
+def test_a_cuts_reads_through_the_agent_refuse_as_they_would_here(agent):
+    """A changelog that does not continue the last cut's position refuses through the agent as the
+    ChangelogGap it is (a cut walks that brick), and a malformed or escaping request is refused."""
+    from epochsync.agent.protocol import AgentBadRequest
+    from epochsync.sources.gluster.bricks import AgentBrick
+    from epochsync.sources.gluster.changelog import ChangelogGap, Position
+
+    c = AgentClient(agent.url, SECRET)
+    there = AgentBrick("b", c, agent.brick, "epoch-0000000001")
+    with pytest.raises(ChangelogGap, match=r"lost records: CHANGELOG\.1700000000.*is gone.*on agent"):
+        there.changelog_slice(Position(rolled=1700000000, live_len=0, live_sha="0" * 64, rolled_sha="0" * 64))
+    with pytest.raises(AgentPathError, match="is not a gfid"):
+        there.lookup_many(["../../../etc/passwd"])
+    with pytest.raises(AgentGone, match="is gone"):
+        AgentBrick("b", c, agent.brick, "epoch-0000000009").lookup_many([FILE_GFID])
+    with pytest.raises(AgentPathError, match="snapshot name"):
+        there.changed_files(AgentBrick("b", c, agent.brick, "../../x"), [(FILE_GFID, 10)])
+    with pytest.raises(AgentBadRequest, match="no such brick request"):
+        c.brick("write", agent.brick, "epoch-0000000001", {})
+    with pytest.raises(AgentBadRequest, match="at most 4000"):
+        c.brick("lookup", agent.brick, "epoch-0000000001", {"gfids": [FILE_GFID] * 4001})
+    with pytest.raises(AgentBadRequest, match="body is at most"):
+        c.brick("lookup", agent.brick, "epoch-0000000001", {"gfids": ["x" * 2_000_000]})
+    # the connection refused mid-body is opened again for the next request
+    assert there.lookup_many([FILE_GFID])[0] is not None

@@ -143,10 +143,14 @@ def test_pending_heals_are_read_from_a_peers_afr_index(tmp_path):
     )
     _brick(tmp_path / "b2", {g1: {"trusted.afr.vol-client-2": data}, g3: {"trusted.afr.other-client-0": data}})
     _brick(tmp_path / "b3", {})
-    roots = {"brick1": str(tmp_path / "b1"), "brick2": str(tmp_path / "b2"), "brick3": str(tmp_path / "b3")}
-    owed = owed_heals(roots, "vol", {"brick1": 0, "brick2": 1, "brick3": 2})
-    assert owed == {"brick3": 2}  # g1 (on two peers: once) and g2; a zero counter and another volume's key owe nothing
-    assert owed_heals({"brick1": str(tmp_path / "nowhere")}, "vol", {"brick1": 0}) == {}
+    from epochsync.sources.gluster.bricks import LocalBrick
+
+    bricks = [LocalBrick(f"brick{i}", str(tmp_path / f"b{i}")) for i in (1, 2, 3)]
+    owed = owed_heals(bricks, "vol", {"brick1": 0, "brick2": 1, "brick3": 2})
+    assert owed == {
+        "brick3": 2
+    }  # g1 and g2 (g1 on two peers: the most one says); a zero counter and another volume's key owe nothing
+    assert owed_heals([LocalBrick("brick1", str(tmp_path / "nowhere"))], "vol", {"brick1": 0}) == {}
 
 
 def test_a_restart_is_the_newest_htime(tmp_path):

@@ -14,7 +14,7 @@ import ssl
 import threading
 from urllib.parse import urlencode, urlsplit
 
-from epochsync.agent.protocol import AUTH_HEADER, ERRORS, MAX_READ, AgentError, sign
+from epochsync.agent.protocol import AUTH_HEADER, ERRORS, MAX_READ, AgentError, AgentUnreachable, sign
 
 
 class AgentClient:
@@ -72,7 +72,7 @@ class AgentClient:
                 conn.close()
                 self._local.conn = None
                 if attempt == 2 or isinstance(exc, TimeoutError | ssl.SSLError):
-                    raise AgentError(f"agent {self.url}: {type(exc).__name__}: {exc}") from None
+                    raise AgentUnreachable(f"agent {self.url}: {type(exc).__name__}: {exc}") from None
         if resp.status == 200:
             return payload
         try:
@@ -136,6 +136,11 @@ class AgentClient:
     def changelogs(self, brick: str, snap: str) -> list[str]:
         """The changelog files of the snapshot, by name under ``.glusterfs/changelogs``."""
         return self._json("GET", "/v1/changelogs", {"brick": brick, "snap": snap})["changelogs"]
+
+    def brick(self, op: str, brick: str, snap: str, args: dict) -> dict:
+        """One of a cut's batched reads of snapshot ``snap`` of ``brick`` (``POST /v1/brick``, see
+        :mod:`epochsync.sources.gluster.bricks`): ``{"result": ...}`` or ``{"raise": {...}}``."""
+        return self._json("POST", "/v1/brick", body={"op": op, "brick": brick, "snap": snap, "args": args})
 
     def changelog(self, brick: str, snap: str, name: str) -> bytes:
         """The bytes of changelog file ``name`` of the snapshot."""

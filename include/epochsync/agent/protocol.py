@@ -69,6 +69,20 @@ class AgentGone(AgentError):
     status = 410
 
 
+class AgentUnreachable(AgentError):
+    """The agent could not be reached (its server down or cut off, the agent not running)."""
+
+    kind = "unreachable"
+    status = 599  # never sent: the client's own
+
+
+class AgentBadRequest(AgentError):
+    """The request is malformed (a body that is not what the request takes)."""
+
+    kind = "bad-request"
+    status = 400
+
+
 class AgentBusy(AgentError):
     """The agent is serving as many requests as it allows; try again."""
 
@@ -76,7 +90,19 @@ class AgentBusy(AgentError):
     status = 503
 
 
-ERRORS = {cls.kind: cls for cls in (AgentError, AgentAuthError, AgentPathError, AgentNotFound, AgentGone, AgentBusy)}
+ERRORS = {
+    cls.kind: cls
+    for cls in (
+        AgentError,
+        AgentAuthError,
+        AgentPathError,
+        AgentNotFound,
+        AgentGone,
+        AgentBadRequest,
+        AgentBusy,
+        AgentUnreachable,
+    )
+}
 
 
 def sign(secret: bytes, method: str, target: str, body: bytes, now: float | None = None) -> str:

@@ -12,6 +12,10 @@ only this:
   attributes and xattrs, its FIEMAP extents, a byte range, by the gfid handle Gluster keeps in
   every brick (``.glusterfs/ab/cd/<gfid>``).
 - ``GET /v1/changelogs`` and ``/v1/changelog?name=``: the snapshot's changelog files.
+- ``POST /v1/brick`` ``{"op", "brick", "snap", "args"}``: the cut's reads of the snapshot, each a
+  batch (:mod:`epochsync.sources.gluster.bricks`): gfids looked up, the ranges a file changed since
+  another snapshot of the brick, the changelog after a position, the heal index, a walk; and the
+  hints, the only read outside the snapshots: the brick's live changelog folder.
 
 Every request is signed with the shared secret (:mod:`.protocol`); an agent without one does not
 start. A request names a brick of the agent's config, one of its snapshots, a gfid and a
@@ -41,6 +45,7 @@ from epochsync.agent.protocol import (
     GFID,
     MAX_READ,
     SNAPSHOT_NAME,
+    AgentBadRequest,
     AgentBusy,
     AgentError,
     AgentGone,
@@ -52,6 +57,8 @@ from epochsync.core.errors import ConfigError
 
 log = logging.getLogger("epochsync.agent")
 
+#: the largest request body the agent reads (a batch of gfids is well under it)
+MAX_BODY = 1 << 20
 #: where a brick's changelog files are, inside it
 CHANGELOG_DIR = ".glusterfs/changelogs"
 #: what a directory's gfid handle points to: its parent's handle and its name there
@@ -363,13 +370,17 @@ class Handler(BaseHTTPRequestHandler):
         t0 = time.monotonic()
         body = b""
         length = int(self.headers.get("Content-Length") or 0)
-        if length:
-            body = self.rfile.read(min(length, 1 << 20))
+        if length > MAX_BODY:
+            self.close_connection = True  # the body stays unread: the connection cannot carry on
+        elif length:
+            body = self.rfile.read(length)
         status, payload, kind = 200, b"", "application/json"
         acquired = self.server.slots.acquire(blocking=False)
         try:
             if not acquired:
                 raise AgentBusy(f"the agent serves {self.server.cfg.max_requests} requests at once; try again")
+            if length > MAX_BODY:
+                raise AgentBadRequest(f"a request's body is at most {MAX_BODY} bytes ({length} sent)")
             verify(self.server.secret, self.headers.get(AUTH_HEADER), method, self.path, body)
             payload, kind = self._route(method, body)
         except AgentError as exc:
@@ -407,6 +418,8 @@ class Handler(BaseHTTPRequestHandler):
         b = self.server.bricks
         brick, snap, gfid = q.get("brick"), q.get("snap"), q.get("gfid")
         route = (method, url.path)
+        if route == ("POST", "/v1/brick"):
+            return _json(self._brick_request(body)), "application/json"
         if route == ("POST", "/v1/cut") or route == ("POST", "/v1/purge"):
             try:
                 args = json.loads(body or b"{}")
@@ -418,7 +431,9 @@ class Handler(BaseHTTPRequestHandler):
                 done = b.purge(args.get("brick"), args.get("name"))
             return _json(done), "application/json"
         if method != "GET":
-            raise AgentPathError(f"{method} {url.path}: the agent only reads, apart from cut and purge")
+            raise AgentPathError(
+                f"{method} {url.path}: the agent only reads, apart from cut and purge (POST /v1/brick reads)"
+            )
         if url.path == "/v1/info":
             return _json(self.server.info()), "application/json"
         if url.path == "/v1/snapshots":
@@ -451,6 +466,32 @@ class Handler(BaseHTTPRequestHandler):
         if url.path == "/v1/changelog":
             return Path(b.changelog(brick, snap, q.get("name"))).read_bytes(), "application/octet-stream"
         raise AgentPathError(f"no such request: {method} {url.path}")
+
+    def _brick_request(self, body: bytes) -> dict:
+        """``POST /v1/brick``: one of the cut's batched reads, run on the snapshot here."""
+        from epochsync.sources.gluster.bricks import LocalBrick, serve_request
+
+        try:
+            doc = json.loads(body or b"{}")
+        except ValueError:
+            raise AgentBadRequest("the request's body is not JSON") from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("args", {}), dict):
+            raise AgentBadRequest('a brick request is {"op", "brick", "snap", "args": {...}}')
+        b = self.server.bricks
+        brick, snap = doc.get("brick"), doc.get("snap")
+        side = LocalBrick(str(brick), b.root(brick, snap), live=brick)
+
+        def old(name: str) -> LocalBrick:
+            return LocalBrick(str(brick), b.root(brick, name))
+
+        def check_gfid(g) -> None:
+            if not isinstance(g, str) or not GFID.fullmatch(g):
+                raise AgentPathError(f"gfid {g!r} is not a gfid (8-4-4-4-12 lowercase hex)")
+
+        try:
+            return serve_request(str(doc.get("op")), side, doc.get("args") or {}, old, check_gfid)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise AgentBadRequest(f"brick request {doc.get('op')!r}: {exc}") from None
 
 
 def _json(doc) -> bytes:

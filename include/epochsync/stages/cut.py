@@ -39,13 +39,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 from epochsync.core.argtypes import epoch_number
 from epochsync.core.config import Config, SourceConfig
-from epochsync.core.errors import EpochError
+from epochsync.core.errors import EpochError, SourceError
 from epochsync.core.gluster import Brick, GlusterError, parse_brick_spec, run_gluster, volume_info, volume_status
 from epochsync.core.schema import Record
-from epochsync.sources.gluster.backend import BrickView
-from epochsync.sources.gluster.changelog import CHANGELOG_DIR, Position, end_position, live_records, read_slice
+from epochsync.sources.gluster.bricks import AgentBrick, LocalBrick
+from epochsync.sources.gluster.changelog import Position
 from epochsync.sources.gluster.cut import BtrfsCut
-from epochsync.sources.gluster.reader import cut_record, data_roots
+from epochsync.sources.gluster.reader import cut_record, data_bricks
 from epochsync.sources.gluster.replicas import (
     ReplicaSet,
     choose_reader,
@@ -54,7 +54,6 @@ from epochsync.sources.gluster.replicas import (
     owed_heals,
     quorum,
     replica_sets,
-    started_s,
 )
 from epochsync.sources.gluster.resolve import Resolver, walk_gfids
 from epochsync.sources.gluster.state import SourceState, published_epoch_at
@@ -204,9 +203,14 @@ def _cut_one(
     fault = _fault_point(cfg, src.name, epoch)
     record = read_json(path)
     first = state.epoch == 0
-    if record is None or not all(os.path.isdir(b["root"]) for b in record["bricks"].values()):
+    if record is None or not all(
+        where.get("missing") or _side(mech, name, where).exists() for name, where in record["bricks"].items()
+    ):
         say(f"cut {epoch} of {src.name}: barrier and snapshots of {len(src.bricks)} bricks")
-        cuts, figures = mech.take(epoch)
+        rsets = sets_of(src)
+        # a replicated volume is cut without a server whose agent is out of reach: its sets' other
+        # bricks hold what it does (the readers are chosen among the bricks cut)
+        cuts, figures = mech.take(epoch, may_miss=bool(rsets))
         live_paths = {b.name: b.path for b in mech.bricks}
         record = {
             "source": src.name,
@@ -214,17 +218,25 @@ def _cut_one(
             "epoch": epoch,
             "time_ns": figures["time_ns"],
             "bricks": {
-                c.brick: {"snapshot": c.snapshot, "root": c.root, "live": live_paths[c.brick]}
-                | ({"agent": c.agent} if c.agent else {})
+                c.brick: (
+                    {"missing": c.missing, "live": live_paths[c.brick]}
+                    if c.missing
+                    else {"snapshot": c.snapshot, "root": c.root, "live": live_paths[c.brick]}
+                    | ({"agent": c.agent} if c.agent else {})
+                )
                 for c in cuts
             },
             "cut": figures,
             "resolved": False,
         }
-        rsets = sets_of(src)
+        for c in cuts:
+            if c.missing:
+                say(
+                    f"cut {epoch} of {src.name}: {c.brick} not cut ({c.missing}); its set is read through another brick"
+                )
         if rsets:
             _choose_readers(cfg, src, mech, rsets, record, epoch)
-        record["hints"], failed = _hints(record, first)
+        record["hints"], failed = _hints(record, first, mech)
         failed = _uncovered(failed, rsets, record)
         if failed:
             record["hints_failed"] = "; ".join(f"{b}: {w}" for b, w in sorted(failed.items()))
@@ -237,20 +249,21 @@ def _cut_one(
     fault("snapshots taken")
     t0 = time.monotonic()
     rsets = sets_of(src)
-    roots = data_roots(record)
-    views = [BrickView(b, roots[b]) for b in src.servers]
+    readers = data_bricks(record)
+    views = [_side(mech, readers[b], record["bricks"][readers[b]], name=b) for b in src.servers]
     prev_rec = read_cut(cfg, src.name, epoch - 1) if epoch > 1 else None
     prev = None
     if rsets and prev_rec and prev_rec.get("sets"):
         # a set is compared with its last cut only through the same reader (module docstring of replicas)
         prev = [
-            BrickView(s.name, prev_rec["bricks"][r]["root"])
+            old
             for s in rsets
             if (r := record["sets"][s.name]["reader"]) == prev_rec["sets"].get(s.name, {}).get("reader")
-            and os.path.isdir(prev_rec["bricks"][r]["root"])
+            and (old := _side(mech, r, prev_rec["bricks"][r], name=s.name)).exists()
         ]
-    elif not rsets and prev_rec and all(os.path.isdir(prev_rec["bricks"][b]["root"]) for b in src.servers):
-        prev = [BrickView(b, prev_rec["bricks"][b]["root"]) for b in src.servers]
+    elif not rsets and prev_rec:
+        olds = [_side(mech, b, prev_rec["bricks"][b]) for b in src.servers]
+        prev = olds if all(o.exists() for o in olds) else None
     positions = state.get("positions", {})
     raw: list[Record] = []
     live: list[Record] = []
@@ -265,23 +278,33 @@ def _cut_one(
     per_brick: dict[str, list[Record]] = {}
     unread: dict[str, Exception] = {}
     for name in record["bricks"] if rsets else src.servers:
-        cdir = os.path.join(record["bricks"][name]["root"], CHANGELOG_DIR)
+        if record["bricks"][name].get("missing"):
+            # not cut: its records are its set's other bricks' (the set is covered, or no reader was
+            # chosen); it reads on from where it was when it is cut again
+            unread[name] = EpochError(f"{name} was not cut ({record['bricks'][name]['missing']})")
+            per_brick[name] = []
+            if name in positions:
+                new_positions[name] = positions[name]
+            continue
+        side = _side(mech, name, record["bricks"][name])
         if first:
-            new_positions[name] = end_position(cdir).to_dict()
-            live.extend(live_records(cdir))
+            end, end_live = side.changelog_end()
+            new_positions[name] = end.to_dict()
+            live.extend(end_live)
             continue
         at = positions.get(name)
         try:
             if at is None:
                 raise EpochError(f"source {src.name}: the state has no changelog position of {name} (a brick added?)")
-            sl = read_slice(cdir, Position.from_dict(at))
+            sl = side.changelog_slice(Position.from_dict(at))
         except (GlusterError, EpochError, OSError) as exc:
             unread[name] = exc
             # the records read are incomplete: the walk (or the set's other bricks) has the rest; the
             # next cut reads on from the end of what this snapshot holds
-            per_brick[name] = _readable(cdir, at)
-            new_positions[name] = end_position(cdir).to_dict()
-            live.extend(live_records(cdir))
+            per_brick[name] = side.changelog_readable(at)
+            end, end_live = side.changelog_end()
+            new_positions[name] = end.to_dict()
+            live.extend(end_live)
             continue
         per_brick[name] = sl.records
         live.extend(sl.live)
@@ -408,10 +431,15 @@ def _choose_readers(cfg: Config, src: SourceConfig, mech: BtrfsCut, rsets: list[
         record["quorum"] = quorum(src.replica, info.result()["options"])
     except GlusterError:
         record["quorum"] = 1  # unknown: an operation may be on one brick only
-    roots = {b: record["bricks"][b]["root"] for b in names}
-    owed_now = owed_heals(roots, volume, index_of)
+    sides = {b: _side(mech, b, record["bricks"][b]) for b in names if not record["bricks"][b].get("missing")}
+    if online is not None:
+        # a brick that was not cut is no reader, whatever glusterd says of it
+        online = {b: up and b in sides for b, up in online.items()}
+    elif len(sides) < len(names):
+        online = {b: b in sides for b in names}
+    owed_now = owed_heals(list(sides.values()), volume, index_of)
     prev = read_cut(cfg, src.name, epoch - 1) if epoch > 1 else None
-    started = {b: started_s(os.path.join(roots[b], CHANGELOG_DIR)) for b in names}
+    started = {b: _started(sides[b]) if b in sides else None for b in names}
     record["status"] = online
     record["owed"] = owed_now
     record["sets"] = {}
@@ -469,7 +497,7 @@ def _uncovered(failed: dict[str, str], rsets: list[ReplicaSet] | None, record: d
     return out
 
 
-def _hints(record: dict, first: bool) -> tuple[list[dict], dict[str, str]]:
+def _hints(record: dict, first: bool, mech: BtrfsCut | None = None) -> tuple[list[dict], dict[str, str]]:
     """What the live changelogs logged right after the snapshots: operations whose effect the cut
     holds though their record was written after it (a record is written once the operation is
     done). Read now, kept in the cut record, so resolving again gives the same records. Returns
@@ -482,14 +510,15 @@ def _hints(record: dict, first: bool) -> tuple[list[dict], dict[str, str]]:
     seen: set[tuple] = set()
     failed: dict[str, str] = {}
     for brick, where in sorted(record["bricks"].items()):
-        snap_dir = os.path.join(where["root"], CHANGELOG_DIR)
-        live_dir = os.path.join(_live_brick_root(where), CHANGELOG_DIR)
+        if where.get("missing"):
+            failed[brick] = f"not cut ({where['missing']})"
+            continue
         try:
-            sl = read_slice(live_dir, end_position(snap_dir))
+            recs = _side(mech, brick, where).hints()
         except (GlusterError, EpochError, OSError) as exc:
             failed[brick] = str(exc)
             continue
-        for r in sl.records:
+        for r in recs:
             h = {f: getattr(r, f) for f in _HINT_FIELDS if getattr(r, f)}
             key = tuple(sorted(h.items()))
             if key not in seen:
@@ -498,28 +527,33 @@ def _hints(record: dict, first: bool) -> tuple[list[dict], dict[str, str]]:
     return out, failed
 
 
-def _readable(changelog_dir: str, at: dict | None) -> list[Record]:
-    """The records of a brick's changelog a walk still reads (the slice's, short of its checks):
-    they name what the walk must look at anyway, and feed the half-way rename check."""
-    from epochsync.formats.gluster import scan_records
-    from epochsync.sources.gluster.changelog import rolled_files
-
-    out: list[Record] = []
-    after = (at or {}).get("rolled")
-    paths = [p for ts, p in rolled_files(changelog_dir) if after is None or ts >= after]
-    paths.append(os.path.join(changelog_dir, "CHANGELOG"))
-    for p in paths:
-        try:
-            with open(p, "rb") as f:
-                out.extend(r for _, r in scan_records(f.read())[0])
-        except (OSError, ValueError):
-            continue
-    return out
+def _live_brick_root(where: dict) -> str | None:
+    """The live brick directory of a brick's cut (the hints are read there)."""
+    return where.get("live")
 
 
-def _live_brick_root(where: dict) -> str:
-    """The live brick directory of a brick's cut."""
-    return where["live"]
+def _started(side: LocalBrick | AgentBrick) -> int | None:
+    """When the brick's changelog last (re)started (None: unknown, its agent out of reach)."""
+    try:
+        return side.started()
+    except SourceError:
+        return None
+
+
+def _side(mech: BtrfsCut | None, brick: str, where: dict, *, name: str | None = None) -> LocalBrick | AgentBrick:
+    """Brick ``brick`` of a cut as the cut record's ``where`` says it was taken: through the agent of
+    its server (``where["agent"]``), or at its path here. ``name``: what the resolver calls it (a
+    replicated volume's set, read through this brick)."""
+    agent = where.get("agent")
+    if not agent:
+        return LocalBrick(name or brick, where["root"], _live_brick_root(where))
+    client = mech.agents.get(brick) if mech is not None else None
+    if client is None:
+        raise EpochError(
+            f"brick {brick}'s cut was taken by the agent at {agent['url']}, but the source names no agent for its "
+            "server now (sources[].agents)"
+        )
+    return AgentBrick(name or brick, client, agent["brick"], agent["snapshot"])
 
 
 # --------------------------------------------------------------------------- the verb

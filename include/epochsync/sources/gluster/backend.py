@@ -29,6 +29,7 @@ import struct
 from dataclasses import dataclass, field
 
 from epochsync.core.gluster import ANON_INODE_PREFIX, ROOT_GFID, is_internal_root_name
+from epochsync.sources.gluster.btrfs import changed_ranges, drop_unchanged_fd, fiemap_fd
 
 GFID_XATTR = "trusted.gfid"
 LINKTO_XATTR = "trusted.glusterfs.dht.linkto"
@@ -334,6 +335,34 @@ def shard_base(name: str) -> tuple[str, int] | None:
     if dot and n.isdigit() and re.fullmatch(_UUID, base):
         return base, int(n)
     return None
+
+
+def changed_file(old_handle: str, new_path: str, size: int) -> list[tuple[int, int]] | None:
+    """The ranges of a file that is not sharded whose bytes may differ between the last cut
+    (``old_handle``: the gfid's handle in that cut's snapshot of the same brick) and this one
+    (``new_path``, ``size`` bytes now): the extents the two do not share (FIEMAP), the small ones
+    compared byte for byte. None when they cannot be compared (absent then, a linkto file, sharded,
+    unreadable): the caller takes the file whole. Each side is opened once."""
+    try:
+        # a gfid is one inode: its handle in the last cut is this file, a linkto file or absent
+        old_fd = os.open(old_handle, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        s = os.fstat(old_fd)
+        if not st.S_ISREG(s.st_mode) or is_linkto_fd(old_fd, s) or shard_block_fd(old_fd):
+            return None
+        try:
+            new_fd = os.open(new_path, os.O_RDONLY | os.O_NOFOLLOW)
+            try:
+                ranges = changed_ranges(fiemap_fd(old_fd), fiemap_fd(new_fd), s.st_size, size)
+                return drop_unchanged_fd(old_fd, new_fd, ranges, s.st_size)
+            finally:
+                os.close(new_fd)
+        except OSError:
+            return None
+    finally:
+        os.close(old_fd)
 
 
 def walk_brick(view: BrickView):

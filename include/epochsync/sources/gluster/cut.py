@@ -42,6 +42,7 @@ class BrickCut:
     snapshot: str  # the snapshot (a read-only subvolume)
     root: str  # the brick's directory inside it
     agent: dict | None = None  # taken by an agent: {"url", "brick" (its path), "snapshot" (its name there)}
+    missing: str | None = None  # not taken: why (its agent out of reach; a replicated volume's other bricks hold it)
 
 
 class CutMechanism(Protocol):
@@ -99,22 +100,34 @@ class BtrfsCut:
         #: brick name -> the AgentClient of its server: that brick's snapshots are the agent's
         self.agents = dict(agents or {})
         self._layout: dict[str, tuple[str, str, str]] | None = None
+        #: brick name -> why its agent could not be reached for the layout (``take(may_miss=True)``)
+        self._unreachable: dict[str, str] = {}
 
     def name(self, epoch: int) -> str:
         """The snapshot's name: ``epoch-E`` in this source's own folder; ``<source>.epoch-E`` in an
         agent's, which every source of that brick shares."""
         return f"{self.source}.{snapshot_name(epoch)}" if self.agents else snapshot_name(epoch)
 
-    def layout(self) -> dict[str, tuple[str, str, str]]:
+    def layout(self, *, may_miss: bool = False) -> dict[str, tuple[str, str, str]]:
         """Returns ``{brick: (subvolume, the brick's path inside it, snapshot folder)}``; checks that every
-        brick is here, on btrfs, and that its snapshot folder is on the same file system."""
-        if self._layout is not None:
+        brick is here, on btrfs, and that its snapshot folder is on the same file system. ``may_miss``:
+        a brick whose agent is out of reach is left out (why: ``self._unreachable``) instead of failing."""
+        from epochsync.agent.protocol import AgentUnreachable
+
+        if self._layout is not None and (may_miss or not self._unreachable):
             return self._layout
         out = {}
+        self._unreachable = {}
         for b in self.bricks:
             agent = self.agents.get(b.name)
             if agent is not None:
-                doc = agent.where(b.path)  # the agent's folder for the brick, on the brick's server
+                try:
+                    doc = agent.where(b.path)  # the agent's folder for the brick, on the brick's server
+                except AgentUnreachable as exc:
+                    if not may_miss:
+                        raise
+                    self._unreachable[b.name] = str(exc)
+                    continue
                 out[b.name] = ("", doc["rel"], doc["folder"])
                 continue
             if not self.bricks_here and not b.is_local():
@@ -152,12 +165,19 @@ class BtrfsCut:
         _sub, rel, folder = self.layout()[brick]
         return os.path.join(folder, self.name(epoch), rel)
 
-    def take(self, epoch: int) -> tuple[list[BrickCut], dict]:
+    def take(self, epoch: int, *, may_miss: bool = False) -> tuple[list[BrickCut], dict]:
         """The barrier, a snapshot per brick, the barrier lifted; returns the bricks' cuts and the
-        figures (seconds of each step, the instant of the cut)."""
-        layout = self.layout()
+        figures (seconds of each step, the instant of the cut). ``may_miss`` (a replicated volume): a
+        brick whose agent cannot be reached, for the layout or the snapshot, is cut as missing
+        (``BrickCut.missing``) instead of failing the cut; the caller decides whether its set holds."""
+        from epochsync.agent.protocol import AgentUnreachable
+
+        layout = self.layout(may_miss=may_miss)
         cuts = []
         for b in self.bricks:
+            if b.name not in layout:
+                cuts.append(BrickCut(b.name, "", "", None, missing=self._unreachable.get(b.name, "out of reach")))
+                continue
             _sub, rel, folder = layout[b.name]
             dest = os.path.join(folder, self.name(epoch))
             agent = self.agents.get(b.name)
@@ -165,6 +185,10 @@ class BtrfsCut:
                 btrfs.delete_snapshot(dest)  # a half-made cut of an attempt that died: made again
             info = {"url": agent.url, "brick": b.path, "snapshot": self.name(epoch)} if agent else None
             cuts.append(BrickCut(b.name, dest, os.path.join(dest, rel), info))
+        if all(c.missing for c in cuts):
+            raise GlusterError(
+                f"no brick of volume {self.volume} can be cut: " + "; ".join(f"{c.brick}: {c.missing}" for c in cuts)
+            )
         figures: dict = {"barrier": self.barrier}
         wall0 = time.time_ns()
         t0 = time.monotonic()
@@ -184,12 +208,17 @@ class BtrfsCut:
                 agent = self.agents.get(pair[0].name)
                 if agent is not None:
                     # the agent's snapshot (one of an attempt that died is made again)
-                    agent.cut(pair[0].path, self.name(epoch), replace=True)
+                    try:
+                        agent.cut(pair[0].path, self.name(epoch), replace=True)
+                    except AgentUnreachable as exc:
+                        if not may_miss:
+                            raise
+                        pair[1].missing, pair[1].agent = str(exc), None
                 else:
                     btrfs.snapshot(layout[pair[0].name][0], pair[1].snapshot)
                 return stamp
 
-            pairs = list(zip(self.bricks, cuts, strict=True))
+            pairs = [(b, c) for b, c in zip(self.bricks, cuts, strict=True) if not c.missing]
             if len(pairs) > 1:
                 with ThreadPoolExecutor(max_workers=min(len(pairs), 16)) as pool:
                     stamps = list(pool.map(one, pairs))
@@ -224,38 +253,40 @@ class BtrfsCut:
         return cuts, figures
 
     def drop(self, epoch: int) -> None:
-        """Deletes every brick's snapshot of ``epoch``."""
-        from epochsync.agent.protocol import AgentGone
+        """Deletes every brick's snapshot of ``epoch`` (of a brick whose agent is out of reach: at a
+        later purge, which finds it again once the agent answers)."""
+        from epochsync.agent.protocol import AgentGone, AgentUnreachable
 
         for b in self.bricks:
             agent = self.agents.get(b.name)
             if agent is not None:
-                with contextlib.suppress(AgentGone):
+                with contextlib.suppress(AgentGone, AgentUnreachable):
                     agent.purge(b.path, self.name(epoch))
                 continue
             _sub, _rel, folder = self.layout()[b.name]
             btrfs.delete_snapshot(os.path.join(folder, self.name(epoch)))
 
     def epochs(self) -> list[int]:
-        """The epochs every brick still has a snapshot of."""
-        have: set[int] | None = None
+        """The epochs some brick still has a snapshot of (a brick that was down at a cut has none of it;
+        a brick whose agent is out of reach is not asked)."""
+        from epochsync.agent.protocol import AgentUnreachable
+
+        have: set[int] = set()
         prefix = f"{self.source}." if self.agents else ""
         for b in self.bricks:
             agent = self.agents.get(b.name)
-            found = set()
             try:
                 if agent is not None:
                     names = agent.snapshots(b.path)
                 else:
                     names = os.listdir(self.layout()[b.name][2])
-            except FileNotFoundError:
+            except (FileNotFoundError, AgentUnreachable):
                 names = []
             for name in names:
                 m = _SNAPSHOT_NAME.fullmatch(name[len(prefix) :]) if name.startswith(prefix) else None
                 if m:
-                    found.add(int(m.group(1)))
-            have = found if have is None else have & found
-        return sorted(have or ())
+                    have.add(int(m.group(1)))
+        return sorted(have)
 
 
 def barrier_hold(brick_log: str, since_ns: int) -> float | None:

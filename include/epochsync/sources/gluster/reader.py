@@ -49,6 +49,14 @@ def data_agents(rec: dict) -> dict[str, dict]:
     return out if all(out.values()) else {}
 
 
+def data_bricks(rec: dict) -> dict[str, str]:
+    """``{server: brick}``: the brick each server of a cut (a replica set, or a brick of a distribute
+    volume) is read through (see :func:`data_roots`)."""
+    if rec.get("sets"):
+        return {s: v["reader"] for s, v in rec["sets"].items()}
+    return {b: b for b in rec["bricks"]}
+
+
 def data_roots(rec: dict) -> dict[str, str]:
     """``{server: directory in the cut}`` a cut's bytes are read from: every brick of a distribute
     volume; each replica set's reader of a replicated one (``sets``: never an arbiter)."""

@@ -36,7 +36,8 @@ import os
 import re
 from dataclasses import dataclass
 
-from epochsync.core.errors import EpochError
+from epochsync.core.errors import EpochError, EpochsyncError
+from epochsync.core.gluster import GlusterError
 from epochsync.core.schema import Record
 
 _GFID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -119,38 +120,54 @@ def _counters_nonzero(value: bytes) -> bool:
     return any(value)
 
 
-def owed_heals(roots: dict[str, str], volume: str, index_of: dict[str, int]) -> dict[str, int]:
-    """``{brick: gfids it is owed}`` as the snapshots ``roots`` (``{brick: its directory in the cut}``)
-    show it: every gfid in a brick's ``.glusterfs/indices/xattrop`` whose handle there has a nonzero
+def owed_heals(bricks, volume: str, index_of: dict[str, int]) -> dict[str, int]:
+    """``{brick: gfids it is owed}`` at a cut: what the heal index of each brick's snapshot says its
+    peers are owed (:func:`owed_by`, through each of ``bricks``' ``owed``: a brick here or through its
+    agent), the most any one says; bricks owed nothing are absent. A brick whose index cannot be read
+    says nothing: it is down, and so is no reader anyway."""
+    owed: dict[str, int] = {}
+    for brick in bricks:
+        try:
+            said = brick.owed(volume, index_of)
+        except (GlusterError, EpochsyncError, OSError):
+            continue
+        for peer, n in said.items():
+            if n:
+                owed[peer] = max(owed.get(peer, 0), int(n))
+    return owed
+
+
+def owed_by(brick: str, root: str, volume: str, index_of: dict[str, int]) -> dict[str, set[str]]:
+    """``{peer: gfids}`` that brick ``brick``'s snapshot (at ``root``) says its peers are owed: every gfid
+    in its ``.glusterfs/indices/xattrop`` whose handle there has a nonzero
     ``trusted.afr.<volume>-client-<k>`` counter owes brick k (``index_of``: brick → k, its 0-based place
-    in the volume). Bricks owed nothing are absent."""
+    in the volume)."""
     names = {index_of[b]: b for b in index_of}
     owed: dict[str, set[str]] = {}
-    for brick, root in roots.items():
-        index = os.path.join(root, ".glusterfs", "indices", "xattrop")
+    index = os.path.join(root, ".glusterfs", "indices", "xattrop")
+    try:
+        entries = [n for n in os.listdir(index) if _GFID.fullmatch(n)]
+    except OSError:
+        return owed
+    prefix = f"trusted.afr.{volume}-client-"
+    for gfid in entries:
+        handle = os.path.join(root, ".glusterfs", gfid[0:2], gfid[2:4], gfid)
         try:
-            entries = [n for n in os.listdir(index) if _GFID.fullmatch(n)]
+            keys = os.listxattr(handle)
         except OSError:
             continue
-        for gfid in entries:
-            handle = os.path.join(root, ".glusterfs", gfid[0:2], gfid[2:4], gfid)
-            try:
-                keys = os.listxattr(handle)
-            except OSError:
+        for key in keys:
+            if not key.startswith(prefix):
                 continue
-            prefix = f"trusted.afr.{volume}-client-"
-            for key in keys:
-                if not key.startswith(prefix):
-                    continue
-                try:
-                    k = int(key[len(prefix) :])
-                    value = os.getxattr(handle, key)
-                except (ValueError, OSError):
-                    continue
-                peer = names.get(k)
-                if peer is not None and peer != brick and _counters_nonzero(value):
-                    owed.setdefault(peer, set()).add(gfid)
-    return {b: len(g) for b, g in owed.items()}
+            try:
+                k = int(key[len(prefix) :])
+                value = os.getxattr(handle, key)
+            except (ValueError, OSError):
+                continue
+            peer = names.get(k)
+            if peer is not None and peer != brick and _counters_nonzero(value):
+                owed.setdefault(peer, set()).add(gfid)
+    return owed
 
 
 def started_s(changelog_dir: str) -> int | None:

@@ -40,24 +40,18 @@ brick's next indexes, and every brick's file ends with an ``EPOCH`` record.
 
 from __future__ import annotations
 
-import os
-import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from epochsync.core.gluster import INTERNAL_GFIDS, ROOT_GFID, SHARD_REMOVE_ME_GFID, SHARD_ROOT_GFID
 from epochsync.core.schema import Extent, ObjectRef, Record
-from epochsync.sources.gluster.backend import BrickView, Node, is_linkto_fd, shard_base, shard_block_fd
-from epochsync.sources.gluster.btrfs import changed_ranges, drop_unchanged, drop_unchanged_fd, fiemap, fiemap_fd
+from epochsync.sources.gluster.backend import BrickView, Node, shard_base
+from epochsync.sources.gluster.bricks import AgentBrick, LocalBrick
+from epochsync.sources.gluster.btrfs import changed_ranges, drop_unchanged, fiemap
 from epochsync.sources.gluster.state import Known, SourceState
 
 _SHARD_DIRS = (SHARD_ROOT_GFID, SHARD_REMOVE_ME_GFID)
 NULL_GFID = "00000000-0000-0000-0000-000000000000"
-
-#: threads that look gfids up in the cut's snapshots, from this many gfids on (a large epoch:
-#: a first cut, an untar); below it one thread is quicker than starting a pool
-LOOKUP_THREADS = 4
-LOOKUP_THREADED_FROM = 512
 
 
 @dataclass
@@ -118,7 +112,12 @@ class Resolver:
     """Resolves epochs of one source against its cuts (see the module docstring)."""
 
     def __init__(
-        self, state: SourceState, bricks: list[BrickView], prev: list[BrickView] | None, epoch: int, time_ns: int
+        self,
+        state: SourceState,
+        bricks: list[LocalBrick | AgentBrick],
+        prev: list[LocalBrick | AgentBrick] | None,
+        epoch: int,
+        time_ns: int,
     ):
         self.state = state
         self.bricks = bricks
@@ -126,6 +125,7 @@ class Resolver:
         self.epoch = epoch
         self.time_ns = time_ns
         self.first = bricks[0].name
+        self._ranges: dict[str, list[tuple[int, int]]] = {}
         self.figures: dict = {
             "looked_up": 0,
             "split_dirs": 0,
@@ -136,17 +136,34 @@ class Resolver:
         }
 
     # ------------------------------------------------------------------ the cut's view
-    def look(self, gfid: str, known: Known | None) -> _After:
-        """Returns ``gfid`` at the cut (see the module docstring). Reads the snapshots only: safe in threads."""
-        # a file's data is on one brick (the others hold at most a linkto file): the brick it was
-        # on first, and the first found is it; a directory is on every brick
-        order = sorted(self.bricks, key=lambda b: known is None or b.name != known.brick)
-        seen = []
-        for b in order:
-            n = b.lookup(gfid)
+    def look_all(self, gfids: list[str], known: dict[str, Known]) -> list[_After]:
+        """Each gfid at the cut, in order (see the module docstring): a file's data is on one brick
+        (the others hold at most a linkto file), the one it was on before first, and the first found
+        is it; a directory is on every brick. Each brick is asked for a batch at a time (one request
+        of a brick on another server): first every gfid on the brick it was on, then the ones not
+        found there as a file on the others."""
+        self.figures["looked_up"] += len(gfids)
+        names = [b.name for b in self.bricks]
+        pref = {g: (known[g].brick if g in known and known[g].brick in names else names[0]) for g in gfids}
+        found: dict[str, dict[str, Node | None]] = {g: {} for g in gfids}
+        for b in self.bricks:
+            mine = [g for g in gfids if pref[g] == b.name]
+            for g, n in zip(mine, b.lookup_many(mine) if mine else []):
+                found[g][b.name] = n
+        rest = [g for g in gfids if (n := found[g][pref[g]]) is None or n.type == "dir"]
+        for b in self.bricks:
+            mine = [g for g in rest if pref[g] != b.name]
+            for g, n in zip(mine, b.lookup_many(mine) if mine else []):
+                found[g][b.name] = n
+        # a gfid found as a file where it was is not asked elsewhere: the others are not in ``found``
+        order = {g: [pref[g], *(x for x in names if x != pref[g])] for g in gfids}
+        return [self._after(g, [(x, found[g][x]) for x in order[g] if x in found[g]]) for g in gfids]
+
+    def _after(self, gfid: str, seen: list[tuple[str, Node | None]]) -> _After:
+        """``gfid`` at the cut from what each brick holds of it, the brick it was on first."""
+        for name, n in seen:
             if n is not None and n.type != "dir":
-                return _After(n, b.name)
-            seen.append((b.name, n))
+                return _After(n, name)
         dirs = [(name, n) for name, n in seen if n is not None]
         if not dirs:
             return _After(None, None)
@@ -156,18 +173,6 @@ class Resolver:
         if len(dirs) != len(self.bricks) or len(views) != 1:
             return _After(None, None, split=True)
         return _After(_merged_dir(dirs), self.first)
-
-    def look_all(self, gfids: list[str], known: dict[str, Known]) -> list[_After]:
-        """:meth:`look` of every gfid, in order; in ``LOOKUP_THREADS`` threads when there are many
-        (a look-up is a dozen system calls on the snapshots, which release the GIL)."""
-        self.figures["looked_up"] += len(gfids)
-        if len(gfids) < LOOKUP_THREADED_FROM:
-            return [self.look(g, known.get(g)) for g in gfids]
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(LOOKUP_THREADS, thread_name_prefix="epochsync-lookup") as pool:
-            chunks = [gfids[i : i + 256] for i in range(0, len(gfids), 256)]
-            return [a for part in pool.map(lambda c: [self.look(g, known.get(g)) for g in c], chunks) for a in part]
 
     # ------------------------------------------------------------------ one epoch
     def resolve(
@@ -234,6 +239,13 @@ class Resolver:
         carry_next |= halfway
         self._defer_orphans(after, known, carry_next)
         out: dict[str, list[Record]] = {b.name: [] for b in self.bricks}
+        self._ranges = self._changes(
+            [
+                (g, known.get(g), a)
+                for g, a in sorted(after.items())
+                if g not in carry_next and a.node is not None and a.node.type == "file"
+            ]
+        )
         published: list[Known] = []
         dropped: list[str] = []
         repaired: list[str] = []
@@ -384,7 +396,7 @@ class Resolver:
         for name in sorted(set(k.xattrs if k else ()) - set(node.xattrs)):
             out.append(self._rec(brick, "XATTR", g, xattr_name=name, xattr_value=None))
         if node.type == "file":
-            ranges = self._changed(g, k, a)
+            ranges = self._ranges.get(g)
             if ranges:
                 out.append(
                     self._rec(
@@ -410,74 +422,66 @@ class Resolver:
         return self._rec(brick, "MKNOD", g, pfid=p, name=n, mode=node.mode, uid=node.uid, gid=node.gid)
 
     # ------------------------------------------------------------------ data
-    def _changed(self, g: str, k: Known | None, a: _After) -> list[tuple[int, int]]:
-        """The file ranges of ``g`` whose bytes may differ from what the last cut published."""
-        node = a.node
-        assert node is not None
+    def _changes(self, items: list[tuple[str, Known | None, _After]]) -> dict[str, list[tuple[int, int]]]:
+        """For each ``(gfid, published, at the cut)`` of a file, the ranges whose bytes may differ from
+        what the last cut published: its FIEMAP against the same brick's last cut (a brick asked once
+        for all of its files), the whole file when it has no last cut to compare with."""
+        out: dict[str, list[tuple[int, int]]] = {}
+        batches: dict[str, list[tuple[str, int]]] = {}
+        for g, k, a in items:
+            node = a.node
+            assert node is not None and node.type == "file"
+            old_view = (
+                self.prev.get(a.brick)
+                if (self.prev and a.brick and k is not None and k.type == "file" and k.brick == a.brick)
+                else None
+            )
+            if node.size <= 0:
+                out[g] = []
+            elif old_view is None:
+                self.figures["whole_files"] += 1
+                out[g] = [(0, node.size)]
+            elif node.shard_block:
+                out[g] = self._changed_sharded(g, node, old_view)
+            else:
+                batches.setdefault(old_view.name, []).append((g, node.size))
+        for brick, pairs in batches.items():
+            assert self.prev is not None
+            new = next(b for b in self.bricks if b.name == brick)
+            for (g, size), ranges in zip(pairs, new.changed_files(self.prev[brick], pairs)):
+                if ranges is None:
+                    self.figures["whole_files"] += 1
+                    out[g] = [(0, size)]
+                else:
+                    self.figures["fiemap_files"] += 1
+                    out[g] = [(int(o), int(n)) for o, n in ranges]
+        return out
+
+    def _changed_sharded(self, g: str, node: Node, old_brick: LocalBrick | AgentBrick) -> list[tuple[int, int]]:
+        """:meth:`_changes` of a sharded file: its blocks are on the bricks their names hash to, each
+        compared with the last cut's. Read whole when a brick is on another server (its agent serves
+        no block-by-block comparison)."""
         size = node.size
-        if size <= 0:
-            return []
-        old_view = (
-            self.prev.get(a.brick)
-            if (self.prev and k is not None and k.type == "file" and k.brick == a.brick)
-            else None
-        )
-        if old_view is None:
+        if any(b.remote for b in self.bricks) or old_brick.remote:
             self.figures["whole_files"] += 1
             return [(0, size)]
-        if not node.shard_block:
-            return self._changed_file(g, node, old_view)
-        old = old_view.lookup(g, full=False)
+        assert isinstance(old_brick, LocalBrick)
+        old = old_brick.view.lookup(g, full=False)
         if old is None or old.type != "file" or (old.shard_block or 0) != (node.shard_block or 0):
             self.figures["whole_files"] += 1
             return [(0, size)]
         self.figures["fiemap_files"] += 1
         try:
-            if not node.shard_block:
-                ranges = changed_ranges(fiemap(old.path), fiemap(node.path), old.size, size)
-                return drop_unchanged(old.path, node.path, ranges, old.size)
-            return self._changed_shards(g, old, node, old_view, a.brick)
+            return self._changed_shards(g, old, node)
         except OSError:
             self.figures["whole_files"] += 1
             return [(0, size)]
 
-    def _changed_file(self, g: str, node: Node, old_view: BrickView) -> list[tuple[int, int]]:
-        """:meth:`_changed` of a file that is not sharded: each side opened once for its extents and
-        the bytes compared (what ``old_view.lookup``, :func:`fiemap` and :func:`drop_unchanged` by
-        path do, with a third of the system calls)."""
-        size = node.size
-        try:
-            # a gfid is one inode: its handle in the last cut is this file, a linkto file or absent
-            old_fd = os.open(old_view.handle(g), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError:
-            self.figures["whole_files"] += 1
-            return [(0, size)]
-        try:
-            s = os.fstat(old_fd)
-            if not stat.S_ISREG(s.st_mode) or is_linkto_fd(old_fd, s) or shard_block_fd(old_fd):
-                self.figures["whole_files"] += 1
-                return [(0, size)]
-            self.figures["fiemap_files"] += 1
-            try:
-                new_fd = os.open(node.path, os.O_RDONLY | os.O_NOFOLLOW)
-                try:
-                    ranges = changed_ranges(fiemap_fd(old_fd), fiemap_fd(new_fd), s.st_size, size)
-                    return drop_unchanged_fd(old_fd, new_fd, ranges, s.st_size)
-                finally:
-                    os.close(new_fd)
-            except OSError:
-                self.figures["whole_files"] += 1
-                return [(0, size)]
-        finally:
-            os.close(old_fd)
-
-    def _changed_shards(
-        self, g: str, old: Node, node: Node, old_view: BrickView, brick: str | None
-    ) -> list[tuple[int, int]]:
+    def _changed_shards(self, g: str, old: Node, node: Node) -> list[tuple[int, int]]:
         block = int(node.shard_block or 0)
         blocks = max(-(-old.size // block), -(-node.size // block), 1)
-        new_views = self.bricks
-        old_views = list(self.prev.values()) if self.prev else []
+        new_views = [b.view for b in self.bricks if isinstance(b, LocalBrick)]
+        old_views = [b.view for b in (self.prev or {}).values() if isinstance(b, LocalBrick)]
         out: list[tuple[int, int]] = []
         for i in range(blocks):
             lo = i * block
@@ -552,12 +556,9 @@ def _merged_dir(dirs: list[tuple[str, Node]]) -> Node:
     )
 
 
-def walk_gfids(bricks: list[BrickView]) -> list[str]:
+def walk_gfids(bricks: list[LocalBrick | AgentBrick]) -> list[str]:
     """Every gfid of the volume the bricks hold, the root's included (a first cut publishes them all)."""
-    from epochsync.sources.gluster.backend import walk_brick
-
     seen: set[str] = {ROOT_GFID}
     for b in bricks:
-        for gfid, _p, _n, _d in walk_brick(b):
-            seen.add(gfid)
+        seen.update(b.gfids())
     return sorted(seen)
