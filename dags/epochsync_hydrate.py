@@ -6,7 +6,7 @@ replica, or one stopped longer than the changelog retention). Trigger it by hand
 
 - `epoch`: a **closed** epoch with a dump `snapshot/epoch=E/` (empty: the latest dump);
 - `dump_uri`: where the source publishes its dumps (empty: `snapshot/` beside the
-  changelog folder, where `epochsync simulate` writes them).
+  changelog folder, where `python -m epochsync_dev simulate` writes them).
 
 The `hydrate` task loads the dump as the replica's snapshot E, copies every file that
 differs from what the replica holds as a **full object** (no extents needed), verifies,

@@ -1,5 +1,9 @@
 """The ``epochsync`` command line: the same functions the DAG tasks call.
 
+The development tools (the simulator, the benchmarks) are not among them: they are the
+project's own, ``python -m epochsync_dev VERB`` (:mod:`epochsync_dev.cli`, the same machinery),
+and never ship in the package.
+
 Each verb lives in the module that owns it, which provides
 ``configure_<verb>(parser)`` and ``run_<verb>(args) -> int``; only the module of the
 verb being run is imported, so ``epochsync parse`` never loads Spark or Airflow.
@@ -25,10 +29,6 @@ DEBUG_ENV = "EPOCHSYNC_DEBUG"
 #: verb -> (owning module, one-line help)
 VERBS: dict[str, tuple[str, str]] = {
     "parse": ("epochsync.formats.cli", "convert changelogs (lustre, gluster, jsonl) to canonical JSON Lines"),
-    "simulate": (
-        "epochsync_dev.simulate.verb",
-        "generate a seeded source workload: changelogs, data objects, ground truth",
-    ),
     "cut": (
         "epochsync.stages.cut",
         "cut a live source (kind: gluster) now, as its next epoch, and publish its records",
@@ -57,13 +57,12 @@ VERBS: dict[str, tuple[str, str]] = {
     "report": ("epochsync.report.status", "write an HTML report of lag and bytes over epochs"),
     "agent": ("epochsync.agent.cli", "the agent on a Gluster server: serve, check its config, info of a running one"),
     "spark": ("epochsync.spark_server", "the local Spark server commands share: start, stop, status"),
-    "bench": ("epochsync_dev.bench", "run a benchmark and write bench/results/*.json"),
 }
 
 
-def _available() -> dict[str, tuple[str, str]]:
+def _available(verbs: dict[str, tuple[str, str]]) -> dict[str, tuple[str, str]]:
     out = {}
-    for verb, (module, help_) in VERBS.items():
+    for verb, (module, help_) in verbs.items():
         try:
             found = importlib.util.find_spec(module) is not None
         except ModuleNotFoundError:
@@ -80,14 +79,23 @@ def _version() -> str:
     return package_version()
 
 
-def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
-    """Returns the ``epochsync`` parser; the options of ``verb`` are added only when it is named (its
-    module is imported then)."""
-    verbs = _available()
+DESCRIPTION = "Keep replicas of a parallel file system in sync from its changelogs, one epoch at a time."
+
+
+def build_parser(
+    verb: str | None = None,
+    *,
+    verbs: dict[str, tuple[str, str]] | None = None,
+    prog: str = "epochsync",
+    description: str = DESCRIPTION,
+) -> argparse.ArgumentParser:
+    """Returns the ``epochsync`` parser (or ``prog``'s, of ``verbs``); the options of ``verb`` are added
+    only when it is named (its module is imported then)."""
+    verbs = _available(VERBS if verbs is None else verbs)
     parser = argparse.ArgumentParser(
-        prog="epochsync",
-        description="Keep replicas of a parallel file system in sync from its changelogs, one epoch at a time.",
-        epilog="Run 'epochsync VERB --help' for a verb's options.",
+        prog=prog,
+        description=description,
+        epilog=f"Run '{prog} VERB --help' for a verb's options.",
     )
     parser.add_argument("--version", action="version", version=f"epochsync {_version()}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
@@ -98,26 +106,35 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run one verb; returns the exit status: 0, the error class's (:data:`epochsync.core.errors.EXIT_CODES`)
-    with one ``error:`` line, 2 for a usage error, or 128 + the signal."""
+def main(
+    argv: list[str] | None = None,
+    *,
+    verbs: dict[str, tuple[str, str]] | None = None,
+    prog: str = "epochsync",
+    description: str = DESCRIPTION,
+) -> int:
+    """Run one verb (of ``verbs``, default :data:`VERBS`); returns the exit status: 0, the error class's
+    (:data:`epochsync.core.errors.EXIT_CODES`) with one ``error:`` line, 2 for a usage error, or 128 +
+    the signal."""
+    verbs = VERBS if verbs is None else verbs
     argv = list(sys.argv[1:] if argv is None else argv)
     verb = next((a for a in argv if not a.startswith("-")), None)
-    parser = build_parser(verb if verb in VERBS else None)
+    parser = build_parser(verb if verb in verbs else None, verbs=verbs, prog=prog, description=description)
     args = parser.parse_args(argv)
+    name = prog.split()[-1]
     try:
         # SIGTERM and SIGINT raise Interrupted: leases are released, replicate rolls back
         with signals_raise():
-            module = importlib.import_module(_available()[args.verb][0])
+            module = importlib.import_module(_available(verbs)[args.verb][0])
             return int(getattr(module, f"run_{args.verb}")(args) or 0)
     except EpochsyncError as exc:
         # each class of error its own status (core.errors.EXIT_CODES; the CLI reference's table)
-        print(f"epochsync {args.verb}: error: {exc}", file=sys.stderr)
+        print(f"{name} {args.verb}: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt as exc:
         sig = Interrupted.of(exc)
         print(
-            f"epochsync {args.verb}: interrupted by {sig.name}" + (f": {sig.outcome}" if sig.outcome else ""),
+            f"{name} {args.verb}: interrupted by {sig.name}" + (f": {sig.outcome}" if sig.outcome else ""),
             file=sys.stderr,
         )
         return sig.exit_code
@@ -125,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         # a file system or network failure outside the checks above: one line, not a traceback
         if os.environ.get(DEBUG_ENV):
             raise
-        print(f"epochsync {args.verb}: error: {_os_error(exc)} (set {DEBUG_ENV}=1 for the traceback)", file=sys.stderr)
+        print(f"{name} {args.verb}: error: {_os_error(exc)} (set {DEBUG_ENV}=1 for the traceback)", file=sys.stderr)
         return 1
 
 

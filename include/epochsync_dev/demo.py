@@ -46,7 +46,7 @@ from epochsync.core.shutdown import INTERRUPTED
 REPO = Path(__file__).resolve().parents[2]
 SOURCE = "sim"
 TARGETS = ("local", "s3")
-#: ``--reintegrate``: the write-back cache (``epochsync simulate --cache``) and its master
+#: ``--reintegrate``: the write-back cache (``python -m epochsync_dev simulate --cache``) and its master
 CACHE, MASTER = "cache", "master"
 
 
@@ -362,7 +362,7 @@ def replicate_demo(args, env: dict, workdir: Path, logs: Path, state: dict) -> N
         [
             sys.executable,
             "-m",
-            "epochsync.cli",
+            "epochsync_dev",
             "simulate",
             "--out",
             str(sim_dir),
@@ -565,7 +565,7 @@ def reintegrate_demo(args, env: dict, workdir: Path, logs: Path, endpoint, state
         [
             sys.executable,
             "-m",
-            "epochsync.cli",
+            "epochsync_dev",
             "simulate",
             "--out",
             str(cache_dir),

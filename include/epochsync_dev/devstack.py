@@ -299,11 +299,11 @@ def add_feed_target(config: Path, name: str = "audit") -> None:
 
 
 def simulate_source(out: Path, env: dict[str, str], *, epochs: int, files: int, seed: int = 1) -> Path:
-    """``epochsync simulate`` into the store of ``source_s3``; returns the config it writes."""
+    """``python -m epochsync_dev simulate`` into the store of ``source_s3``; returns the config it writes."""
     cmd = [
         sys.executable,
         "-m",
-        "epochsync.cli",
+        "epochsync_dev",
         "simulate",
         "--out",
         str(out),
@@ -323,7 +323,7 @@ def simulate_source(out: Path, env: dict[str, str], *, epochs: int, files: int, 
 
 
 def start_live_source(out: Path, env: dict[str, str], *, epochs: int, files: int, lead: float, interval: int = 30):
-    """``epochsync simulate --live`` in the background (epoch 1 starts ``lead`` s from now); returns it and its config."""
+    """``python -m epochsync_dev simulate --live`` in the background (epoch 1 starts ``lead`` s from now); returns it and its config."""
     import math
     from datetime import UTC, datetime
 
@@ -331,7 +331,7 @@ def start_live_source(out: Path, env: dict[str, str], *, epochs: int, files: int
     cmd = [
         sys.executable,
         "-m",
-        "epochsync.cli",
+        "epochsync_dev",
         "simulate",
         "--out",
         str(out),
@@ -356,7 +356,9 @@ def start_live_source(out: Path, env: dict[str, str], *, epochs: int, files: int
     deadline = time.monotonic() + 60
     while not config.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"epochsync simulate --live exited with {proc.returncode} before writing {config}")
+            raise RuntimeError(
+                f"python -m epochsync_dev simulate --live exited with {proc.returncode} before writing {config}"
+            )
         time.sleep(0.5)
     return proc, config
 

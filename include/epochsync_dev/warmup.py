@@ -8,7 +8,7 @@ server, in its own process, while they start Airflow or simulate their source, s
 epoch they replicate runs on a warm JVM; docker-compose runs it as the one-shot
 ``spark-warm-up`` service once ``spark-connect`` is healthy.
 
-What it runs: ``epochsync simulate --no-data`` of a 24-file source (records only, no object
+What it runs: ``python -m epochsync_dev simulate --no-data`` of a 24-file source (records only, no object
 store), then ingest, merge (on Spark, though the local path would take epochs this small) and
 translate of its two epochs into a scratch posix target, and
 one ``mapInArrow`` job (apply's and verify's kind), all on one Connect session that is
@@ -52,13 +52,13 @@ def _on_spark(run_merge, *args):
 
 
 def _simulate(out: Path) -> Path:
-    from epochsync.cli import main as cli
+    from epochsync_dev.cli import main as cli
 
     argv = ["simulate", "--out", str(out), "--epochs", "2", "--files", "24", "--seed", "7", "--osts", "2"]
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:
         status = cli([*argv, "--no-data"])
     if status:
-        raise RuntimeError(f"warm-up: epochsync simulate failed: {err.getvalue().strip()[-500:]}")
+        raise RuntimeError(f"warm-up: python -m epochsync_dev simulate failed: {err.getvalue().strip()[-500:]}")
     config = out / "epochsync.yaml"
     import yaml
 

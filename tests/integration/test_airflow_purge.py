@@ -26,7 +26,7 @@ def source(tmp_path) -> Path:
         [
             sys.executable,
             "-m",
-            "epochsync.cli",
+            "epochsync_dev",
             "simulate",
             "--out",
             str(out),

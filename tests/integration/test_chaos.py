@@ -89,12 +89,12 @@ def hist(seaweed, spark_connect, tmp_path_factory):
     Spark Connect server (``$EPOCHSYNC_SPARK_REMOTE``), so the data phase of an apply runs on
     its executors: a kill there kills the writer, and the server's tasks are the stragglers.
     """
-    from epochsync.cli import main
+    from epochsync_dev.cli import main as dev_main
 
     out = tmp_path_factory.mktemp("chaos")
     os.environ["AIRFLOW_CONN_SOURCE_S3"] = seaweed.airflow_conn_json()
     os.environ["AIRFLOW_CONN_REPLICA_S3"] = seaweed.airflow_conn_json()
-    rc = main(
+    rc = dev_main(
         [
             "simulate",
             "--out",

@@ -13,6 +13,7 @@ from epochsync.report.changes import apply_to_listing
 from epochsync.stages.publish import consumer_status, purge_feed, read_dump, read_epoch
 from epochsync.stages.replicate import replicate
 from epochsync.targets.feed import FEED_DOC, open_feed_store
+from epochsync_dev.cli import main as dev_main
 
 pytestmark = [pytest.mark.integration]
 
@@ -20,7 +21,7 @@ pytestmark = [pytest.mark.integration]
 def test_feed_on_s3(moto_s3, tmp_path, spark, monkeypatch, capsys):
     monkeypatch.setenv("AIRFLOW_CONN_FEED_S3", moto_s3.airflow_conn_json())
     out = tmp_path / "sim"
-    assert main(["simulate", "--out", str(out), "--no-data", "--epochs", "3", "--files", "20", "--seed", "4"]) == 0
+    assert dev_main(["simulate", "--out", str(out), "--no-data", "--epochs", "3", "--files", "20", "--seed", "4"]) == 0
     doc = yaml.safe_load((out / "epochsync.yaml").read_text())
     doc["targets"] = [
         {

@@ -21,6 +21,7 @@ from support.histories import assert_equals_truth, truth
 from epochsync.cli import main
 from epochsync.core.config import load_config
 from epochsync.targets import open_target
+from epochsync_dev.cli import main as dev_main
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -30,7 +31,7 @@ def cache(seaweed, tmp_path_factory):
     os.environ["AIRFLOW_CONN_SOURCE_S3"] = seaweed.airflow_conn_json()
     os.environ["AIRFLOW_CONN_REPLICA_S3"] = seaweed.airflow_conn_json()
     out = tmp_path_factory.mktemp("cache")
-    rc = main(
+    rc = dev_main(
         [
             "simulate",
             "--out",

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from epochsync.cli import main
 from epochsync.core.model import FILE
 from epochsync.core.schema import Record
+from epochsync_dev.cli import main as dev_main
 from epochsync_dev.oracle import snapshot_row_from_json
 from epochsync_dev.simulate.workload import read_file_at
 
@@ -24,7 +24,7 @@ def test_simulated_objects_read_at_recorded_versions_hash_to_the_truth(seaweed, 
     monkeypatch.setenv("AIRFLOW_CONN_SOURCE_S3", seaweed.airflow_conn_json())
     out = tmp_path / "sim"
     args = ["simulate", "--out", str(out), "--seed", "5", "--epochs", "4", "--files", "40", "--bucket", bucket_name]
-    assert main([*args, "--mdts", "2", "--osts", "3", "--threads", "4"]) == 0
+    assert dev_main([*args, "--mdts", "2", "--osts", "3", "--threads", "4"]) == 0
 
     s3 = seaweed.client()
     assert s3.get_bucket_versioning(Bucket=bucket_name)["Status"] == "Enabled"

@@ -41,7 +41,7 @@ def simulate(base: Path, env: dict[str, str], *, epochs: int, files: int, seed: 
     cmd = [
         sys.executable,
         "-m",
-        "epochsync.cli",
+        "epochsync_dev",
         "simulate",
         "--out",
         str(out),

@@ -116,12 +116,12 @@ def actual_entries(target) -> dict[str, tuple]:
 
 def simulate(seaweed, out: Path, epochs: int, *, seed: int = 11):
     """Simulated source in SeaweedFS + a config with posix, s3 and striped s3 targets."""
-    from epochsync.cli import main
+    from epochsync_dev.cli import main as dev_main
 
     os.environ["AIRFLOW_CONN_SOURCE_S3"] = seaweed.airflow_conn_json()
     os.environ["AIRFLOW_CONN_REPLICA_S3"] = seaweed.airflow_conn_json()
     bucket = "sim-" + uuid.uuid4().hex[:8]
-    rc = main(
+    rc = dev_main(
         [
             "simulate",
             "--out",

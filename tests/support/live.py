@@ -91,7 +91,7 @@ class LiveEpochs:
         cmd = [
             sys.executable,
             "-m",
-            "epochsync.cli",
+            "epochsync_dev",
             "simulate",
             "--out",
             str(sim),

@@ -66,3 +66,24 @@ def test_a_ready_setup_passes(tmp_path, moto_server):
     assert done.returncode == 5, done.stdout + done.stderr
     doc = json.loads(done.stdout)
     assert not doc["ok"] and [c["check"] for c in doc["checks"] if not c["ok"]] == ["source s: data store"]
+
+
+def test_a_target_bucket_not_made_yet_is_ready(tmp_path, moto_server):
+    """A source's bucket must be there; a target's is made by its first epoch, so only the store
+    answering counts."""
+    ep = moto_server.endpoint
+    ep.client().create_bucket(Bucket="chk-data")
+    changelogs = tmp_path / "changelogs" / "mdt0"
+    changelogs.mkdir(parents=True)
+    (changelogs / "0000000001.jsonl").write_text("")
+    config = _config(tmp_path, str(tmp_path / "changelogs"))
+    doc = yaml.safe_load(open(config))
+    doc["targets"].append({"name": "r", "source": "s", "kind": "s3", "conn_id": "chk_src", "bucket": "chk-new"})
+    with open(config, "w") as f:
+        yaml.safe_dump(doc, f)
+    done = _check(config, {"AIRFLOW_CONN_CHK_SRC": ep.airflow_conn_json()})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (
+        "ok     target r: s3: bucket chk-new does not exist yet" in done.stdout
+        and "first epoch creates it" in done.stdout
+    )

@@ -40,6 +40,7 @@ from epochsync.stages.replicate import replicate
 from epochsync.stages.translate import in_fileset
 from epochsync.targets.feed import FEED_DOC, open_feed_store
 from epochsync.warehouse.paths import Warehouse, local_path
+from epochsync_dev.cli import main as dev_main
 
 EPOCHS = 4
 FILESET = "/d00005"
@@ -49,7 +50,7 @@ FILESET = "/d00005"
 def sim(tmp_path_factory, spark):
     out = tmp_path_factory.mktemp("feed")
     assert (
-        main(
+        dev_main(
             [
                 "simulate",
                 "--out",

@@ -12,12 +12,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from epochsync.cli import main
 from epochsync.core.config import load_config
 from epochsync.core.errors import EpochsyncError, StoreError
 from epochsync.core.model import DIR, FILE
 from epochsync.core.schema import Record, record_to_json
 from epochsync.formats.common import ParseOptions, RecordChecker
+from epochsync_dev.cli import main as dev_main
 from epochsync_dev.oracle import replay, snapshot_row_from_json
 from epochsync_dev.simulate.workload import (
     EPOCH_INTERVAL_S,
@@ -247,7 +247,7 @@ def test_bad_settings_are_refused(kwargs, message):
 
 def test_cli_no_data_writes_the_documented_layout(tmp_path, capsys):
     out = tmp_path / "sim"
-    assert main(["simulate", "--out", str(out), "--no-data", "--seed", "3", "--epochs", "3", "--files", "25"]) == 0
+    assert dev_main(["simulate", "--out", str(out), "--no-data", "--seed", "3", "--epochs", "3", "--files", "25"]) == 0
     h = simulate_history(3, 3, 25, data=False)
     cfg = load_config(out / "epochsync.yaml")
     src = cfg.source("sim")
@@ -274,8 +274,8 @@ def test_cli_no_data_writes_the_documented_layout(tmp_path, capsys):
 
 def test_cli_rerun_replaces_its_output(tmp_path):
     out = tmp_path / "sim"
-    main(["simulate", "--out", str(out), "--no-data", "--epochs", "3", "--files", "5"])
-    main(["simulate", "--out", str(out), "--no-data", "--epochs", "2", "--files", "5"])
+    dev_main(["simulate", "--out", str(out), "--no-data", "--epochs", "3", "--files", "5"])
+    dev_main(["simulate", "--out", str(out), "--no-data", "--epochs", "2", "--files", "5"])
     assert sorted(p.name for p in (out / "changelogs" / "MDT0000").iterdir()) == ["000001.jsonl", "000002.jsonl"]
     assert sorted(p.name for p in (out / "truth").iterdir()) == ["epoch=1.jsonl", "epoch=2.jsonl"]
 
@@ -286,15 +286,15 @@ def test_cli_unreachable_store_is_one_clear_error(tmp_path, capsys, monkeypatch)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
     url = f"http://127.0.0.1:{free_port()}"
-    rc = main(["simulate", "--out", str(tmp_path / "s"), "--endpoint", url, "--epochs", "1", "--files", "2"])
+    rc = dev_main(["simulate", "--out", str(tmp_path / "s"), "--endpoint", url, "--epochs", "1", "--files", "2"])
     assert rc == StoreError.exit_code == 5
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "epochsync simulate: error: source store" in err[0] and url in err[0]
+    assert len(err) == 1 and "epochsync_dev simulate: error: source store" in err[0] and url in err[0]
 
 
 def test_cli_missing_connection_is_one_clear_error(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("AIRFLOW_CONN_NOPE_S3", raising=False)
-    rc = main(["simulate", "--out", str(tmp_path / "s"), "--conn-id", "nope_s3", "--epochs", "1"])
+    rc = dev_main(["simulate", "--out", str(tmp_path / "s"), "--conn-id", "nope_s3", "--epochs", "1"])
     assert rc == StoreError.exit_code
     assert "AIRFLOW_CONN_NOPE_S3" in capsys.readouterr().err
 
@@ -304,7 +304,7 @@ def test_snapshot_dump_reads_in_spark_with_the_snapshot_schema(spark, tmp_path):
     from epochsync_dev.oracle import FsModel
 
     out = tmp_path / "sim"
-    assert main(["simulate", "--out", str(out), "--no-data", "--seed", "2", "--epochs", "2", "--files", "30"]) == 0
+    assert dev_main(["simulate", "--out", str(out), "--no-data", "--seed", "2", "--epochs", "2", "--files", "30"]) == 0
     h = simulate_history(2, 2, 30, data=False)
     rows = spark.read.schema(snapshot_struct_type()).json(str(out / "snapshot" / "epoch=2")).collect()
     assert FsModel.from_snapshot_rows(ROOT_FID, rows).snapshot_rows() == h.at(2).snapshot

@@ -60,9 +60,11 @@ def _writable_dir(path: str, what: str) -> str:
     return f"{path} is writable" + ("" if folder == path else f" (made on first use, under {folder})")
 
 
-def _bucket(conn_id: str, bucket: str) -> str:
+def _bucket(conn_id: str, bucket: str, *, made_on_first_use: bool = False) -> str:
+    """``made_on_first_use`` (a target's): a bucket the store says is absent is fine, the first epoch
+    creates it; the store answering is what counts."""
     from epochsync.stores.connections import resolve_s3
-    from epochsync.targets.s3 import S3Access
+    from epochsync.targets.s3 import S3Access, error_code
 
     settings = resolve_s3(conn_id)
     io = S3Access(settings, max_attempts=2)
@@ -71,6 +73,8 @@ def _bucket(conn_id: str, bucket: str) -> str:
     except EpochsyncError:
         raise
     except Exception as exc:
+        if made_on_first_use and error_code(exc) in ("404", "NoSuchBucket", "NotFound"):
+            return f"bucket {bucket} does not exist yet via {settings.describe()}: the first epoch creates it"
         raise StoreError(f"bucket {bucket} via {settings.describe()}: {exc}") from None
     return f"bucket {bucket} answers via {settings.describe()}"
 
@@ -132,7 +136,7 @@ def run_checks(cfg, targets: list[str] | None = None, out=print) -> Check:
         if t.kind == "posix":
             check.run(f"target {t.name}: {t.path}", lambda t=t: _writable_dir(t.path, "target"))
         elif t.conn_id and t.bucket:
-            check.run(f"target {t.name}: s3", lambda t=t: _bucket(t.conn_id, t.bucket))
+            check.run(f"target {t.name}: s3", lambda t=t: _bucket(t.conn_id, t.bucket, made_on_first_use=True))
         elif t.path:
             check.run(f"target {t.name}: {t.path}", lambda t=t: _writable_dir(t.path, "target"))
     return check

@@ -3,7 +3,7 @@
 When the changelogs no longer reach back to a target's committed epoch (a new target,
 or one stopped longer than the retention), the epoch DAG cannot bring it forward. The
 source publishes namespace dumps (``snapshot/epoch=E/`` JSON Lines of snapshot columns;
-``epochsync simulate`` writes them next to its changelogs); hydrate:
+``python -m epochsync_dev simulate`` writes them next to its changelogs); hydrate:
 
 1. loads the dump of a closed epoch E as the target's snapshot E in the warehouse;
 2. writes the change set from the target's committed snapshot (epoch 0: empty) to E,
@@ -26,7 +26,7 @@ from epochsync.warehouse.paths import Warehouse, epoch_partitions
 
 
 def default_dump_uri(source: SourceConfig) -> str:
-    """``snapshot/`` beside the changelog folder (where ``epochsync simulate`` and the source publish it)."""
+    """``snapshot/`` beside the changelog folder (where ``python -m epochsync_dev simulate`` and the source publish it)."""
     base = source.changelogs.uri.rstrip("/")
     if "://" not in base:
         base = "file://" + base

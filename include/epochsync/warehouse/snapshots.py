@@ -5,7 +5,7 @@
   writes go to a temporary sibling and are renamed into place, so a reader never sees a
   half-written snapshot and a retried stage overwrites its own output.
 - :func:`load_namespace_dump` reads a source namespace dump (JSON Lines of snapshot
-  columns, ``snapshot/epoch=E/`` written by the source or by ``epochsync simulate``), used
+  columns, ``snapshot/epoch=E/`` written by the source or by ``python -m epochsync_dev simulate``), used
   by hydrate, and checks it.
 - :func:`resolve_paths` maps fid → path(s) with Spark joins (pointer jumping over the
   directory tree: O(log depth) joins), failing clearly on a cycle or an orphan.

@@ -122,11 +122,15 @@ def peak_rss_bytes(pids: list[int] | None = None) -> int:
 
 
 def configure_bench(p) -> None:
-    """``epochsync bench NAME [options]``: the benchmark's own options follow its name."""
+    """``python -m epochsync_dev bench NAME [options]``: the benchmark's own options follow its name."""
     import argparse
 
     p.add_argument("name", choices=list(BENCHMARKS), help="which benchmark (its results: bench/results/NAME.json)")
-    p.add_argument("options", nargs=argparse.REMAINDER, help="the benchmark's options ('epochsync bench NAME --help')")
+    p.add_argument(
+        "options",
+        nargs=argparse.REMAINDER,
+        help="the benchmark's options ('python -m epochsync_dev bench NAME --help')",
+    )
 
 
 def run_bench(args) -> int:

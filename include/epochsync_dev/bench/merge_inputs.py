@@ -1,6 +1,6 @@
 """Merge benchmark inputs, vectorized: an epoch-1 namespace and an epoch-2 history of N records.
 
-The simulator (``epochsync simulate --no-data``) replays every operation on its Python file
+The simulator (``python -m epochsync_dev simulate --no-data``) replays every operation on its Python file
 system model: 17 minutes for 10 M records. This draws the same mix with numpy and builds
 the columns with Arrow, in seconds:
 

@@ -89,7 +89,7 @@ def _simulate(out: Path, env: dict, *, epochs: int, files: int, seed: int, bucke
     cmd = [
         sys.executable,
         "-m",
-        "epochsync.cli",
+        "epochsync_dev",
         "simulate",
         "--out",
         str(out),

@@ -329,13 +329,27 @@ def cli_reference() -> str:
         out.append("")
         for verb in verbs:
             parser = _subparsers(cli.build_parser(verb)).choices[verb]
-            module = cli.VERBS[verb][0]
-            note = (
-                f"A development tool (`{module}`): it is installed with the package but never shipped to Spark."
-                if module.startswith("epochsync_dev")
-                else ""
-            )
-            out += _verb_section(parser, f"epochsync {verb}", 2, note)
+            out += _verb_section(parser, f"epochsync {verb}", 2)
+        from epochsync_dev import cli as dev
+
+        out += [
+            "",
+            "## Development tools",
+            "",
+            "The simulator and the benchmarks are the project's own: they run from a checkout as",
+            f"`{dev.PROG} VERB` and are not in the package (`epochsync --help` does not list them).",
+            "",
+            "| verb | what it does |",
+            "|---|---|",
+        ]
+        out += [
+            f"| [`{v}`](#{'python-m-epochsync_dev-' + v}) | {_cell(_plain(dev.DEV_VERBS[v][1]))} |"
+            for v in dev.DEV_VERBS
+        ]
+        out.append("")
+        for verb in dev.DEV_VERBS:
+            parser = _subparsers(dev.build_parser(verb)).choices[verb]
+            out += _verb_section(parser, f"{dev.PROG} {verb}", 3)
         out += [
             "",
             "## Exit codes",

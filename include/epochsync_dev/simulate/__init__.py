@@ -9,7 +9,7 @@ Two entry points, one engine (:class:`Workload`):
     rows, :mod:`epochsync_dev.oracle` format) at the end of the epoch. ``History.snapshot_before(E)``
     is snapshot E-1 (epoch 0: the root alone). Object versions are fake (``v<n>``).
 
-``epochsync simulate --out DIR ...`` (the CLI verb) writes the layout of docs/INTERNALS.md
+``python -m epochsync_dev simulate --out DIR ...`` (the CLI verb) writes the layout of docs/INTERNALS.md
 "Simulator output": ``DIR/changelogs/<server>/<EEEEEE>.jsonl``, ``DIR/truth/epoch=E.jsonl``,
 ``DIR/snapshot/epoch=E/part-0.jsonl``, ``DIR/epochsync.yaml``, and the file data in a
 versioned S3 bucket (``WRITE`` records carry the real ``VersionId``). ``--no-data`` writes
@@ -20,9 +20,9 @@ Examples::
     # a demo source: 2 MDTs, 4 OSTs, 2000 files, 6 epochs, data in a versioned bucket
     export AIRFLOW_CONN_SOURCE_S3='{"conn_type": "aws", "login": "KEY", "password": "SECRET",
                                     "extra": {"endpoint_url": "http://127.0.0.1:8333"}}'
-    epochsync simulate --out var/sim --seed 1 --epochs 6 --files 2000 --mdts 2 --osts 4
+    python -m epochsync_dev simulate --out var/sim --seed 1 --epochs 6 --files 2000 --mdts 2 --osts 4
     # a merge benchmark input: records only, an epoch of 10 million records, 70% WRITE
-    epochsync simulate --out var/bench --no-data --epochs 2 --files 100000 --records-per-epoch 10000000 --write-share 0.7
+    python -m epochsync_dev simulate --out var/bench --no-data --epochs 2 --files 100000 --records-per-epoch 10000000 --write-share 0.7
 
 The source being simulated: MDTs ``MDT0000..`` and OSTs ``OST0000..``; root fid
 :data:`ROOT_FID`; Lustre-like fids ``[0x<seq>:0x<n>:0x0]`` with one sequence per MDT.

@@ -89,7 +89,7 @@ def write_config(
         ]
     path = out / "epochsync.yaml"
     header = (
-        "# Written by `epochsync simulate`. Keys come from AIRFLOW_CONN_SOURCE_S3 and\n"
+        "# Written by `python -m epochsync_dev simulate`. Keys come from AIRFLOW_CONN_SOURCE_S3 and\n"
         "# AIRFLOW_CONN_REPLICA_S3 (or Airflow connections), never from this file.\n"
     )
     path.write_text(header + yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True))
@@ -97,7 +97,7 @@ def write_config(
 
 
 def configure_simulate(parser) -> None:
-    """Options of ``epochsync simulate``."""
+    """Options of ``python -m epochsync_dev simulate``."""
     from epochsync.core.config import parse_size
 
     parser.add_argument("--out", required=True, metavar="DIR", help="output directory (changelogs, truth, config)")

@@ -1,0 +1,91 @@
+"""The user's package: the wheel holds ``epochsync`` alone, says what it needs, and runs an epoch.
+
+The wheel is built from the checkout (``pip wheel``) and installed into a fresh venv, so that
+nothing of the checkout (``include/``, the development tools) is on its path. Its dependencies
+are the pinned set's, the same versions ``requirements.txt`` installs: the fresh venv reaches
+them through a path file added after the install (so that pip never sees the checkout's own
+editable install), and the test checks that each range the wheel declares accepts the version
+there. From that venv: ``--version``, ``--help`` without the development verbs, ``check`` of a
+config, and one epoch replicated, equal to the simulated truth.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+from support.histories import assert_equals_truth, simulate
+
+from epochsync.targets import open_target
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(cmd, **kw) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=env, timeout=600, **kw)
+
+
+def _requirements(whl: Path) -> list[str]:
+    with zipfile.ZipFile(whl) as z:
+        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        text = z.read(meta).decode()
+    return [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Requires-Dist:")]
+
+
+def test_the_wheel_alone_installs_and_replicates_an_epoch(seaweed, spark, tmp_path):
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.requirements import Requirement
+
+    out, cfg = simulate(seaweed, tmp_path / "sim", 1, seed=5)
+    dist = tmp_path / "dist"
+    built = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", dist, ROOT], cwd=tmp_path)
+    assert built.returncode == 0, built.stderr[-2000:]
+    (whl,) = dist.glob("epochsync-*.whl")
+    with zipfile.ZipFile(whl) as z:
+        tops = {n.split("/", 1)[0] for n in z.namelist()}
+        assert "epochsync/agent/deploy/epochsync-agent.service" in z.namelist()
+    assert tops == {"epochsync", whl.name.split("-py3")[0] + ".dist-info"}, tops
+
+    # every range the wheel declares (the core and every extra) accepts the pinned version
+    for line in _requirements(whl):
+        req = Requirement(line)
+        if req.name == "epochsync":
+            continue  # the 'all' extra, made of the others
+        try:
+            have = version(req.name)
+        except PackageNotFoundError:
+            pytest.fail(f"the wheel needs {req}, which the pinned set does not install")
+        assert req.specifier.contains(have, prereleases=True), f"the wheel needs {req}; the pinned set has {have}"
+
+    venv = tmp_path / "venv"
+    assert _run([sys.executable, "-m", "venv", venv]).returncode == 0
+    py, epochsync = venv / "bin" / "python", venv / "bin" / "epochsync"
+    installed = _run([py, "-m", "pip", "install", "-q", "--no-deps", whl], cwd=tmp_path)
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    site = Path(_run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip())
+    (site / "pinned-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+
+    where = _run([py, "-c", "import epochsync; print(epochsync.__file__)"], cwd=tmp_path)
+    assert where.stdout.startswith(str(site)), where.stdout + where.stderr
+    dev = _run([py, "-c", "import epochsync_dev"], cwd=tmp_path)
+    assert dev.returncode != 0 and "No module named 'epochsync_dev'" in dev.stderr
+    v = _run([epochsync, "--version"], cwd=tmp_path)
+    assert v.returncode == 0 and v.stdout.strip() == "epochsync 0.1.0", v
+    helped = _run([epochsync, "--help"], cwd=tmp_path).stdout
+    assert "replicate" in helped and "simulate" not in helped and "bench" not in helped, helped
+
+    checked = _run([epochsync, "check", "--config", cfg.file], cwd=tmp_path)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    done = _run([epochsync, "replicate", "--config", cfg.file, "--target", "local", "--epoch", "1"], cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "epoch 1: committed" in done.stdout
+    assert_equals_truth(open_target(cfg.target("local")), out, 1)
