@@ -5,8 +5,9 @@ nothing of the checkout (``include/``, the development tools) is on its path. It
 are the pinned set's, the same versions ``requirements.txt`` installs: the fresh venv reaches
 them through a path file added after the install (so that pip never sees the checkout's own
 editable install), and the test checks that each range the wheel declares accepts the version
-there. From that venv: ``--version``, ``--help`` without the development verbs, ``check`` of a
-config, and one epoch replicated, equal to the simulated truth.
+there. From that venv: ``--version``, ``--help`` without the development verbs, the agent's
+verbs with every extra's module refused (what a Gluster server installs is the core), ``check``
+of a config, and one epoch replicated, equal to the simulated truth.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from epochsync.targets import open_target
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
+#: what only the extras bring (Airflow, Spark, S3 and what they pull in)
+EXTRAS_ONLY = {"airflow", "pyspark", "pyarrow", "pandas", "numpy", "boto3", "botocore", "sqlalchemy", "pendulum"}
 
 
 def _run(cmd, **kw) -> subprocess.CompletedProcess:
@@ -82,6 +85,20 @@ def test_the_wheel_alone_installs_and_replicates_an_epoch(seaweed, spark, tmp_pa
     assert v.returncode == 0 and v.stdout.strip() == "epochsync 0.1.0", v
     helped = _run([epochsync, "--help"], cwd=tmp_path).stdout
     assert "replicate" in helped and "simulate" not in helped and "bench" not in helped, helped
+
+    # the agent (a Gluster server's: the core install) imports none of the extras
+    blocked = (
+        "import sys, importlib.abc\n"
+        "class Block(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        f"        if name.split('.')[0] in {sorted(EXTRAS_ONLY)!r}: raise ImportError('an extra: ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import epochsync.agent.server, epochsync.agent.cli, epochsync.sources.gluster.bricks\n"
+        "from epochsync.cli import main\n"
+        "sys.exit(main(['agent', 'check', '--help']))\n"
+    )
+    agent = _run([py, "-c", blocked], cwd=tmp_path)
+    assert agent.returncode == 0 and "agent check" in agent.stdout, agent.stderr[-2000:]
 
     checked = _run([epochsync, "check", "--config", cfg.file], cwd=tmp_path)
     assert checked.returncode == 0, checked.stdout + checked.stderr
