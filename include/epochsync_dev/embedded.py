@@ -33,12 +33,16 @@ EMBEDDED_SECRET_KEY = "epochsync-secret"
 
 
 def _free_ports(n: int) -> list[int]:
-    """n distinct free ports whose +10000 (gRPC default offset) is also in range."""
+    """n distinct free ports whose +10000 (gRPC default offset) is also in range, and none of
+    them another's +10000: weed mini refuses a port that its gRPC offsets reserve ("Port
+    allocation failed: port P for S3 ... is reserved for gRPC calculation", seen in a run)."""
     ports: set[int] = set()
+    taken: set[int] = set()
     while len(ports) < n:
         p = free_port()
-        if p < 55535:
+        if p < 55535 and p not in taken and p + 10000 not in taken:
             ports.add(p)
+            taken.update((p, p + 10000))
     return sorted(ports)
 
 
@@ -102,6 +106,19 @@ class SeaweedFS:
         self.log_path = self.data_dir / "weed.log"
 
     def start(self) -> S3Endpoint:
+        # a port another process took between the choice and weed's bind: chosen again, twice
+        for attempt in (1, 2, 3):
+            try:
+                return self._start()
+            except StoreError as exc:
+                if (
+                    attempt == 3
+                    or "Port allocation failed" not in str(exc)
+                    and "address already in use" not in str(exc)
+                ):
+                    raise
+
+    def _start(self) -> S3Endpoint:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         master, volume, filer, s3, admin, metrics = _free_ports(6)
         args = [

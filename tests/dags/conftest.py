@@ -37,6 +37,7 @@ targets:
     source: lustre1
     kind: posix
     path: {posix}
+    audit: {{interval: never, deep: true}}
 """
 
 

@@ -206,10 +206,31 @@ def test_hydrate_dag_per_target(bag):
     assert "snapshot/epoch=E/" in dag.doc_md and "`dr` (s3)" in dag.doc_md
 
 
+def test_audit_dag_per_target(bag):
+    """A day between audits by default, metadata only; ``audit: {interval: never, deep: true}``:
+    only when triggered, the bytes too. In the target's pool, retried while the target is busy."""
+    from datetime import timedelta
+
+    from epochsync.journal.lease import pool_name
+
+    dr, scratch = bag.dags["epochsync_audit__dr"], bag.dags["epochsync_audit__scratch"]
+    for dag, target in ((dr, "dr"), (scratch, "scratch")):
+        assert dag.task_ids == ["audit"]
+        assert dag.catchup is False and dag.max_active_runs == 1
+        task = dag.get_task("audit")
+        assert task.pool == pool_name(target) and task.retries == 3
+        assert f"`{target}`" in dag.doc_md and "the first differences" in dag.doc_md
+    assert dr.schedule == timedelta(days=1)
+    assert dr.params["deep"] is False and "metadata" in dr.doc_md
+    assert scratch.schedule is None and scratch.params["deep"] is True
+
+
 def test_dag_ids(bag):
     assert sorted(bag.dag_ids) == [
         "epochsync__lustre1__dr",
         "epochsync__lustre1__scratch",
+        "epochsync_audit__dr",
+        "epochsync_audit__scratch",
         "epochsync_hydrate__dr",
         "epochsync_hydrate__scratch",
         "epochsync_purge__lustre1",
@@ -229,6 +250,7 @@ def test_every_task_that_writes_a_target_takes_its_one_slot_pool(bag, dag_config
         # the sensors (they hold nothing while they wait) and the shared ingest
         assert {pools[k] for k in set(pools) - writers} == {"default_pool"}
         assert bag.dags[f"epochsync_hydrate__{target}"].get_task("hydrate").pool == pool_name(target)
+        assert bag.dags[f"epochsync_audit__{target}"].get_task("audit").pool == pool_name(target)
     # the pools every Airflow stack creates for this config: exactly those, one slot each
     assert {k: v["slots"] for k, v in airflow_pools(load_config(dag_config)).items()} == {
         "epochsync_target_dr": 1,

@@ -1,13 +1,18 @@
 """``epochsync audit``: a posix replica of a simulated source, damaged behind epochsync's back,
-shows each damage as one difference; a clean replica shows none."""
+shows each damage as one difference; a clean replica shows none. The audit DAG's task passes a
+clean target and fails naming the first differences; a target another writer holds, or with an
+epoch applied but not committed, is refused as busy (it would count that run's writes)."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 from support.histories import ingest_epoch, merge_once, replicate_epoch, simulate
 
+from epochsync.core.errors import BusyError
 from epochsync.stages.audit import audit_target
 
 pytestmark = [pytest.mark.integration]
@@ -20,6 +25,41 @@ def test_audit_sees_each_change_made_behind_its_back(seaweed, spark, tmp_path):
     replicate_epoch(spark, cfg, "local", 1)
     clean = audit_target(cfg, "local", deep=True, spark=spark)
     assert clean["differences"] == [], clean["differences"][:5]
+    from epochsync.airflow.tasks import audit_task
+
+    assert audit_task(cfg.file, "local", params={"deep": False}, spark=spark)["differences"] == 0
+    # busy: an epoch applied but not committed (its undo journal), then a writer holding the lease
+    from epochsync.journal.undo import journal_dir
+
+    pending = journal_dir(cfg.warehouse, "local", 2)
+    os.makedirs(pending)
+    open(os.path.join(pending, "driver.jsonl"), "w").write("")
+    with pytest.raises(BusyError, match="epoch 2 applied but not committed"):
+        audit_target(cfg, "local", spark=spark)
+    os.remove(os.path.join(pending, "driver.jsonl"))
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from epochsync.core.config import load_config\n"
+            "from epochsync.journal.lease import target_lease\n"
+            "cfg = load_config(sys.argv[1])\n"
+            "with target_lease(cfg, cfg.target('local')):\n"
+            "    print('held', flush=True)\n"
+            "    time.sleep(60)\n",
+            str(cfg.file),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(BusyError, match="is being written by pid"):
+            audit_target(cfg, "local", spark=spark)
+    finally:
+        holder.kill()
+        holder.wait()
     root = cfg.target("local").path
     files = sorted(
         os.path.relpath(os.path.join(d, f), root)
@@ -44,3 +84,7 @@ def test_audit_sees_each_change_made_behind_its_back(seaweed, spark, tmp_path):
     assert shallow == {(chmodded, "mode"), (removed, "missing"), ("stray.txt", "stray")}
     deep = {(d.path, d.what) for d in audit_target(cfg, "local", deep=True, spark=spark)["differences"]}
     assert deep == shallow | {(flipped, "bytes")}
+    from airflow.sdk.exceptions import AirflowFailException
+
+    with pytest.raises(AirflowFailException, match=r"at epoch 1 \(metadata and bytes.*: 4 differences; first: "):
+        audit_task(cfg.file, "local", params={"deep": True}, spark=spark)

@@ -1,4 +1,5 @@
-"""The DAG factory: one epoch DAG per (source, target), one hydrate DAG per target, one purge DAG per source.
+"""The DAG factory: one epoch DAG per (source, target), one hydrate and one audit DAG per target, one
+purge DAG per source.
 
 ``dags/*.py`` call :func:`dags_from_env` with their markdown docstring; everything
 is declared from the YAML config named by ``$EPOCHSYNC_CONFIG``. Parsing reads only
@@ -52,6 +53,11 @@ def epoch_dag_id(source: str, target: str) -> str:
 def hydrate_dag_id(target: str) -> str:
     """Returns the id of ``target``'s hydrate DAG: ``epochsync_hydrate__<target>``."""
     return f"epochsync_hydrate__{target}"
+
+
+def audit_dag_id(target: str) -> str:
+    """The DAG id of ``target``'s scheduled audit."""
+    return f"epochsync_audit__{target}"
 
 
 def purge_dag_id(source: str) -> str:
@@ -403,8 +409,56 @@ def build_purge_dag(config: Config, source: SourceConfig, *, doc_md: str = "") -
     return dag
 
 
+def auditable(config: Config, target: TargetConfig) -> bool:
+    """Can ``target`` be audited (an s3 or posix replica of a changelogs source: ``epochsync audit``)?"""
+    return target.kind != "feed" and config.source_of(target).kind != "gluster"
+
+
+def build_audit_dag(config: Config, target: TargetConfig, *, doc_md: str = "") -> DAG:
+    """``epochsync_audit__<target>``: the committed epoch compared in full with the source, every
+    ``targets[].audit.interval`` (only when triggered: ``never``)."""
+    from airflow.providers.apache.spark.operators.spark_pyspark import PySparkOperator
+
+    from epochsync.airflow.tasks import audit_task
+
+    source = config.source_of(target)
+    every = None if target.audit.interval_s == "never" else float(target.audit.interval_s)
+    dag = DAG(
+        dag_id=audit_dag_id(target.name),
+        description=f"audit target {target.name}: its committed epoch against the source, in full",
+        doc_md=f"{doc_md.strip()}\n\n### This DAG\n\nTarget `{target.name}` ({_target_where(target)}) of source "
+        f"`{source.name}`, "
+        + (f"every {every:g} s" if every else "only when triggered")
+        + (", bytes too (`deep`)" if target.audit.deep else ", metadata (trigger with `deep` for the bytes)")
+        + ".\n",
+        schedule=timedelta(seconds=every) if every else None,
+        start_date=source.epoch.start if source.epoch is not None else None,
+        catchup=False,
+        max_active_runs=1,
+        tags=["epochsync", "audit", f"target:{target.name}"],
+        # a target busy with a run refuses the audit: it is tried again later
+        default_args={"owner": "epochsync", "retries": 3, "retry_delay": timedelta(minutes=10)},
+        params={
+            "deep": Param(
+                target.audit.deep, type="boolean", description="Compare every file's bytes too (reads everything)."
+            )
+        },
+    )
+    with dag:
+        PySparkOperator(
+            task_id="audit",
+            python_callable=audit_task,
+            conn_id=spark_conn_id(),
+            op_kwargs={"config_path": config.file, "target": target.name},
+            pool=pool_name(target.name),
+            doc_md="Walks the target and compares every path with the source at the committed epoch; fails "
+            "naming the first differences.",
+        )
+    return dag
+
+
 def dags_from_env(kind: str, doc_md: str) -> dict[str, DAG]:
-    """The DAGs of one kind (``epoch``, ``hydrate``, ``purge``) for ``$EPOCHSYNC_CONFIG``; none if unset."""
+    """The DAGs of one kind (``epoch``, ``hydrate``, ``audit``, ``purge``) for ``$EPOCHSYNC_CONFIG``; none if unset."""
     path = config_path_from_env()
     if not path:
         log.warning("EPOCHSYNC_CONFIG is not set: no epochsync DAGs")
@@ -431,10 +485,14 @@ def dags_from_env(kind: str, doc_md: str) -> dict[str, DAG]:
         for t in (t for t in config.targets if t.kind != "feed"):
             d = build_hydrate_dag(config, t, doc_md=doc_md)
             out[d.dag_id] = d
+    elif kind == "audit":
+        for t in (t for t in config.targets if auditable(config, t)):
+            d = build_audit_dag(config, t, doc_md=doc_md)
+            out[d.dag_id] = d
     elif kind == "purge":
         for s in config.sources:
             d = build_purge_dag(config, s, doc_md=doc_md)
             out[d.dag_id] = d
     else:
-        raise ValueError(f"unknown DAG kind {kind!r}: expected epoch, hydrate or purge")
+        raise ValueError(f"unknown DAG kind {kind!r}: expected epoch, hydrate, audit or purge")
     return out

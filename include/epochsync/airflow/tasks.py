@@ -306,3 +306,37 @@ def purge_task(config_path: str, source: str, params=None, **_):
     log = logging.getLogger("epochsync.purge")
     dry_run = bool((params or {}).get("dry_run"))
     return purge_source(load_config(config_path), source, dry_run=dry_run, log=log.info)
+
+
+def audit_task(config_path: str, target: str, params=None, spark=None, **_):
+    """The ``audit`` task of ``epochsync_audit__<target>``: :func:`epochsync.stages.audit.audit_target`
+    at the committed epoch. Differences fail the task (no retry) naming the first ones; a target
+    busy with a run (its lease held, or an epoch applied but not committed) fails it for a retry."""
+    import logging
+
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from epochsync.spark import prepare_session
+    from epochsync.stages.audit import audit_target
+
+    log = logging.getLogger("epochsync.audit")
+    if spark is not None:
+        prepare_session(spark)
+    deep = bool((params or {}).get("deep"))
+    result = audit_target(load_config(config_path), target, deep=deep, spark=spark)
+    diffs = result["differences"]
+    for d in diffs[:100]:
+        log.warning("%s", d)
+    what = "metadata and bytes" if deep else "metadata"
+    summary = (
+        f"audit of target {target} at epoch {result['epoch']} ({what}, {result['paths']} paths, "
+        f"{result['seconds']} s): " + (f"{len(diffs)} differences" if diffs else "clean")
+    )
+    log.info("%s", summary)
+    if diffs:
+        first = "; ".join(str(d) for d in diffs[:5])
+        raise AirflowFailException(
+            f"{summary}; first: {first}. The replica was changed behind epochsync's back (or a run lost "
+            f"something): 'epochsync audit --target {target}' lists every difference"
+        )
+    return {"target": target, "epoch": result["epoch"], "deep": deep, "paths": result["paths"], "differences": 0}

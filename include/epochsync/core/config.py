@@ -743,6 +743,18 @@ class ViewConfig:
     reader who opened current keeps a whole epoch for keep - 1 more commits"""
 
 
+@_constructed
+@dataclass(frozen=True, config=_KEYS)
+class AuditConfig:
+    """The scheduled audit of a target (``targets[].audit``): its DAG ``epochsync_audit__<target>``
+    compares the committed epoch in full with the source, as ``epochsync audit`` does."""
+
+    interval_s: Annotated[Literal["never"] | Duration, Field(alias="interval")] = 86400.0
+    """how often the audit DAG runs; never: only when triggered"""
+    deep: bool = False
+    """compare every file's bytes too (reads the whole replica and its source versions)"""
+
+
 @dataclass(frozen=True, config=_KEYS, kw_only=True)
 class _TargetKeys:
     """The keys every kind of target takes (described with Field: the subclasses that
@@ -753,6 +765,9 @@ class _TargetKeys:
     kind: TargetKind = Field(description="s3, posix or feed: the keys below depend on it")
     fileset: Fileset = Field(default=(), description="subtrees to replicate (absolute paths); default: everything")
     verify: VerifyConfig = Field(default_factory=VerifyConfig)
+    audit: AuditConfig = Field(
+        default_factory=AuditConfig, description="the scheduled audit (s3 and posix targets of changelog sources)"
+    )
     coalesce_gap: Size = Field(
         default=1024 * 1024, description="ranges of one object closer than this are fetched with one GET"
     )

@@ -12,9 +12,17 @@ The walk is one stream per side: the target's ``walk(hashes=False)`` (``os.lstat
 posix, listings and HEADs on s3) against one dict built from one Spark read of the snapshot, so
 the cost is a stat per path, never a process per file.
 
+The audit holds the target's lease (:mod:`epochsync.journal.lease`) for its whole walk, and
+refuses a target with an epoch applied but not committed (a run in flight between its apply and
+its commit, or one that failed before its rollback): it would compare an epoch half applied
+with the committed one and report the run's own writes as differences. Both refusals are
+:class:`~epochsync.core.errors.BusyError` (exit status 6): try again after the run. The audit
+DAG (``epochsync_audit__<target>``, ``targets[].audit``) runs it on a schedule in the target's
+pool, retried while the target is busy.
+
 Not done yet (issue 50 deliverable 9): repair as an epoch of its own, the walker of a Gluster
 cut (for a Gluster source the snapshot is the replica's own record of the cut, not the cut
-itself), hard-link identity and the scheduled DAG.
+itself) and hard-link identity.
 """
 
 from __future__ import annotations
@@ -25,8 +33,9 @@ from dataclasses import asdict, dataclass
 
 from epochsync.core.argtypes import epoch_number
 from epochsync.core.config import Config, TargetConfig
-from epochsync.core.errors import EpochError
-from epochsync.stages.context import _config, _store_dict, _target_cfg, committed_epoch
+from epochsync.core.errors import BusyError, EpochError
+from epochsync.journal.lease import target_lease
+from epochsync.stages.context import _config, _store_dict, _target_cfg, committed_epoch, unfinished_epochs
 from epochsync.targets import open_target
 from epochsync.warehouse.paths import Warehouse
 
@@ -147,6 +156,20 @@ def audit_target(cfg, target, epoch: int | None = None, *, deep: bool = False, s
         from epochsync.spark import spark_session
 
         spark = spark_session(f"epochsync-audit-{tcfg.name}-{epoch}", cfg=cfg)
+    # no writer while the target is walked; and none half way (see the module docstring)
+    with target_lease(cfg, tcfg):
+        in_flight = unfinished_epochs(cfg, tcfg, committed)
+        if in_flight or committed_epoch(cfg, tcfg) != committed:
+            raise BusyError(
+                f"target {tcfg.name} has epoch {in_flight[-1] if in_flight else committed + 1} applied but not "
+                "committed (a run between its apply and its commit, or one that failed before its rollback): the "
+                "audit would count that run's writes as differences; audit after its commit, or after "
+                f"'epochsync rollback --target {tcfg.name}'"
+            )
+        return _audit(cfg, tcfg, epoch, spark, deep=deep, t0=t0)
+
+
+def _audit(cfg: Config, tcfg: TargetConfig, epoch: int, spark, *, deep: bool, t0: float) -> dict:
     expected = expected_at(cfg, tcfg, epoch, spark, deep=deep)
     tgt = open_target(tcfg)
     posix = tgt.kind == "posix"

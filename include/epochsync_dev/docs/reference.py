@@ -62,7 +62,7 @@ class _ConfigPage:
             if len(members) == 1:
                 return self.type_of(members[0], path)
             unit = {m.get("description") for m in members if m.get("type") in ("integer", "number")}
-            text = next((m.get("description") for m in members if m.get("type") == "string"), "")
+            text = next((m["description"] for m in members if m.get("type") == "string" and m.get("description")), "")
             for name, numeric in (("size", "bytes"), ("duration", "seconds")):
                 if numeric in unit:
                     self.value_types[name] = f"a number of {numeric}, or a string: {_plain(text)}"
