@@ -256,3 +256,36 @@ def test_every_task_that_writes_a_target_takes_its_one_slot_pool(bag, dag_config
         "epochsync_target_dr": 1,
         "epochsync_target_scratch": 1,
     }
+
+
+def test_every_commit_updates_the_targets_asset(bag):
+    """The tasks that commit a target name its asset among their outlets (the events themselves:
+    tests/integration/test_airflow_hydrate.py)."""
+    from epochsync.airflow.assets import target_asset
+
+    for target in ("dr", "scratch"):
+        want = [target_asset(target)]
+        assert bag.dags[f"epochsync__lustre1__{target}"].get_task("commit").outlets == want
+        assert bag.dags[f"epochsync_hydrate__{target}"].get_task("hydrate").outlets == want
+        others = [t for t in bag.dags[f"epochsync__lustre1__{target}"].tasks if t.task_id != "commit"]
+        assert not any(t.outlets for t in others)
+
+
+def test_the_documented_dag_schedules_on_a_targets_asset(tmp_path, monkeypatch, dag_config):
+    """The example of docs/airflow/assets.md, as a file of a DAG folder: it parses, and its schedule
+    is replica dr's asset."""
+    import re
+    from pathlib import Path
+
+    from airflow.dag_processing.dagbag import DagBag
+
+    from epochsync.airflow.assets import target_asset
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "airflow" / "assets.md").read_text()
+    (code,) = re.findall(r'```python title="dags/after_dr_commits.py"\n(.*?)```', page, re.S)
+    (tmp_path / "after_dr_commits.py").write_text(code)
+    monkeypatch.setenv("EPOCHSYNC_CONFIG", str(dag_config))
+    bag = DagBag(dag_folder=str(tmp_path))
+    assert not bag.import_errors, bag.import_errors
+    dag = bag.dags["after_dr_commits"]
+    assert list(dag.timetable.asset_condition.objects) == [target_asset("dr")]

@@ -30,6 +30,9 @@ def test_hydrate_at_a_closed_epoch_then_the_next_epoch_replicates(seaweed, tmp_p
 
     run = dagtest(env, "epochsync_hydrate__local", 2)
     assert run["state"] == "success", run["log"][-6000:]
+    # every commit updates the target's asset, the epoch in the event's extra (a dry run: none)
+    asset = "epochsync_target_local"
+    assert run["assets"] == [{"uri": asset, "task": "hydrate", "extra": {"target": "local", "epoch": 2}}]
     committed, rows = replica(config, "local", env)
     assert committed == 2
     assert rows == truth(sim, 2), "the hydrated replica must equal the source at the dump's epoch"
@@ -40,12 +43,14 @@ def test_hydrate_at_a_closed_epoch_then_the_next_epoch_replicates(seaweed, tmp_p
     assert run["tasks"]["translate"] == "success"
     assert run["tasks"]["apply"] == run["tasks"]["verify"] == run["tasks"]["commit"] == "skipped"
     assert "dry run: plan of local epochs 3..3" in run["log"]
+    assert run["assets"] == []
     assert replica(config, "local", env) == (2, truth(sim, 2))
 
     # the epoch DAG goes on from 3 (its changelogs are still there; the dry run's ingest is reused)
     run = dagtest(env, "epochsync__sim__local", 3)
     assert "already ingested" in run["log"]
     assert run["state"] == "success", run["log"][-6000:]
+    assert run["assets"] == [{"uri": asset, "task": "commit", "extra": {"target": "local", "epoch": 3}}]
     committed, rows = replica(config, "local", env)
     assert committed == 3
     assert rows == truth(sim, 3)

@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from airflow.sdk import DAG, Param
 from airflow.task.trigger_rule import TriggerRule
 
+from epochsync.airflow.assets import target_asset
 from epochsync.airflow.stages import EpochStageOperator, spark_conn_id
 from epochsync.airflow.tasks import EpochClosedSensor, commit_task, config_path_from_env, cut_task, rollback_task
 from epochsync.airflow.timetable import NEVER, EpochTimetable
@@ -272,6 +273,7 @@ def build_epoch_dag(
                 "publish",
                 pool=pool,
                 skip_in_dry_run=True,
+                outlets=[target_asset(target.name)],
                 doc_md="Publishes the epoch's net change (filtered) as one file, then commits _feed.json.",
             )
             wait >> ingest >> merge >> publish
@@ -313,7 +315,10 @@ def build_epoch_dag(
             op_kwargs={"config_path": cfg, "target": target.name},
             pool=pool,
             depends_on_past=False,
-            doc_md="Writes the target manifest at the run's last epoch (last, atomically) and advances cursors.",
+            # the target's asset: an event at every commit, the epoch in its extra (epochsync.airflow.assets)
+            outlets=[target_asset(target.name)],
+            doc_md="Writes the target manifest at the run's last epoch (last, atomically) and advances cursors; "
+            f"updates the asset `{target_asset(target.name).name}` with the epoch.",
         )
         rollback = PySparkOperator(
             task_id="rollback",
@@ -373,7 +378,9 @@ def build_hydrate_dag(config: Config, target: TargetConfig, *, doc_md: str = "")
             conn_id=spark_conn_id(),
             op_kwargs={"config_path": config.file, "target": target.name},
             pool=pool_name(target.name),
-            doc_md="Full-object copies of every file in the dump, then the manifest at E.",
+            outlets=[target_asset(target.name)],
+            doc_md="Full-object copies of every file in the dump, then the manifest at E (the target's asset "
+            "updated with E).",
         )
     return dag
 

@@ -5,7 +5,8 @@
 Parses the project's ``dags/`` folder (``$EPOCHSYNC_CONFIG`` decides the DAGs), makes
 sure the metadata database exists (``$AIRFLOW_HOME``), runs the DAG for the epoch
 (``params.epoch`` = E, logical date = the end of E's window, so the inferred data
-interval is E's window) and prints ``{"state": ..., "tasks": {task_id: state}}``.
+interval is E's window) and prints ``{"state": ..., "tasks": {task_id: state}, "assets": [the asset
+events the run emitted]}``.
 Exit code 0 when the run succeeded, 1 when it failed. Used by the end-to-end tests
 and the demo.
 """
@@ -55,8 +56,24 @@ def run_epoch(dag_id: str, epoch: int, *, dags_folder: str | None = None, conf: 
         ).all()
         tasks = {ti.task_id: (str(getattr(ti.state, "value", ti.state)) if ti.state else None) for ti in tis}
         tries = {ti.task_id: ti.try_number for ti in tis}
+        from airflow.models.asset import AssetEvent, AssetModel
+
+        events = session.execute(
+            select(AssetModel.uri, AssetEvent.source_task_id, AssetEvent.extra)
+            .join(AssetModel, AssetModel.id == AssetEvent.asset_id)
+            .where(AssetEvent.source_dag_id == dag_id, AssetEvent.source_run_id == dr.run_id)
+        ).all()
+        assets = [{"uri": uri, "task": task, "extra": dict(extra or {})} for uri, task, extra in events]
     state = dr.state.value if hasattr(dr.state, "value") else str(dr.state)
-    return {"dag_id": dag_id, "epoch": epoch, "run_id": dr.run_id, "state": state, "tasks": tasks, "tries": tries}
+    return {
+        "dag_id": dag_id,
+        "epoch": epoch,
+        "run_id": dr.run_id,
+        "state": state,
+        "tasks": tasks,
+        "tries": tries,
+        "assets": assets,
+    }
 
 
 #: beside the metadata database's settings: ``<airflow version> <alembic revision>`` after an initdb

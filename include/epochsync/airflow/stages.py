@@ -105,6 +105,11 @@ def run_stage_task(
     log.info(
         "%s of target %s epochs %d..%d: %s", stage, target, first, through, json.dumps(jsonable(out), sort_keys=True)
     )
+    if stage == "publish":
+        # the feed's commit point (_feed.json) is written: its asset's event
+        from epochsync.airflow.assets import mark_committed
+
+        mark_committed(_.get("outlet_events"), target, through, first)
     if stage == "translate" and epochs.get("dry_run"):
         log.info(
             "dry run: plan of %s epochs %d..%d: %s", target, first, through, json.dumps(jsonable(out), sort_keys=True)

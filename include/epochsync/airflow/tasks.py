@@ -195,11 +195,13 @@ def commit_task(config_path: str, target: str, ti=None, **_):
         from airflow.sdk.exceptions import AirflowSkipException
 
         raise AirflowSkipException("dry run: nothing to commit")
+    from epochsync.airflow.assets import mark_committed
     from epochsync.airflow.ordering import forget_run
 
     config = load_config(config_path)
     result = commit_epoch(config, target, epochs["first"], epochs["through"])
     forget_run(config.warehouse, target, ti.run_id)
+    mark_committed(_.get("outlet_events"), target, epochs["through"], epochs["first"])
     return jsonable(result)
 
 
@@ -287,14 +289,15 @@ def hydrate_task(config_path: str, target: str, params=None, spark=None, **_):
         from epochsync.spark import prepare_session
 
         prepare_session(spark)
-    return hydrate_target(
-        load_config(config_path),
-        target,
-        spark=spark,
-        epoch=params.get("epoch"),
-        dump_uri=params.get("dump_uri") or None,
-        log=log.info,
+    from epochsync.airflow.assets import mark_committed
+    from epochsync.stages.context import committed_epoch
+
+    config = load_config(config_path)
+    result = hydrate_target(
+        config, target, spark=spark, epoch=params.get("epoch"), dump_uri=params.get("dump_uri") or None, log=log.info
     )
+    mark_committed(_.get("outlet_events"), target, committed_epoch(config, target))
+    return result
 
 
 def purge_task(config_path: str, source: str, params=None, **_):
