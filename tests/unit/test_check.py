@@ -50,13 +50,18 @@ def test_a_missing_changelog_folder_and_an_unknown_connection_are_named(tmp_path
     assert "Traceback" not in done.stderr
 
 
-def test_a_ready_setup_passes(tmp_path, moto_server):
-    ep = moto_server.endpoint
-    ep.client().create_bucket(Bucket="chk-data")
+def _ready(tmp_path, moto_server) -> str:
+    """A config whose source's changelogs and bucket are there."""
+    moto_server.endpoint.client().create_bucket(Bucket="chk-data")
     changelogs = tmp_path / "changelogs" / "mdt0"
     changelogs.mkdir(parents=True)
     (changelogs / "0000000001.jsonl").write_text("")
-    config = _config(tmp_path, str(tmp_path / "changelogs"))
+    return _config(tmp_path, str(tmp_path / "changelogs"))
+
+
+def test_a_ready_setup_passes(tmp_path, moto_server):
+    ep = moto_server.endpoint
+    config = _ready(tmp_path, moto_server)
     env = {"AIRFLOW_CONN_CHK_SRC": ep.airflow_conn_json()}
     done = _check(config, env)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -72,11 +77,7 @@ def test_a_target_bucket_not_made_yet_is_ready(tmp_path, moto_server):
     """A source's bucket must be there; a target's is made by its first epoch, so only the store
     answering counts."""
     ep = moto_server.endpoint
-    ep.client().create_bucket(Bucket="chk-data")
-    changelogs = tmp_path / "changelogs" / "mdt0"
-    changelogs.mkdir(parents=True)
-    (changelogs / "0000000001.jsonl").write_text("")
-    config = _config(tmp_path, str(tmp_path / "changelogs"))
+    config = _ready(tmp_path, moto_server)
     doc = yaml.safe_load(open(config))
     doc["targets"].append({"name": "r", "source": "s", "kind": "s3", "conn_id": "chk_src", "bucket": "chk-new"})
     with open(config, "w") as f:

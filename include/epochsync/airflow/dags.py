@@ -370,19 +370,30 @@ def build_hydrate_dag(config: Config, target: TargetConfig, *, doc_md: str = "")
         },
     )
     with dag:
-        from airflow.providers.apache.spark.operators.spark_pyspark import PySparkOperator
-
-        PySparkOperator(
-            task_id="hydrate",
-            python_callable=hydrate_task,
-            conn_id=spark_conn_id(),
-            op_kwargs={"config_path": config.file, "target": target.name},
-            pool=pool_name(target.name),
+        _target_spark_task(
+            "hydrate",
+            hydrate_task,
+            config,
+            target,
             outlets=[target_asset(target.name)],
             doc_md="Full-object copies of every file in the dump, then the manifest at E (the target's asset "
             "updated with E).",
         )
     return dag
+
+
+def _target_spark_task(task_id: str, fn, config: Config, target: TargetConfig, **kw):
+    """A task of ``target``'s on the Spark Connect server, in the target's one-slot pool."""
+    from airflow.providers.apache.spark.operators.spark_pyspark import PySparkOperator
+
+    return PySparkOperator(
+        task_id=task_id,
+        python_callable=fn,
+        conn_id=spark_conn_id(),
+        op_kwargs={"config_path": config.file, "target": target.name},
+        pool=pool_name(target.name),
+        **kw,
+    )
 
 
 def build_purge_dag(config: Config, source: SourceConfig, *, doc_md: str = "") -> DAG:
@@ -424,8 +435,6 @@ def auditable(config: Config, target: TargetConfig) -> bool:
 def build_audit_dag(config: Config, target: TargetConfig, *, doc_md: str = "") -> DAG:
     """``epochsync_audit__<target>``: the committed epoch compared in full with the source, every
     ``targets[].audit.interval`` (only when triggered: ``never``)."""
-    from airflow.providers.apache.spark.operators.spark_pyspark import PySparkOperator
-
     from epochsync.airflow.tasks import audit_task
 
     source = config.source_of(target)
@@ -452,12 +461,11 @@ def build_audit_dag(config: Config, target: TargetConfig, *, doc_md: str = "") -
         },
     )
     with dag:
-        PySparkOperator(
-            task_id="audit",
-            python_callable=audit_task,
-            conn_id=spark_conn_id(),
-            op_kwargs={"config_path": config.file, "target": target.name},
-            pool=pool_name(target.name),
+        _target_spark_task(
+            "audit",
+            audit_task,
+            config,
+            target,
             doc_md="Walks the target and compares every path with the source at the committed epoch; fails "
             "naming the first differences.",
         )
