@@ -23,6 +23,7 @@ the PIDs inside its namespace.
 from __future__ import annotations
 
 import contextlib
+import errno
 import ipaddress
 import json
 import os
@@ -378,10 +379,14 @@ class GlusterPool:
 
     def _fuse(self, vol: PoolVolume) -> None:
         log = self.work_dir / f"client-{vol.name}.log"
+        # the volfile from any server: a client whose one volfile server is down cannot remount
+        backups = ":".join(self.address(n) for n in range(2, self.nodes + 1))
+        opts = f"log-file={log}" + (f",backup-volfile-servers={backups}" if backups else "")
         deadline = time.monotonic() + 60
         while True:
+            up = sorted(self.up_nodes()) or [1]
             done = run(
-                ["mount", "-t", "glusterfs", "-o", f"log-file={log}", f"{self.address(1)}:/{vol.name}", vol.mount],
+                ["mount", "-t", "glusterfs", "-o", opts, f"{self.address(up[0])}:/{vol.name}", vol.mount],
                 check=False,
             )
             if done.returncode == 0 and os.path.ismount(vol.mount):
@@ -389,8 +394,24 @@ class GlusterPool:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"cannot mount {vol.name}: {(done.stderr or done.stdout).strip()}")
             time.sleep(1)
-        self._mounts.insert(0, vol.mount)
+        if vol.mount not in self._mounts:
+            self._mounts.insert(0, vol.mount)
         self._register()
+
+    def mount_alive(self, volume: str) -> bool:
+        """Is ``volume``'s FUSE mount answering? When its client died ("Transport endpoint is not
+        connected", seen once in a CI run after a server stopped during a cut and a brick killed),
+        it is unmounted and mounted again, and False is returned (the caller may say so)."""
+        vol = self.volumes[volume]
+        try:
+            os.listdir(vol.mount)
+            return True
+        except OSError as exc:
+            if exc.errno != errno.ENOTCONN:
+                raise
+        run(["umount", "-l", vol.mount], check=False)
+        self._fuse(vol)
+        return False
 
     def status(self, volume: str, node: int | None = None) -> dict[str, bool]:
         """``{brick spec: online}`` as the pool (server ``node``, default any that is up) sees it."""
@@ -540,6 +561,98 @@ class GlusterPool:
             started_glusterd=None,
             extra=self._doc(),
         )
+
+
+class PoolAgents:
+    """An ``epochsync agent serve`` on every server of ``pool``, each in its server's namespaces,
+    serving that server's bricks of every volume, signed with one secret; stopped by the PIDs this
+    started (the pool's teardown ends whatever runs in its namespaces too). ``folder`` is not under
+    /tmp, which each server has its own of."""
+
+    PORT = 7411
+
+    def __init__(self, pool: GlusterPool, folder: str | os.PathLike):
+        import sys
+
+        import yaml
+
+        self.pool = pool
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.python = sys.executable
+        self.secret = secrets.token_hex(16)
+        secret = self.folder / "secret"
+        secret.write_text(self.secret)
+        secret.chmod(0o600)
+        #: what a source's ``agents`` key takes: the host its bricks name -> the agent's URL
+        self.urls = {pool.address(n): f"http://{pool.address(n)}:{self.PORT}" for n in range(1, pool.nodes + 1)}
+        self.procs: dict[int, subprocess.Popen] = {}
+        for n in range(1, pool.nodes + 1):
+            mine = [
+                b.split(":", 1)[1]
+                for v in pool.volumes.values()
+                for b in v.bricks
+                if b.startswith(pool.address(n) + ":")
+            ]
+            doc = {
+                "listen": f"{pool.address(n)}:{self.PORT}",
+                "secret_file": str(secret),
+                "bricks": mine,
+                "log": str(self.log(n)),
+            }
+            (self.folder / f"agent{n}.yaml").write_text(yaml.safe_dump(doc))
+            self.start(n)
+
+    def conn_json(self) -> str:
+        """An ``AIRFLOW_CONN_<ID>`` value whose password is the agents' secret (plain HTTP)."""
+        return json.dumps({"conn_type": "generic", "password": self.secret})
+
+    def log(self, n: int) -> Path:
+        """Server ``n``'s agent's log: one line per request."""
+        return self.folder / f"agent{n}.log"
+
+    def start(self, n: int) -> None:
+        """Starts server ``n``'s agent and waits until it answers (60 s at most)."""
+        from epochsync.agent.client import AgentClient
+
+        cmd = [*self.pool.nsenter(n), self.python, "-m", "epochsync.cli", "agent", "serve", "--config"]
+        cmd.append(str(self.folder / f"agent{n}.yaml"))
+        with open(self.folder / f"agent{n}.err", "ab") as err:
+            self.procs[n] = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+        client = AgentClient(self.urls[self.pool.address(n)], self.secret, timeout=5)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                client.info()
+                return
+            except Exception:
+                if time.monotonic() > deadline or self.procs[n].poll() is not None:
+                    tail = (self.folder / f"agent{n}.err").read_text()[-2000:]
+                    raise RuntimeError(f"agent {n} did not start: {tail}") from None
+                time.sleep(0.3)
+
+    def kill(self, n: int) -> None:
+        """kill -9 of server ``n``'s agent alone."""
+        self.procs[n].kill()
+        self.procs[n].wait(timeout=30)
+
+    def served_bytes(self) -> int:
+        """The bytes every agent has answered so far (what crossed from the servers), from their logs."""
+        total = 0
+        for n in self.procs:
+            if self.log(n).exists():
+                total += sum(int(m.group(1)) for m in re.finditer(r" -> \d+ (\d+)B ", self.log(n).read_text()))
+        return total
+
+    def stop(self) -> None:
+        """Stops every agent this started (SIGTERM, then SIGKILL after 20 s)."""
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    p.kill()
 
 
 def _mounted(path: str) -> bool:

@@ -15,13 +15,10 @@ The steps share the pool and run in order: a failure early makes later ones fail
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
-import time
 import types
-from pathlib import Path
 
 import pytest
 import yaml
@@ -59,8 +56,26 @@ def pool(tmp_path_factory):
         p.stop()
 
 
+@pytest.fixture(autouse=True)
+def _whole_pool(request):
+    """Each test starts with every server up and every FUSE client answering: a test that failed
+    half way (a server it stopped left down) does not fail the ones after it for that reason."""
+    if "pool" not in request.fixturenames:
+        yield
+        return
+    pool = request.getfixturevalue("pool")
+    for n in range(1, pool.nodes + 1):
+        if n not in pool.up_nodes():
+            pool.start_node(n)
+    for name in list(pool.volumes):
+        pool.mount_alive(name)
+    yield
+
+
 def _history(pool, vol, spark, folder) -> GlusterHistory:
-    return GlusterHistory(types.SimpleNamespace(volume=vol), folder, spark)
+    h = GlusterHistory(types.SimpleNamespace(volume=vol), folder, spark)
+    h.pool = pool
+    return h
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +83,17 @@ def r3(pool, spark, tmp_path_factory):
     return _history(pool, pool.r3, spark, tmp_path_factory.mktemp("pool-r3"))
 
 
+def mount_alive(h: GlusterHistory) -> None:
+    """The history's FUSE client is answering (its death is Gluster's client's, not epochsync's:
+    it is mounted again, and the test log says so)."""
+    vol = h.stack.volume
+    if not h.pool.mount_alive(vol.name):
+        h.lines.append(f"the FUSE client of {vol.name} had died (Transport endpoint is not connected): mounted again")
+
+
 def mount_problems(h: GlusterHistory, epoch: int) -> list[str]:
     """How cut ``epoch`` differs from the volume as its FUSE client reads it now (empty: equal)."""
+    mount_alive(h)
     cut = cut_truth(h.roots(epoch))
     live = mount_truth(str(h.mount))
     out = [f"{p}: only in the cut" for p in sorted(set(cut) - set(live))]
@@ -83,6 +107,7 @@ def mount_problems(h: GlusterHistory, epoch: int) -> list[str]:
 
 def step(h: GlusterHistory, script: str | None = None) -> tuple[int, dict]:
     """A workload, a cut, the target replicated and equal to the cut and to the mount; returns (epoch, cut record)."""
+    mount_alive(h)
     epoch = h.step(script)
     problems = mount_problems(h, epoch)
     assert not problems, f"cut {epoch} differs from the volume:\n  " + "\n  ".join(problems)
@@ -200,90 +225,12 @@ def test_a_server_killed_during_a_cut_and_a_brick_during_the_pull(pool, r3):
     step(r3, "echo after > k/after")
 
 
-class Agents:
-    """An ``epochsync agent serve`` on every server of the pool, each in its server's namespaces,
-    serving that server's bricks; stopped by the PID this started."""
-
-    def __init__(self, pool, folder: Path):
-        import secrets
-
-        self.pool = pool
-        self.folder = folder
-        self.secret = secrets.token_hex(16)
-        secret = folder / "secret"
-        secret.write_text(self.secret)
-        secret.chmod(0o600)
-        self.urls = {pool.address(n): f"http://{pool.address(n)}:7411" for n in range(1, pool.nodes + 1)}
-        self.procs: dict[int, subprocess.Popen] = {}
-        for n in range(1, pool.nodes + 1):
-            mine = [
-                b.split(":", 1)[1]
-                for v in pool.volumes.values()
-                for b in v.bricks
-                if b.startswith(pool.address(n) + ":")
-            ]
-            doc = {
-                "listen": f"{pool.address(n)}:7411",
-                "secret_file": str(secret),
-                "bricks": mine,
-                "log": str(self.log(n)),
-            }
-            (folder / f"agent{n}.yaml").write_text(yaml.safe_dump(doc))
-            self.start(n)
-
-    def log(self, n: int) -> Path:
-        return self.folder / f"agent{n}.log"
-
-    def start(self, n: int) -> None:
-        from epochsync.agent.client import AgentClient
-
-        cmd = [
-            *self.pool.nsenter(n),
-            sys.executable,
-            "-m",
-            "epochsync.cli",
-            "agent",
-            "serve",
-            "--config",
-            str(self.folder / f"agent{n}.yaml"),
-        ]
-        self.procs[n] = subprocess.Popen(
-            cmd, stdout=subprocess.DEVNULL, stderr=open(self.folder / f"agent{n}.err", "ab")
-        )
-        client = AgentClient(self.urls[self.pool.address(n)], self.secret, timeout=5)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                client.info()
-                return
-            except Exception:
-                if time.monotonic() > deadline or self.procs[n].poll() is not None:
-                    raise AssertionError(
-                        f"agent {n} did not start: {(self.folder / f'agent{n}.err').read_text()[-2000:]}"
-                    ) from None
-                time.sleep(0.3)
-
-    def kill(self, n: int) -> None:
-        """kill -9 of server ``n``'s agent alone."""
-        self.procs[n].kill()
-        self.procs[n].wait(timeout=30)
-
-    def stop(self) -> None:
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-
-
 @pytest.fixture(scope="module")
 def agents(pool):
-    folder = pool.work_dir / "agents"  # not under /tmp, which each server has its own of
-    folder.mkdir()
-    a = Agents(pool, folder)
-    os.environ["AIRFLOW_CONN_POOL_AGENTS"] = json.dumps({"conn_type": "generic", "password": a.secret})
+    from epochsync_dev.pool import PoolAgents
+
+    a = PoolAgents(pool, pool.work_dir / "agents")
+    os.environ["AIRFLOW_CONN_POOL_AGENTS"] = a.conn_json()
     yield a
     a.stop()
     os.environ.pop("AIRFLOW_CONN_POOL_AGENTS", None)
@@ -416,8 +363,6 @@ def test_make_gluster_nodes_leaves_nothing_behind(pool, tmp_path, how):
     """``make gluster NODES=2``'s pool, stopped by SIGTERM (it removes itself) or killed -9 (the next
     stack or pool that starts removes it): no namespace, mount or loop device of it is left."""
     import signal
-    import subprocess
-    import sys
 
     from epochsync_dev.gluster import cleanup_stale
 

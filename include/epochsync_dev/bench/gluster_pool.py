@@ -6,10 +6,16 @@ Epoch 1 publishes a tree of small files and a 100 MiB file. Then, while a writer
 file on the mount every 20 ms, ``--cuts`` cuts with ``cut.barrier: false`` (the default) and as
 many with ``barrier: true``, alternating; each is timed end to end (:func:`cut_source`, the
 ``epochsync cut`` of a DAG's first task) with the cut's own split. Last, 64 KiB appended to the
-100 MiB file, one cut, one replicate: the bytes pulled from the source.
+100 MiB file, one cut, one replicate: the bytes pulled from the source, and (through agents)
+every byte the agents answered for that cut and pull, which is what crossed between hosts.
 
-Rows (``bench/results/gluster.pool.json``), each with ``topology: replica3-3servers``:
-``cut`` (one per cut), ``cuts`` (medians and maxima per barrier setting), ``append``.
+By default the pipeline reaches the bricks as production does, through an ``epochsync agent``
+per server (its cuts, the cut's reads and the pull); ``--here`` reads the bricks where the
+bench runs instead (``cut.bricks_here``).
+
+Rows (``bench/results/gluster.pool.json``), each with ``topology: replica3-3servers`` and
+``via`` (agents, here): ``cut`` (one per cut), ``cuts`` (medians and maxima per barrier setting),
+``append``.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m epochsync_dev.bench gluster-pool", description=__doc__.split("\n")[0])
     p.add_argument("--cuts", type=int, default=10, help="cuts per barrier setting")
     p.add_argument("--files", type=int, default=2000, help="small files of epoch 1")
+    p.add_argument("--here", action="store_true", help="read the bricks here, not through an agent per server")
     args = p.parse_args(argv)
 
     from epochsync.core.config import load_config
@@ -45,13 +52,15 @@ def main(argv: list[str] | None = None) -> int:
     from epochsync.warehouse.paths import Warehouse, local_path
     from epochsync_dev.embedded import SparkConnectServer
     from epochsync_dev.gluster_truth import compare, cut_truth
-    from epochsync_dev.pool import GlusterPool
+    from epochsync_dev.pool import GlusterPool, PoolAgents
 
     work = Path(tempfile.mkdtemp(prefix="epochsync-bench-pool-"))
     rows: list[dict] = []
     pool = GlusterPool(nodes=3, image_size="2G", rollover=1)
     spark_server = SparkConnectServer("local[2]", work_dir=work / "spark")
     stop = threading.Event()
+    agents = None
+    via = "here" if args.here else "agents"
     try:
         pool.start(progress=print)
         vol = pool.create_volume("bench", type="replica", progress=print)
@@ -59,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
             str(work / "warehouse"),
             [{"name": "local", "source": "vol", "kind": "posix", "path": str(work / "replica")}],
         )
+        if not args.here:
+            agents = PoolAgents(pool, pool.work_dir / "agents")
+            os.environ["AIRFLOW_CONN_BENCH_AGENTS"] = agents.conn_json()
+            doc["sources"][0].update(agents=agents.urls, agent_conn_id="bench_agents")
         cfgs = {}
         for barrier in (False, True):
             doc["sources"][0]["cut"]["barrier"] = barrier
@@ -98,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             row = {
                 "row": "cut",
                 "topology": TOPOLOGY,
+                "via": via,
                 "epoch": out["epoch"],
                 "barrier": barrier,
                 "end_to_end_s": round(took, 3),
@@ -118,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                 {
                     "row": "cuts",
                     "topology": TOPOLOGY,
+                    "via": via,
                     "barrier": barrier,
                     "cuts": len(e2e),
                     "end_to_end_s_median": round(statistics.median(e2e), 3),
@@ -129,8 +144,10 @@ def main(argv: list[str] | None = None) -> int:
         replicate(cfg, "local", last, spark=spark, progress=lambda _l: None)
         with open(mount / "big.bin", "ab") as f:
             f.write(os.urandom(64 << 10))
+        served0 = agents.served_bytes() if agents else 0
         epoch = cut_source(cfg, "vol", progress=lambda _l: None)["cuts"][-1]["epoch"]
         replicate(cfg, "local", epoch, spark=spark, progress=lambda _l: None)
+        between = agents.served_bytes() - served0 if agents else None
         stats = read_json(local_path(Warehouse(cfg.warehouse).stats("local", epoch)))
         from epochsync.sources.gluster.reader import data_roots
         from epochsync.stages.cut import read_cut
@@ -141,18 +158,25 @@ def main(argv: list[str] | None = None) -> int:
             {
                 "row": "append",
                 "topology": TOPOLOGY,
+                "via": via,
                 "file_mib": 100,
                 "appended_kib": 64,
                 "bytes_pulled": stats.get("bytes_pulled"),
+                "bytes_between_hosts": between,
                 "target_bytes": 1 << 20,
                 "replica_equals_cut": not problems,
             }
         )
-        print(f"bench gluster-pool: 64 KiB appended to a 100 MiB file: {stats.get('bytes_pulled')} bytes pulled")
+        print(
+            f"bench gluster-pool: 64 KiB appended to a 100 MiB file: {stats.get('bytes_pulled')} bytes pulled"
+            + (f", {between} bytes answered by the agents (cut and pull)" if agents else "")
+        )
         spark.stop()
         write_results("gluster.pool", rows)
         return 1 if problems else 0
     finally:
         stop.set()
         spark_server.stop()
+        if agents is not None:
+            agents.stop()
         pool.stop()

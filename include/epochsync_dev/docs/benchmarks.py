@@ -653,7 +653,13 @@ def _generic(data: Any, depth: int = 0) -> list[str]:
 
 
 def _gluster_pool(data: Any) -> list[str]:
-    out = ["A `replica 3` volume over three servers (`topology: replica3-3servers`, `gluster.pool.json`):", ""]
+    via = {r.get("via") for r in data if r.get("via")}
+    how = (
+        ", the bricks reached through an `epochsync agent` per server (its snapshots, the cut's reads, the pull)"
+        if via == {"agents"}
+        else ""
+    )
+    out = [f"A `replica 3` volume over three servers (`topology: replica3-3servers`, `gluster.pool.json`){how}:", ""]
     for r in data:
         if r.get("row") == "cuts":
             mode = "with Gluster's barrier" if r.get("barrier") else "without it (`cut.barrier: false`, the default)"
@@ -665,7 +671,13 @@ def _gluster_pool(data: Any) -> list[str]:
         elif r.get("row") == "append":
             out.append(
                 f"- {_num(r.get('appended_kib'))} KiB appended to a {_num(r.get('file_mib'))} MiB file: "
-                f"{_num(r.get('bytes_pulled'))} bytes pulled from the source (target ≤ 1 MiB); the replica "
+                f"{_num(r.get('bytes_pulled'))} bytes pulled from the source"
+                + (
+                    f", {_num(r.get('bytes_between_hosts'))} bytes answered by the agents for its cut and pull"
+                    if r.get("bytes_between_hosts") is not None
+                    else ""
+                )
+                + f" (target ≤ 1 MiB between hosts); the replica "
                 f"{'equals' if r.get('replica_equals_cut') else 'DIFFERS from'} its cut"
             )
     return out + [""]
