@@ -88,3 +88,29 @@ def test_audit_sees_each_change_made_behind_its_back(seaweed, spark, tmp_path):
 
     with pytest.raises(AirflowFailException, match=r"at epoch 1 \(metadata and bytes.*: 4 differences; first: "):
         audit_task(cfg.file, "local", params={"deep": True}, spark=spark)
+
+
+def test_audit_of_an_s3_replica_sees_a_key_that_holds_another_file(seaweed, spark, tmp_path):
+    """On s3 a hard link is a copy: each key names in its metadata the file it holds, so a key
+    overwritten with another file's object (same metadata, as a copy would leave it) is a
+    ``links`` difference."""
+    from epochsync.targets import open_target
+
+    out, cfg = simulate(seaweed, tmp_path, 1, seed=31)
+    ingest_epoch(spark, cfg, 1)
+    merge_once(spark, cfg, 1)
+    replicate_epoch(spark, cfg, "s3", 1)
+    assert audit_target(cfg, "s3", spark=spark)["differences"] == []
+    target = open_target(cfg.target("s3"))
+    files = sorted((e.path, e.fid) for e in target.walk(hashes=False) if e.type == "file")
+    (victim, _), (donor, donor_fid) = files[0], files[1]
+    c = target.io.client
+    c.copy_object(
+        Bucket=target.bucket,
+        Key=target._full(victim),
+        CopySource={"Bucket": target.bucket, "Key": target._full(donor)},
+        MetadataDirective="COPY",
+    )
+    got = audit_target(cfg, "s3", spark=spark)["differences"]
+    assert (victim, "links") in {(d.path, d.what) for d in got}, got
+    assert any(donor_fid in d.detail for d in got if d.what == "links"), got

@@ -392,6 +392,50 @@ def test_epochs_through_the_dag(hist, seaweed):
         assert not problems, f"epoch {epoch} differs from its cut:\n  " + "\n  ".join(problems)
 
 
+def test_the_audit_sees_what_changed_behind_its_back(hist):
+    """``epochsync audit`` of the replica against its cut: each change made to the replica behind
+    epochsync's back is one difference (a byte only with --deep, the size and mtime kept); put
+    back, the audit is clean again."""
+    replica = hist.folder / "replica"
+    dirs = {d: os.stat(d) for d in (replica, replica / "old/a", replica / "old/b")}
+    f3, f4, f5 = replica / "old/a/f3", replica / "old/a/f4", replica / "old/a/f5"
+    link, twin = replica / "old/a/f1", replica / "old/b/f1-link"
+    mode = f4.stat().st_mode & 0o7777
+    f5_st = f5.stat()
+    original = f5.read_bytes()
+    f4.chmod(0o604 if mode != 0o604 else 0o640)  # a mode
+    (replica / "stray.txt").write_text("nobody made me")  # a stray
+    os.rename(f3, replica / "old/a/f3-moved")  # one missing, one stray
+    subprocess.run(["cp", "--preserve=all", str(twin), str(twin) + ".copy"], check=True)
+    os.replace(str(twin) + ".copy", twin)  # two names of one file, now two files: only the links differ
+    with open(f5, "r+b") as f:  # a byte, with the size and mtime kept
+        f.write(bytes([original[0] ^ 1]))
+    os.utime(f5, ns=(f5_st.st_atime_ns, f5_st.st_mtime_ns))
+    got = {(d.path, d.what) for d in hist.audit("local", deep=True)["differences"]}
+    assert got == {
+        ("old/a/f4", "mode"),
+        ("stray.txt", "stray"),
+        ("old/a/f3", "missing"),
+        ("old/a/f3-moved", "stray"),
+        ("old/b/f1-link", "links"),
+        ("old/a/f5", "bytes"),
+    }, got
+    metadata_only = {(d.path, d.what) for d in hist.audit("local")["differences"]}
+    assert metadata_only == got - {("old/a/f5", "bytes")}, metadata_only
+    # put back by hand: clean again, for the audit and for the cut's truth
+    f4.chmod(mode)
+    (replica / "stray.txt").unlink()
+    os.rename(replica / "old/a/f3-moved", f3)
+    os.unlink(twin)
+    os.link(link, twin)
+    f5.write_bytes(original)
+    os.utime(f5, ns=(f5_st.st_atime_ns, f5_st.st_mtime_ns))
+    for d, st in dirs.items():
+        os.utime(d, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert hist.audit("local", deep=True)["differences"] == []
+    assert not hist.problems("local", published_epoch(hist.cfg, hist.source))
+
+
 def test_cuts_are_purged_from_the_command_line(hist):
     """``epochsync purge``: what the purge DAG does, from the CLI; every committed cut but the newest goes."""
     kept = _cuts_kept(hist)

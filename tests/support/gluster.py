@@ -18,6 +18,7 @@ import yaml
 
 from epochsync.core.config import load_config
 from epochsync.sources.gluster.reader import data_roots
+from epochsync.stages.audit import audit_target
 from epochsync.stages.cut import cut_source, read_cut
 from epochsync.stages.replicate import replicate
 from epochsync.targets import open_target
@@ -100,7 +101,16 @@ class GlusterHistory:
             self.replicate(t, epoch)
             problems = self.problems(t, epoch)
             assert not problems, f"{t} at epoch {epoch} differs from its cut:\n  " + "\n  ".join(problems)
+            # the audit reads the cut as the source does, the truth walks the snapshots directly
+            audit = self.audit(t)
+            assert not audit["differences"], f"the audit of {t} at epoch {epoch}: " + "; ".join(
+                map(str, audit["differences"][:10])
+            )
         return epoch
+
+    def audit(self, target: str, *, deep: bool = False) -> dict:
+        """``epochsync audit`` of ``target`` at its committed epoch, against its cut."""
+        return audit_target(self.cfg, target, deep=deep)
 
     def records(self, epoch: int) -> list[dict]:
         """Returns the canonical records cut ``epoch`` published, every brick's."""

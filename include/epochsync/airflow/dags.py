@@ -428,8 +428,8 @@ def build_purge_dag(config: Config, source: SourceConfig, *, doc_md: str = "") -
 
 
 def auditable(config: Config, target: TargetConfig) -> bool:
-    """Can ``target`` be audited (an s3 or posix replica of a changelogs source: ``epochsync audit``)?"""
-    return target.kind != "feed" and config.source_of(target).kind != "gluster"
+    """Can ``target`` be audited (an s3 or posix replica, of any source: ``epochsync audit``)?"""
+    return target.kind != "feed"
 
 
 def build_audit_dag(config: Config, target: TargetConfig, *, doc_md: str = "") -> DAG:

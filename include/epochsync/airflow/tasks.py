@@ -331,8 +331,9 @@ def audit_task(config_path: str, target: str, params=None, spark=None, **_):
     for d in diffs[:100]:
         log.warning("%s", d)
     what = "metadata and bytes" if deep else "metadata"
+    held = f", {result['held']} held back by the cut" if result.get("held") else ""
     summary = (
-        f"audit of target {target} at epoch {result['epoch']} ({what}, {result['paths']} paths, "
+        f"audit of target {target} at epoch {result['epoch']} ({what}, {result['paths']} paths{held}, "
         f"{result['seconds']} s): " + (f"{len(diffs)} differences" if diffs else "clean")
     )
     log.info("%s", summary)

@@ -766,7 +766,7 @@ class _TargetKeys:
     fileset: Fileset = Field(default=(), description="subtrees to replicate (absolute paths); default: everything")
     verify: VerifyConfig = Field(default_factory=VerifyConfig)
     audit: AuditConfig = Field(
-        default_factory=AuditConfig, description="the scheduled audit (s3 and posix targets of changelog sources)"
+        default_factory=AuditConfig, description="the scheduled audit (s3 and posix targets; a feed ignores it)"
     )
     coalesce_gap: Size = Field(
         default=1024 * 1024, description="ranges of one object closer than this are fetched with one GET"

@@ -3,14 +3,25 @@ the ``audit`` verb.
 
 Verify checks what an epoch's records name; the audit checks everything the target holds, so
 a change made behind epochsync's back (a byte, a mode, an xattr, a removed or a stray file) is
-seen. The source's state at E is, for an object-store source (sim, jsonl), the committed
-namespace snapshot at E in the warehouse with its pinned source object versions; metadata only
-by default (paths, types, sizes, modes, owners, file mtimes, symlink targets, xattrs), the bytes
-too with ``deep`` (each file read from the target and from its source versions at E).
+seen. The source's state at E is:
+
+- for an object-store source (sim, jsonl), the committed namespace snapshot at E in the
+  warehouse with its pinned source object versions;
+- for a Gluster source, the cut of E itself (:func:`gluster_expected_at`): every gfid the cut's
+  bricks hold, read as the cut reads them (through the agents when they took it; a replicated
+  volume through each set's reader), so the audit does not trust what the cut published. The
+  gfids that cut held back (a directory operation it split between bricks, a rename caught
+  half-way: they keep their published state until the next cut) are left out and counted.
+
+Metadata only by default (paths, types, sizes, modes, owners, file mtimes, symlink targets,
+xattrs and hard links: the paths of one file are one inode on a posix replica, and on an s3
+replica every key names, in its metadata, the file the source has there), the bytes too with
+``deep`` (each file read from the target and from its source versions at E, or the cut).
 
 The walk is one stream per side: the target's ``walk(hashes=False)`` (``os.lstat`` per entry on
-posix, listings and HEADs on s3) against one dict built from one Spark read of the snapshot, so
-the cost is a stat per path, never a process per file.
+posix, listings and HEADs on s3) against one dict built from one Spark read of the snapshot (or
+one walk of the cut and a look-up per gfid), so the cost is a stat per path, never a process
+per file.
 
 The audit holds the target's lease (:mod:`epochsync.journal.lease`) for its whole walk, and
 refuses a target with an epoch applied but not committed (a run in flight between its apply and
@@ -20,9 +31,7 @@ with the committed one and report the run's own writes as differences. Both refu
 DAG (``epochsync_audit__<target>``, ``targets[].audit``) runs it on a schedule in the target's
 pool, retried while the target is busy.
 
-Not done yet (issue 50 deliverable 9): repair as an epoch of its own, the walker of a Gluster
-cut (for a Gluster source the snapshot is the replica's own record of the cut, not the cut
-itself) and hard-link identity.
+Not done yet (issue 50 deliverable 9): repair as an epoch of its own.
 """
 
 from __future__ import annotations
@@ -73,14 +82,141 @@ def expected_at(cfg: Config, tcfg: TargetConfig, epoch: int, spark, *, deep: boo
     return out
 
 
-def compare(target, expected: dict[str, dict], *, owners: bool, posix: bool) -> list[Difference]:
-    """The metadata differences between what ``target`` holds and ``expected`` (no bytes read)."""
+def gluster_expected_at(cfg: Config, tcfg: TargetConfig, epoch: int, *, deep: bool) -> tuple[dict[str, dict], set[str]]:
+    """For a Gluster source: path -> attributes of every path of the cut of ``epoch`` inside the
+    target's fileset (the :func:`expected_at` shape), and the paths the cut held back (see the
+    module docstring: a difference there, or under one, is not the target's).
+
+    The cut is read as the cut stage reads it: each server's brick (a set's reader) at its
+    snapshot, here or through its agent; every gfid a brick holds, looked up where it is. With
+    ``deep`` a file's ``source`` is its gfid in the cut (the reader of
+    :func:`epochsync.stages.context.source_access` of that epoch)."""
+    from epochsync.core.gluster import INTERNAL_GFIDS, ROOT_GFID
+    from epochsync.sources.gluster.reader import data_bricks
+    from epochsync.sources.gluster.resolve import SHARD_DIRS, Resolver
+    from epochsync.stages.cut import _side, mechanism, read_cut
+    from epochsync.stages.translate import in_fileset
+    from epochsync.warehouse.snapshots import directory_paths
+
+    src = cfg.source_of(tcfg)
+    rec = read_cut(cfg, src.name, epoch)
+    if rec is None or not rec.get("resolved"):
+        raise EpochError(
+            f"source {src.name} has no published cut {epoch}: the audit compares target {tcfg.name} with it"
+        )
+    mech = mechanism(src)
+    readers = data_bricks(rec)
+    views = [_side(mech, readers[b], rec["bricks"][readers[b]], name=b) for b in src.servers]
+    gone = [v.name for v in views if not v.exists()]
+    if gone:
+        raise EpochError(
+            f"the cut of epoch {epoch} of source {src.name} was purged (no snapshot of {', '.join(gone)}): a target is "
+            "audited against the cut of its committed epoch, and the purge keeps only the latest cut once every "
+            f"target committed it; audit target {tcfg.name} after its next epoch commits"
+        )
+    where: dict[str, str] = {}  # gfid -> the brick its walk found it on (a directory: the first)
+    for v in views:
+        for g in v.gfids():
+            where.setdefault(g, v.name)
+    where[ROOT_GFID] = views[0].name
+    gfids = sorted(g for g in where if g not in INTERNAL_GFIDS or g == ROOT_GFID)
+    resolver = Resolver(None, views, None, epoch, int(rec["time_ns"]))  # type: ignore[arg-type]
+    nodes = {}
+    split: set[str] = set()
+    for g, a in zip(gfids, resolver.look_all(gfids, {g: _Where(b) for g, b in where.items()})):  # type: ignore[arg-type]
+        if a.node is None:
+            if a.split:
+                split.add(g)
+            continue
+        if a.node.type != "dir" and a.node.names and all(p in SHARD_DIRS for p, _ in a.node.names):
+            continue  # a block of a sharded file: its base file is the file
+        nodes[g] = a.node
+    dirs = directory_paths(
+        [(g, p, n) for g, node in nodes.items() if node.type == "dir" for p, n in node.names], ROOT_GFID
+    )
+    held_gfids = set(rec.get("held") or ()) | split
+    out: dict[str, dict] = {}
+    held: set[str] = set()
+    for g, node in nodes.items():
+        for p, n in node.names:
+            parent = dirs.get(p)
+            if parent is None:
+                continue
+            path = n if parent == "" else f"{parent}/{n}"
+            if not in_fileset(path, tcfg.fileset):
+                continue
+            if g in held_gfids:
+                held.add(path)
+                continue
+            attrs = {
+                "fid": g,
+                "type": node.type,
+                "mode": node.mode,
+                "uid": node.uid,
+                "gid": node.gid,
+                "mtime_ns": node.mtime_ns,
+                "size": node.size if node.type == "file" else 0,
+                "symlink": node.symlink,
+                "xattrs": {k: v.hex() for k, v in node.xattrs.items()},
+            }
+            if deep and node.type == "file":
+                attrs["source"] = {"layout": None, "objects": [{"key": g, "version": epoch}]}
+            out[path] = attrs
+    held |= _published_paths(cfg, tcfg, epoch, held_gfids)
+    return out, held
+
+
+class _Where:
+    """What :meth:`Resolver.look_all` reads of a gfid it knows: the brick to ask first."""
+
+    def __init__(self, brick: str):
+        self.brick = brick
+
+
+def _published_paths(cfg: Config, tcfg: TargetConfig, epoch: int, fids: set[str]) -> set[str]:
+    """The paths ``fids`` have in the target's snapshot of ``epoch`` (where a held-back gfid still is)."""
+    if not fids:
+        return set()
+    from epochsync.warehouse.snapshot_files import snapshot_view
+    from epochsync.warehouse.snapshots import directory_paths, snapshot_files
+
+    src = cfg.source_of(tcfg)
+    view = snapshot_view(snapshot_files(Warehouse(cfg.warehouse), tcfg.name, epoch, src.root_fid), src.root_fid)
+    dirs = directory_paths(
+        [(r["fid"], lk["pfid"], lk["name"]) for r in view.directories().to_pylist() for lk in r["links"] or []],
+        src.root_fid,
+    )
+    out = set()
+    for r in view.rows(fids).to_pylist():
+        for lk in r["links"] or []:
+            parent = dirs.get(lk["pfid"])
+            if parent is not None:
+                out.add(lk["name"] if parent == "" else f"{parent}/{lk['name']}")
+    return out
+
+
+def _under(path: str, held: set[str]) -> bool:
+    """Is ``path`` one of ``held`` or below one?"""
+    if not held:
+        return False
+    parts = path.split("/")
+    return any("/".join(parts[:i]) in held for i in range(1, len(parts) + 1))
+
+
+def compare(
+    target, expected: dict[str, dict], *, owners: bool, posix: bool, held: set[str] = frozenset()
+) -> list[Difference]:
+    """The metadata differences between what ``target`` holds and ``expected`` (no bytes read);
+    nothing at or under a path of ``held`` (what the source's state at E held back) is compared."""
     from epochsync.stages.verify import XATTR_NAMESPACE
 
     diffs: list[Difference] = []
     seen = set()
+    inodes: dict[str, dict[int, list[str]]] = {}  # fid -> inode -> its paths (posix files)
     for e in target.walk(hashes=False):
         seen.add(e.path)
+        if _under(e.path, held):
+            continue
         want = expected.get(e.path)
         if want is None:
             diffs.append(Difference(e.path, "stray", f"a {e.type} the source does not hold at this epoch"))
@@ -108,8 +244,54 @@ def compare(target, expected: dict[str, dict], *, owners: bool, posix: bool) -> 
             if e.xattrs != wx:
                 names = sorted(k for k in wx.keys() | e.xattrs.keys() if wx.get(k) != e.xattrs.get(k))
                 diffs.append(Difference(e.path, "xattrs", "differ from the source: " + ", ".join(names)))
+        if e.type == "file":
+            diffs += _identity(e, want, posix, inodes)
     for p in sorted(expected.keys() - seen):
-        diffs.append(Difference(p, "missing", f"the source has a {expected[p]['type']}"))
+        if not _under(p, held):
+            diffs.append(Difference(p, "missing", f"the source has a {expected[p]['type']}"))
+    diffs += _links_apart(inodes, expected)
+    return diffs
+
+
+def _identity(e, want: dict, posix: bool, inodes: dict[str, dict[int, list[str]]]) -> list[Difference]:
+    """Hard links, per path: on s3 the key's metadata names the file the source has there; on posix
+    the path's inode is noted under the source's file (:func:`_links_apart` compares them)."""
+    fid = want.get("fid")
+    if not fid:
+        return []
+    if posix:
+        if e.ino is not None:
+            inodes.setdefault(fid, {}).setdefault(e.ino, []).append(e.path)
+        return []
+    if e.fid is not None and e.fid != fid:
+        return [Difference(e.path, "links", f"holds file {e.fid}, the source has file {fid} at this path")]
+    return []
+
+
+def _links_apart(inodes: dict[str, dict[int, list[str]]], expected: dict[str, dict]) -> list[Difference]:
+    """Posix: the paths of one source file on more than one inode, or one inode shared by the paths
+    of two source files."""
+    diffs = []
+    owner: dict[int, str] = {}
+    for fid, by_ino in sorted(inodes.items()):
+        if len(by_ino) > 1:
+            groups = sorted(sorted(ps) for ps in by_ino.values())
+            for ps in groups[1:]:
+                diffs.append(
+                    Difference(
+                        ps[0], "links", f"is not a hard link of {groups[0][0]!r}: the source has one file at both paths"
+                    )
+                )
+        for ino, ps in by_ino.items():
+            other = owner.setdefault(ino, fid)
+            if other != fid:
+                diffs.append(
+                    Difference(
+                        sorted(ps)[0],
+                        "links",
+                        f"is a hard link of {sorted(inodes[other][ino])[0]!r}, which the source has as another file",
+                    )
+                )
     return diffs
 
 
@@ -146,16 +328,7 @@ def audit_target(cfg, target, epoch: int | None = None, *, deep: bool = False, s
             f"target {tcfg.name} holds epoch {committed}, not {epoch}: a target can be audited only at its "
             f"committed epoch (run 'epochsync audit --target {tcfg.name}' without --epoch)"
         )
-    if cfg.source_of(tcfg).kind == "gluster":
-        raise EpochError(
-            f"source {tcfg.source} is a Gluster volume: auditing against its cut is not implemented yet "
-            "(issue 50 deliverable 9)"
-        )
     t0 = time.monotonic()
-    if spark is None:
-        from epochsync.spark import spark_session
-
-        spark = spark_session(f"epochsync-audit-{tcfg.name}-{epoch}", cfg=cfg)
     # no writer while the target is walked; and none half way (see the module docstring)
     with target_lease(cfg, tcfg):
         in_flight = unfinished_epochs(cfg, tcfg, committed)
@@ -170,11 +343,19 @@ def audit_target(cfg, target, epoch: int | None = None, *, deep: bool = False, s
 
 
 def _audit(cfg: Config, tcfg: TargetConfig, epoch: int, spark, *, deep: bool, t0: float) -> dict:
-    expected = expected_at(cfg, tcfg, epoch, spark, deep=deep)
+    held: set[str] = set()
+    if cfg.source_of(tcfg).kind == "gluster":
+        expected, held = gluster_expected_at(cfg, tcfg, epoch, deep=deep)
+    else:
+        if spark is None:
+            from epochsync.spark import spark_session
+
+            spark = spark_session(f"epochsync-audit-{tcfg.name}-{epoch}", cfg=cfg)
+        expected = expected_at(cfg, tcfg, epoch, spark, deep=deep)
     tgt = open_target(tcfg)
     posix = tgt.kind == "posix"
     owners = not posix or getattr(tgt, "as_root", False)
-    diffs = compare(tgt, expected, owners=owners, posix=posix)
+    diffs = compare(tgt, expected, owners=owners, posix=posix, held=held)
     if deep:
         from epochsync.stages.context import source_access
 
@@ -188,6 +369,7 @@ def _audit(cfg: Config, tcfg: TargetConfig, epoch: int, spark, *, deep: bool, t0
         "epoch": epoch,
         "deep": deep,
         "paths": len(expected),
+        "held": len(held),
         "differences": diffs,
         "seconds": round(time.monotonic() - t0, 3),
     }
@@ -214,8 +396,9 @@ def run_audit(args) -> int:
         for d in diffs:
             print(d)
         what = "metadata and bytes" if r["deep"] else "metadata"
+        held = f", {r['held']} held back by the cut until the next one" if r.get("held") else ""
         print(
-            f"audit of target {r['target']} at epoch {r['epoch']} ({what}, {r['paths']} paths, {r['seconds']} s): "
+            f"audit of target {r['target']} at epoch {r['epoch']} ({what}, {r['paths']} paths{held}, {r['seconds']} s): "
             + (f"{len(diffs)} differences" if diffs else "clean")
         )
     return 1 if diffs else 0

@@ -405,6 +405,9 @@ def _cut_one(
         )
     record["resolved"] = True
     record["publish"] = figures
+    # what keeps its published state past this cut (split directory operations, renames caught
+    # half-way, what waits for its parent): the audit leaves them out of its comparison
+    record["held"] = sorted(resolved.carry)
     write_json_atomic(path, record)
     say(
         f"cut {epoch} of {src.name}: {sum(counts.values())} records published from {len(raw)} raw ones "

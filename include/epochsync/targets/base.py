@@ -101,6 +101,7 @@ class Entry:
     sha256: str | None = None
     mtime_ns: int | None = None
     fid: str | None = None
+    ino: int | None = None  # a posix replica's inode: hard links share it (the audit's identity check)
 
     def comparable(self, *, owners: bool = True, xattrs: bool = True) -> tuple:
         """The fields replica comparisons use (times are not compared)."""

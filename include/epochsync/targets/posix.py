@@ -271,6 +271,7 @@ class PosixTarget(Target):
             uid=s.st_uid,
             gid=s.st_gid,
             mtime_ns=s.st_mtime_ns,
+            ino=s.st_ino,
         )
         if kind == "symlink":
             e.symlink = os.readlink(path)

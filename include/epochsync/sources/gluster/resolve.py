@@ -50,7 +50,7 @@ from epochsync.sources.gluster.bricks import AgentBrick, LocalBrick
 from epochsync.sources.gluster.btrfs import changed_ranges, drop_unchanged, fiemap
 from epochsync.sources.gluster.state import Known, SourceState
 
-_SHARD_DIRS = (SHARD_ROOT_GFID, SHARD_REMOVE_ME_GFID)
+SHARD_DIRS = (SHARD_ROOT_GFID, SHARD_REMOVE_ME_GFID)
 NULL_GFID = "00000000-0000-0000-0000-000000000000"
 
 
@@ -90,7 +90,7 @@ def touched_by(records: Iterable[Record]) -> tuple[set[str], set[tuple[str, str]
                 continue
             if p == NULL_GFID:
                 continue  # Gluster leaves a rename's new parent null at times: the cut tells the name
-            if p in _SHARD_DIRS:
+            if p in SHARD_DIRS:
                 b = shard_base(n)
                 if b:
                     bases.add(b[0])
@@ -207,7 +207,7 @@ class Resolver:
                     a.node is not None
                     and a.node.type != "dir"
                     and a.node.names
-                    and all(p in _SHARD_DIRS for p, _ in a.node.names)
+                    and all(p in SHARD_DIRS for p, _ in a.node.names)
                 ):
                     # a block of a sharded file: its base file is what changed
                     b = shard_base(a.node.names[0][1])
