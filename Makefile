@@ -28,7 +28,7 @@ PYTEST_ARGS ?=
 # 1,068-1,086 s with 40% more CPU (each worker starts its own Spark, SeaweedFS and moto).
 TEST_WORKERS ?= 0
 
-.PHONY: help venv test test-fast lint format docs docs-serve docs-ref demo demo-transcript gluster airflow bench bench-full bench-ingest bench-merge bench-e2e bench-warm bench-rollback bench-gluster bench-gluster-source bench-gluster-pool soak clean
+.PHONY: help venv test test-fast lint format docs docs-serve docs-ref demo demo-transcript gluster airflow bench bench-full bench-ingest bench-merge bench-e2e bench-warm bench-rollback bench-gluster bench-gluster-source bench-gluster-pool bench-gluster-audit soak clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  make %-14s %s\n", $$1, $$2}'
@@ -125,6 +125,9 @@ bench-gluster: $(STAMP) ## epochsync beside geo-replication and rsync on a live 
 
 bench-gluster-pool: $(STAMP) ## cuts with and without the barrier and a 64 KiB append on a replica 3 volume over a pool of three servers on this machine; root; about 2 minutes
 	$(BIN)/python -m epochsync_dev.bench gluster-pool
+
+bench-gluster-audit: $(STAMP) ## epochsync audit of a 50,000-file Gluster volume against its cut, metadata only and deep; root; about 10 minutes
+	$(BIN)/python -m epochsync_dev.bench gluster-audit
 
 bench-gluster-source: $(STAMP) ## the live-source rows on a GlusterFS volume (issue 31): cuts with and without the barrier, live 10 s epochs under Airflow; root; about 6 minutes; keeps bench-gluster's rows
 	$(BIN)/python -m epochsync_dev.bench gluster --parts airflow,cuts --merge

@@ -1,7 +1,7 @@
 """Benchmarks (``make bench``): each writes ``bench/results/<name>.json``.
 
 Sub-modules register one benchmark each: ``ingest``, ``merge``, ``e2e``, ``warm``,
-``rollback``, ``gluster``, ``gluster-pool``; ``all`` runs the parts of ``make bench`` in turn and times them. Every result
+``rollback``, ``gluster``, ``gluster-pool``, ``gluster-audit``; ``all`` runs the parts of ``make bench`` in turn and times them. Every result
 row is measured in the run that writes it; nothing here is an estimate.
 """
 
@@ -21,6 +21,7 @@ BENCHMARKS = {
     "rollback": "epochsync_dev.bench.rollback",
     "gluster": "epochsync_dev.bench.gluster",
     "gluster-pool": "epochsync_dev.bench.gluster_pool",
+    "gluster-audit": "epochsync_dev.bench.gluster_audit",
     "all": "epochsync_dev.bench.all",
 }
 

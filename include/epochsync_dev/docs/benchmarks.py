@@ -683,6 +683,28 @@ def _gluster_pool(data: Any) -> list[str]:
     return out + [""]
 
 
+def _gluster_audit(data: Any) -> list[str]:
+    epoch = next((r for r in data if r.get("row") == "epoch"), {})
+    out = [
+        f"`epochsync audit` of a posix replica against its Gluster cut (`make bench-gluster-audit`, "
+        f"`gluster.audit.json`): {_num(epoch.get('files'))} files of 8 KiB on a 2-brick volume, with hard links, "
+        f"symlinks and xattrs; epoch 1 cut and replicated in {_num(epoch.get('cut_and_replicate_s'), 1)} s:",
+        "",
+    ]
+    for r in data:
+        if r.get("row") == "audits":
+            out.append(
+                f"- metadata only, {_num(r.get('rounds'))} rounds: median {_num(r.get('seconds_median'), 2)} s, "
+                f"max {_num(r.get('seconds_max'), 2)} s (target ≤ {_num(r.get('target_s'), 0)} s)"
+            )
+        elif r.get("row") == "audit" and r.get("deep"):
+            out.append(
+                f"- with `--deep` (every file's bytes on both sides): {_num(r.get('seconds'), 2)} s for "
+                f"{_num(r.get('paths'))} paths, {_num(r.get('differences'))} differences"
+            )
+    return out + [""]
+
+
 LAYOUTS: dict[str, Callable[[Any], list[str]]] = {
     "bench": _bench,
     "ingest": _ingest,
@@ -700,6 +722,7 @@ LAYOUTS: dict[str, Callable[[Any], list[str]]] = {
     "gluster.lag": _gluster_lag,
     "gluster.source": _gluster_source,
     "gluster.pool": _gluster_pool,
+    "gluster.audit": _gluster_audit,
     "gluster.stages": _gluster_stages,
 }
 
