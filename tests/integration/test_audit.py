@@ -12,7 +12,7 @@ import sys
 import pytest
 from support.histories import ingest_epoch, merge_once, replicate_epoch, simulate
 
-from epochsync.core.errors import BusyError
+from epochsync.core.errors import BusyError, EpochError
 from epochsync.stages.audit import audit_target
 
 pytestmark = [pytest.mark.integration]
@@ -81,13 +81,45 @@ def test_audit_sees_each_change_made_behind_its_back(seaweed, spark, tmp_path):
     open(os.path.join(root, "stray.txt"), "w").write("x")
     os.utime(os.path.join(root, flipped), ns=(st.st_atime_ns, st.st_mtime_ns))
     shallow = {(d.path, d.what) for d in audit_target(cfg, "local", spark=spark)["differences"]}
-    assert shallow == {(chmodded, "mode"), (removed, "missing"), ("stray.txt", "stray")}
+    # the removal changed its directory's mtime too
+    moved_dir = {(os.path.dirname(removed), "mtime")} if os.path.dirname(removed) else set()
+    assert shallow == {(chmodded, "mode"), (removed, "missing"), ("stray.txt", "stray")} | moved_dir
     deep = {(d.path, d.what) for d in audit_target(cfg, "local", deep=True, spark=spark)["differences"]}
     assert deep == shallow | {(flipped, "bytes")}
     from airflow.sdk.exceptions import AirflowFailException
 
-    with pytest.raises(AirflowFailException, match=r"at epoch 1 \(metadata and bytes.*: 4 differences; first: "):
+    with pytest.raises(AirflowFailException, match=r"at epoch 1 \(metadata and bytes.*: \d differences; first: "):
         audit_task(cfg.file, "local", params={"deep": True}, spark=spark)
+
+    # a repair that fails half way is undone: the target is as the audit found it
+    with pytest.raises(EpochError, match="failed and was undone"):
+        audit_target(cfg, "local", deep=True, spark=spark, repair=True, inject="after=2")
+    assert {(d.path, d.what) for d in audit_target(cfg, "local", deep=True, spark=spark)["differences"]} == deep
+    # one that died half way (its undo never ran) keeps the target from an audit until it is undone
+    from epochsync.stages import rollback as rollback_module
+
+    real = rollback_module.roll_back_repair
+    rollback_module.roll_back_repair = lambda *a, **k: 0
+    try:
+        with pytest.raises(EpochError, match="failed and was undone"):
+            audit_target(cfg, "local", deep=True, spark=spark, repair=True, inject="after=2")
+    finally:
+        rollback_module.roll_back_repair = real
+    with pytest.raises(BusyError, match="a repair that did not finish"):
+        audit_target(cfg, "local", spark=spark)
+    from epochsync.stages.rollback import rollback_target
+
+    assert "unfinished repair undone" in rollback_target(cfg, "local", check=False)["message"]
+    assert {(d.path, d.what) for d in audit_target(cfg, "local", deep=True, spark=spark)["differences"]} == deep
+    # the repair: every difference put right, the target clean, and the next epoch's fence accepts it
+    done = audit_target(cfg, "local", deep=True, spark=spark, repair=True)
+    assert {(d.path, d.what) for d in done["differences"]} == deep
+    assert done["repair"]["after"] == [] and done["repair"]["paths"] == len(deep), done["repair"]
+    assert done["repair"]["how"] == {"attrs": 1 + len(moved_dir), "data": 1, "replace": 2}, done["repair"]
+    assert audit_target(cfg, "local", deep=True, spark=spark)["differences"] == []
+    from epochsync.warehouse.events import read_events
+
+    assert read_events(cfg.warehouse, "local")[-1]["event"] == "repaired"
 
 
 def test_audit_of_an_s3_replica_sees_a_key_that_holds_another_file(seaweed, spark, tmp_path):
@@ -114,3 +146,9 @@ def test_audit_of_an_s3_replica_sees_a_key_that_holds_another_file(seaweed, spar
     got = audit_target(cfg, "s3", spark=spark)["differences"]
     assert (victim, "links") in {(d.path, d.what) for d in got}, got
     assert any(donor_fid in d.detail for d in got if d.what == "links"), got
+    (tmp_path / "stray").write_bytes(b"stray")
+    c.upload_file(str(tmp_path / "stray"), target.bucket, target._full("stray.txt"))
+    done = audit_target(cfg, "s3", deep=True, spark=spark, repair=True)
+    assert ("stray.txt", "stray") in {(d.path, d.what) for d in done["differences"]}
+    assert done["repair"]["after"] == [], done["repair"]
+    assert audit_target(cfg, "s3", deep=True, spark=spark)["differences"] == []

@@ -46,6 +46,16 @@ def journal_dir(warehouse: str, target: str, epoch: int) -> str:
     return local_path(Warehouse(warehouse).undo(target, epoch))
 
 
+def repair_journal_dir(warehouse: str, target: str) -> str:
+    """Returns the local folder of ``target``'s repair undo journal (``epochsync audit --repair``)."""
+    return local_path(Warehouse(warehouse).repair_undo(target))
+
+
+def unfinished_repair(warehouse: str, target: str) -> bool:
+    """Did a repair of ``target`` start writing and not finish (its journal is there)?"""
+    return journal_exists(repair_journal_dir(warehouse, target))
+
+
 def plan_dir(warehouse: str, target: str, epoch: int) -> str:
     """Returns the local plan folder of ``target``'s ``epoch``."""
     return local_path(Warehouse(warehouse).plan(target, epoch))

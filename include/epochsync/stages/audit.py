@@ -31,7 +31,8 @@ with the committed one and report the run's own writes as differences. Both refu
 DAG (``epochsync_audit__<target>``, ``targets[].audit``) runs it on a schedule in the target's
 pool, retried while the target is busy.
 
-Not done yet (issue 50 deliverable 9): repair as an epoch of its own.
+With ``repair`` it then puts what differs right, as an epoch of its own: fenced, journaled,
+verified, undone on a failure (:mod:`epochsync.stages.repair`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from dataclasses import asdict, dataclass
 from epochsync.core.argtypes import epoch_number
 from epochsync.core.config import Config, TargetConfig
 from epochsync.core.errors import BusyError, EpochError
+from epochsync.core.model import SNAPSHOT_FIELDS
 from epochsync.journal.lease import target_lease
 from epochsync.stages.context import _config, _store_dict, _target_cfg, committed_epoch, unfinished_epochs
 from epochsync.targets import open_target
@@ -78,6 +80,7 @@ def expected_at(cfg: Config, tcfg: TargetConfig, epoch: int, spark, *, deep: boo
         attrs = attrs_of(r["fid"], row)
         if store is not None and attrs["type"] == "file":
             attrs["source"] = source_objects(r["fid"], row, store)
+        attrs["row"] = {k: row.get(k) for k in SNAPSHOT_FIELDS}  # what a repair writes
         out[r["path"]] = attrs
     return out
 
@@ -123,7 +126,8 @@ def gluster_expected_at(cfg: Config, tcfg: TargetConfig, epoch: int, *, deep: bo
     resolver = Resolver(None, views, None, epoch, int(rec["time_ns"]))  # type: ignore[arg-type]
     nodes = {}
     split: set[str] = set()
-    for g, a in zip(gfids, resolver.look_all(gfids, {g: _Where(b) for g, b in where.items()})):  # type: ignore[arg-type]
+    first_asked: dict = {g: _Where(b) for g, b in where.items()}  # what look_all reads of a Known
+    for g, a in zip(gfids, resolver.look_all(gfids, first_asked)):
         if a.node is None:
             if a.split:
                 split.add(g)
@@ -161,9 +165,32 @@ def gluster_expected_at(cfg: Config, tcfg: TargetConfig, epoch: int, *, deep: bo
             }
             if deep and node.type == "file":
                 attrs["source"] = {"layout": None, "objects": [{"key": g, "version": epoch}]}
+            attrs["row"] = _node_row(node, epoch)  # what a repair writes: the cut's, its bytes read from it
             out[path] = attrs
     held |= _published_paths(cfg, tcfg, epoch, held_gfids)
     return out, held
+
+
+def _node_row(node, epoch: int) -> dict:
+    """A snapshot-shaped row of a gfid as the cut holds it (its bytes pinned to that cut)."""
+    return {
+        "fid": node.gfid,
+        "type": node.type,
+        "mode": node.mode,
+        "uid": node.uid,
+        "gid": node.gid,
+        "atime_ns": node.atime_ns,
+        "mtime_ns": node.mtime_ns,
+        "ctime_ns": node.ctime_ns,
+        "size": node.size if node.type == "file" else 0,
+        "symlink": node.symlink,
+        "layout": None,
+        "objects": [{"ost": None, "oid": node.gfid, "version": str(epoch), "size": node.size}]
+        if node.type == "file"
+        else [],
+        "xattrs": [{"name": k, "value": v} for k, v in sorted(node.xattrs.items())],
+        "links": [{"pfid": p, "name": n} for p, n in node.names],
+    }
 
 
 class _Where:
@@ -195,7 +222,7 @@ def _published_paths(cfg: Config, tcfg: TargetConfig, epoch: int, fids: set[str]
     return out
 
 
-def _under(path: str, held: set[str]) -> bool:
+def _under(path: str, held: set[str] | frozenset[str]) -> bool:
     """Is ``path`` one of ``held`` or below one?"""
     if not held:
         return False
@@ -204,10 +231,17 @@ def _under(path: str, held: set[str]) -> bool:
 
 
 def compare(
-    target, expected: dict[str, dict], *, owners: bool, posix: bool, held: set[str] = frozenset()
+    target,
+    expected: dict[str, dict],
+    *,
+    owners: bool,
+    posix: bool,
+    held: set[str] | frozenset[str] = frozenset(),
+    observed: dict | None = None,
 ) -> list[Difference]:
     """The metadata differences between what ``target`` holds and ``expected`` (no bytes read);
-    nothing at or under a path of ``held`` (what the source's state at E held back) is compared."""
+    nothing at or under a path of ``held`` (what the source's state at E held back) is compared.
+    ``observed``, when given, gets every entry the walk found, by path (what a repair starts from)."""
     from epochsync.stages.verify import XATTR_NAMESPACE
 
     diffs: list[Difference] = []
@@ -215,6 +249,8 @@ def compare(
     inodes: dict[str, dict[int, list[str]]] = {}  # fid -> inode -> its paths (posix files)
     for e in target.walk(hashes=False):
         seen.add(e.path)
+        if observed is not None:
+            observed[e.path] = e
         if _under(e.path, held):
             continue
         want = expected.get(e.path)
@@ -232,7 +268,7 @@ def compare(
             )
         if owners and want.get("uid") is not None and (e.uid, e.gid) != (want["uid"], want["gid"]):
             diffs.append(Difference(e.path, "owner", f"{e.uid}:{e.gid}, the source has {want['uid']}:{want['gid']}"))
-        if e.type == "file" and posix and want.get("mtime_ns") is not None and e.mtime_ns is not None:
+        if e.type in ("file", "dir") and posix and want.get("mtime_ns") is not None and e.mtime_ns is not None:
             if e.mtime_ns != int(want["mtime_ns"]):
                 diffs.append(Difference(e.path, "mtime", f"{e.mtime_ns} ns, the source has {want['mtime_ns']}"))
         if e.type == "symlink" and e.symlink != want.get("symlink"):
@@ -312,10 +348,14 @@ def compare_bytes(target, expected: dict[str, dict], skip: set[str], source_io, 
     return diffs
 
 
-def audit_target(cfg, target, epoch: int | None = None, *, deep: bool = False, spark=None) -> dict:
+def audit_target(
+    cfg, target, epoch: int | None = None, *, deep: bool = False, spark=None, repair: bool = False, inject=None
+) -> dict:
     """Compare ``target``'s committed epoch with the source at that epoch; returns ``{"target",
-    "epoch", "deep", "paths", "differences": [Difference], "seconds"}``. Raises :class:`EpochError`
-    when ``epoch`` is not the committed one (a target holds only its committed epoch)."""
+    "epoch", "deep", "paths", "held", "differences": [Difference], "seconds"}``, and with
+    ``repair`` also ``"repair"``: what :func:`epochsync.stages.repair.repair_differences` did
+    (the differences stay the ones found before it). Raises :class:`EpochError` when ``epoch``
+    is not the committed one (a target holds only its committed epoch)."""
     cfg = _config(cfg)
     tcfg = _target_cfg(cfg, target)
     committed = committed_epoch(cfg, tcfg)
@@ -328,9 +368,15 @@ def audit_target(cfg, target, epoch: int | None = None, *, deep: bool = False, s
             f"target {tcfg.name} holds epoch {committed}, not {epoch}: a target can be audited only at its "
             f"committed epoch (run 'epochsync audit --target {tcfg.name}' without --epoch)"
         )
+    if repair and tcfg.kind == "feed":
+        raise EpochError(f"target {tcfg.name} is a feed: there is no replica to repair")
     t0 = time.monotonic()
     # no writer while the target is walked; and none half way (see the module docstring)
     with target_lease(cfg, tcfg):
+        from epochsync.journal.undo import unfinished_repair
+        from epochsync.stages.repair import repair_differences
+        from epochsync.stages.rollback import roll_back_repair
+
         in_flight = unfinished_epochs(cfg, tcfg, committed)
         if in_flight or committed_epoch(cfg, tcfg) != committed:
             raise BusyError(
@@ -339,10 +385,36 @@ def audit_target(cfg, target, epoch: int | None = None, *, deep: bool = False, s
                 "audit would count that run's writes as differences; audit after its commit, or after "
                 f"'epochsync rollback --target {tcfg.name}'"
             )
-        return _audit(cfg, tcfg, epoch, spark, deep=deep, t0=t0)
+        if unfinished_repair(cfg.warehouse, tcfg.name):
+            if not repair:
+                raise BusyError(
+                    f"target {tcfg.name} has a repair that did not finish: its writes would count as differences; "
+                    f"'epochsync rollback --target {tcfg.name}' undoes it, 'epochsync audit --target {tcfg.name} "
+                    "--repair' undoes it and repairs again"
+                )
+            roll_back_repair(cfg, tcfg, reason="a repair that did not finish, undone before a new one")
+        since = open_target(tcfg).now_ns() if repair else None  # the repair's fence instant: before the walk
+        result, expected, observed = _audit(cfg, tcfg, epoch, spark, deep=deep, t0=t0)
+        if repair:
+            result["repair"] = repair_differences(
+                cfg,
+                tcfg,
+                epoch,
+                result["differences"],
+                expected,
+                observed,
+                since_ns=since,
+                inject=inject,
+            )
+            if result["differences"]:
+                after, _, _ = _audit(cfg, tcfg, epoch, spark, deep=deep, t0=time.monotonic())
+            result["repair"]["after"] = after["differences"] if result["differences"] else []  # must be none
+            result["seconds"] = round(time.monotonic() - t0, 3)
+        return result
 
 
-def _audit(cfg: Config, tcfg: TargetConfig, epoch: int, spark, *, deep: bool, t0: float) -> dict:
+def _audit(cfg: Config, tcfg: TargetConfig, epoch: int, spark, *, deep: bool, t0: float) -> tuple[dict, dict, dict]:
+    """The audit's result, and what it compared: the expected paths and the entries the walk found."""
     held: set[str] = set()
     if cfg.source_of(tcfg).kind == "gluster":
         expected, held = gluster_expected_at(cfg, tcfg, epoch, deep=deep)
@@ -355,7 +427,8 @@ def _audit(cfg: Config, tcfg: TargetConfig, epoch: int, spark, *, deep: bool, t0
     tgt = open_target(tcfg)
     posix = tgt.kind == "posix"
     owners = not posix or getattr(tgt, "as_root", False)
-    diffs = compare(tgt, expected, owners=owners, posix=posix, held=held)
+    observed: dict = {}
+    diffs = compare(tgt, expected, owners=owners, posix=posix, held=held, observed=observed)
     if deep:
         from epochsync.stages.context import source_access
 
@@ -364,7 +437,7 @@ def _audit(cfg: Config, tcfg: TargetConfig, epoch: int, spark, *, deep: bool, t0
         skip = {d.path for d in diffs if d.what in ("missing", "stray", "type", "size")}
         diffs += compare_bytes(tgt, expected, skip, source_io, bucket)
     diffs.sort(key=lambda d: (d.path, d.what))
-    return {
+    result = {
         "target": tcfg.name,
         "epoch": epoch,
         "deep": deep,
@@ -373,6 +446,7 @@ def _audit(cfg: Config, tcfg: TargetConfig, epoch: int, spark, *, deep: bool, t0
         "differences": diffs,
         "seconds": round(time.monotonic() - t0, 3),
     }
+    return result, expected, observed
 
 
 def configure_audit(parser) -> None:
@@ -383,15 +457,26 @@ def configure_audit(parser) -> None:
         "--epoch", type=epoch_number, metavar="E", help="epoch to audit (default and only choice: the committed one)"
     )
     parser.add_argument("--deep", action="store_true", help="compare every file's bytes too (reads the whole replica)")
+    parser.add_argument(
+        "--repair",
+        action="store_true",
+        help="put what differs right, as an epoch of its own (fenced, journaled, verified; undone on a failure)",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as one JSON document")
 
 
 def run_audit(args) -> int:
-    """CLI: prints one line per difference and a summary; exit 0 when clean, 1 when anything differs."""
-    r = audit_target(args.config, args.target, args.epoch, deep=args.deep)
+    """CLI: prints one line per difference and a summary; exit 0 when clean (or repaired clean), 1
+    when anything differs (or still differs after the repair)."""
+    r = audit_target(args.config, args.target, args.epoch, deep=args.deep, repair=args.repair)
     diffs = r["differences"]
+    fixed = r.get("repair")
+    left = fixed["after"] if fixed is not None else diffs
     if args.json:
-        print(json.dumps({**r, "differences": [asdict(d) for d in diffs]}, sort_keys=True))
+        doc = {**r, "differences": [asdict(d) for d in diffs]}
+        if fixed is not None:
+            doc["repair"] = {**fixed, "after": [asdict(d) for d in fixed["after"]]}
+        print(json.dumps(doc, sort_keys=True, default=str))
     else:
         for d in diffs:
             print(d)
@@ -401,4 +486,13 @@ def run_audit(args) -> int:
             f"audit of target {r['target']} at epoch {r['epoch']} ({what}, {r['paths']} paths{held}, {r['seconds']} s): "
             + (f"{len(diffs)} differences" if diffs else "clean")
         )
-    return 1 if diffs else 0
+        if fixed is not None and fixed["paths"]:
+            how = ", ".join(f"{n} {h}" for h, n in fixed["how"].items() if n)
+            for d in fixed["after"]:
+                print(f"after the repair: {d}")
+            print(
+                f"repair of target {r['target']} at epoch {r['epoch']}: {fixed['paths']} paths ({how}), "
+                f"{fixed['bytes_pulled']} bytes pulled from the source, {fixed['seconds']} s: "
+                + (f"{len(fixed['after'])} differences left" if fixed["after"] else "clean")
+            )
+    return 1 if left else 0

@@ -13,6 +13,7 @@ from epochsync.journal.undo import (
     manifest_epoch,
     plan_dir,
     read_json,
+    unfinished_repair,
 )
 from epochsync.targets import open_target
 from epochsync.warehouse.paths import Warehouse, local_path
@@ -108,12 +109,14 @@ def check_preconditions(cfg, target, epoch: int, first_epoch: int | None = None)
             f"starts from epoch {first - 1}: nothing was applied. Run epochs {committed + 1}..{epoch} again "
             "(in Airflow: clear the whole run, so that it plans from the committed epoch)"
         )
-    if unfinished:
+    if unfinished or unfinished_repair(cfg.warehouse, tcfg.name):
         return {
             "action": "rollback_first",
             "committed": committed,
             "unfinished": unfinished,
-            "message": f"epoch(s) {unfinished} of target {tcfg.name} did not commit: rolling back first",
+            "message": f"epoch(s) {unfinished} of target {tcfg.name} did not commit: rolling back first"
+            if unfinished
+            else f"a repair of target {tcfg.name} did not finish: undoing it first",
         }
     return {"action": "run", "committed": committed, "unfinished": [], "message": "ok"}
 

@@ -21,6 +21,8 @@ from epochsync.journal.undo import (
     mark_aborted,
     read_journal,
     remove_journal,
+    repair_journal_dir,
+    unfinished_repair,
     wait_for_writers,
 )
 from epochsync.stages.context import _config, _target_cfg, unfinished_epochs
@@ -62,41 +64,30 @@ def rollback_target(cfg, target, spark=None, *, check: bool = True, progress=Non
     tgt = open_target(tcfg)
     committed = manifest_epoch(tgt.read_manifest())
     epochs = unfinished_epochs(cfg, tcfg, committed)
+    repair_undone = None
+    if unfinished_repair(cfg.warehouse, tcfg.name):
+        # a repair of the committed epoch that did not finish: undone first (it wrote over that epoch)
+        repair_undone = roll_back_repair(cfg, tcfg, reason="it did not finish", progress=progress)
     if not epochs:
-        return {"rolled_back": [], "committed": committed, "undone": 0, "message": "nothing to roll back"}
+        if repair_undone is None:
+            return {"rolled_back": [], "committed": committed, "undone": 0, "message": "nothing to roll back"}
+        return {
+            "rolled_back": [],
+            "committed": committed,
+            "undone": repair_undone,
+            "message": f"an unfinished repair undone: target {tcfg.name} is as it was before it, at epoch {committed}",
+        }
     t0 = time.monotonic()
     undone = 0
     for e in sorted(epochs, reverse=True):
         jdir = journal_dir(cfg.warehouse, tcfg.name, e)
         fault = fault_point(cfg.warehouse, tcfg.name, e, "rollback")  # tests: stage=rollback
-        mark_aborted(jdir)
-        wait_for_writers(jdir)
-        # replay until the journal stops growing: a writer that was mid-entry when the
-        # marker appeared has at most one more durable entry, and undo is idempotent;
-        # entries a killed rollback already undid are skipped (UndoneLog); an entry is logged
-        # only once its undo finished, also when the target replays keys in threads
-        done = UndoneLog(jdir)
-        entries: list[dict] = []
-        try:
-            while True:
-                fresh = [x for x in read_journal(jdir) if x not in done]
-                if not fresh:
-                    break
-                undone += tgt.undo_all(
-                    list(reversed(fresh)),
-                    jdir,
-                    done.add,
-                    before=_fault_hook(fault),
-                    progress=_epoch_progress(progress, e),
-                )
-                entries += fresh
-                time.sleep(0.2)
-        finally:
-            done.close()
+        n = undo_journal(tgt, jdir, fault, _epoch_progress(progress, e))
+        undone += n
         fault("scratch area")
         tgt.finish_rollback(e)
         if progress:
-            progress(f"rollback: epoch {e}: {len(entries)} journal entries undone")
+            progress(f"rollback: epoch {e}: {n} journal entries undone")
     problems: list[str] = []
     if check:
         if spark is None:
@@ -135,6 +126,57 @@ def rollback_target(cfg, target, spark=None, *, check: bool = True, progress=Non
         "seconds": round(time.monotonic() - t0, 3),
         "message": f"target {tcfg.name} is back at epoch {committed}",
     }
+
+
+def undo_journal(tgt, jdir: str, fault: Callable[[str], None], progress=None) -> int:
+    """Replay the undo journal in ``jdir`` on ``tgt``, newest entry first; returns the entries undone.
+
+    Writers are stopped first (the ``ABORTED`` marker, then their locks). It replays until the
+    journal stops growing: a writer that was mid-entry when the marker appeared has at most one
+    more durable entry, and undo is idempotent; entries a killed rollback already undid are
+    skipped (UndoneLog); an entry is logged only once its undo finished, also when the target
+    replays keys in threads."""
+    mark_aborted(jdir)
+    wait_for_writers(jdir)
+    done = UndoneLog(jdir)
+    undone = 0
+    try:
+        while True:
+            fresh = [x for x in read_journal(jdir) if x not in done]
+            if not fresh:
+                break
+            undone += tgt.undo_all(list(reversed(fresh)), jdir, done.add, before=_fault_hook(fault), progress=progress)
+            time.sleep(0.2)
+    finally:
+        done.close()
+    return undone
+
+
+def roll_back_repair(cfg: Config, tcfg: TargetConfig, *, reason: str, progress=None) -> int:
+    """Undo an unfinished repair of the committed epoch (:mod:`epochsync.stages.repair`; the caller
+    holds the target's lease): the target is as it was before it. Returns the entries undone."""
+    tgt = open_target(tcfg)
+    epoch = manifest_epoch(tgt.read_manifest())
+    jdir = repair_journal_dir(cfg.warehouse, tcfg.name)
+    fault = fault_point(cfg.warehouse, tcfg.name, epoch, "rollback")
+    n = undo_journal(tgt, jdir, fault, progress)
+    tgt.finish_rollback(epoch)
+    tgt.mark_rollback(epoch)  # its undo changed what it touched: the fence instant moves past that
+    remove_journal(jdir)
+    record_event(
+        cfg.warehouse,
+        tcfg.name,
+        ROLLED_BACK,
+        epoch,
+        message=f"repair of epoch {epoch} undone ({reason}): the target is as it was before it",
+        back_at=epoch,
+        reason=f"repair: {reason}",
+        undone=n,
+        repair=True,
+    )
+    if progress:
+        progress(f"rollback: the repair of epoch {epoch}: {n} journal entries undone")
+    return n
 
 
 def _fault_hook(fault: Callable[[str], None]) -> Callable[[dict], None]:

@@ -150,6 +150,12 @@ class Target:
         """Record that a rollback finished now (it moves the fence instant forward)."""
         raise NotImplementedError
 
+    def now_ns(self) -> int:
+        """The target's clock now (ns), as its change times read it: what a fence instant taken now is."""
+        import time
+
+        return time.time_ns()
+
     # -- reading
     def walk(self, *, hashes: bool = True) -> Iterator[Entry]:
         """Returns an iterator over every entry of the replica (the control directory left out);

@@ -964,6 +964,13 @@ class S3Target(Target):
         times = [t for n in ("manifest.json", "rollback.json") if (t := self._control_time_ns(n))]
         return max(times) if times else None
 
+    def now_ns(self) -> int:
+        """The store's clock now (its answer's ``Date``, whole seconds), as LastModified reads it."""
+        resp = self.io.call(f"HEAD s3://{self.bucket}", lambda c: c.head_bucket(Bucket=self.bucket))
+        now = _http_date_ns(resp.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date"))
+        self._note_answer(resp)
+        return now if now is not None else time.time_ns()
+
     def after_fence_second(self, since_ns: int | None) -> float:
         """Wait until the store's clock is past the second of ``since_ns`` (the fence instant); returns
         the seconds waited (0 almost always: an epoch rarely starts in its predecessor's commit second).

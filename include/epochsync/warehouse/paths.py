@@ -78,6 +78,14 @@ class Warehouse:
         """Returns the undo journal folder of ``target``'s epoch."""
         return self._join("undo", f"target={target}", f"epoch={epoch}")
 
+    def repair_undo(self, target: str) -> str:
+        """Returns the undo journal folder of ``target``'s repair (``epochsync audit --repair``)."""
+        return self._join("undo", f"target={target}", "repair")
+
+    def repair_plan(self, target: str) -> str:
+        """Returns the plan folder of ``target``'s last repair."""
+        return self._join("plans", f"target={target}", "repair")
+
     def stats(self, target: str, epoch: int) -> str:
         """Returns the stats row of ``target``'s committed epoch (JSON)."""
         return self._join("stats", f"target={target}", f"epoch={epoch}.json")
