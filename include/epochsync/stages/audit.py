@@ -144,7 +144,7 @@ def audit_target(cfg, target, epoch: int | None = None, *, deep: bool = False, s
     if epoch != committed:
         raise EpochError(
             f"target {tcfg.name} holds epoch {committed}, not {epoch}: a target can be audited only at its "
-            f"committed epoch (run 'epochsync audit --target {tcfg.name}' without --epoch)"
+            f"committed epoch (run 'epochsync audit --config {cfg.file} --target {tcfg.name}' without --epoch)"
         )
     if cfg.source_of(tcfg).kind == "gluster":
         raise EpochError(
@@ -164,7 +164,7 @@ def audit_target(cfg, target, epoch: int | None = None, *, deep: bool = False, s
                 f"target {tcfg.name} has epoch {in_flight[-1] if in_flight else committed + 1} applied but not "
                 "committed (a run between its apply and its commit, or one that failed before its rollback): the "
                 "audit would count that run's writes as differences; audit after its commit, or after "
-                f"'epochsync rollback --target {tcfg.name}'"
+                f"'epochsync rollback --config {cfg.file} --target {tcfg.name}'"
             )
         return _audit(cfg, tcfg, epoch, spark, deep=deep, t0=t0)
 
