@@ -32,10 +32,12 @@ import contextlib
 import io
 import itertools
 import json
+import os
 import re
 import shlex
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -666,7 +668,10 @@ def _captured_parser(entry) -> argparse.ArgumentParser | None:
     original = argparse.ArgumentParser.parse_args
     argparse.ArgumentParser.parse_args = stop
     try:
-        entry([])
+        try:
+            entry([])
+        except TypeError:
+            entry()  # a main() that reads sys.argv itself
     except _Parsed as caught:
         return caught.parser
     finally:
@@ -725,27 +730,15 @@ def check_airflow(commands: list[Printed]) -> list[str | None]:
         "print(json.dumps([check_with_parser(parser, w, whole=whole).error if whole or w[0] in groups else None\n"
         "                  for w, whole in json.load(sys.stdin)]))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        input=payload,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=_airflow_env(),
-        cwd=ROOT,
-    )
+    with tempfile.TemporaryDirectory(prefix="airflow-cli-") as home:
+        env = dict(
+            os.environ,
+            AIRFLOW_HOME=home,
+            AIRFLOW__CORE__LOAD_EXAMPLES="False",
+            PYTHONPATH=os.pathsep.join([str(ROOT / "include"), str(ROOT / "tests")]),
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", code], input=payload, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT
+        )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def _airflow_env() -> dict[str, str]:
-    import os
-    import tempfile
-
-    home = Path(tempfile.mkdtemp(prefix="airflow-cli-"))
-    return dict(
-        os.environ,
-        AIRFLOW_HOME=str(home),
-        AIRFLOW__CORE__LOAD_EXAMPLES="False",
-        PYTHONPATH=os.pathsep.join([str(ROOT / "include"), str(ROOT / "tests")]),
-    )
