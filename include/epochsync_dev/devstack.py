@@ -357,7 +357,7 @@ def start_live_source(out: Path, env: dict[str, str], *, epochs: int, files: int
     while not config.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(
-                f"python -m epochsync_dev simulate --live exited with {proc.returncode} before writing {config}"
+                f"python -m epochsync_dev simulate ... --live exited with {proc.returncode} before writing {config}"
             )
         time.sleep(0.5)
     return proc, config

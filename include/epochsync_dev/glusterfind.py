@@ -393,7 +393,7 @@ def compare_window(
         cli_s = time.monotonic() - t0
         if done.stdout.splitlines() != ours:
             raise AssertionError(
-                f"epochsync changes --format glusterfind printed other lines than glusterfind_lines: {done.stdout!r}"
+                f"epochsync changes ... --format glusterfind printed other lines than glusterfind_lines: {done.stdout!r}"
             )
     cut = read_cut(cfg, tcfg.source, e2)
     if cut is not None:

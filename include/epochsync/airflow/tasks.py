@@ -341,6 +341,6 @@ def audit_task(config_path: str, target: str, params=None, spark=None, **_):
         first = "; ".join(str(d) for d in diffs[:5])
         raise AirflowFailException(
             f"{summary}; first: {first}. The replica was changed behind epochsync's back (or a run lost "
-            f"something): 'epochsync audit --target {target}' lists every difference"
+            f"something): 'epochsync audit --config {config_path} --target {target}' lists every difference"
         )
     return {"target": target, "epoch": result["epoch"], "deep": deep, "paths": result["paths"], "differences": 0}

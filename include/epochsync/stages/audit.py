@@ -366,7 +366,7 @@ def audit_target(
     if epoch != committed:
         raise EpochError(
             f"target {tcfg.name} holds epoch {committed}, not {epoch}: a target can be audited only at its "
-            f"committed epoch (run 'epochsync audit --target {tcfg.name}' without --epoch)"
+            f"committed epoch (run 'epochsync audit --config {cfg.file} --target {tcfg.name}' without --epoch)"
         )
     if repair and tcfg.kind == "feed":
         raise EpochError(f"target {tcfg.name} is a feed: there is no replica to repair")
@@ -383,7 +383,7 @@ def audit_target(
                 f"target {tcfg.name} has epoch {in_flight[-1] if in_flight else committed + 1} applied but not "
                 "committed (a run between its apply and its commit, or one that failed before its rollback): the "
                 "audit would count that run's writes as differences; audit after its commit, or after "
-                f"'epochsync rollback --target {tcfg.name}'"
+                f"'epochsync rollback --config {cfg.file} --target {tcfg.name}'"
             )
         if unfinished_repair(cfg.warehouse, tcfg.name):
             if not repair:

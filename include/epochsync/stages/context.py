@@ -43,7 +43,7 @@ def source_access(cfg: Config, tcfg: TargetConfig, epoch: int | None = None):
 
             assert src.agent_conn_id is not None
             agents = resolve_agent(src.agent_conn_id)
-        return cut_reader(cfg.warehouse, src.name, epoch, agents=agents), src.name
+        return cut_reader(cfg.warehouse, src.name, epoch, agents=agents, config=cfg.file), src.name
     from epochsync.stores.connections import resolve_s3
     from epochsync.targets.s3 import S3Access
 

@@ -272,7 +272,7 @@ def _cut_one(
     # why this cut is walked whole (nothing: its records are trusted)
     walk: dict[str, str] = {}
     if rewalk and not first:
-        walk["asked"] = "epochsync cut --rewalk"
+        walk["asked"] = "epochsync cut ... --rewalk"
     if record.get("hints_failed") and not first:
         walk["hints"] = record["hints_failed"]
     per_brick: dict[str, list[Record]] = {}
@@ -321,7 +321,7 @@ def _cut_one(
             continue
         if not walk and not rewalk and isinstance(failure, EpochError):
             raise EpochError(
-                f"{failure}; the cut is sound: 'epochsync cut --source {src.name} --rewalk' publishes it by walking "
+                f"{failure}; the cut is sound: 'epochsync cut --config {cfg.file} --source {src.name} --rewalk' publishes it by walking "
                 "it whole against the published state"
             ) from None
         walk[name] = str(failure)

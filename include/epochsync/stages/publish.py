@@ -700,7 +700,7 @@ def run_feed(args) -> int:
                 if c["behind_retention"]:
                     print(
                         f"  {c['consumer']}: acknowledged {c['acked']}, lag {c['lag_epochs']}, behind retention: "
-                        f"hydrate it (epochsync feed hydrate --consumer {c['consumer']})"
+                        f"hydrate it (epochsync feed hydrate --config {cfg.file} --target {args.target} --consumer {c['consumer']})"
                     )
                     continue
                 nxt = "nothing"

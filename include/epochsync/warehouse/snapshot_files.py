@@ -191,7 +191,7 @@ def missing_snapshot(target: str, epoch: int, uri: str) -> EpochError:
     """Returns the error for a snapshot that should be there and is not: it says what to run."""
     return EpochError(
         f"no snapshot of target {target!r} at epoch {epoch} ({uri}): merge epoch {epoch} first "
-        f"(epochsync replicate --target {target} --epoch {epoch}) or hydrate the target"
+        f"(epochsync replicate --config FILE --target {target} --epoch {epoch}) or hydrate the target"
     )
 
 

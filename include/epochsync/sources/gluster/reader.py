@@ -28,13 +28,16 @@ def cut_record(warehouse: str, source: str, epoch: int) -> dict | None:
     return read_json(local_path(Warehouse(warehouse).cut(source, epoch)))
 
 
-def cut_reader(warehouse: str, source: str, epoch: int, *, agents=None) -> CutReader:
+def cut_reader(warehouse: str, source: str, epoch: int, *, agents=None, config: str = "FILE") -> CutReader:
     """The reader of ``epoch``'s cut of ``source`` (apply's and verify's bytes); an EpochError when that
-    cut was never taken. A cut its servers' agents took is read through them (``agents``: the
-    source's :class:`epochsync.stores.connections.AgentSettings`)."""
+    cut was never taken, naming the command that takes it (with ``config``, the config's path). A cut
+    its servers' agents took is read through them (``agents``: the source's
+    :class:`epochsync.stores.connections.AgentSettings`)."""
     rec = cut_record(warehouse, source, epoch)
     if rec is None:
-        raise EpochError(f"source {source} has no cut {epoch}: take it first (epochsync cut --source {source})")
+        raise EpochError(
+            f"source {source} has no cut {epoch}: take it first (epochsync cut --config {config} --source {source})"
+        )
     remote = data_agents(rec)
     if remote and agents is not None:
         return AgentCutReader(source, epoch, sorted(remote.items()), agents)
