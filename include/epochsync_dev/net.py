@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import base64
+import functools
+import json
 import os
 import random
 import shutil
@@ -30,7 +32,7 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +76,8 @@ class NetConfig:
     files: int = 6
     ops: int = 10
     big: bool = False
+    #: labels of operations drawn but not applied (:meth:`Workload._op`): a shrunk history
+    skip: frozenset[str] = frozenset()
 
     @classmethod
     def of_seed(cls, seed: int) -> NetConfig:
@@ -111,6 +115,10 @@ class NetWorkload(Workload):
         )
         self.net = net
         self.big_fid: str | None = None
+        self.skip = frozenset(net.skip)
+        self.op_log = []
+        if self.skip:
+            self.resume = whole_history_marks(replace(net, skip=frozenset()))
 
     def _file_size(self) -> int:
         r = self.rng.random()
@@ -121,23 +129,25 @@ class NetWorkload(Workload):
     def _initial_tree(self) -> None:
         super()._initial_tree()
         if self.net.big:
-            self.big_fid = self._create_file(parent=self.cfg.root_fid, layout=None)
-            self.files.discard(self.big_fid)  # only op_big changes it: it stays past two parts
-            self.write(self.big_fid, 0, 2 * PART_SIZE + self.rng.randrange(1, 64 * 1024))
+            self._op("1.init.big", self._make_big, "big")
+
+    def _make_big(self) -> None:
+        self.big_fid = self._create_file(parent=self.cfg.root_fid, layout=None)
+        self.files.discard(self.big_fid)  # only op_big changes it: it stays past two parts
+        self.write(self.big_fid, 0, 2 * PART_SIZE + self.rng.randrange(1, 64 * 1024))
 
     def _epoch_start(self, epoch: int) -> None:
         """What every history holds, so that its few operations reach the paths: from epoch 2 a
         file written through one of two links, and the big file (in the root: no tree removal takes it) changed; at epoch 2 a directory
         of files renamed (on posix its files are carried)."""
         if epoch == 1:
-            if not self._full_dirs():
-                self.op_rename_full_dir()  # none yet: it makes one
+            self._op("1.start", self._full_dir, "full_dir")
             return
-        self.op_link_and_write()
+        self._op(f"{epoch}.start.link", self.op_link_and_write)
         if self.net.big:
-            self.op_big()
+            self._op(f"{epoch}.start.big", self.op_big)
         if epoch == 2:
-            self.op_rename_full_dir()
+            self._op("2.start.rename", self.op_rename_full_dir)
 
     def op_link_and_write(self) -> None:
         """A second name for a file, then a write to it: on s3 the second key is a copy of the first's new version."""
@@ -148,6 +158,10 @@ class NetWorkload(Workload):
         self.emit(self.mdts[self.home_mdt[parent]], "HLINK", tfid=fid, pfid=parent, name=self._new_name("file"))
         size = self.model.nodes[fid].size or 0
         self.write(fid, self.rng.randrange(0, size + 1), self.rng.randrange(1, 300))
+
+    def _full_dir(self) -> None:
+        if not self._full_dirs():
+            self.op_rename_full_dir()  # none yet: it makes one
 
     def _full_dirs(self) -> list[str]:
         return [
@@ -259,6 +273,27 @@ class NetWorkload(Workload):
             self.write(fid, self.rng.randrange(0, 1000), self.rng.randrange(1, 4096))
         else:
             self.truncate(fid, min(self.cfg.max_file_size, size + self.rng.randrange(1, 100_000)))
+
+
+@functools.lru_cache(maxsize=8)
+def whole_history_marks(net: NetConfig) -> dict[str, tuple]:
+    """The random streams' states after each operation of ``net``'s history (no S3: the
+    workload alone), which a history skipping some of them starts each operation from."""
+    w = NetWorkload(net, lambda _record: None)
+    w.marks = {}
+    for e in range(1, net.epochs + 1):
+        w.run_epoch(e)
+        w.finish_epoch()
+    return w.marks
+
+
+def history_ops(net: NetConfig) -> list[tuple[str, str]]:
+    """(label, name) of every operation of ``net``'s history, in order, skipped ones too."""
+    w = NetWorkload(net, lambda _record: None)
+    for e in range(1, net.epochs + 1):
+        w.run_epoch(e)
+        w.finish_epoch()
+    return w.op_log
 
 
 @dataclass
