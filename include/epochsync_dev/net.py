@@ -543,7 +543,8 @@ class Shrunk:
 
     seed: int
     net: NetConfig
-    failure: NetFailure
+    failure: NetFailure  # the kept history's
+    original: NetFailure  # the whole history's
     original_ops: int
     kept: list[tuple[str, str]]
     tries: int
@@ -634,7 +635,7 @@ def shrink(
             n = min(2 * n, len(kept))
     kept_ops = applied_ops(best)
     progress(f"shrink: kept {len(kept_ops)} of {len(applied_ops(net))} operations in {tries} tries")
-    return Shrunk(seed, best, failure, len(applied_ops(net)), kept_ops, tries, tuple(targets), rollback)
+    return Shrunk(seed, best, failure, first, len(applied_ops(net)), kept_ops, tries, tuple(targets), rollback)
 
 
 def write_case(shrunk: Shrunk, directory: Path = CASES_DIR) -> Path:
