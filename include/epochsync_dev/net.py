@@ -16,6 +16,19 @@ oracle is :class:`epochsync_dev.oracle.FsModel`, which the workload drives.
 
 ``python -m epochsync_dev.net --minutes N`` (``make soak``) runs fresh seeds for N minutes;
 ``--seed S`` runs one history (the command a failure prints).
+
+The shrinker: ``--seed S --shrink`` (``make soak SEED=S SHRINK=1``; ``--target``,
+``--no-rollback`` and ``EPOCHSYNC_MUTANT`` as for the run that failed) looks for the smallest
+history that fails as seed S does (the same ``NetFailure.check`` on the same target):
+:func:`shrink` tries the failing target alone, fewer epochs, then drops chunks of operations
+(delta debugging, at most ``--max-tries`` histories). Every operation of a history has a label
+(``E.I``: the I-th drawn in epoch E; ``1.init.K``: the initial tree; ``E.start.*``: the
+operations of every epoch) and a :class:`NetConfig` may skip some: they are not applied, and
+the random streams go on after each operation from where the whole history had them, so the
+others are drawn as in the whole history. The result is written as a regression case, a JSON
+file under ``tests/fixtures/net/`` (seed, config, the labels skipped and kept, the failure);
+``--case FILE`` (``make soak CASE=FILE``) replays one, and ``tests/integration/test_net.py``
+replays them all (each must pass; one found with a mutant must still fail with it).
 """
 
 from __future__ import annotations
@@ -678,7 +691,7 @@ def case_command(path: Path) -> str:
     """The command that replays a regression case (its path relative to here when under here)."""
     path = Path(path).resolve()
     shown = path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
-    return f"python -m epochsync_dev.net --case {shown}"
+    return f"make soak CASE={shown}"
 
 
 def coverage_table(paths: dict[str, int], wanted: list[str]) -> str:
@@ -768,7 +781,11 @@ def main(argv: list[str] | None = None) -> int:
                 done += 1
             except Exception as exc:  # noqa: BLE001 - every failure is the net's finding, reported with its seed
                 failures += 1
-                print(f"net: seed {seed} FAILED: {exc}\n  reproduce: {repro_command(seed)}", flush=True)
+                print(
+                    f"net: seed {seed} FAILED: {exc}\n  reproduce: {repro_command(seed)}"
+                    f"\n  shrink to a regression case: {repro_command(seed)} SHRINK=1",
+                    flush=True,
+                )
                 if args.seed is not None:
                     raise
             minutes = (time.monotonic() - started) / 60
