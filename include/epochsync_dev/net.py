@@ -26,7 +26,8 @@ history that fails as seed S does (the same ``NetFailure.check`` on the same tar
 operations of every epoch) and a :class:`NetConfig` may skip some: they are not applied, and
 the random streams go on after each operation from where the whole history had them, so the
 others are drawn as in the whole history. The result is written as a regression case, a JSON
-file under ``tests/fixtures/net/`` (seed, config, the labels skipped and kept, the failure);
+file under ``tests/fixtures/net/`` (seed, config, the labels skipped, the failure, and the
+labels kept with the names drawn: an operation may fall back to another on what it finds);
 ``--case FILE`` (``make soak CASE=FILE``) replays one, and ``tests/integration/test_net.py``
 replays them all (each must pass; one found with a mutant must still fail with it).
 """
