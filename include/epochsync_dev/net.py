@@ -289,25 +289,27 @@ class NetWorkload(Workload):
             self.truncate(fid, min(self.cfg.max_file_size, size + self.rng.randrange(1, 100_000)))
 
 
-@functools.lru_cache(maxsize=8)
-def whole_history_marks(net: NetConfig) -> dict[str, tuple]:
-    """The random streams' states after each operation of ``net``'s history (no S3: the
-    workload alone), which a history skipping some of them starts each operation from."""
+def _workload_alone(net: NetConfig, *, marks: bool = False) -> NetWorkload:
+    """``net``'s history generated without S3 (records and bytes dropped)."""
     w = NetWorkload(net, lambda _record: None)
-    w.marks = {}
+    if marks:
+        w.marks = {}
     for e in range(1, net.epochs + 1):
         w.run_epoch(e)
         w.finish_epoch()
-    return w.marks
+    return w
+
+
+@functools.lru_cache(maxsize=8)
+def whole_history_marks(net: NetConfig) -> dict[str, tuple]:
+    """The random streams' states after each operation of ``net``'s history, which a history
+    skipping some of them starts each operation from."""
+    return _workload_alone(net, marks=True).marks
 
 
 def history_ops(net: NetConfig) -> list[tuple[str, str]]:
     """(label, name) of every operation of ``net``'s history, in order, skipped ones too."""
-    w = NetWorkload(net, lambda _record: None)
-    for e in range(1, net.epochs + 1):
-        w.run_epoch(e)
-        w.finish_epoch()
-    return w.op_log
+    return _workload_alone(net).op_log
 
 
 @dataclass
