@@ -79,8 +79,8 @@ format: $(STAMP) ## ruff format the tree
 	$(BIN)/ruff check --fix .
 
 MINUTES ?= 10
-soak: $(STAMP) ## the net of issue 50 on fresh seeds for MINUTES (default 10), histories per minute; SEED=S replays one
-	$(BIN)/python -m epochsync_dev.net $(if $(SEED),--seed $(SEED),--minutes $(MINUTES))
+soak: $(STAMP) ## the net of issue 50 on fresh seeds for MINUTES (default 10), histories per minute; SEED=S replays one (SHRINK=1: shrinks its failure to a regression case); CASE=file replays a case
+	$(BIN)/python -m epochsync_dev.net $(if $(CASE),--case $(CASE),$(if $(SEED),--seed $(SEED) $(if $(SHRINK),--shrink),--minutes $(MINUTES)))
 
 demo: $(STAMP) ## the main job: simulate a source, replicate every epoch through Airflow, verify (SOURCE=gluster: a live GlusterFS volume instead; NODES=3: replica 3 over three servers, one killed and back; REINTEGRATE=1: then cache reintegration; REINTEGRATE=only)
 	$(if $(filter gluster,$(SOURCE)),$(BIN)/python -m epochsync_dev.demo_gluster $(if $(NODES),--nodes $(NODES)),$(BIN)/python -m epochsync_dev.demo $(if $(REINTEGRATE),--reintegrate $(filter only,$(REINTEGRATE))))

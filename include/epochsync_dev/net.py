@@ -16,12 +16,28 @@ oracle is :class:`epochsync_dev.oracle.FsModel`, which the workload drives.
 
 ``python -m epochsync_dev.net --minutes N`` (``make soak``) runs fresh seeds for N minutes;
 ``--seed S`` runs one history (the command a failure prints).
+
+The shrinker: ``--seed S --shrink`` (``make soak SEED=S SHRINK=1``; ``--target``,
+``--no-rollback`` and ``EPOCHSYNC_MUTANT`` as for the run that failed) looks for the smallest
+history that fails as seed S does (the same ``NetFailure.check`` on the same target):
+:func:`shrink` tries the failing target alone, fewer epochs, then drops chunks of operations
+(delta debugging, at most ``--max-tries`` histories). Every operation of a history has a label
+(``E.I``: the I-th drawn in epoch E; ``1.init.K``: the initial tree; ``E.start.*``: the
+operations of every epoch) and a :class:`NetConfig` may skip some: they are not applied, and
+the random streams go on after each operation from where the whole history had them, so the
+others are drawn as in the whole history. The result is written as a regression case, a JSON
+file under ``tests/fixtures/net/`` (seed, config, the labels skipped, the failure, and the
+labels kept with the names drawn: an operation may fall back to another on what it finds);
+``--case FILE`` (``make soak CASE=FILE``) replays one, and ``tests/integration/test_net.py``
+replays them all (each must pass; one found with a mutant must still fail with it).
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import functools
+import json
 import os
 import random
 import shutil
@@ -30,7 +46,7 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +90,8 @@ class NetConfig:
     files: int = 6
     ops: int = 10
     big: bool = False
+    #: labels of operations drawn but not applied (:meth:`Workload._op`): a shrunk history
+    skip: frozenset[str] = frozenset()
 
     @classmethod
     def of_seed(cls, seed: int) -> NetConfig:
@@ -111,6 +129,10 @@ class NetWorkload(Workload):
         )
         self.net = net
         self.big_fid: str | None = None
+        self.skip = frozenset(net.skip)
+        self.op_log = []
+        if self.skip:
+            self.resume = whole_history_marks(replace(net, skip=frozenset()))
 
     def _file_size(self) -> int:
         r = self.rng.random()
@@ -121,23 +143,25 @@ class NetWorkload(Workload):
     def _initial_tree(self) -> None:
         super()._initial_tree()
         if self.net.big:
-            self.big_fid = self._create_file(parent=self.cfg.root_fid, layout=None)
-            self.files.discard(self.big_fid)  # only op_big changes it: it stays past two parts
-            self.write(self.big_fid, 0, 2 * PART_SIZE + self.rng.randrange(1, 64 * 1024))
+            self._op("1.init.big", self._make_big, "big")
+
+    def _make_big(self) -> None:
+        self.big_fid = self._create_file(parent=self.cfg.root_fid, layout=None)
+        self.files.discard(self.big_fid)  # only op_big changes it: it stays past two parts
+        self.write(self.big_fid, 0, 2 * PART_SIZE + self.rng.randrange(1, 64 * 1024))
 
     def _epoch_start(self, epoch: int) -> None:
         """What every history holds, so that its few operations reach the paths: from epoch 2 a
         file written through one of two links, and the big file (in the root: no tree removal takes it) changed; at epoch 2 a directory
         of files renamed (on posix its files are carried)."""
         if epoch == 1:
-            if not self._full_dirs():
-                self.op_rename_full_dir()  # none yet: it makes one
+            self._op("1.start", self._full_dir, "full_dir")
             return
-        self.op_link_and_write()
+        self._op(f"{epoch}.start.link", self.op_link_and_write)
         if self.net.big:
-            self.op_big()
+            self._op(f"{epoch}.start.big", self.op_big)
         if epoch == 2:
-            self.op_rename_full_dir()
+            self._op("2.start.rename", self.op_rename_full_dir)
 
     def op_link_and_write(self) -> None:
         """A second name for a file, then a write to it: on s3 the second key is a copy of the first's new version."""
@@ -148,6 +172,10 @@ class NetWorkload(Workload):
         self.emit(self.mdts[self.home_mdt[parent]], "HLINK", tfid=fid, pfid=parent, name=self._new_name("file"))
         size = self.model.nodes[fid].size or 0
         self.write(fid, self.rng.randrange(0, size + 1), self.rng.randrange(1, 300))
+
+    def _full_dir(self) -> None:
+        if not self._full_dirs():
+            self.op_rename_full_dir()  # none yet: it makes one
 
     def _full_dirs(self) -> list[str]:
         return [
@@ -261,6 +289,29 @@ class NetWorkload(Workload):
             self.truncate(fid, min(self.cfg.max_file_size, size + self.rng.randrange(1, 100_000)))
 
 
+def _workload_alone(net: NetConfig, *, marks: bool = False) -> NetWorkload:
+    """``net``'s history generated without S3 (records and bytes dropped)."""
+    w = NetWorkload(net, lambda _record: None)
+    if marks:
+        w.marks = {}
+    for e in range(1, net.epochs + 1):
+        w.run_epoch(e)
+        w.finish_epoch()
+    return w
+
+
+@functools.lru_cache(maxsize=8)
+def whole_history_marks(net: NetConfig) -> dict[str, tuple]:
+    """The random streams' states after each operation of ``net``'s history, which a history
+    skipping some of them starts each operation from."""
+    return _workload_alone(net, marks=True).marks
+
+
+def history_ops(net: NetConfig) -> list[tuple[str, str]]:
+    """(label, name) of every operation of ``net``'s history, in order, skipped ones too."""
+    return _workload_alone(net).op_log
+
+
 @dataclass
 class Source:
     """A generated history: its changelogs, config and the oracle's tree after every epoch."""
@@ -366,11 +417,15 @@ def replica_tree(target) -> dict[str, tuple]:
 
 
 class NetFailure(AssertionError):
-    """The net found a replica that is not the oracle's tree, or a stage that failed."""
+    """The net found a replica that is not the oracle's tree, or a stage that failed: ``check``
+    says which, ``target`` and ``epoch`` where (:func:`replicate_history` sets them)."""
 
     def __init__(self, check: str, message: str):
         super().__init__(f"{check}: {message}")
         self.check = check
+        self.message = message
+        self.target: str | None = None
+        self.epoch: int | None = None
 
 
 def compare(target, want: dict[str, dict], what: str) -> None:
@@ -398,8 +453,26 @@ def replicate_history(
     :class:`NetFailure`: check ``oracle`` (the replica differs), ``verify`` (verify refused the
     epoch), ``stage`` (another stage failed), ``rollback`` (the rollback did not restore E-1)."""
     from epochsync.core.config import load_config
-    from epochsync.core.errors import EpochError, EpochsyncError
     from epochsync.spark import LazySession, spark_session
+
+    cfg = load_config(source.config)
+    if spark is None:
+        spark = LazySession(lambda: spark_session("epochsync-net", cfg=cfg))
+    stats = {"epochs": 0, "rollbacks": 0}
+    for e in range(1, len(source.truths) + 1):
+        for name in targets:
+            try:
+                _replicate_epoch(source, cfg, name, e, spark, tamper, rollback, stats)
+            except NetFailure as exc:
+                exc.target, exc.epoch = name, e
+                raise
+        stats["epochs"] += 1
+    return stats
+
+
+def _replicate_epoch(source: Source, cfg, name: str, e: int, spark, tamper, rollback: bool, stats: dict) -> None:
+    """Epoch ``e`` of ``source`` through target ``name``, checked (:func:`replicate_history`)."""
+    from epochsync.core.errors import EpochError, EpochsyncError
     from epochsync.stages.apply import run_apply
     from epochsync.stages.commit import run_commit
     from epochsync.stages.replicate import replicate
@@ -407,45 +480,38 @@ def replicate_history(
     from epochsync.stages.verify import run_verify
     from epochsync.targets import open_target
 
-    cfg = load_config(source.config)
-    if spark is None:
-        spark = LazySession(lambda: spark_session("epochsync-net", cfg=cfg))
-    stats = {"epochs": 0, "rollbacks": 0}
-    for e, want in enumerate(source.truths, start=1):
-        for name in targets:
-            what = f"{name} epoch {e}"
-            rolled = False
-            if rollback:
-                try:
-                    replicate(cfg, name, epoch=e, spark=spark, inject=f"at=0.7,epoch={e}", progress=_quiet)
-                except EpochError as exc:
-                    if "injected failure" not in str(exc):
-                        raise NetFailure("verify" if "verify" in str(exc) else "stage", f"{what}: {exc}") from exc
-                    rolled = True
-                    stats["rollbacks"] += 1
-                    target = open_target(cfg.target(name))
-                    try:
-                        compare(target, source.truths[e - 2] if e > 1 else {}, f"{what} rolled back")
-                    except NetFailure as exc2:
-                        raise NetFailure("rollback", str(exc2)) from None
-            if not rolled:
-                if rollback:  # no operation to fail at: replicate ran the epoch whole
-                    compare(open_target(cfg.target(name)), want, what)
-                    continue
-                replicate_prefix(cfg, name, e, spark)
+    want = source.truths[e - 1]
+    what = f"{name} epoch {e}"
+    rolled = False
+    if rollback:
+        try:
+            replicate(cfg, name, epoch=e, spark=spark, inject=f"at=0.7,epoch={e}", progress=_quiet)
+        except EpochError as exc:
+            if "injected failure" not in str(exc):
+                raise NetFailure("verify" if "verify" in str(exc) else "stage", f"{what}: {exc}") from exc
+            rolled = True
+            stats["rollbacks"] += 1
+            target = open_target(cfg.target(name))
             try:
-                run_translate(cfg, name, e, spark)
-                run_apply(cfg, name, e, spark)
-                if tamper is not None:
-                    tamper(cfg, name, e)
-                run_verify(cfg, name, e, spark)
-                run_commit(cfg, name, e)
-            except EpochsyncError as exc:
-                check = "verify" if "verify" in str(exc).lower() else "stage"
-                raise NetFailure(check, f"{what}: {exc}") from exc
+                compare(target, source.truths[e - 2] if e > 1 else {}, f"{what} rolled back")
+            except NetFailure as exc2:
+                raise NetFailure("rollback", str(exc2)) from None
+    if not rolled:
+        if rollback:  # no operation to fail at: replicate ran the epoch whole
             compare(open_target(cfg.target(name)), want, what)
-        stats["epochs"] += 1
-    return stats
+            return
+        replicate_prefix(cfg, name, e, spark)
+    try:
+        run_translate(cfg, name, e, spark)
+        run_apply(cfg, name, e, spark)
+        if tamper is not None:
+            tamper(cfg, name, e)
+        run_verify(cfg, name, e, spark)
+        run_commit(cfg, name, e)
+    except EpochsyncError as exc:
+        check = "verify" if "verify" in str(exc).lower() else "stage"
+        raise NetFailure(check, f"{what}: {exc}") from exc
+    compare(open_target(cfg.target(name)), want, what)
 
 
 def replicate_prefix(cfg, name: str, e: int, spark) -> None:
@@ -474,6 +540,161 @@ def run_seed(
 def repro_command(seed: int) -> str:
     """The one command that replays the history of ``seed`` (printed with every failure)."""
     return f"make soak SEED={seed}"
+
+
+# ---------------------------------------------------------------------- the shrinker
+
+#: the shrinker's regression cases, which ``tests/integration/test_net.py`` replays
+CASES_DIR = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "net"
+
+
+def applied_ops(net: NetConfig) -> list[tuple[str, str]]:
+    """(label, name) of the operations ``net``'s history applies (what a shrink counts)."""
+    return [(label, name) for label, name in history_ops(net) if label not in net.skip]
+
+
+@dataclass
+class Shrunk:
+    """What :func:`shrink` kept: the smallest history it found failing as the original did."""
+
+    seed: int
+    net: NetConfig
+    failure: NetFailure  # the kept history's
+    original: NetFailure  # the whole history's
+    original_ops: int
+    kept: list[tuple[str, str]]
+    tries: int
+    targets: tuple[str, ...]
+    rollback: bool
+
+
+def shrink(
+    seed: int,
+    endpoint,
+    workdir: Path,
+    *,
+    spark=None,
+    net: NetConfig | None = None,
+    targets: tuple[str, ...] = ("posix", "s3"),
+    rollback: bool = True,
+    max_tries: int = 200,
+    progress=print,
+    **replicate_kw,
+) -> Shrunk:
+    """Shrink the failing history of ``seed`` (``net``: default :meth:`NetConfig.of_seed`).
+
+    A candidate is kept only when it fails with the original's ``NetFailure.check`` on the same
+    target. First the failing target alone (when there are two), the epochs past the failing
+    one (they never ran) and then each last epoch while that still fails; then delta debugging
+    over the operations (ddmin's complements: drop one of n chunks, n doubling up to one
+    operation a chunk). Ends after ``max_tries`` runs of a history at most; each try is one
+    :func:`run_seed`, ``progress`` gets a line for each. Raises ``ValueError`` when the
+    history does not fail with a :class:`NetFailure`."""
+    net = net or NetConfig.of_seed(seed)
+    tries = 0
+
+    def attempt(cand: NetConfig, on: tuple[str, ...], what: str) -> NetFailure | None:
+        nonlocal tries
+        tries += 1
+        started = time.monotonic()
+        try:
+            run_seed(seed, endpoint, workdir, spark=spark, net=cand, targets=on, rollback=rollback, **replicate_kw)
+            got, failure = "passes", None
+        except NetFailure as exc:
+            got, failure = f"fails: {exc.check} on {exc.target} epoch {exc.epoch}", exc
+        except Exception as exc:  # noqa: BLE001 - another failure is not the one shrunk
+            got, failure = f"another failure: {type(exc).__name__}: {str(exc)[:120]}", None
+        ops = len(applied_ops(cand))
+        progress(
+            f"shrink: try {tries}/{max_tries} ({what}): {cand.epochs} epochs, {ops} operations: "
+            f"{got} ({time.monotonic() - started:.1f} s)"
+        )
+        return failure
+
+    first = attempt(net, targets, "the original")
+    if first is None:
+        raise ValueError(f"net: seed {seed}'s history does not fail with a NetFailure: nothing to shrink")
+
+    def same(f: NetFailure | None) -> bool:
+        return f is not None and f.check == first.check and f.target == first.target
+
+    best, failure = net, first
+    if len(targets) > 1 and tries < max_tries:
+        f = attempt(best, (first.target,), f"{first.target} alone")
+        if same(f):
+            targets, failure = (first.target,), f
+    best = replace(best, epochs=min(best.epochs, first.epoch))  # the epochs past the failing one never ran
+    while best.epochs > 1 and tries < max_tries:
+        cand = replace(best, epochs=best.epochs - 1)
+        f = attempt(cand, targets, "one epoch less")
+        if not same(f):
+            break
+        best, failure = cand, f
+    labels = [label for label, _ in history_ops(replace(best, skip=frozenset()))]
+    kept = [label for label in labels if label not in best.skip]
+    n = 2
+    while kept and tries < max_tries:
+        size = -(-len(kept) // n)
+        for start in range(0, len(kept), size):
+            rest = kept[:start] + kept[start + size :]
+            cand = replace(best, skip=frozenset(label for label in labels if label not in rest))
+            f = attempt(cand, targets, f"without {len(kept) - len(rest)} of {len(kept)}")
+            if same(f):
+                best, failure, kept = cand, f, rest
+                n = max(n - 1, 2)
+                break
+            if tries >= max_tries:
+                break
+        else:
+            if size == 1:
+                break  # no single operation can go
+            n = min(2 * n, len(kept))
+    kept_ops = applied_ops(best)
+    progress(f"shrink: kept {len(kept_ops)} of {len(applied_ops(net))} operations in {tries} tries")
+    return Shrunk(seed, best, failure, first, len(applied_ops(net)), kept_ops, tries, tuple(targets), rollback)
+
+
+def write_case(shrunk: Shrunk, directory: Path = CASES_DIR) -> Path:
+    """Write ``shrunk`` as a regression case (JSON) under ``directory``; returns its path."""
+    f = shrunk.failure
+    mutant = os.environ.get("EPOCHSYNC_MUTANT")
+    config = {k: v for k, v in asdict(shrunk.net).items() if k not in ("seed", "skip")}
+    labels = [label for label, _ in history_ops(replace(shrunk.net, skip=frozenset()))]
+    doc = {
+        "seed": shrunk.seed,
+        "config": config,
+        "skip": [label for label in labels if label in shrunk.net.skip],
+        "kept": [f"{label} {name}" for label, name in shrunk.kept],
+        "targets": list(shrunk.targets),
+        "rollback": shrunk.rollback,
+        "failure": {"check": f.check, "target": f.target, "epoch": f.epoch, "message": f.message[:2000]},
+        "mutant": mutant,
+        "operations": {"original": shrunk.original_ops, "kept": len(shrunk.kept)},
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{mutant + '-' if mutant else ''}seed-{shrunk.seed}-{f.target}-{f.check}.json"
+    path.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    return path
+
+
+def load_case(path: Path) -> tuple[NetConfig, dict[str, Any], dict[str, Any]]:
+    """A regression case: its history, the keywords of :func:`run_seed` and the whole document."""
+    doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    net = NetConfig(seed=doc["seed"], skip=frozenset(doc["skip"]), **doc["config"])
+    return net, {"targets": tuple(doc["targets"]), "rollback": doc["rollback"]}, doc
+
+
+def run_case(path: Path, endpoint, workdir: Path, *, spark=None) -> dict[str, Any]:
+    """Replay the regression case at ``path`` (raises :class:`NetFailure` as :func:`run_seed`)."""
+    net, kw, _doc = load_case(path)
+    return run_seed(net.seed, endpoint, workdir, spark=spark, net=net, **kw)
+
+
+def case_command(path: Path) -> str:
+    """The command that replays a regression case (its path relative to here when under here)."""
+    path = Path(path).resolve()
+    shown = path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
+    return f"make soak CASE={shown}"
 
 
 def coverage_table(paths: dict[str, int], wanted: list[str]) -> str:
@@ -510,7 +731,8 @@ WANTED_PATHS = [
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``make soak``: fresh seeds for ``--minutes``, or one ``--seed``; prints histories per minute."""
+    """``make soak``: fresh seeds for ``--minutes``, or one ``--seed`` (``--shrink``: shrunk to a
+    regression case), or one ``--case``; prints histories per minute."""
     from epochsync.core.probes import PATHS
     from epochsync.spark import LazySession, spark_session
     from epochsync_dev.embedded import SeaweedFS
@@ -518,7 +740,17 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m epochsync_dev.net", description=__doc__.split("\n")[0])
     p.add_argument("--minutes", type=float, default=10.0, help="how long to run fresh seeds (default 10)")
     p.add_argument("--seed", type=int, help="run only this seed's history (a failure prints its command)")
+    p.add_argument("--shrink", action="store_true", help="with --seed: shrink its failure, write a regression case")
+    p.add_argument("--max-tries", type=int, default=200, help="--shrink runs at most this many histories")
+    p.add_argument("--target", action="append", choices=("posix", "s3"), help="only this target (repeatable)")
+    p.add_argument("--no-rollback", action="store_true", help="no rollback round before each epoch")
+    p.add_argument("--case", type=Path, help="replay a regression case (a JSON file that --shrink wrote)")
     args = p.parse_args(argv)
+    if args.shrink and args.seed is None:
+        p.error("--shrink needs --seed")
+    if args.case is not None:
+        return _replay_case(args.case)
+    kw = {"targets": tuple(args.target or ("posix", "s3")), "rollback": not args.no_rollback}
     server = SeaweedFS()
     endpoint = server.start()
     work = Path(tempfile.mkdtemp(prefix="epochsync-net-"))
@@ -526,6 +758,16 @@ def main(argv: list[str] | None = None) -> int:
     spark = LazySession(lambda: spark_session("epochsync-net"))  # one for the run: a rollback reads on it
     started = time.monotonic()
     try:
+        if args.shrink:
+            try:
+                shrunk = shrink(args.seed, endpoint, work, spark=spark, max_tries=args.max_tries, **kw)
+            except ValueError as exc:
+                print(exc)
+                return 1
+            path = write_case(shrunk)
+            print(f"net: wrote {path} ({shrunk.failure.check} on {shrunk.failure.target}: {str(shrunk.failure)[:300]})")
+            print(f"  replay: {case_command(path)}")
+            return 0
         seeds = [args.seed] if args.seed is not None else None
         rng = random.SystemRandom()
         while True:
@@ -538,11 +780,15 @@ def main(argv: list[str] | None = None) -> int:
                     break
                 seed = rng.randrange(10**9)
             try:
-                run_seed(seed, endpoint, work, spark=spark)
+                run_seed(seed, endpoint, work, spark=spark, **kw)
                 done += 1
             except Exception as exc:  # noqa: BLE001 - every failure is the net's finding, reported with its seed
                 failures += 1
-                print(f"net: seed {seed} FAILED: {exc}\n  reproduce: {repro_command(seed)}", flush=True)
+                print(
+                    f"net: seed {seed} FAILED: {exc}\n  reproduce: {repro_command(seed)}"
+                    f"\n  shrink to a regression case: {repro_command(seed)} SHRINK=1",
+                    flush=True,
+                )
                 if args.seed is not None:
                     raise
             minutes = (time.monotonic() - started) / 60
@@ -559,6 +805,29 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(coverage_table(dict(PATHS), WANTED_PATHS))
     return 1 if failures else 0
+
+
+def _replay_case(path: Path) -> int:
+    from epochsync.spark import LazySession, spark_session
+    from epochsync_dev.embedded import SeaweedFS
+
+    net, _kw, doc = load_case(path)
+    print(
+        f"net: case {path}: seed {net.seed}, {doc['operations']['kept']} operations, once failed {doc['failure']['check']}"
+    )
+    server = SeaweedFS()
+    endpoint = server.start()
+    work = Path(tempfile.mkdtemp(prefix="epochsync-net-"))
+    try:
+        run_case(path, endpoint, work, spark=LazySession(lambda: spark_session("epochsync-net")))
+    except NetFailure as exc:
+        print(f"net: case {path} FAILED: {exc}")
+        return 1
+    finally:
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"net: case {path} passed")
+    return 0
 
 
 if __name__ == "__main__":

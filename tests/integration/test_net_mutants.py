@@ -16,7 +16,7 @@ import os
 import pytest
 
 from epochsync.core.probes import MUTANTS
-from epochsync_dev.net import NetConfig, NetFailure, run_seed
+from epochsync_dev.net import NetConfig, NetFailure, applied_ops, run_seed, shrink
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -113,3 +113,19 @@ def test_every_mutant_is_caught(seaweed, spark, tmp_path, monkeypatch):
     width = max(len(r[0]) for r in rows)
     print("\n" + "\n".join(f"{n:<{width}}  seed {s:<3} {t:<6} {c}" for n, s, t, c in rows))
     assert not missed, f"mutants the net did not catch: {missed}"
+
+
+def test_shrink_keeps_a_smaller_history_that_fails_the_same(seaweed, spark, tmp_path, monkeypatch):
+    """The shrinker on a real failure: a plan mutant's seed (it fails at epoch 2 of 3), a few tries."""
+    name = "patch-keeps-stale-tail"
+    seed, target, _ = CASES[name]
+    monkeypatch.setenv("EPOCHSYNC_MUTANT", name)
+    lines: list[str] = []
+    shrunk = shrink(seed, seaweed, tmp_path, spark=spark, targets=(target,), rollback=False, max_tries=12,
+                    progress=lines.append)  # fmt: skip
+    print("\n".join(lines))
+    assert shrunk.tries <= 12
+    assert len(shrunk.kept) < shrunk.original_ops == len(applied_ops(NetConfig.of_seed(seed)))
+    with pytest.raises(NetFailure) as caught:  # the history kept, run again
+        run_seed(seed, seaweed, tmp_path, spark=spark, net=shrunk.net, targets=(target,), rollback=False)
+    assert (caught.value.check, caught.value.target) == (shrunk.original.check, shrunk.original.target)

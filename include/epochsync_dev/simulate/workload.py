@@ -221,6 +221,15 @@ class Workload:
 
     #: the operations after epoch 1's initial tree and their weights (a subclass may add its own ``op_<name>``)
     op_weights: dict[str, int] = OP_WEIGHTS
+    #: labels of operations not applied (:meth:`_op`; the net's shrinker sets them)
+    skip: frozenset[str] = frozenset()
+    #: when a list, :meth:`_op` appends every operation's (label, name), skipped or not
+    op_log: list[tuple[str, str]] | None = None
+    #: when a dict, :meth:`_op` records in it the random streams' states after each operation
+    marks: dict[str, tuple] | None = None
+    #: those of the whole history (``marks`` of a run without ``skip``): with them, each
+    #: operation of a history with ``skip`` starts where it started in the whole history
+    resume: dict[str, tuple] | None = None
 
     def __init__(self, cfg: SimConfig, sink: Callable[[Record], None]):
         self.cfg = cfg
@@ -333,7 +342,7 @@ class Workload:
                 op = self.rng.choice(data_ops)
             else:
                 op = self.rng.choices(other, other_weights)[0]
-            getattr(self, "op_" + op)()
+            self._op(f"{epoch}.{done}", getattr(self, "op_" + op), op)
             done += 1
         for server in sorted(self.next_index):
             self.emit(server, "EPOCH")
@@ -341,15 +350,35 @@ class Workload:
         if self.clock >= window_end:
             raise EpochsyncError(f"simulate: epoch {epoch} overflows its time window; use fewer records per epoch")
 
+    def _op(self, label: str, op: Callable[[], None], name: str | None = None) -> None:
+        """Run one operation of the history, ``label`` naming it (``E.I``: the I-th operation
+        drawn in epoch E; ``1.init.K``: the K-th of the initial tree).
+
+        A label in :attr:`skip` is not applied: nothing is emitted, uploaded or told the
+        oracle. After every operation, applied or not, the random streams go on from where the
+        whole history had them after it (:attr:`resume`): the operations after a skipped one
+        are drawn as in the whole history (the same operation, the same numbers, on what is
+        there), although an operation's draws depend on the state it finds."""
+        if self.op_log is not None:
+            self.op_log.append((label, name or op.__name__.removeprefix("op_")))
+        if label not in self.skip:
+            op()
+        if self.marks is not None:
+            self.marks[label] = (self.rng.getstate(), self.bytes_rng.getstate())
+        if self.resume is not None and label in self.resume:
+            rng, bytes_rng = self.resume[label]
+            self.rng.setstate(rng)
+            self.bytes_rng.setstate(bytes_rng)
+
     def _epoch_start(self, epoch: int) -> None:
         """Operations a subclass makes at the start of every epoch, before the random ones (none)."""
 
     def _initial_tree(self) -> None:
         ndirs = max(1, self.cfg.files // 8)
-        for _ in range(ndirs):
-            self.op_mkdir()
-        for _ in range(self.cfg.files):
-            self.op_create()
+        for k in range(ndirs):
+            self._op(f"1.init.{k}", self.op_mkdir)
+        for k in range(ndirs, ndirs + self.cfg.files):
+            self._op(f"1.init.{k}", self.op_create)
 
     # ------------------------------------------------------------------ data
 
