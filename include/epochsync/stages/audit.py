@@ -389,8 +389,8 @@ def audit_target(
             if not repair:
                 raise BusyError(
                     f"target {tcfg.name} has a repair that did not finish: its writes would count as differences; "
-                    f"'epochsync rollback --target {tcfg.name}' undoes it, 'epochsync audit --target {tcfg.name} "
-                    "--repair' undoes it and repairs again"
+                    f"'epochsync rollback --config {cfg.file} --target {tcfg.name}' undoes it, 'epochsync audit "
+                    f"--config {cfg.file} --target {tcfg.name} --repair' undoes it and repairs again"
                 )
             roll_back_repair(cfg, tcfg, reason="a repair that did not finish, undone before a new one")
         since = open_target(tcfg).now_ns() if repair else None  # the repair's fence instant: before the walk

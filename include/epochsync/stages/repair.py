@@ -243,7 +243,7 @@ def repair_differences(
         shown = "; ".join(problems[:10]) + (f"; and {len(problems) - 10} more" if len(problems) > 10 else "")
         raise FenceError(
             f"repair of target {tcfg.name}: the target changed since the audit walked it: {shown}. Nothing was "
-            f"written; audit again ('epochsync audit --target {tcfg.name} --repair')"
+            f"written; audit again ('epochsync audit --config {cfg.file} --target {tcfg.name} --repair')"
         )
     jdir = repair_journal_dir(cfg.warehouse, tcfg.name)
     os.makedirs(jdir, exist_ok=True)
