@@ -194,6 +194,13 @@ def test_a_partitioned_server(pool, r3):
         minority.write_text(yaml.safe_dump(doc, sort_keys=False))
         with pytest.raises(EpochsyncError, match="sees 1 of the 3 servers of its pool"):
             cut_source(load_config(minority), "vol")
+        # with a server of the majority as a fallback, the cut passes the cut-off one over
+        doc["sources"][0]["gluster_fallbacks"] = [[*pool.nsenter(reader_node), "gluster"]]
+        fallback = r3.folder / "fallback.yaml"
+        fallback.write_text(yaml.safe_dump(doc, sort_keys=False))
+        cut = cut_source(load_config(fallback), "vol")["cuts"][-1]
+        got = r3.read_cut(cut["epoch"])
+        assert node_of(pool, readers(got)["set1"], got) != other, got["sets"]
     finally:
         pool.rejoin(other)
     pool.wait_healed("r3", timeout=240)

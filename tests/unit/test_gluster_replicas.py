@@ -273,3 +273,46 @@ def test_status_says_which_brick_read_each_set_and_why_not_the_others():
         "    set2 read by brick4",
     ]
     assert source_cut_lines({"epoch": 3, "walked": True}) == ["  source's last cut: epoch 3 (walked whole)"]
+
+
+def test_gluster_commands_are_tried_in_turn_until_one_answers(tmp_path):
+    """``gluster_command`` then ``gluster_fallbacks``: a server that does not answer (its ssh
+    refused, its glusterd down) is passed over; when none answers, the first one's words say why."""
+    from epochsync.core.gluster import GlusterError, gluster_commands, run_gluster
+
+    dead = tmp_path / "dead"
+    dead.write_text("#!/bin/sh\necho 'ssh: connect to host node1 port 22: Connection refused' >&2\nexit 255\n")
+    alive = tmp_path / "alive"
+    alive.write_text('#!/bin/sh\necho "answered: $*"\n')
+    for f in (dead, alive):
+        f.chmod(0o755)
+    assert run_gluster(["pool", "list"], command=((str(dead),), (str(alive),))) == "answered: --mode=script pool list\n"
+    assert run_gluster(["pool", "list"], command=(str(alive),)).startswith("answered")
+    with pytest.raises(GlusterError, match=r"Connection refused \(and 1 more gluster commands failed too: "):
+        run_gluster(["pool", "list"], command=((str(dead),), (str(dead), "again")))
+    assert gluster_commands(((), ("ssh", "node2", "gluster")))[1] == ["ssh", "node2", "gluster"]
+
+
+def test_a_source_tries_its_gluster_fallbacks_after_its_command(tmp_path):
+    doc = {
+        "warehouse": str(tmp_path / "wh"),
+        "sources": [
+            {
+                "name": "vol",
+                "kind": "gluster",
+                "volume": "v",
+                "bricks": ["node1:/b", "node2:/b", "node3:/b"],
+                "replica": 3,
+                "gluster_command": ["ssh", "node1", "gluster"],
+                "gluster_fallbacks": [["ssh", "node2", "gluster"], ["ssh", "node3", "gluster"]],
+                "epoch": {"interval": "1m", "start": "2026-01-01T00:00:00Z"},
+            }
+        ],
+        "targets": [{"name": "t", "source": "vol", "kind": "posix", "path": str(tmp_path / "r")}],
+    }
+    src = config_from_dict(doc).source("vol")
+    assert src.gluster_commands == (
+        ("ssh", "node1", "gluster"),
+        ("ssh", "node2", "gluster"),
+        ("ssh", "node3", "gluster"),
+    )

@@ -541,6 +541,10 @@ class GlusterSourceKeys:
     gluster_command: tuple[Text, ...] = ()
     """the command that runs Gluster's command line against the pool, as a list (e.g. [ssh, node1,
     gluster]); default: this machine's gluster, talking to its glusterd"""
+    gluster_fallbacks: tuple[tuple[Text, ...], ...] = ()
+    """more such commands, tried in order when gluster_command gets no answer or answers from a
+    server cut off from most of its pool (e.g. [[ssh, node2, gluster], [ssh, node3, gluster]]):
+    the cuts go on with that server down"""
     agents: dict[Text, Text] = dataclasses.field(default_factory=dict)
     """the epochsync agent of each server, by the host the bricks name (e.g. node1:
     https://node1:7411): each brick's snapshots are taken, purged and its bytes pulled through its
@@ -595,9 +599,16 @@ class SourceConfig:
     replica: int = 1
     arbiter: bool = False
     gluster_command: tuple[str, ...] = ()
+    gluster_fallbacks: tuple[tuple[str, ...], ...] = ()
     #: gluster: host -> agent URL, and the connection of the agents' secret
     agents: tuple[tuple[str, str], ...] = ()
     agent_conn_id: str | None = None
+
+    @property
+    def gluster_commands(self) -> tuple[tuple[str, ...], ...]:
+        """``gluster_command`` then its ``gluster_fallbacks``: what :func:`epochsync.core.gluster.run_gluster`
+        tries in order (an empty command: this machine's ``gluster``)."""
+        return (tuple(self.gluster_command), *self.gluster_fallbacks)
 
     @classmethod
     def of(cls, keys: ChangelogSourceKeys | GlusterSourceKeys, warehouse: str) -> SourceConfig:
@@ -617,7 +628,9 @@ class SourceConfig:
         if keys.bricks:
             bricks, replica, arbiter = keys.bricks, keys.replica or 1, bool(keys.arbiter)
         else:
-            bricks, replica, arbiter = _volume_bricks(keys.volume, warehouse, keys.name, keys.gluster_command)
+            bricks, replica, arbiter = _volume_bricks(
+                keys.volume, warehouse, keys.name, (tuple(keys.gluster_command), *keys.gluster_fallbacks)
+            )
             replica, arbiter = keys.replica or replica, arbiter if keys.arbiter is None else keys.arbiter
         if keys.agents and not keys.agent_conn_id:
             raise ValueError("agents need agent_conn_id: the Airflow connection whose password is their secret")
@@ -651,6 +664,7 @@ class SourceConfig:
             replica=replica,
             arbiter=arbiter,
             gluster_command=keys.gluster_command,
+            gluster_fallbacks=keys.gluster_fallbacks,
             agents=tuple(sorted(keys.agents.items())),
             agent_conn_id=keys.agent_conn_id,
         )
@@ -663,7 +677,7 @@ def _cuts_uri(warehouse: str, source: str) -> str:
 
 
 def _volume_bricks(
-    volume: str, warehouse: str, source: str, command: tuple[str, ...] = ()
+    volume: str, warehouse: str, source: str, command: tuple[tuple[str, ...], ...] = ()
 ) -> tuple[tuple[str, ...], int, bool]:
     """A gluster source's bricks, replica count and arbiter when the config does not list them: those
     its last cut recorded (``cuts/source=S/volume.json``), else ``gluster volume info``."""

@@ -114,14 +114,43 @@ def run_tool(
     return done.stdout
 
 
+#: how Gluster's command line is run: one command (``("ssh", "node1", "gluster")``; empty: this
+#: machine's ``gluster``), or several tried in order (a source's ``gluster_command`` and its
+#: ``gluster_fallbacks``)
+GlusterCommand = tuple[str, ...] | tuple[tuple[str, ...], ...]
+
+
+def gluster_commands(command: GlusterCommand | None) -> list[list[str]]:
+    """The commands of ``command`` in the order they are tried (an empty one: this machine's ``gluster``)."""
+    if not command:
+        return [[gluster_cli()]]
+    if isinstance(command[0], str):
+        return [list(command)]
+    return [list(c) if c else [gluster_cli()] for c in command]
+
+
 def run_gluster(
-    args: list[str], *, timeout: float = 120.0, what: str | None = None, command: tuple[str, ...] | None = None
+    args: list[str], *, timeout: float = 120.0, what: str | None = None, command: GlusterCommand | None = None
 ) -> str:
     """``gluster --mode=script ARGS``; returns stdout. ``command``: how Gluster's command line is run
     against the pool (a source's ``gluster_command``, e.g. ``ssh node1 gluster``; default: this
-    machine's ``gluster``). A failure is one GlusterError line with Gluster's words."""
-    cli = list(command) if command else [gluster_cli()]
-    return run_tool([*cli, "--mode=script", *args], what or "gluster " + " ".join(args), timeout=timeout)
+    machine's ``gluster``), or several such commands: each is tried in turn until one answers (a
+    server down, or its ssh refused, and the next server is asked). A failure is one GlusterError
+    line with Gluster's words (the first command's, and how many others failed too)."""
+    what = what or "gluster " + " ".join(args)
+    commands = gluster_commands(command)
+    first: GlusterError | None = None
+    for cli in commands:
+        try:
+            return run_tool([*cli, "--mode=script", *args], what, timeout=timeout)
+        except GlusterError as exc:
+            first = first or exc
+    assert first is not None
+    if len(commands) == 1:
+        raise first
+    raise GlusterError(
+        f"{first} (and {len(commands) - 1} more gluster commands failed too: {', '.join(' '.join(c) for c in commands[1:])})"
+    )
 
 
 def _xml(text: str, what: str) -> ET.Element:
@@ -134,7 +163,7 @@ def _xml(text: str, what: str) -> ET.Element:
     return root
 
 
-def volume_info(volume: str, *, command: tuple[str, ...] | None = None) -> dict:
+def volume_info(volume: str, *, command: GlusterCommand | None = None) -> dict:
     """``gluster volume info VOLUME --xml`` → ``{"name", "id", "type", "status", "bricks": [Brick],
     "replica", "arbiter", "disperse", "arbiters": [brick name], "options": {}}``."""
     what = f"gluster volume info {volume}"
@@ -195,7 +224,7 @@ def check_supported(info: dict) -> None:
         )
 
 
-def bricks_of(volume: str, *, command: tuple[str, ...] | None = None) -> list[Brick]:
+def bricks_of(volume: str, *, command: GlusterCommand | None = None) -> list[Brick]:
     """The bricks of a volume epochsync cuts, in its order; other volume types are refused with the reason."""
     info = volume_info(volume, command=command)
     check_supported(info)
@@ -203,7 +232,7 @@ def bricks_of(volume: str, *, command: tuple[str, ...] | None = None) -> list[Br
 
 
 def volume_status(
-    volume: str, *, command: tuple[str, ...] | None = None, timeout: float = 20.0
+    volume: str, *, command: GlusterCommand | None = None, timeout: float = 20.0
 ) -> dict[str, bool] | None:
     """``{brick spec: online}`` from ``gluster volume status VOLUME --xml``, or None when glusterd does
     not answer (then nothing is known of the bricks' processes; the cut goes by the snapshots)."""

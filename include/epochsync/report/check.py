@@ -93,7 +93,7 @@ def _gluster(src) -> str:
     from epochsync.core.gluster import volume_info
 
     assert src.volume is not None
-    info = volume_info(src.volume, command=src.gluster_command or None)
+    info = volume_info(src.volume, command=src.gluster_commands)
     if info["status"] != "Started":
         raise SourceError(f"volume {src.volume} is {info['status']}, not Started (gluster volume start {src.volume})")
     if (info["options"] or {}).get("changelog.changelog") != "on":

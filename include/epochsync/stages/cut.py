@@ -101,7 +101,7 @@ def mechanism(src: SourceConfig) -> BtrfsCut:
         barrier=cut.barrier,
         timeout=cut.timeout_s,
         bricks_here=cut.bricks_here,
-        command=src.gluster_command,
+        command=src.gluster_commands,
         agents=agents,
     )
 
@@ -418,7 +418,32 @@ def _cut_one(
 
 def _choose_readers(cfg: Config, src: SourceConfig, mech: BtrfsCut, rsets: list[ReplicaSet], record: dict, epoch: int):
     """Records in a replicated source's new cut each set's reader, the bricks' state and the quorum
-    (:mod:`epochsync.sources.gluster.replicas`); an EpochError when a set has no brick to read."""
+    (:mod:`epochsync.sources.gluster.replicas`); an EpochError when a set has no brick to read.
+
+    Gluster is asked through ``gluster_command``, then its fallbacks: one that gets no answer is
+    passed over, and so is one whose glusterd answers from a minority of its pool (a server cut
+    off from the others says their bricks are down) when the readers it gives cannot be chosen."""
+    commands = src.gluster_commands
+    for i in range(len(commands)):
+        try:
+            return _choose_readers_via(cfg, src, mech, rsets, record, epoch, commands[i:])
+        except EpochError as exc:
+            hint = _minority_hint(commands[i])
+            if hint and i + 1 < len(commands):
+                continue  # that server is cut off from most of its pool: ask the next one
+            raise EpochError(f"{exc}{hint}") from None
+    raise AssertionError("unreachable: a source has at least one gluster command")
+
+
+def _choose_readers_via(
+    cfg: Config,
+    src: SourceConfig,
+    mech: BtrfsCut,
+    rsets: list[ReplicaSet],
+    record: dict,
+    epoch: int,
+    command: tuple[tuple[str, ...], ...],
+):
     assert src.volume is not None  # a gluster source's (config)
     volume = src.volume
     names = [b.name for b in mech.bricks]
@@ -426,8 +451,8 @@ def _choose_readers(cfg: Config, src: SourceConfig, mech: BtrfsCut, rsets: list[
     spec_of = {b.name: b.spec for b in mech.bricks}
     # Gluster's two answers at once: each is a CLI run of about 0.1 s, most of a cut without barrier
     with ThreadPoolExecutor(max_workers=2) as ask:
-        status = ask.submit(volume_status, volume, command=src.gluster_command)
-        info = ask.submit(volume_info, volume, command=src.gluster_command)
+        status = ask.submit(volume_status, volume, command=command)
+        info = ask.submit(volume_info, volume, command=command)
     online_by_spec = status.result()
     online = None if online_by_spec is None else {b: online_by_spec.get(spec_of[b], False) for b in names}
     try:
@@ -447,20 +472,17 @@ def _choose_readers(cfg: Config, src: SourceConfig, mech: BtrfsCut, rsets: list[
     record["owed"] = owed_now
     record["sets"] = {}
     for rset in rsets:
-        try:
-            verdict = choose_reader(
-                rset,
-                previous=((prev or {}).get("sets") or {}).get(rset.name, {}).get("reader"),
-                online=online,
-                owed_now=owed_now,
-                owed_before=(prev or {}).get("owed") or {},
-                started=started,
-                last_cut_s=prev["time_ns"] / 1e9 if prev else None,
-                source=src.name,
-                epoch=epoch,
-            )
-        except EpochError as exc:
-            raise EpochError(f"{exc}{_minority_hint(src)}") from None
+        verdict = choose_reader(
+            rset,
+            previous=((prev or {}).get("sets") or {}).get(rset.name, {}).get("reader"),
+            online=online,
+            owed_now=owed_now,
+            owed_before=(prev or {}).get("owed") or {},
+            started=started,
+            last_cut_s=prev["time_ns"] / 1e9 if prev else None,
+            source=src.name,
+            epoch=epoch,
+        )
         record["sets"][rset.name] = {
             "bricks": list(rset.bricks),
             "arbiter": rset.arbiter,
@@ -469,11 +491,11 @@ def _choose_readers(cfg: Config, src: SourceConfig, mech: BtrfsCut, rsets: list[
         }
 
 
-def _minority_hint(src: SourceConfig) -> str:
-    """When the glusterd ``gluster_command`` reaches sees fewer than half of its pool (a server cut
-    off from the others, which says their bricks are down), the words that say so; else nothing."""
+def _minority_hint(command: tuple[str, ...]) -> str:
+    """When the glusterd ``command`` reaches sees fewer than half of its pool (a server cut off from
+    the others, which says their bricks are down), the words that say so; else nothing."""
     try:
-        out = run_gluster(["pool", "list"], timeout=30, command=src.gluster_command or None)
+        out = run_gluster(["pool", "list"], timeout=30, command=command)
     except GlusterError:
         return ""
     peers = [line for line in out.splitlines()[1:] if line.strip()]
@@ -481,7 +503,8 @@ def _minority_hint(src: SourceConfig) -> str:
     if peers and seen * 2 <= len(peers):
         return (
             f" (the glusterd that answered sees {seen} of the {len(peers)} servers of its pool: it may be cut "
-            "off from the others; point gluster_command at a server in the majority)"
+            "off from the others; point gluster_command at a server in the majority, or add the others as "
+            "gluster_fallbacks)"
         )
     return ""
 

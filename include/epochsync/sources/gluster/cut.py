@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
 
-from epochsync.core.gluster import Brick, GlusterError, run_gluster
+from epochsync.core.gluster import Brick, GlusterCommand, GlusterError, run_gluster
 from epochsync.sources.gluster import btrfs
 
 
@@ -86,7 +86,7 @@ class BtrfsCut:
         barrier: bool = False,
         timeout: float = 120.0,
         bricks_here: bool = False,
-        command: tuple[str, ...] | None = None,
+        command: GlusterCommand | None = None,
         agents: dict | None = None,
     ):
         self.source = source
