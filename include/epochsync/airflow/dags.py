@@ -446,6 +446,7 @@ def build_audit_dag(config: Config, target: TargetConfig, *, doc_md: str = "") -
         f"`{source.name}`, "
         + (f"every {every:g} s" if every else "only when triggered")
         + (", bytes too (`deep`)" if target.audit.deep else ", metadata (trigger with `deep` for the bytes)")
+        + ("; what differs is repaired (`repair`)" if target.audit.repair else "")
         + ".\n",
         schedule=timedelta(seconds=every) if every else None,
         start_date=source.epoch.start if source.epoch is not None else None,
@@ -457,7 +458,12 @@ def build_audit_dag(config: Config, target: TargetConfig, *, doc_md: str = "") -
         params={
             "deep": Param(
                 target.audit.deep, type="boolean", description="Compare every file's bytes too (reads everything)."
-            )
+            ),
+            "repair": Param(
+                target.audit.repair,
+                type="boolean",
+                description="Put what differs right, as an epoch of its own (epochsync audit --repair).",
+            ),
         },
     )
     with dag:

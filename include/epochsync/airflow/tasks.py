@@ -313,8 +313,9 @@ def purge_task(config_path: str, source: str, params=None, **_):
 
 def audit_task(config_path: str, target: str, params=None, spark=None, **_):
     """The ``audit`` task of ``epochsync_audit__<target>``: :func:`epochsync.stages.audit.audit_target`
-    at the committed epoch. Differences fail the task (no retry) naming the first ones; a target
-    busy with a run (its lease held, or an epoch applied but not committed) fails it for a retry."""
+    at the committed epoch. Differences fail the task (no retry) naming the first ones, unless the
+    ``repair`` param puts them right (then only what is left fails it); a target busy with a run
+    (its lease held, or an epoch applied but not committed) fails it for a retry."""
     import logging
 
     from airflow.sdk.exceptions import AirflowFailException
@@ -326,7 +327,8 @@ def audit_task(config_path: str, target: str, params=None, spark=None, **_):
     if spark is not None:
         prepare_session(spark)
     deep = bool((params or {}).get("deep"))
-    result = audit_target(load_config(config_path), target, deep=deep, spark=spark)
+    repair = bool((params or {}).get("repair"))
+    result = audit_target(load_config(config_path), target, deep=deep, spark=spark, repair=repair)
     diffs = result["differences"]
     for d in diffs[:100]:
         log.warning("%s", d)
@@ -337,6 +339,29 @@ def audit_task(config_path: str, target: str, params=None, spark=None, **_):
         f"{result['seconds']} s): " + (f"{len(diffs)} differences" if diffs else "clean")
     )
     log.info("%s", summary)
+    fixed = result.get("repair")
+    if diffs and fixed is not None:
+        left = fixed["after"]
+        log.info(
+            "repair of target %s: %s paths (%s), %s s: %s",
+            target,
+            fixed["paths"],
+            ", ".join(f"{n} {h}" for h, n in fixed["how"].items() if n),
+            fixed["seconds"],
+            f"{len(left)} differences left" if left else "clean",
+        )
+        if left:
+            raise AirflowFailException(
+                f"{summary}; repaired, but {len(left)} still differ, first: " + "; ".join(str(d) for d in left[:5])
+            )
+        return {
+            "target": target,
+            "epoch": result["epoch"],
+            "deep": deep,
+            "paths": result["paths"],
+            "differences": len(diffs),
+            "repaired": fixed["paths"],
+        }
     if diffs:
         first = "; ".join(str(d) for d in diffs[:5])
         raise AirflowFailException(

@@ -767,6 +767,9 @@ class AuditConfig:
     """how often the audit DAG runs; never: only when triggered"""
     deep: bool = False
     """compare every file's bytes too (reads the whole replica and its source versions)"""
+    repair: bool = False
+    """put what differs right after each scheduled audit, as epochsync audit --repair does (off: the
+    audit fails and names the differences)"""
 
 
 @dataclass(frozen=True, config=_KEYS, kw_only=True)
