@@ -39,6 +39,9 @@ $(STAMP): requirements.txt pyproject.toml
 	@$(PIP) install -q -r requirements.txt
 	$(BIN)/python -c "import airflow, pyspark, boto3, moto, yaml, hypothesis" 
 	@$(PIP) install -q --no-deps -e .
+	@# the build leaves its metadata in include/ (on sys.path): read there as a second copy of the
+	@# package, its entry points would register Airflow's plugin twice (an import error)
+	@rm -rf include/epochsync.egg-info
 	$(BIN)/python -c "import epochsync"
 	@touch $(STAMP)
 

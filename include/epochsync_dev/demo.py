@@ -65,7 +65,7 @@ def _human(n) -> str:
 
 def demo_environment(workdir: Path, endpoint, spark_url: str) -> dict[str, str]:
     """Environment of every Airflow process the demo starts (the Spark Connect server at ``spark_url``)."""
-    from epochsync.airflow.stages import spark_connect_conn_json
+    from epochsync.airflow.operators.stage import spark_connect_conn_json
     from epochsync.spark import REMOTE_ENV
 
     env = dict(os.environ)

@@ -86,7 +86,7 @@ def airflow_environment(
         }
     )
     if spark_url:
-        from epochsync.airflow.stages import spark_connect_conn_json
+        from epochsync.airflow.operators.stage import spark_connect_conn_json
         from epochsync.spark import REMOTE_ENV, SPARK_CONN_ID
 
         env["AIRFLOW_CONN_" + SPARK_CONN_ID.upper()] = spark_connect_conn_json(spark_url)

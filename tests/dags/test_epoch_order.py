@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from epochsync.airflow.ordering import previous_epoch_turn
+from epochsync.airflow.sensors.previous_epoch import previous_epoch_turn
 
 ROOT = Path(__file__).resolve().parents[2]
 START = datetime(2026, 1, 1, tzinfo=UTC)
@@ -139,7 +139,7 @@ def bag(with_config):
 
     from airflow.dag_processing.dagbag import DagBag
 
-    from epochsync.airflow.ordering import runs_dir
+    from epochsync.airflow.sensors.previous_epoch import runs_dir
     from epochsync.core.config import load_config
     from epochsync.journal.undo import journal_dir
 
@@ -155,7 +155,7 @@ def test_the_gate_reads_the_runs_on_record_and_the_manifest(bag, with_config, mo
     from airflow.sdk.exceptions import AirflowFailException
 
     import epochsync.airflow.tasks
-    from epochsync.airflow.ordering import record_run, runs_on_record
+    from epochsync.airflow.sensors.previous_epoch import record_run, runs_on_record
     from epochsync.core.config import load_config
 
     wh = load_config(with_config).warehouse

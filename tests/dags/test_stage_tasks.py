@@ -79,7 +79,7 @@ def calls(monkeypatch):
 def run(dag, task_id, epochs, params=None, spark=None):
     task = dag.get_task(task_id)
     kwargs = dict(task.op_kwargs)
-    from epochsync.airflow.stages import run_stage_task
+    from epochsync.airflow.operators.stage import run_stage_task
 
     assert task.python_callable is run_stage_task
     full = {
@@ -112,7 +112,7 @@ def test_spark_stages_are_pyspark_tasks_on_the_spark_connect_connection(dag):
 def test_the_connection_names_the_connect_server(monkeypatch):
     from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
 
-    from epochsync.airflow.stages import spark_connect_conn_json
+    from epochsync.airflow.operators.stage import spark_connect_conn_json
 
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT_DEFAULT", spark_connect_conn_json("sc://127.0.0.1:15002"))
     assert SparkConnectHook("spark_connect_default").get_connection_url() == "sc://127.0.0.1:15002/"
@@ -125,7 +125,7 @@ def test_every_stage_task_of_every_run_opens_the_dags_session(dag, monkeypatch):
     from airflow.providers.apache.spark.operators.spark_pyspark import PySparkOperator
 
     import epochsync.spark
-    from epochsync.airflow.stages import spark_connect_conn_json
+    from epochsync.airflow.operators.stage import spark_connect_conn_json
     from epochsync.spark import keyed_remote, package_zip
 
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT_DEFAULT", spark_connect_conn_json("sc://127.0.0.1:15002"))
@@ -276,7 +276,7 @@ def test_a_feed_target_gets_ingest_merge_publish(tmp_path, calls):
     assert dag.get_task("publish").upstream_task_ids == {"merge"}
     assert dag.get_task("publish").pool == "epochsync_target_audit" or dag.get_task("publish").pool.endswith("audit")
     import epochsync.stages.publish
-    from epochsync.airflow.stages import run_stage_task
+    from epochsync.airflow.operators.stage import run_stage_task
 
     published = []
     epochsync.stages.publish.publish_epoch, original = (

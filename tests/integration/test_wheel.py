@@ -13,6 +13,7 @@ of a config, and one epoch replicated, equal to the simulated truth.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -50,13 +51,27 @@ def test_the_wheel_alone_installs_and_replicates_an_epoch(seaweed, spark, tmp_pa
 
     out, cfg = simulate(seaweed, tmp_path / "sim", 1, seed=5)
     dist = tmp_path / "dist"
-    built = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", dist, ROOT], cwd=tmp_path)
+    # built from a copy of the checkout's files: a build writes its metadata beside the package
+    # (include/epochsync.egg-info), where the tests' own processes would read the package twice
+    tree = tmp_path / "tree"
+    listed = _run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT)
+    for rel in filter(None, listed.stdout.split("\0")):
+        src = Path(ROOT) / rel
+        if src.is_file():
+            (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, tree / rel)
+    built = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", dist, tree], cwd=tmp_path)
     assert built.returncode == 0, built.stderr[-2000:]
+    assert not (Path(ROOT) / "include" / "epochsync.egg-info").exists()
     (whl,) = dist.glob("epochsync-*.whl")
     with zipfile.ZipFile(whl) as z:
         tops = {n.split("/", 1)[0] for n in z.namelist()}
         assert "epochsync/agent/deploy/epochsync-agent.service" in z.namelist()
+        points = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/entry_points.txt"))).decode()
     assert tops == {"epochsync", whl.name.split("-py3")[0] + ".dist-info"}, tops
+    # Airflow finds the plugin and the provider in the installed package
+    assert "epochsync = epochsync.airflow.plugin:EpochsyncPlugin" in points, points
+    assert "provider_info = epochsync.airflow.provider:get_provider_info" in points, points
 
     # every range the wheel declares (the core and every extra) accepts the pinned version
     for line in _requirements(whl):

@@ -180,14 +180,18 @@ def test_run_id_names_the_epoch():
 
 
 def test_serialization_round_trip_through_airflow(monkeypatch):
-    """The scheduler stores the DAG as JSON and rebuilds the timetable from the plugin."""
+    """The scheduler stores the DAG as JSON and rebuilds the timetable from the plugin, which the
+    installed package registers (its ``airflow.plugins`` entry point): the project's plugins
+    folder is empty, and the plugin is found once (twice would be an import error)."""
     from airflow import plugins_manager, settings
     from airflow.serialization.encoders import encode_timetable
 
+    assert not list(PLUGINS.glob("*.py"))
     monkeypatch.setattr(settings, "PLUGINS_FOLDER", str(PLUGINS))
     plugins_manager._get_plugins.cache_clear()
     plugins_manager.get_timetables_plugins.cache_clear()
     assert "epochsync.airflow.timetable.EpochTimetable" in plugins_manager.get_timetables_plugins()
+    assert not plugins_manager._get_plugins()[1], plugins_manager._get_plugins()[1]
 
     table = EpochTimetable(datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC), 420, schedule_from="2026-05-01T00:00:00Z")
     encoded = encode_timetable(table)
@@ -219,6 +223,7 @@ def test_unregistered_timetable_is_refused_by_serialization(monkeypatch, tmp_pat
     from airflow.serialization.helpers import TimetableNotRegistered
 
     monkeypatch.setattr(settings, "PLUGINS_FOLDER", str(tmp_path))
+    monkeypatch.setattr(plugins_manager, "_load_entrypoint_plugins", lambda: ([], {}))  # the package not installed
     plugins_manager._get_plugins.cache_clear()
     plugins_manager.get_timetables_plugins.cache_clear()
     try:
@@ -227,3 +232,28 @@ def test_unregistered_timetable_is_refused_by_serialization(monkeypatch, tmp_pat
     finally:
         plugins_manager._get_plugins.cache_clear()
         plugins_manager.get_timetables_plugins.cache_clear()
+
+
+def test_the_package_is_an_airflow_provider_with_its_connection_type():
+    """Installed, the package is a provider: Airflow lists it and the ``epochsync_agent``
+    connection type (the UI's form for the Gluster agents' secret) with its hook."""
+    from airflow.providers_manager import ProvidersManager
+
+    from epochsync.airflow.hooks.agent import EpochsyncAgentHook
+    from epochsync.airflow.provider import get_provider_info
+
+    pm = ProvidersManager()
+    pm.initialize_providers_list()
+    assert "epochsync" in pm.providers
+    info = get_provider_info()
+    assert info["connection-types"] == [
+        {"hook-class-name": "epochsync.airflow.hooks.agent.EpochsyncAgentHook", "connection-type": "epochsync_agent"}
+    ]
+    assert EpochsyncAgentHook.get_ui_field_behaviour()["relabeling"] == {"password": "Shared secret"}
+    import importlib
+
+    for kind in ("operators", "sensors", "hooks"):
+        for group in info[kind]:
+            for module in group["python-modules"]:
+                assert module.startswith(f"epochsync.airflow.{kind}."), module
+                importlib.import_module(module)

@@ -16,8 +16,9 @@ from airflow.sdk import DAG, Param
 from airflow.task.trigger_rule import TriggerRule
 
 from epochsync.airflow.assets import target_asset
-from epochsync.airflow.stages import EpochStageOperator, spark_conn_id
-from epochsync.airflow.tasks import EpochClosedSensor, commit_task, config_path_from_env, cut_task, rollback_task
+from epochsync.airflow.operators.stage import EpochStageOperator, spark_conn_id
+from epochsync.airflow.sensors.epoch_closed import EpochClosedSensor
+from epochsync.airflow.tasks import commit_task, config_path_from_env, cut_task, rollback_task
 from epochsync.airflow.timetable import NEVER, EpochTimetable
 from epochsync.core.config import Config, SourceConfig, TargetConfig, load_config
 from epochsync.journal.lease import pool_name
@@ -39,7 +40,7 @@ EPOCH_TASKS = (
 #: the tasks that write the target: ordered by the target's manifest (``wait_previous_epoch``
 #: before them), not by ``depends_on_past``, which orders a task after the same task of the
 #: previous run only (apply after the previous apply, not after the previous commit) and, after
-#: a failure, holds the next run silently for ever (``epochsync.airflow.ordering``)
+#: a failure, holds the next run silently for ever (``epochsync.airflow.sensors.previous_epoch``)
 ORDERED_BY_MANIFEST = ("wait_previous_epoch", "apply", "verify", "commit", "rollback")
 #: idempotent stages that only write their own warehouse output: safe to retry on a transient error.
 #: apply, verify and commit are not retried: their failure means rollback.
@@ -281,7 +282,7 @@ def build_epoch_dag(
         translate = stage(
             "translate", doc_md="The plan: namespace operations, pulls and writes in the target's layout.", pool=pool
         )
-        from epochsync.airflow.ordering import PreviousEpochSensor
+        from epochsync.airflow.sensors.previous_epoch import PreviousEpochSensor
 
         gate = PreviousEpochSensor(
             task_id="wait_previous_epoch",
@@ -462,7 +463,7 @@ def build_audit_dag(config: Config, target: TargetConfig, *, doc_md: str = "") -
             "repair": Param(
                 target.audit.repair,
                 type="boolean",
-                description="Put what differs right, as an epoch of its own (epochsync audit --repair).",
+                description="Put what differs right, as an epoch of its own (epochsync audit ... --repair).",
             ),
         },
     )

@@ -768,7 +768,7 @@ class AuditConfig:
     deep: bool = False
     """compare every file's bytes too (reads the whole replica and its source versions)"""
     repair: bool = False
-    """put what differs right after each scheduled audit, as epochsync audit --repair does (off: the
+    """put what differs right after each scheduled audit, as epochsync audit ... --repair does (off: the
     audit fails and names the differences)"""
 
 

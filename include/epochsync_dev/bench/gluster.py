@@ -320,7 +320,7 @@ def _verify_bytes(cfg, target: str, rows: list[dict], read_stage_stats) -> int:
 
 def _window(cfg, source: str, target: str, log) -> dict:
     """Every cut epoch after the committed one in one pass, as the Airflow DAG replicates a window of
-    closed epochs (``max_epochs_per_run``): the stages of ``epochsync.airflow.stages`` in order."""
+    closed epochs (``max_epochs_per_run``): the stages of ``epochsync.airflow.operators.stage`` in order."""
     from epochsync.journal.lease import target_lease
     from epochsync.journal.undo import mark_closed_seen, write_stage_stats
     from epochsync.spark import spark_session
