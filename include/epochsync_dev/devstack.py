@@ -202,8 +202,9 @@ class AirflowStandalone:
         deadline = time.monotonic() + timeout
         last: object = None
         while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"airflow standalone exited with {self.proc.returncode}:\n{self.tail()}")
+            gone = self.exited()
+            if gone:
+                raise RuntimeError(f"{gone}:\n{self.tail()}")
             try:
                 h = self.health()
                 last = h
@@ -214,6 +215,12 @@ class AirflowStandalone:
                 last = exc
             time.sleep(2)
         raise RuntimeError(f"airflow standalone not healthy within {timeout:.0f}s ({last}):\n{self.tail()}")
+
+    def exited(self) -> str | None:
+        """What ended, if a process of the stack did (None while it runs)."""
+        if self.proc is not None and self.proc.poll() is not None:
+            return f"airflow standalone exited with {self.proc.returncode}"
+        return None
 
     def token(self, password: str) -> str:
         """A JWT for the REST API (simple auth manager)."""
@@ -283,6 +290,73 @@ class AirflowStandalone:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class AirflowServices(AirflowStandalone):
+    """Airflow as ``docker-compose.yaml`` runs it: a PostgreSQL database (``database_url``), the
+    LocalExecutor, and the scheduler, DAG processor, API server and triggerer as processes of their
+    own (after ``airflow db migrate``), each in its own process group; one log for all. The same
+    interface as :class:`AirflowStandalone`, which runs them all under ``airflow standalone`` on SQLite."""
+
+    COMPONENTS = ("scheduler", "dag-processor", "api-server", "triggerer")
+
+    def __init__(self, home: Path, env: dict[str, str], port: int, database_url: str):
+        env = {k: v for k, v in env.items() if k != "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS"}  # SQLite's
+        super().__init__(
+            home,
+            {
+                **env,
+                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": database_url,
+                "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+                "AIRFLOW__CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager."
+                "SimpleAuthManager",
+            },
+            port,
+        )
+        self.log_path = self.home / "services.log"
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, *, timeout: float = 300) -> AirflowServices:
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.wrapper = write_airflow_wrapper(self.home, self.env)
+        self.airflow("db", "migrate", timeout=600)
+        log = open(self.log_path, "ab")
+        for name in self.COMPONENTS:
+            self.procs[name] = subprocess.Popen(
+                [str(Path(sys.executable).parent / "airflow"), name],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.home,
+                start_new_session=True,
+            )
+        log.close()
+        self.wait_healthy(timeout=timeout)
+        return self
+
+    def exited(self) -> str | None:
+        for name, p in self.procs.items():
+            if p.poll() is not None:
+                return f"airflow {name} exited with {p.returncode}"
+        return None
+
+    def stop(self, grace: float = 30) -> None:
+        """Each component's process group (its task processes too): SIGINT, ``grace`` seconds, then
+        SIGTERM, then SIGKILL."""
+        for sig, wait in ((signal.SIGINT, grace), (signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+            live = [p for p in self.procs.values() if p.poll() is None]
+            for p in live:
+                try:
+                    os.killpg(p.pid, sig)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + wait
+            for p in live:
+                try:
+                    p.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+        self.procs = {}
 
 
 def add_feed_target(config: Path, name: str = "audit") -> None:

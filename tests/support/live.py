@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 import threading
@@ -81,7 +82,8 @@ class LiveEpochs:
             self.error = traceback.format_exc()
 
     def _scenario(self) -> None:
-        from epochsync_dev.devstack import AirflowStandalone, write_admin_password
+        from epochsync_dev.devstack import AirflowServices, AirflowStandalone, write_admin_password
+        from epochsync_dev.postgres import EmbeddedPostgres, server_bin
 
         facts = self.facts
         base, port, env, run_env = self.base, self.port, self.env, self.run_env
@@ -125,7 +127,20 @@ class LiveEpochs:
 
         home = base / "airflow-home"
         password = write_admin_password(home)
-        stack = AirflowStandalone(home, run_env, port)
+        # Airflow as docker-compose.yaml runs it (PostgreSQL, LocalExecutor, a process per component)
+        # where PostgreSQL's server is installed; airflow standalone on SQLite elsewhere
+        pg = None
+        if server_bin() is not None:
+            pg = EmbeddedPostgres().start()
+            stack: AirflowStandalone = AirflowServices(home, run_env, port, pg.url)
+            facts["database"] = "postgresql, LocalExecutor, a process per component"
+        else:
+            assert not os.environ.get("EPOCHSYNC_REQUIRE_POSTGRES"), (
+                "PostgreSQL's server is not installed (apt-get install postgresql), and EPOCHSYNC_REQUIRE_POSTGRES "
+                "says the live test must run on it"
+            )
+            stack = AirflowStandalone(home, run_env, port)
+            facts["database"] = "sqlite, airflow standalone"
         delays: dict[int, float] = {}
         run_seconds: dict[int, float] = {}
         records: dict[int, int | None] = {}
@@ -186,6 +201,8 @@ class LiveEpochs:
             if simulator.poll() is None:
                 simulator.kill()
             stack.stop(grace=3)  # every run is over: no 30 s wait on SIGINT
+            if pg is not None:
+                pg.stop()
             facts["seconds"] = round(time.time() - self.started_at, 1)
             OUTPUT.mkdir(parents=True, exist_ok=True)
             (OUTPUT / "live.json").write_text(
