@@ -398,7 +398,7 @@ def test_a_layout_1_replica_moves_its_directory_objects_on_the_next_epoch(world,
     move, then the epoch; a rollback after the move restores the moved layout."""
     from epochsync.core.errors import EpochError
     from epochsync.stages import replicate as replicate_module
-    from epochsync.targets import s3
+    from epochsync.targets.s3 import naming
 
     h = History(world["client"], world["bucket"])
     a, ab, ax, bx, r = (fid(n) for n in range(1, 6))
@@ -411,7 +411,7 @@ def test_a_layout_1_replica_moves_its_directory_objects_on_the_next_epoch(world,
     two = {"a": D(0o750), "r": D(), "r/b": D(0o700), "a/x": F(b"x2 longer\n"), "r/b/x": F(b"bx")}
 
     with monkeypatch.context() as old:  # the code before layout 2
-        old.setattr(s3, "LAYOUT", 1)
+        old.setattr(naming, "LAYOUT", 1)
         replicate(cfg, "s3", epoch=1, spark=spark, progress=lambda _line: None)
         target = open_target(cfg.target("s3"))
         doc = target.read_manifest()

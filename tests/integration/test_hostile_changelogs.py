@@ -17,9 +17,9 @@ import pytest
 from epochsync.core.config import TargetConfig
 from epochsync.core.errors import ParseError
 from epochsync.stores.connections import S3Settings
+from epochsync.stores.s3_access import S3Access
 from epochsync.targets.base import UnsafePathError
 from epochsync.targets.posix import PosixTarget
-from epochsync.targets.s3 import S3Access
 
 pytestmark = pytest.mark.integration
 

@@ -24,9 +24,9 @@ from epochsync.stages.apply import apply_plan, write_fence
 from epochsync.stages.translate import build_plan
 from epochsync.stages.verify import verify_plan
 from epochsync.stores.connections import resolve_s3
+from epochsync.stores.s3_access import S3Access
 from epochsync.targets import open_target
 from epochsync.targets.base import UnsafePathError
-from epochsync.targets.s3 import S3Access
 
 pytestmark = pytest.mark.integration
 

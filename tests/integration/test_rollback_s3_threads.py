@@ -25,8 +25,9 @@ from epochsync.stages.context import _target_dict
 from epochsync.stages.rollback import rollback_target
 from epochsync.stages.translate import build_plan
 from epochsync.stores.connections import resolve_s3
+from epochsync.stores.s3_access import S3Access
 from epochsync.targets import open_target
-from epochsync.targets.s3 import S3Access, S3Target
+from epochsync.targets.s3 import S3Target
 
 pytestmark = pytest.mark.integration
 

@@ -6,7 +6,7 @@ from botocore.exceptions import ClientError
 
 from epochsync.core.errors import StoreError
 from epochsync.stores.connections import S3Settings
-from epochsync.targets.s3 import Counters, S3Access, error_code, is_retryable
+from epochsync.stores.s3_access import Counters, S3Access, error_code, is_retryable
 
 pytestmark = pytest.mark.integration
 

@@ -30,8 +30,8 @@ from epochsync.stages.context import _target_dict
 from epochsync.stages.translate import build_plan
 from epochsync.stages.verify import verify_plan
 from epochsync.stores.connections import resolve_s3
+from epochsync.stores.s3_access import S3Access
 from epochsync.targets import open_target
-from epochsync.targets.s3 import S3Access
 from epochsync_dev.s3proxy import S3Proxy
 
 pytestmark = pytest.mark.integration

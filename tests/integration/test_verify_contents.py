@@ -19,8 +19,8 @@ from epochsync.core.schema import Layout
 from epochsync.stages import verify
 from epochsync.stages.verify import verify_plan
 from epochsync.stores.connections import resolve_s3
+from epochsync.stores.s3_access import S3Access
 from epochsync.targets import open_target
-from epochsync.targets.s3 import S3Access
 
 pytestmark = pytest.mark.integration
 

@@ -15,8 +15,8 @@ from epochsync.core.config import TargetConfig
 from epochsync.journal.undo import read_journal
 from epochsync.stages import apply as apply_stage
 from epochsync.stages.translate import build_plan
+from epochsync.stores.s3_access import Counters
 from epochsync.targets.posix import PosixTarget
-from epochsync.targets.s3 import Counters
 
 
 class Source:

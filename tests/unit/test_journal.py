@@ -118,8 +118,8 @@ def test_a_rollback_run_again_after_a_crash_does_not_undo_twice(tmp_path, monkey
     from epochsync.stages.rollback import rollback_target
     from epochsync.stages.translate import build_plan
     from epochsync.stores.connections import S3Settings
+    from epochsync.stores.s3_access import S3Access
     from epochsync.targets.posix import PosixTarget
-    from epochsync.targets.s3 import S3Access
 
     replica = tmp_path / "replica"
     cfg = config_from_dict(

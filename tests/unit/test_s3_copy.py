@@ -16,7 +16,7 @@ from botocore.exceptions import ClientError, ParamValidationError
 from epochsync.core.errors import EpochsyncError
 from epochsync.stores.connections import S3Settings
 from epochsync.stores.s3 import IF_UNMODIFIED_SINCE, client_config
-from epochsync.targets.s3 import S3Access, _copy_result, _copy_source, is_retryable
+from epochsync.stores.s3_access import S3Access, _copy_result, _copy_source, is_retryable
 
 OK = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n<CopyObjectResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'

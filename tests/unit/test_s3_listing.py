@@ -10,7 +10,9 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from epochsync.stores.connections import S3Settings
-from epochsync.targets.s3 import S3Access, decode_listing, listed_key_is
+from epochsync.stores.s3 import decode_listing
+from epochsync.stores.s3_access import S3Access
+from epochsync.targets.s3 import listed_key_is
 
 HEAD = b'<?xml version="1.0" encoding="UTF-8"?>\n<ListVersionsResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
 

@@ -18,8 +18,8 @@ from epochsync.core.config import MIN_PART_SIZE, TargetConfig
 from epochsync.journal.undo import read_journal
 from epochsync.stages.translate import build_plan, coalesce, part_plan, source_pulls
 from epochsync.stores.connections import S3Settings
+from epochsync.stores.s3_access import S3Access
 from epochsync.targets.posix import PosixTarget
-from epochsync.targets.s3 import S3Access
 
 MiB = 1024 * 1024
 STORE = {"key": "{ost}/{oid}", "unstriped_key": "data/{fid}", "bucket": "src"}

@@ -19,8 +19,8 @@ from epochsync.core.config import TargetConfig
 from epochsync.stages.apply import apply_plan
 from epochsync.stages.translate import build_plan
 from epochsync.stages.verify import posix_contents, verify_plan
+from epochsync.stores.s3_access import Counters
 from epochsync.targets.posix import PosixTarget, range_checksum
-from epochsync.targets.s3 import Counters
 
 A1 = os.urandom(300_000)
 A2 = A1[:1000] + os.urandom(100) + A1[1100:] + os.urandom(65536)  # a patch and an append

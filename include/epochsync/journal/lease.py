@@ -302,7 +302,7 @@ def _absent(exc: BaseException) -> bool:
 class S3Lease:
     """``<prefix>.epochsync/lease.json``: conditional create, renew and delete, with an expiry.
 
-    ``io`` is an :class:`~epochsync.targets.s3.S3Access`; ``ensure_bucket()`` makes the
+    ``io`` is an :class:`~epochsync.stores.s3_access.S3Access`; ``ensure_bucket()`` makes the
     bucket exist (a new target's first writer creates it).
     """
 

@@ -64,7 +64,7 @@ def _bucket(conn_id: str, bucket: str, *, made_on_first_use: bool = False) -> st
     """``made_on_first_use`` (a target's): a bucket the store says is absent is fine, the first epoch
     creates it; the store answering is what counts."""
     from epochsync.stores.connections import resolve_s3
-    from epochsync.targets.s3 import S3Access, error_code
+    from epochsync.stores.s3_access import S3Access, error_code
 
     settings = resolve_s3(conn_id)
     io = S3Access(settings, max_attempts=2)

@@ -317,7 +317,7 @@ def _data_partition(index: int, ops, target, source_io, source_bucket: str, jdir
 
 def apply_plan(plan: dict, target, source_io, source_bucket: str, jdir: str, state: dict, *, spark=None, faults=None):
     """Run a plan's three phases. Returns figures for the stats row."""
-    from epochsync.targets.s3 import Counters
+    from epochsync.stores.s3_access import Counters
 
     t0 = time.monotonic()
     if spark is not None:

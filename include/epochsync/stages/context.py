@@ -45,7 +45,7 @@ def source_access(cfg: Config, tcfg: TargetConfig, epoch: int | None = None):
             agents = resolve_agent(src.agent_conn_id)
         return cut_reader(cfg.warehouse, src.name, epoch, agents=agents, config=cfg.file), src.name
     from epochsync.stores.connections import resolve_s3
-    from epochsync.targets.s3 import S3Access
+    from epochsync.stores.s3_access import S3Access
 
     assert src.store is not None
     return S3Access(resolve_s3(src.store.conn_id), max_attempts=tcfg.max_attempts), src.store.bucket

@@ -409,7 +409,7 @@ def check_contents(groups: list[dict], target, source_io, bucket: str, epoch: in
     ``VERIFY_THREADS`` threads and returning one report row. ``source_requests`` counts
     the requests of every task and of this process.
     """
-    from epochsync.targets.s3 import Counters
+    from epochsync.stores.s3_access import Counters
 
     files = sum(len(g["paths"]) for g in groups)
     before = source_io.counters.as_dict()

@@ -8,7 +8,7 @@ The policy (docs/INTERNALS.md, "S3 clients"):
 - **At most** :data:`MAX_ATTEMPTS` attempts per request (first try included), after which
   the error names the request, the store and the attempts.
 - **Who retries**: the data path (targets, the source reads of apply and verify) goes
-  through :class:`epochsync.targets.s3.S3Access`, which retries itself, so that every
+  through :class:`epochsync.stores.s3_access.S3Access`, which retries itself, so that every
   attempt is counted in the run's figures; its client has botocore's retries off
   (``counted=True``). Every other client (changelog listing and reads, purge, the
   simulator, the embedded servers' admin) lets botocore retry in its ``standard`` mode
@@ -25,12 +25,12 @@ The policy (docs/INTERNALS.md, "S3 clients"):
   (``response_checksum_validation="when_required"``).
 - **Listings** a store sends with characters XML 1.0 cannot carry (a key with ``\\x01``,
   from a store that ignores ``encoding-type=url``) are read with U+FFFD in their place, as
-  stores written in Go send them (:func:`epochsync.targets.s3.listed_key_is` matches them).
+  stores written in Go send them (:func:`epochsync.targets.s3.naming.listed_key_is` matches them).
 - **Per-request CPU**: botocore spends about 2 ms of CPU per request on this machine
   (s3fast, the hand-signing client it replaced, 0.4 ms; issue 14,
   ``bench/results/s3clients.json``), in its request pipeline (events, the user-agent
   string, endpoint rules, signing, parsing); turning parameter validation off or the
-  checksums down saved nothing measurable. Each :class:`~epochsync.targets.s3.S3Access`
+  checksums down saved nothing measurable. Each :class:`~epochsync.stores.s3_access.S3Access`
   builds its client once and shares it between threads. No request is signed by hand.
 """
 

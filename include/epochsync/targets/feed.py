@@ -128,7 +128,7 @@ class S3FeedStore(FeedStore):
     """A feed under an S3 prefix."""
 
     def __init__(self, settings, bucket: str, prefix: str, *, max_attempts: int = 6):
-        from epochsync.targets.s3 import S3Access
+        from epochsync.stores.s3_access import S3Access
 
         self.io = S3Access(settings, max_attempts=max_attempts)
         self.bucket = bucket
@@ -144,7 +144,7 @@ class S3FeedStore(FeedStore):
 
     def read(self, name: str) -> bytes | None:
         """Returns the bytes of ``name``, or None when it (or the bucket) does not exist."""
-        from epochsync.targets.s3 import error_code
+        from epochsync.stores.s3_access import error_code
 
         try:
             return self.io.call(
@@ -160,7 +160,7 @@ class S3FeedStore(FeedStore):
 
         if self._bucket_checked:
             return
-        from epochsync.targets.s3 import create_bucket_if_missing
+        from epochsync.stores.s3_access import create_bucket_if_missing
 
         create_bucket_if_missing(self.io, self.bucket)
         self._bucket_checked = True
@@ -173,7 +173,7 @@ class S3FeedStore(FeedStore):
 
     def list(self, folder: str) -> list[str]:
         """Returns the names of the visible objects right under ``folder`` (none without the bucket), sorted."""
-        from epochsync.targets.s3 import error_code
+        from epochsync.stores.s3_access import error_code
 
         base = self.prefix + _check(folder) + "/"
         names = []

@@ -62,9 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     from epochsync.stages.context import _target_dict
     from epochsync.stages.translate import build_plan
     from epochsync.stores.connections import resolve_s3
+    from epochsync.stores.s3_access import S3Access
     from epochsync.targets import open_target
     from epochsync.targets.base import Target
-    from epochsync.targets.s3 import S3Access, S3Target
+    from epochsync.targets.s3 import S3Target
     from epochsync_dev.embedded import SeaweedFS
 
     work = Path(tempfile.mkdtemp(prefix="epochsync-bench-rollback-"))

@@ -1,6 +1,6 @@
 """Apply's and verify's source reader for a gluster source: a file's bytes as one cut holds them.
 
-The same duck type as :class:`epochsync.targets.s3.S3Access` (``get_range``, ``get_all``,
+The same duck type as :class:`epochsync.stores.s3_access.S3Access` (``get_range``, ``get_all``,
 ``counters``, ``client``, ``kind``): the key is a gfid (``store.unstriped_key`` is ``{fid}``),
 and every read comes from the brick snapshots of the plan's epoch, never from the live
 volume. A version pinned in the plan (the epoch a file was last written) is at or before
