@@ -14,9 +14,8 @@ from epochsync.core.config import (
     config_from_dict,
     load_config,
     main,
-    parse_duration,
-    parse_size,
 )
+from epochsync.core.config_values import parse_duration, parse_size
 from epochsync.core.errors import ConfigError
 
 GOOD = """

@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from epochsync.core.config import MIN_PART_SIZE, TargetConfig
+from epochsync.core.config import TargetConfig
+from epochsync.core.config_values import MIN_PART_SIZE
 from epochsync.journal.undo import read_journal
 from epochsync.stages.translate import build_plan, coalesce, part_plan, source_pulls
 from epochsync.stores.connections import S3Settings

@@ -489,7 +489,7 @@ def dags_from_env(kind: str, doc_md: str) -> dict[str, DAG]:
     catchup = os.environ.get("EPOCHSYNC_CATCHUP", "true").lower() not in ("0", "false", "no")
     schedule_from: datetime | str | None = os.environ.get("EPOCHSYNC_SCHEDULE_FROM") or None
     if schedule_from and schedule_from != NEVER:
-        from epochsync.core.config import parse_datetime
+        from epochsync.core.config_values import parse_datetime
 
         try:
             schedule_from = parse_datetime(schedule_from)

@@ -10,328 +10,71 @@ reading code (pydantic's own report never reaches the user).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import os
-import re
-import types
 import typing
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    AfterValidator,
-    BeforeValidator,
     ConfigDict,
     Discriminator,
     Field,
-    StringConstraints,
     Tag,
     TypeAdapter,
     ValidationError,
-    ValidationInfo,
-    WithJsonSchema,
     model_validator,
 )
 from pydantic.dataclasses import dataclass
 from pydantic.json_schema import GenerateJsonSchema
-from pydantic_core import PydanticCustomError
 
+from epochsync.core.config_errors import config_error, key_error
+from epochsync.core.config_values import (
+    DEFAULT_EPOCHS_FROM,
+    FEED_EVENTS,
+    GLUSTER_ROOT_GFID,
+    POSIX_ONLY_KEYS,
+    REMOVED_TARGET_KEYS,
+    S3_ONLY_KEYS,
+    SMALL_FILE,
+    AtLeastOne,
+    Attempts,
+    BrickSpec,
+    ChangelogUri,
+    ControlDir,
+    CutMechanism,
+    Duration,
+    Epochs,
+    EpochsFrom,
+    FeedEvents,
+    FeedFormat,
+    FeedPrefix,
+    Fileset,
+    Format,
+    KeyTemplate,
+    LocalPath,
+    Name,
+    OnBadRecord,
+    PartSize,
+    Ratio,
+    S3Prefix,
+    Servers,
+    Size,
+    SnapshotTemplate,
+    SparkRemote,
+    StripeCount,
+    TargetKind,
+    Text,
+    VerifyContents,
+    ViewSnapshots,
+    WarehouseUri,
+    When,
+)
 from epochsync.core.errors import ConfigError
 
 ENV_VAR = "EPOCHSYNC_CONFIG"
-
-FormatName = Literal["jsonl", "lustre", "gluster"]
-EpochSource = Literal["records", "mark", "time"]
-TargetKindName = Literal["s3", "posix", "feed"]
-FeedFormatName = Literal["jsonl", "parquet"]
-FeedEventName = Literal["create", "delete", "rename", "data", "attrs", "xattrs"]
-OnBadRecordName = Literal["fail", "quarantine"]
-ViewSnapshotsName = Literal["auto", "required", "never"]
-VerifyContentsName = Literal["changed", "full"]
-
-FORMATS: tuple[str, ...] = typing.get_args(FormatName)
-EPOCH_SOURCES: tuple[str, ...] = typing.get_args(EpochSource)
-#: ``changelogs.epochs_from`` when absent: JSON Lines carry their epoch, a Lustre MARK closes
-#: one, a Gluster rollover file falls in one window of ``epoch``
-DEFAULT_EPOCHS_FROM = {"jsonl": "records", "lustre": "mark", "gluster": "time"}
-TARGET_KINDS: tuple[str, ...] = typing.get_args(TargetKindName)
-#: a feed target's file format (``targets[].format``) and event mask (``targets[].events``)
-FEED_FORMATS: tuple[str, ...] = typing.get_args(FeedFormatName)
-FEED_EVENTS: tuple[FeedEventName, ...] = typing.get_args(FeedEventName)
-ON_BAD_RECORD: tuple[str, ...] = typing.get_args(OnBadRecordName)
-#: a posix target's committed view (``targets[].view.snapshots``)
-VIEW_SNAPSHOTS: tuple[str, ...] = typing.get_args(ViewSnapshotsName)
-VERIFY_CONTENTS: tuple[str, ...] = typing.get_args(VerifyContentsName)
-#: target keys of earlier versions that now stop the load with a way forward
-REMOVED_TARGET_KEYS = {
-    "engine": "removed: Spark is the only engine of merge and translate; delete this key",
-    "local_max_records": "removed with the local engine (Spark runs every epoch); delete this key",
-}
-#: keys only ``kind: s3`` targets take (a feed takes conn_id, bucket and prefix too)
-S3_ONLY_KEYS = ("conn_id", "bucket", "prefix", "stripe_size", "stripe_count")
-#: keys only ``kind: posix`` targets take
-POSIX_ONLY_KEYS = ("view",)
-MIN_PART_SIZE = 5 * 1024 * 1024
-#: ``targets[].small_file``'s default: on this machine's SeaweedFS a GET of 256 KiB took as long as
-#: a ranged GET of 4 KiB of it (docs/INTERNALS.md, "Requests per changed file")
-SMALL_FILE = 256 * 1024
-
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-# one spelling each for the parser and the published schema (JSON Schema regexes take no flags)
-_DURATION_RE = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)?\s*$")
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*([Bb]|[KkMmGgTt](?:[Ii]?[Bb])?)?\s*$")
-_UNITS_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
-_UNITS_B = {
-    None: 1,
-    "b": 1,
-    "k": 1024,
-    "kib": 1024,
-    "m": 1024**2,
-    "mib": 1024**2,
-    "g": 1024**3,
-    "gib": 1024**3,
-    "t": 1024**4,
-    "tib": 1024**4,
-    "kb": 1000,
-    "mb": 1000**2,
-    "gb": 1000**3,
-    "tb": 1000**4,
-}
-
-
-# --------------------------------------------------------------------------- values
-
-
-def parse_duration(value: Any) -> float:
-    """``5m`` → 300.0; a bare number is seconds. Returns seconds."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
-        return float(value)
-    m = _DURATION_RE.match(str(value)) if isinstance(value, str) else None
-    if not m or int(m.group(1)) <= 0:
-        raise ValueError(f"expected a positive duration like 15s, 5m, 1h, got {value!r}")
-    return int(m.group(1)) * _UNITS_S[m.group(2)]
-
-
-def parse_size(value: Any) -> int:
-    """``8MiB`` → 8388608; a bare integer is bytes. Returns bytes."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    m = _SIZE_RE.match(value) if isinstance(value, str) else None
-    if not m:
-        raise ValueError(f"expected a byte size like 1048576 or 8MiB, got {value!r}")
-    return int(m.group(1)) * _UNITS_B[m.group(2).lower() if m.group(2) else None]
-
-
-def parse_datetime(value: Any) -> datetime:
-    """An ISO 8601 time (``Z`` allowed) or a datetime; returns it timezone-aware (UTC if naive)."""
-    if isinstance(value, datetime):
-        dt = value
-    elif isinstance(value, str):
-        try:
-            dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
-        except ValueError:
-            raise ValueError(f"expected an ISO 8601 time like 2026-01-01T00:00:00Z, got {value!r}") from None
-    else:
-        raise ValueError(f"expected an ISO 8601 time, got {value!r}")
-    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
-
-
-def _kind(v: Any) -> str:
-    kinds: dict[type, str] = {dict: "a mapping", list: "a list", str: "a string"}
-    return kinds.get(type(v), type(v).__name__)
-
-
-def _name(v: Any) -> str:
-    if not isinstance(v, str) or not _NAME_RE.match(v):
-        raise ValueError(f"expected a name of letters, digits, '_', '-', '.', got {v!r}")
-    return v
-
-
-def _text(v: Any) -> str:
-    if not isinstance(v, str) or not v:
-        raise ValueError(f"expected a non-empty string, got {v!r}")
-    return v
-
-
-def _choice(options: tuple[str, ...]):
-    def conv(v: Any) -> str:
-        if v not in options:
-            raise ValueError(f"expected one of {', '.join(options)}, got {v!r}")
-        return v
-
-    return conv
-
-
-def _int_range(lo: int, hi: int | None = None):
-    def conv(v: Any) -> int:
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
-            bound = f"from {lo} to {hi}" if hi is not None else f"at least {lo}"
-            raise ValueError(f"expected a whole number {bound}, got {v!r}")
-        return v
-
-    return conv
-
-
-def _ratio(v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
-        raise ValueError(f"expected a ratio from 0.0 to 1.0, got {v!r}")
-    return float(v)
-
-
-def _part_size(v: int) -> int:
-    if v < MIN_PART_SIZE:
-        raise ValueError(f"S3 parts are at least 5 MiB ({MIN_PART_SIZE} bytes), got {v}")
-    return v
-
-
-def _abs_subtree(v: Any) -> str:
-    if not isinstance(v, str) or not v.startswith("/") or "/../" in v + "/" or "/./" in v + "/":
-        raise ValueError(f"fileset entries are absolute paths without . or .., got {v!r}")
-    return "/" + v.strip("/")
-
-
-def _control_dir(v: Any) -> str:
-    from epochsync.core.errors import RecordError
-    from epochsync.core.names import check_basename
-
-    try:
-        check_basename(_text(v), "control_dir")
-    except RecordError as exc:
-        raise ValueError(str(exc)) from None
-    if v == ".epochsync-dir":
-        raise ValueError("'.epochsync-dir' is the s3 directory marker's name; choose another")
-    return v
-
-
-def _key_template(v: Any) -> str:
-    v = _text(v)
-    try:
-        v.format(ost="OST0000", oid="0x1", fid="[0x1:0x1:0x0]")
-    except (KeyError, IndexError, ValueError) as exc:
-        raise ValueError(f"key template may use only {{ost}}, {{oid}}, {{fid}}: {exc}") from None
-    return v
-
-
-def _changelog_uri(v: str) -> str:
-    if not v.startswith(("s3://", "file://", "/")):
-        raise ValueError(f"expected s3://bucket/prefix/, file:///dir or an absolute path, got {v!r}")
-    return v
-
-
-def _spark_remote(v: Any) -> str:
-    if not isinstance(v, str) or not v.startswith("sc://"):
-        raise ValueError(f"expected a Spark Connect URL like sc://host:15002, got {v!r}")
-    return v
-
-
-def _key_prefix(example: str):
-    """A relative key prefix, ending in ``/`` unless empty."""
-
-    def conv(v: Any) -> str:
-        p = str(v) if isinstance(v, int) and not isinstance(v, bool) else v
-        if not isinstance(p, str) or p.startswith("/") or ".." in p.split("/"):
-            raise ValueError(f"expected a relative key prefix like {example!r}, got {v!r}")
-        return p if not p or p.endswith("/") else p + "/"
-
-    return conv
-
-
-def _distinct(what: str):
-    def check(v: tuple) -> tuple:
-        if len(set(v)) != len(v):
-            raise ValueError(f"duplicate {what}")
-        return v
-
-    return check
-
-
-def _feed_order(v: tuple[str, ...]) -> tuple[str, ...]:
-    return tuple(e for e in FEED_EVENTS if e in v)
-
-
-def _config_dir(info: ValidationInfo) -> Path:
-    """The directory relative paths in the file are taken from (the loader passes it)."""
-    return (info.context or {}).get("dir") or Path.cwd()
-
-
-def _local_path(v: str, info: ValidationInfo) -> str:
-    return v if v.startswith("/") else str((_config_dir(info) / v).resolve())
-
-
-def _warehouse_uri(v: str, info: ValidationInfo) -> str:
-    return (v if "://" in v else f"file://{(_config_dir(info) / v).resolve()}").rstrip("/")
-
-
-# The types of the file's values. A BeforeValidator parses and checks, with the one-line
-# wording of the function it names; the constraint it wraps gives the published schema.
-Name = Annotated[str, StringConstraints(pattern=_NAME_RE.pattern), BeforeValidator(_name)]
-Text = Annotated[str, StringConstraints(min_length=1), BeforeValidator(_text)]
-LocalPath = Annotated[Text, AfterValidator(_local_path)]
-Duration = Annotated[
-    float,
-    BeforeValidator(parse_duration),
-    WithJsonSchema(
-        {
-            "anyOf": [
-                {"type": "number", "exclusiveMinimum": 0, "description": "seconds"},
-                {
-                    "type": "string",
-                    "pattern": _DURATION_RE.pattern,
-                    "description": "a whole number and a unit: ms, s, m, h, d (5m)",
-                },
-            ]
-        }
-    ),
-]
-Size = Annotated[
-    int,
-    BeforeValidator(parse_size),
-    WithJsonSchema(
-        {
-            "anyOf": [
-                {"type": "integer", "minimum": 0, "description": "bytes"},
-                {
-                    "type": "string",
-                    "pattern": _SIZE_RE.pattern,
-                    "description": "a whole number and a unit: B, K or KiB, M or MiB, G or GiB, T or TiB (powers "
-                    "of 1024), KB, MB, GB, TB (powers of 1000)",
-                },
-            ]
-        }
-    ),
-]
-When = Annotated[datetime, BeforeValidator(parse_datetime)]
-Ratio = Annotated[float, Field(ge=0.0, le=1.0), BeforeValidator(_ratio)]
-Format = Annotated[FormatName, BeforeValidator(_choice(FORMATS))]
-EpochsFrom = Annotated[EpochSource, BeforeValidator(_choice(EPOCH_SOURCES))]
-OnBadRecord = Annotated[OnBadRecordName, BeforeValidator(_choice(ON_BAD_RECORD))]
-TargetKind = Annotated[TargetKindName, BeforeValidator(_choice(TARGET_KINDS))]
-FeedFormat = Annotated[FeedFormatName, BeforeValidator(_choice(FEED_FORMATS))]
-FeedEvent = Annotated[FeedEventName, BeforeValidator(_choice(FEED_EVENTS))]
-ViewSnapshots = Annotated[ViewSnapshotsName, BeforeValidator(_choice(VIEW_SNAPSHOTS))]
-VerifyContents = Annotated[VerifyContentsName, BeforeValidator(_choice(VERIFY_CONTENTS))]
-Epochs = Annotated[int, Field(ge=0), BeforeValidator(_int_range(0))]
-AtLeastOne = Annotated[int, Field(ge=1), BeforeValidator(_int_range(1))]
-StripeCount = Annotated[int, Field(ge=1, le=65535), BeforeValidator(_int_range(1, 65535))]
-Attempts = Annotated[int, Field(ge=1, le=100), BeforeValidator(_int_range(1, 100))]
-PartSize = Annotated[Size, AfterValidator(_part_size)]
-FilesetPath = Annotated[str, StringConstraints(pattern="^/"), BeforeValidator(_abs_subtree)]
-ControlDir = Annotated[str, StringConstraints(min_length=1), BeforeValidator(_control_dir)]
-KeyTemplate = Annotated[str, StringConstraints(min_length=1), BeforeValidator(_key_template)]
-ChangelogUri = Annotated[Text, AfterValidator(_changelog_uri)]
-SparkRemote = Annotated[str, StringConstraints(pattern="^sc://"), BeforeValidator(_spark_remote)]
-Servers = Annotated[tuple[Name, ...], Field(min_length=1), AfterValidator(_distinct("server names"))]
-Fileset = Annotated[tuple[FilesetPath, ...], Field(min_length=1)]
-FeedEvents = Annotated[tuple[FeedEvent, ...], Field(min_length=1), AfterValidator(_feed_order)]
-
-
-def _key_error(key: str, reason: str) -> PydanticCustomError:
-    """A rule across keys, reported at ``key`` (relative to the mapping it is raised in)."""
-    return PydanticCustomError("config_key", "{reason}", {"key": key, "reason": reason})
-
 
 _C = typing.TypeVar("_C", bound=type)
 
@@ -346,7 +89,7 @@ def _constructed(cls: _C) -> _C:
         try:
             init(self, *args, **kwargs)
         except ValidationError as exc:
-            raise _config_error(cls.__name__, cls, exc) from None
+            raise config_error(cls.__name__, cls, exc, _REFUSED_KEYS) from None
 
     setattr(cls, "__init__", __init__)  # noqa: B010 (mypy refuses assigning a method)
     return cls
@@ -433,43 +176,6 @@ class RetentionConfig:
     """keep ingested changelogs and records this many epochs below the min cursor"""
     idle_limit_s: Annotated[Duration, Field(alias="idle_limit")] = 86400.0
     """a consumer whose cursor has not moved for this long is reported idle"""
-
-
-#: what a source is: changelog files and an S3 bucket of its data, or a live GlusterFS volume
-SourceKindName = Literal["changelogs", "gluster"]
-SOURCE_KINDS: tuple[str, ...] = typing.get_args(SourceKindName)
-#: how a live source is cut (``sources[].cut.mechanism``); DESIGN section 4 and docs/INTERNALS.md
-#: describe the others as the same interface (Gluster's own LVM-thin snapshots, remote agents)
-CutMechanismName = Literal["btrfs"]
-#: the root of every Gluster volume
-GLUSTER_ROOT_GFID = "00000000-0000-0000-0000-000000000001"
-#: the names a cut's ``snapshots`` template may use
-SNAPSHOT_TEMPLATE_KEYS = ("subvolume", "subvolume_parent", "source", "volume", "brick")
-
-
-def _snapshot_template(v: Any) -> str:
-    v = _text(v)
-    try:
-        path = v.format(**{k: f"/x/{k}" for k in SNAPSHOT_TEMPLATE_KEYS})
-    except (KeyError, IndexError, ValueError) as exc:
-        keys = ", ".join("{" + k + "}" for k in SNAPSHOT_TEMPLATE_KEYS)
-        raise ValueError(f"snapshot template may use only {keys}: {exc}") from None
-    if not path.startswith("/"):
-        raise ValueError(f"expected an absolute path (or one starting with {{subvolume_parent}}), got {v!r}")
-    return v
-
-
-def _brick_spec(v: Any) -> str:
-    v = _text(v)
-    host, sep, path = v.partition(":")
-    if not sep or not host or not path.startswith("/"):
-        raise ValueError(f"expected a brick as host:/absolute/path, got {v!r}")
-    return v
-
-
-SnapshotTemplate = Annotated[str, StringConstraints(min_length=1), BeforeValidator(_snapshot_template)]
-BrickSpec = Annotated[str, StringConstraints(min_length=3), BeforeValidator(_brick_spec)]
-CutMechanism = Annotated[CutMechanismName, BeforeValidator(_choice(typing.get_args(CutMechanismName)))]
 
 
 @_constructed
@@ -818,7 +524,7 @@ class S3TargetKeys(_TargetKeys):
     """connection of the replica's S3 store (an Airflow connection, or an AIRFLOW_CONN_<ID> variable)"""
     bucket: Text
     """the replica's bucket (epochsync turns versioning on)"""
-    prefix: Annotated[str, BeforeValidator(_key_prefix("lustre1/"))] = ""
+    prefix: S3Prefix = ""
     """key prefix of the replica in the bucket (relative; a '/' is added)"""
     stripe_size: Size | None = None
     """a striped s3 target: its own stripe size (needs stripe_count)"""
@@ -829,7 +535,7 @@ class S3TargetKeys(_TargetKeys):
     def _both_stripe_keys(self) -> S3TargetKeys:
         if (self.stripe_size is None) != (self.stripe_count is None):
             missing = "stripe_count" if self.stripe_count is None else "stripe_size"
-            raise _key_error(missing, "a striped target needs both stripe_size and stripe_count")
+            raise key_error(missing, "a striped target needs both stripe_size and stripe_count")
         return self
 
 
@@ -855,7 +561,7 @@ class FeedTargetKeys(_TargetKeys):
     """connection of the feed's S3 store, for a feed in a bucket"""
     bucket: Text | None = None
     """the feed's bucket, for a feed in a bucket"""
-    prefix: Annotated[str, BeforeValidator(_key_prefix("feeds/audit/"))] | None = None
+    prefix: FeedPrefix | None = None
     """key prefix of the feed in the bucket (relative; a '/' is added)"""
     format: FeedFormat = "jsonl"
     """the epoch files' format: gzip-compressed JSON Lines, or Parquet"""
@@ -869,15 +575,15 @@ class FeedTargetKeys(_TargetKeys):
         if self.path is not None:
             for key, value in s3.items():
                 if value is not None:
-                    raise _key_error(
+                    raise key_error(
                         key, "a feed goes to a directory (path) or to an S3 prefix (conn_id, bucket, prefix), not both"
                     )
         elif self.conn_id is None and self.bucket is None:
-            raise _key_error("path", "a feed needs a directory (path) or an S3 prefix (conn_id, bucket, prefix)")
+            raise key_error("path", "a feed needs a directory (path) or an S3 prefix (conn_id, bucket, prefix)")
         else:
             for key in ("conn_id", "bucket"):
                 if s3[key] is None:
-                    raise _key_error(key, "missing required key")
+                    raise key_error(key, "missing required key")
         return self
 
 
@@ -941,7 +647,7 @@ class ConfigFile:
     """The epochsync YAML file (path in $EPOCHSYNC_CONFIG or --config). Connections (keys,
     endpoints) never live here: they come from Airflow or AIRFLOW_CONN_<ID> variables."""
 
-    warehouse: Annotated[Text, AfterValidator(_warehouse_uri)] | None = None
+    warehouse: WarehouseUri | None = None
     """where Spark keeps records, snapshots, plans, journals: a URI, or a path (relative: to
     the config file's directory); default: warehouse/ beside the config file"""
     sources: Annotated[tuple[SourceKeys, ...], Field(min_length=1)]
@@ -957,13 +663,13 @@ class ConfigFile:
             seen: set[str] = set()
             for i, item in enumerate(items):
                 if item.name in seen:
-                    raise _key_error(f"{key}[{i}].name", f"duplicate name {item.name!r}")
+                    raise key_error(f"{key}[{i}].name", f"duplicate name {item.name!r}")
                 seen.add(item.name)
         names = [s.name for s in self.sources]
         for i, t in enumerate(self.targets):
             if t.source not in names:
                 have = ", ".join(sorted(names))
-                raise _key_error(f"targets[{i}].source", f"no source named {t.source!r} (have: {have})")
+                raise key_error(f"targets[{i}].source", f"no source named {t.source!r} (have: {have})")
         return self
 
 
@@ -1036,7 +742,7 @@ def config_from_dict(data: Any, *, file: str = "(config)") -> Config:
             _without_nulls(data), by_alias=True, by_name=False, context={"dir": base}
         )
     except ValidationError as exc:
-        raise _config_error(file, ConfigFile, exc) from None
+        raise config_error(file, ConfigFile, exc, _REFUSED_KEYS) from None
     warehouse = keys.warehouse or f"file://{base / 'warehouse'}"
     sources = []
     for i, src in enumerate(keys.sources):
@@ -1068,127 +774,6 @@ def _file_adapter() -> TypeAdapter[ConfigFile]:
 
 
 # --------------------------------------------------------------------------- errors
-
-
-#: pydantic's error types for a key the mapping does not take
-_UNKNOWN_KEY = ("extra_forbidden", "unexpected_keyword_argument", "invalid_key")
-_MAPPING = ("dataclass_type", "dataclass_args_type", "model_type", "model_attributes_type", "dict_type")
-_LIST = ("list_type", "tuple_type", "iterable_type")
-
-
-def _config_error(file: str, root: type, exc: ValidationError) -> ConfigError:
-    """The one line a person reads for pydantic's report: file, key path, what was expected.
-
-    The first problem is told (an unknown key before the others: a misspelt key is also a
-    missing one); fixing it shows the next."""
-    errors = sorted(exc.errors(include_url=False), key=lambda e: e["type"] not in _UNKNOWN_KEY)
-    err = errors[0]
-    kind, ctx, value, loc = err["type"], err.get("ctx") or {}, err.get("input"), err["loc"]
-    if kind == "invalid_key":  # YAML reads `on:`, `yes:`, `1:` as keys that are no strings
-        loc = (*loc[:-1], str(value))
-    path, mapping = _key_path(root, loc)
-    last = str(loc[-1]) if loc else ""
-    tag = str(ctx.get("discriminator", "kind")).strip("'")
-    if tag.endswith("()"):  # a callable discriminator (sources: kind defaults to changelogs)
-        tag = "kind"
-    if kind == "config_key":
-        path = _join(path, ctx["key"])
-        reason = ctx["reason"]
-    elif kind in _UNKNOWN_KEY:
-        hint = _REFUSED_KEYS.get(mapping, {}).get(last) if mapping else None
-        reason = hint or _unknown_key(last, _keys_of(mapping))
-    elif kind == "missing":
-        reason = "missing required key"
-    elif kind == "union_tag_not_found":
-        path, reason = _join(path, tag), "missing required key"
-    elif kind == "union_tag_invalid":
-        options = str(ctx.get("expected_tags", "")).replace("'", "")
-        path, reason = _join(path, tag), f"expected one of {options}, got {value.get(tag)!r}"
-    elif kind == "value_error":
-        reason = str(ctx.get("error", err["msg"]))
-    elif kind in _MAPPING:
-        reason = f"expected a mapping, got {_kind(value)}"
-    elif kind in _LIST:
-        reason = f"expected a list, got {_kind(value)}"
-    elif kind == "too_short":
-        reason = "expected a non-empty list"
-    elif kind == "string_type":
-        reason = f"expected a string, got {value!r}"
-    else:
-        reason = f"{err['msg'][0].lower()}{err['msg'][1:]}, got {value!r}"
-    return ConfigError(file, path or "(top level)", reason)
-
-
-def _join(path: str, key: str) -> str:
-    if not path:
-        return key
-    return path + key if key.startswith("[") else f"{path}.{key}"
-
-
-def _key_path(root: type, loc: tuple) -> tuple[str, type | None]:
-    """``targets[1].verify.sample`` for pydantic's location ``('targets', 1, 'posix', 'verify',
-    'sample')`` (a union's tag is not a key of the file), and the class of the mapping that
-    holds the last key."""
-    path, tp, mapping = "", root, None  # type: tuple[str, Any, type | None]
-    for part in loc:
-        tp = _unwrap(tp)
-        members = _tagged(tp)
-        if members and part in members:
-            tp = members[part]
-            continue
-        mapping = tp if _keys_of(tp) else None
-        if isinstance(part, int) and mapping and part < len(_keys_of(mapping)):
-            part = list(mapping.__pydantic_fields__)[part]  # a positional argument of a constructor
-        if isinstance(part, int) and not mapping:
-            path += f"[{part}]"
-            args = typing.get_args(tp)
-            tp = args[0] if args else None
-        else:
-            path = _join(path, str(part))
-            fields = getattr(tp, "__pydantic_fields__", {})
-            tp = next((f.annotation for n, f in fields.items() if (f.alias or n) == part or n == part), None)
-    return path, mapping
-
-
-def _unwrap(tp: Any) -> Any:
-    """The type under ``Annotated[...]`` and ``X | None``."""
-    while True:
-        if typing.get_origin(tp) is Annotated:
-            tp = typing.get_args(tp)[0]
-            continue
-        args = typing.get_args(tp)
-        if typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in args:
-            rest = [a for a in args if a is not type(None)]
-            if len(rest) == 1:
-                tp = rest[0]
-                continue
-        return tp
-
-
-def _tagged(tp: Any) -> dict[str, type]:
-    """The members of a union told apart by ``kind``, by tag."""
-    if typing.get_origin(tp) not in (typing.Union, types.UnionType):
-        return {}
-    out = {}
-    for member in typing.get_args(tp):
-        member = _unwrap(member)
-        field = getattr(member, "__pydantic_fields__", {}).get("kind")
-        for tag in typing.get_args(field.annotation) if field is not None else ():
-            out[tag] = member
-    return out
-
-
-def _keys_of(tp: Any) -> list[str]:
-    """The keys a mapping of the file takes (its YAML spellings)."""
-    fields = getattr(tp, "__pydantic_fields__", None) or {}
-    return [f.alias or n for n, f in fields.items()]
-
-
-def _unknown_key(key: str, known: list[str]) -> str:
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
-    mean = f"did you mean {close[0]!r}? " if close else ""
-    return f"unknown key ({mean}known keys here: {', '.join(sorted(known))})"
-
 
 # --------------------------------------------------------------------------- the schema
 

@@ -14,7 +14,8 @@ import sys
 import time
 from datetime import UTC, datetime
 
-from epochsync.core.config import Config, TargetConfig, load_config, parse_datetime
+from epochsync.core.config import Config, TargetConfig, load_config
+from epochsync.core.config_values import parse_datetime
 from epochsync.core.errors import EpochsyncError
 from epochsync.report.charts import fmt_bytes
 from epochsync.warehouse.events import COMMITTED, FAILED, ROLLED_BACK, read_events

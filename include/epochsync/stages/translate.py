@@ -33,7 +33,8 @@ import os
 import time
 from typing import Any
 
-from epochsync.core.config import MIN_PART_SIZE, Config, TargetConfig
+from epochsync.core.config import Config, TargetConfig
+from epochsync.core.config_values import MIN_PART_SIZE
 from epochsync.core.errors import EpochError, RecordError
 from epochsync.core.layout import file_range_to_objects, merge_ranges, object_size
 from epochsync.core.model import DIR, FILE, SYMLINK

@@ -182,9 +182,9 @@ class _ConfigPage:
 
 
 def _is_name_pattern(pattern: str) -> bool:
-    from epochsync.core import config
+    from epochsync.core.config_values import NAME_RE
 
-    return pattern == config._NAME_RE.pattern
+    return pattern == NAME_RE.pattern
 
 
 def _anchor(path: str) -> str:

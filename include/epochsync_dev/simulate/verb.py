@@ -98,7 +98,7 @@ def write_config(
 
 def configure_simulate(parser) -> None:
     """Options of ``python -m epochsync_dev simulate``."""
-    from epochsync.core.config import parse_size
+    from epochsync.core.config_values import parse_size
 
     parser.add_argument("--out", required=True, metavar="DIR", help="output directory (changelogs, truth, config)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (same seed, same history)")
@@ -154,7 +154,7 @@ def configure_simulate(parser) -> None:
 def _epoch_grid_of(args, live: bool) -> tuple[datetime, float]:
     """Start of epoch 1 and the epoch length: as given, else 2026-01-01 and 5 minutes, or, live,
     30 s epochs from the next whole interval at least 10 s away."""
-    from epochsync.core.config import parse_datetime, parse_duration
+    from epochsync.core.config_values import parse_datetime, parse_duration
 
     interval_s = (
         parse_duration(args.interval) if getattr(args, "interval", None) else (30.0 if live else EPOCH_INTERVAL_S)
