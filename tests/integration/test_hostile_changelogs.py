@@ -68,7 +68,8 @@ def world(tmp_path):
 
 def plan_and_apply(spark, world, old_rows, new_rows, changed):
     from epochsync.stages.apply import apply_plan
-    from epochsync.stages.translate import build_plan, plan_entries
+    from epochsync.stages.translate import build_plan
+    from epochsync.stages.translate.entries import plan_entries
 
     tmp_path, _, _, target = world
     entries = plan_entries(snapshot(spark, old_rows), snapshot(spark, new_rows), changes(spark, changed), root_fid=ROOT)

@@ -37,7 +37,7 @@ from epochsync.stages.publish import (
 )
 from epochsync.stages.purge import PurgeBlocked, purge_source
 from epochsync.stages.replicate import replicate
-from epochsync.stages.translate import in_fileset
+from epochsync.stages.translate.entries import in_fileset
 from epochsync.targets.feed import FEED_DOC, open_feed_store
 from epochsync.warehouse.paths import Warehouse, local_path
 from epochsync_dev.cli import main as dev_main

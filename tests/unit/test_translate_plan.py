@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from epochsync.core.config import TargetConfig
 from epochsync.core.config_values import MIN_PART_SIZE
 from epochsync.journal.undo import read_journal
-from epochsync.stages.translate import build_plan, coalesce, part_plan, source_pulls
+from epochsync.stages.translate import build_plan
+from epochsync.stages.translate.entries import coalesce, part_plan, source_pulls
 from epochsync.stores.connections import S3Settings
 from epochsync.stores.s3_access import S3Access
 from epochsync.targets.posix import PosixTarget
@@ -273,7 +274,7 @@ def test_spark_app_entry_point_fails_with_one_line(capsys, tmp_path):
 
 def test_unwritten_objects_of_a_versioned_source_are_zeros_not_a_later_epochs_bytes():
     """Found by make demo: epoch 1 of a catch-up read an object first written in epoch 3."""
-    from epochsync.stages.translate import source_objects, source_pulls
+    from epochsync.stages.translate.entries import source_objects, source_pulls
 
     row = {
         "layout": {

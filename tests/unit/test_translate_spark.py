@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from epochsync.stages.translate import build_plan, plan_entries
+from epochsync.stages.translate import build_plan
+from epochsync.stages.translate.entries import plan_entries
 
 ROOT = "[0x200000007:0x1:0x0]"
 STORE = {"key": "{ost}/{oid}", "unstriped_key": "data/{fid}", "bucket": "src"}

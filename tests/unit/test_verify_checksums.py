@@ -1,5 +1,5 @@
 """What verify takes from the store's checksums instead of a read (``stages.verify.covered``), and
-when translate makes a write whole (``translate._whole_file_write``)."""
+when translate makes a write whole (``translate.s3._whole_file_write``)."""
 
 from __future__ import annotations
 

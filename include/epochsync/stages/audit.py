@@ -67,7 +67,7 @@ class Difference:
 def expected_at(cfg: Config, tcfg: TargetConfig, epoch: int, spark, *, deep: bool) -> dict[str, dict]:
     """path -> attributes of every path the target should hold at ``epoch``; with ``deep`` a file's
     entry also has ``source``: where its bytes live at E (pinned object versions)."""
-    from epochsync.stages.translate import attrs_of, source_objects
+    from epochsync.stages.translate.entries import attrs_of, source_objects
     from epochsync.warehouse.snapshots import read_snapshot, resolve_links, visible
 
     src = cfg.source_of(tcfg)
@@ -98,7 +98,7 @@ def gluster_expected_at(cfg: Config, tcfg: TargetConfig, epoch: int, *, deep: bo
     from epochsync.sources.gluster.reader import data_bricks
     from epochsync.sources.gluster.resolve import SHARD_DIRS, Resolver
     from epochsync.stages.cut import _side, mechanism, read_cut
-    from epochsync.stages.translate import in_fileset
+    from epochsync.stages.translate.entries import in_fileset
     from epochsync.warehouse.snapshots import directory_paths
 
     src = cfg.source_of(tcfg)

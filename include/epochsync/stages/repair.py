@@ -84,7 +84,7 @@ def repair_entries(
     to ``expected`` (path -> attributes with the source's ``fid`` and ``row``) for the paths of
     ``differences``; and how each path is repaired (``attrs``, ``data``, ``replace``). See the
     module docstring."""
-    from epochsync.stages.translate import finish_entry
+    from epochsync.stages.translate.entries import finish_entry
 
     whats: dict[str, set[str]] = {}
     for d in differences:

@@ -33,7 +33,7 @@ from epochsync.warehouse.paths import Warehouse
 
 def _expected_namespace(cfg: Config, tcfg: TargetConfig, epoch: int, spark) -> dict[str, dict]:
     """path → attributes of every path the target should hold at ``epoch`` (snapshot)."""
-    from epochsync.stages.translate import attrs_of
+    from epochsync.stages.translate.entries import attrs_of
     from epochsync.warehouse.snapshots import read_snapshot, resolve_links, visible
 
     src = cfg.source_of(tcfg)

@@ -347,7 +347,7 @@ def resolve_links(snapshot, root_fid: str, *, max_depth: int = 4096):
     its first. Then every link (files included) joins its parent's path in Spark.
     Links under unreachable parents are dropped. For readers of a whole snapshot
     (rollback's check, feed dumps, change listings); translate resolves the paths of the
-    changed fids only (:func:`epochsync.stages.translate.plan_entries`).
+    changed fids only (:func:`epochsync.stages.translate.entries.plan_entries`).
     """
     from pyspark.sql import functions as F
 
