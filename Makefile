@@ -72,7 +72,7 @@ test: $(STAMP) $(DOCS_STAMP) ## run the whole test suite (unit, integration, slo
 test-fast: $(STAMP) $(DOCS_STAMP) ## run the tests not marked slow
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && exit 0; exit $$rc
 
-lint: $(STAMP) ## ruff lint, format check, mypy on include/epochsync/core and stages
+lint: $(STAMP) ## ruff lint, format check, mypy on the epochsync package
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy

@@ -225,7 +225,7 @@ class LazySession:
     the session exists are added to it when it opens.
     """
 
-    def __init__(self, opener):
+    def __init__(self, opener) -> None:
         self._opener = opener
         self._session = None
         self._tags: list[str] = []
@@ -526,10 +526,12 @@ def open_keyed_remote(url: str, key: str) -> str:
     request (a conf read, which also creates the session on the server when it is new).
     """
     from pyspark.sql import SparkSession
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
 
     check_reachable(url)
     remote = keyed_remote(url, key)
     probe = SparkSession.builder.remote(remote).create()
+    assert isinstance(probe, ConnectSession)  # a builder with a remote URL makes a Connect session
     probe.release_session_on_close = False  # stop() closes this client only
     exit_without_retries(probe)
     try:

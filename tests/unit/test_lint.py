@@ -1,4 +1,4 @@
-"""``make lint`` as part of ``make test``: ruff's rules, ruff's format and mypy on core/ and stages/."""
+"""``make lint`` as part of ``make test``: ruff's rules, ruff's format and mypy on the epochsync package."""
 
 from __future__ import annotations
 

@@ -79,7 +79,7 @@ def _info(args) -> int:
         try:
             secret = Path(args.secret_file).read_bytes().strip()
         except OSError as exc:
-            raise ConfigError("--secret-file", args.secret_file, exc.strerror) from None
+            raise ConfigError("--secret-file", args.secret_file, exc.strerror or str(exc)) from None
     else:
         secret = os.environ.get("EPOCHSYNC_AGENT_SECRET", "").encode()
     if not secret:

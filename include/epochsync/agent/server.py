@@ -333,6 +333,7 @@ class AgentServer(ThreadingHTTPServer):
     def url(self) -> str:
         """The URL the agent is reached at."""
         host, port = self.server_address[:2]
+        assert isinstance(host, str)  # bound: the socket's own name (getsockname), never bytes
         return f"{'https' if self.cfg.tls_cert else 'http'}://{host}:{port}"
 
     def info(self) -> dict:

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterable
+from datetime import datetime
 from pathlib import Path
 from typing import TextIO
 
@@ -38,6 +39,7 @@ def run_epoch(dag_id: str, epoch: int, *, dags_folder: str | None = None, conf: 
     dag = bag.dags[dag_id]
     from epochsync.airflow.timetable import EpochTimetable
 
+    logical_date: datetime
     if isinstance(dag.timetable, EpochTimetable):
         # the end of E's window: the inferred data interval is E's window
         logical_date = dag.timetable.window(epoch).end
@@ -268,6 +270,7 @@ class DagTestProcess:
         if run_env.get("AIRFLOW_HOME") != self.env.get("AIRFLOW_HOME"):
             raise ValueError(f"this process runs AIRFLOW_HOME={self.env.get('AIRFLOW_HOME')}")
         proc = self._start()
+        assert proc.stdin is not None and proc.stdout is not None  # _start opens both as pipes
         request = {"dag_id": dag_id, "epoch": epoch, "conf": conf or {}, "log": str(log), "env": run_env}
         try:
             proc.stdin.write(json.dumps(request) + "\n")
@@ -289,6 +292,7 @@ class DagTestProcess:
         if self.proc is None:
             return
         proc, self.proc = self.proc, None
+        assert proc.stdin is not None  # _start opens it as a pipe
         try:
             proc.stdin.close()
             proc.wait(timeout=timeout)

@@ -14,17 +14,20 @@ can deserialize it.
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from airflow.timetables.base import DagRunInfo, DataInterval, Timetable
 
 from epochsync.core import epochs
 
+if TYPE_CHECKING:
+    from pendulum import DateTime
+
 #: ``schedule_from`` value: the scheduler creates no run (manual runs and backfills only)
-NEVER = "never"
+NEVER: Final = "never"
 
 
-def _as_utc(dt: datetime) -> datetime:
+def _as_utc(dt: datetime) -> DateTime:
     import pendulum
 
     if dt.tzinfo is None:
@@ -32,7 +35,7 @@ def _as_utc(dt: datetime) -> datetime:
     return pendulum.instance(dt).in_timezone("UTC")
 
 
-def epoch_window(start: datetime, interval_s: float, epoch: int) -> tuple[datetime, datetime]:
+def epoch_window(start: datetime, interval_s: float, epoch: int) -> tuple[DateTime, DateTime]:
     """The ``[begin, end)`` window of ``epoch`` as pendulum datetimes (Airflow's data interval)."""
     begin, end = epochs.window(start, interval_s, epoch)
     return _as_utc(begin), _as_utc(end)
@@ -69,9 +72,13 @@ class EpochTimetable(Timetable):
             raise ValueError(f"epoch interval must be positive, got {interval_s!r}")
         self.start = _as_utc(start)
         self.interval_s = float(interval_s)
-        if isinstance(schedule_from, str) and schedule_from != NEVER:
-            schedule_from = datetime.fromisoformat(schedule_from.replace("Z", "+00:00"))
-        self.schedule_from = _as_utc(schedule_from) if isinstance(schedule_from, datetime) else schedule_from
+        self.schedule_from: datetime | Literal["never"] | None
+        if schedule_from == NEVER:
+            self.schedule_from = NEVER
+        elif isinstance(schedule_from, str):
+            self.schedule_from = _as_utc(datetime.fromisoformat(schedule_from.replace("Z", "+00:00")))
+        else:
+            self.schedule_from = None if schedule_from is None else _as_utc(schedule_from)
 
     # -- identity and serialization (the scheduler stores DAGs as JSON)
     def __eq__(self, other: object) -> bool:

@@ -76,6 +76,7 @@ def run_parse(args: argparse.Namespace) -> int:
 
     def quarantine(error: ParseError) -> None:
         nonlocal quarantined
+        assert qfile is not None  # the parser's sink only when the file is open (on_error below)
         quarantined += 1
         qfile.write(json.dumps(error.to_dict(), separators=(",", ":"), ensure_ascii=False) + "\n")
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, Literal
 
 from epochsync.core.errors import ParseError, RecordError
 from epochsync.core.names import check_basename
@@ -30,6 +30,9 @@ LUSTRE_FLAG_MASK = 0xFFFF
 _O_ACCMODE = 0x3
 _O_WRONLY = 0x1
 _O_RDWR = 0x2
+
+#: the byte order of a Gluster binary changelog's raw integers (``int.from_bytes``'s names)
+ByteOrder = Literal["little", "big"]
 
 
 def opened_for_write(record: Record) -> bool:
@@ -87,7 +90,7 @@ class ParseOptions:
     #: file stands alone
     context: ParseContext | None = None
     #: Gluster binary encoding: byte order of the raw integers ("little" on x86/ARM)
-    gluster_byteorder: str = "little"
+    gluster_byteorder: ByteOrder = "little"
 
 
 class RecordChecker:

@@ -58,7 +58,7 @@ from typing import IO
 
 from epochsync.core.errors import ParseError, RecordError
 from epochsync.core.schema import Record
-from epochsync.formats.common import ParseOptions, RecordChecker, epoch_for, report
+from epochsync.formats.common import ByteOrder, ParseOptions, RecordChecker, epoch_for, report
 
 DEFAULT_SERVER = "brick0"
 #: ordinals per rollover second: index = rollover_time * ORDINALS + ordinal
@@ -209,7 +209,7 @@ def header_end(data: bytes) -> int:
 
 
 def scan_records(
-    data: bytes, start: int | None = None, *, byteorder: str = "little"
+    data: bytes, start: int | None = None, *, byteorder: ByteOrder = "little"
 ) -> tuple[list[tuple[int, Record]], int]:
     """The records of a changelog file's bytes from ``start`` (default: its first record), each
     with its byte offset, and the offset where the whole records end.
@@ -240,7 +240,7 @@ def scan_records(
 class _Reader:
     """Reads one record at a time from the bytes after the header."""
 
-    def __init__(self, data: bytes, binary: bool, v12: bool, byteorder: str):
+    def __init__(self, data: bytes, binary: bool, v12: bool, byteorder: ByteOrder):
         self.data = data
         self.binary = binary
         self.v12 = v12
@@ -369,9 +369,9 @@ class _Reader:
         elif kind == b"M":
             m = _ASCII_M.match(data, pos)
             if m is not None:
-                fop = int(m.group(2))
-                if 0 < fop < len(GF_FOP_NAMES):
-                    rtype = "XATTR" if fop in _XATTR_FOPS else "SATTR"
+                fop_n = int(m.group(2))
+                if 0 < fop_n < len(GF_FOP_NAMES):
+                    rtype = "XATTR" if fop_n in _XATTR_FOPS else "SATTR"
                     return Record(server="", index=0, epoch=0, type=rtype, tfid=m.group(1).decode("ascii")), m.end()
         elif kind == b"E":
             m = _ASCII_CREATE.match(data, pos)

@@ -159,7 +159,8 @@ class FaultCounter:
 
     def tick(self, what: str) -> None:
         """Called after each undo entry is durable, before its mutation."""
-        if not self.armed:
+        spec = self.spec
+        if spec is None or not self.armed:
             return
         with open(self.counter_file, "a+") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
@@ -170,19 +171,19 @@ class FaultCounter:
             f.write(str(n))
             f.flush()
             os.fsync(f.fileno())
-            fire = n > self.spec.after
+            fire = n > spec.after
             if fire:
                 with open(self.fired_file, "w") as m:
-                    m.write(self.spec.to_text() + "\n")
+                    m.write(spec.to_text() + "\n")
                     m.flush()
                     os.fsync(m.fileno())
         if fire:
-            if self.spec.mode == "kill" and _boot_id() == self.owner_boot:
+            if spec.mode == "kill" and _boot_id() == self.owner_boot:
                 os.killpg(self.owner_pgid, signal.SIGKILL)  # the run (and this process if it is in that group)
-            if self.spec.mode == "stall":
+            if spec.mode == "stall":
                 _stall(self.fired_file, os.path.dirname(self.counter_file), self.owner_pid, self.owner_boot)
-            where = "mutation" if self.spec.stage == "apply" else f"{self.spec.stage} step"
-            raise InjectedFailure(f"injected failure at {where} {n} ({what}) [{self.spec.to_text()}]")
+            where = "mutation" if spec.stage == "apply" else f"{spec.stage} step"
+            raise InjectedFailure(f"injected failure at {where} {n} ({what}) [{spec.to_text()}]")
 
 
 def _boot_id() -> str:

@@ -243,7 +243,7 @@ class PosixLease:
                 f"target {self.target}: cannot lock {self.path} ({exc.strerror}); the file system must support "
                 "flock (Lustre: mount with -o flock)"
             ) from None
-        previous = {}
+        previous: dict = {}
         try:
             data = os.pread(fd, 65536, 0)
             previous = json.loads(data) if data.strip() else {}
@@ -369,7 +369,9 @@ class S3Lease:
 
     def _mine(self, doc: dict | None) -> bool:
         # a PUT retried after a lost response answers 412 against our own first write
-        return bool(doc) and doc.get("token") == self.token
+        if not doc:
+            return False
+        return doc.get("token") == self.token
 
     # -- the lease
     def acquire(self) -> None:
@@ -546,18 +548,27 @@ def open_lease(tcfg: TargetConfig) -> tuple[str, PosixLease | S3Lease]:
     """(identity of the place, the lease object) of a target; nothing is taken yet."""
     from epochsync.targets import open_target
 
+    # open_target has imported the kind's module already: the imports below cost nothing
     tgt = open_target(tcfg)
     if tgt.kind == "posix":
+        from epochsync.targets.posix import PosixTarget
+
+        assert isinstance(tgt, PosixTarget)  # open_target's class of the kind
         return f"posix:{tgt.root}", PosixLease(tcfg.name, os.path.join(tgt.control, "lease"), tgt.make_root)
     if tgt.kind == "s3":
+        from epochsync.targets.s3 import S3Target
+
+        assert isinstance(tgt, S3Target)
         where, key = tgt.lease_place()
         return where, S3Lease(tcfg.name, tgt.io, tgt.bucket, key, tgt.ensure_bucket)
     if tgt.kind == "feed":
-        from epochsync.targets.feed import PosixFeedStore
+        from epochsync.targets.feed import FeedTarget, PosixFeedStore, S3FeedStore
 
+        assert isinstance(tgt, FeedTarget)
         store = tgt.store
         if isinstance(store, PosixFeedStore):
             return f"posix:{store.root}", PosixLease(tcfg.name, os.path.join(store.root, FEED_LEASE))
+        assert isinstance(store, S3FeedStore)  # open_feed_store's other kind
         key = store.prefix + FEED_LEASE + ".json"
         where = f"s3:{store.io.settings.endpoint_url or ''}/{store.bucket}/{key}"
         return where, S3Lease(tcfg.name, store.io, store.bucket, key, store._ensure_bucket)

@@ -28,6 +28,7 @@ import shutil
 import threading
 import time
 from datetime import UTC, datetime
+from typing import TextIO
 
 from epochsync.core.errors import EpochsyncError
 from epochsync.journal.faults import FaultCounter, FaultSpec
@@ -216,7 +217,7 @@ def read_journal(directory: str) -> list[dict]:
     A torn last line (a process killed while writing it) is ignored: its mutation
     had not started, because a mutation only starts after its entry is durable.
     """
-    entries = []
+    entries: list[dict] = []
     if not os.path.isdir(directory):
         return entries
     for name in sorted(os.listdir(directory)):
@@ -254,7 +255,7 @@ class UndoneLog:
                         self.done.add((writer, int(seq)))
         except FileNotFoundError:
             pass
-        self._f = None
+        self._f: TextIO | None = None
         # the s3 target replays keys in threads (S3Target.undo_all), each reporting here
         self._lock = threading.Lock()
 

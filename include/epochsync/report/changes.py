@@ -292,7 +292,7 @@ def diff_entries(entries: list[dict]) -> list[dict]:
         old_paths, new_paths = sorted(e["old_paths"]), sorted(e["new_paths"])
         where = {p: _mapped(p, lines) for p in old_paths}
         new_set = set(new_paths)
-        kept = sorted({where[p] for p in old_paths if where[p] in new_set})
+        kept = sorted({m for p in old_paths if (m := where[p]) is not None and m in new_set})
         # a source that still maps somewhere is renamed before one its ancestor already took away
         unmatched = sorted((p for p in old_paths if where[p] not in new_set), key=lambda p: (where[p] is None, p))
         added = sorted(new_set - set(kept))

@@ -9,6 +9,7 @@ the chart's note, never drawn as zero.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
@@ -95,7 +96,7 @@ def bar_chart(
     title: str,
     unit: str,
     epochs: list,
-    series: dict[str, list[float | None]],
+    series: Mapping[str, Sequence[float | None]],
     *,
     stacked: bool = False,
     y_title: str | None = None,

@@ -27,7 +27,7 @@ from epochsync.core.errors import EpochsyncError, SourceError, StoreError
 class Check:
     """The lines of one ``epochsync check`` run, and the first failure's exit status."""
 
-    def __init__(self, out=print):
+    def __init__(self, out=print) -> None:
         self.out = out
         self.lines: list[dict] = []
         self.status = 0

@@ -13,6 +13,7 @@ import os
 import sys
 import time
 from datetime import UTC, datetime
+from typing import Any
 
 from epochsync.core.config import Config, TargetConfig, load_config
 from epochsync.core.config_values import parse_datetime
@@ -379,7 +380,7 @@ def _report_target(cfg: Config, t: TargetConfig) -> dict:
     from epochsync.report.charts import bar_chart
 
     rows = read_stats_rows(cfg, t.name)
-    out = {"name": t.name, "kind": t.kind, "rows": [], "charts": [], "events": []}
+    out: dict[str, Any] = {"name": t.name, "kind": t.kind, "rows": [], "charts": [], "events": []}
     if not rows:
         return out
     epochs = [r["epoch"] for r in rows]

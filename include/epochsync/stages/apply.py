@@ -43,7 +43,7 @@ from epochsync.warehouse.paths import Warehouse, local_path
 class Pulled:
     """File bytes pulled from the source for one data operation (zeros where none)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.chunks: list[tuple[int, bytes]] = []
         self.bytes = 0
 

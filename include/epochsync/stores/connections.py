@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import parse_qsl, unquote, urlparse
 
 from epochsync.core.errors import StoreError
@@ -125,7 +126,8 @@ def resolve_agent(conn_id: str) -> AgentSettings:
     whose password is the secret), then Airflow's store; a StoreError when it has no password."""
     var = "AIRFLOW_CONN_" + conn_id.upper()
     text = os.environ.get(var)
-    password, extra = None, {}
+    password: str | None = None
+    extra: dict[str, Any] = {}
     if text:
         try:
             if text.lstrip().startswith("{"):

@@ -77,7 +77,7 @@ def safe_relpath(path: str, what: str = "path", control_dir: str = CONTROL_DIR) 
 def drain(written: dict) -> dict:
     """Every item of ``written``, removed from it (threads may still be adding: one atomic
     ``popitem`` at a time); the targets' ``take_written``."""
-    out = {}
+    out: dict = {}
     while True:
         try:
             k, v = written.popitem()
@@ -275,7 +275,7 @@ class HeldControl:
     says it was lost (``lease.lost``: an s3 lease that could not be renewed).
     """
 
-    def __init__(self, lease):
+    def __init__(self, lease) -> None:
         self.lease = lease
         self.pid = os.getpid()
         self.facts: dict[str, Any] = {}

@@ -29,7 +29,7 @@ import os
 import re
 import shutil
 import stat as st
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from epochsync.core import btrfs
 from epochsync.core.errors import EpochsyncError, StoreError
@@ -43,6 +43,9 @@ from epochsync.targets.base import (
     safe_relpath,
 )
 from epochsync.warehouse.fs import fsync_dir, write_json_atomic
+
+if TYPE_CHECKING:
+    import ctypes
 
 XATTR_NAMESPACE = "user."
 #: bytes read at once when a range of a replica file is hashed
@@ -105,7 +108,7 @@ def _syncfs(fd: int) -> int:
         return -1
 
 
-_LIBC = None
+_LIBC: ctypes.CDLL | None = None
 
 
 class PosixTarget(Target):
@@ -113,7 +116,7 @@ class PosixTarget(Target):
 
     kind = "posix"
 
-    def __init__(self, cfg):
+    def __init__(self, cfg) -> None:
         super().__init__(cfg)
         if not cfg.path:
             raise EpochsyncError(f"target {cfg.name}: a posix target needs 'path'")
@@ -377,9 +380,9 @@ class PosixTarget(Target):
             ident = self.identity(item["path"])
             if ident is None:
                 continue
-            ranges = by_inode.get((ident[0], ident[1]))
-            if ranges is not None:
-                facts[item["path"]] = {"id": ident, "ranges": ranges}
+            written_ranges = by_inode.get((ident[0], ident[1]))
+            if written_ranges is not None:
+                facts[item["path"]] = {"id": ident, "ranges": written_ranges}
             elif item.get("unchanged"):
                 facts[item["path"]] = {"id": ident}
         return facts
@@ -393,7 +396,7 @@ class PosixTarget(Target):
     def fence_check(self, expect: list[dict], since_ns: int | None) -> tuple[list[str], dict[str, Any]]:
         """Returns one problem line per fenced path that differs from the last commit (type, size,
         ctime), and no state."""
-        problems = []
+        problems: list[str] = []
         with self.reading():
             self._fence_items(expect, since_ns, problems)
         return problems, {}
@@ -702,10 +705,10 @@ class PosixTarget(Target):
         """The times of every directory the plan's operations change as a side effect (the parents of
         what they create, move, link or delete), by inode, before apply: creating an entry sets its
         directory's mtime to now, which the source did not do in this epoch unless the plan says so."""
-        parents = {_parent(op[k]) for op in plan["namespace"] for k in ("src", "dst", "path") if op.get(k)}
-        parents |= {_parent(op["path"]) for op in plan["data"] if op.get("create")}
-        parents |= {_parent(op["path"]) for op in plan["post"] if op["op"] == "link"}
-        parents.discard(None)
+        touched = {_parent(op[k]) for op in plan["namespace"] for k in ("src", "dst", "path") if op.get(k)}
+        touched |= {_parent(op["path"]) for op in plan["data"] if op.get("create")}
+        touched |= {_parent(op["path"]) for op in plan["post"] if op["op"] == "link"}
+        parents = {p for p in touched if p is not None}  # None: the scratch area's
         times = {}
         for p in parents:
             found = self._dir_stat(p)

@@ -20,8 +20,9 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Literal
 
 from epochsync.warehouse.paths import local_path
 
@@ -175,7 +176,8 @@ def read_json(path: str, default=None):
 
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
-_renameat2 = None
+# None: not looked up yet; False: this libc has no renameat2
+_renameat2: Callable[..., int] | Literal[False] | None = None
 
 
 def exchange_dirs(a: str, b: str) -> bool:

@@ -37,7 +37,7 @@ import uuid
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from epochsync.core.arrow import array, combine, dataset_module, empty_table, scalar
 from epochsync.core.errors import EpochError
@@ -199,7 +199,7 @@ def root_row(root_fid: str) -> dict:
     """Returns the snapshot row of the root of an empty target (epoch 0)."""
     import stat
 
-    row = {f: None for f in SNAPSHOT_FIELDS}
+    row: dict[str, Any] = {f: None for f in SNAPSHOT_FIELDS}
     row.update(fid=root_fid, type=DIR, links=[], mode=stat.S_IFDIR | 0o755, uid=0, gid=0, size=0, xattrs=[], objects=[])
     return row
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 import stat
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from epochsync.core.errors import SnapshotError
 from epochsync.core.model import DIR, NODE_TYPES, SNAPSHOT_FIELDS
@@ -37,7 +37,7 @@ def empty_snapshot(spark: SparkSession, root_fid: str) -> DataFrame:
     """The snapshot of epoch 0: the root directory alone (mode 0o40755, uid/gid 0, size 0, no links)."""
     from epochsync.core.model import snapshot_struct_type
 
-    row = {f: None for f in SNAPSHOT_FIELDS}
+    row: dict[str, Any] = {f: None for f in SNAPSHOT_FIELDS}
     row.update(fid=root_fid, type=DIR, links=[], mode=ROOT_MODE, uid=0, gid=0, size=0, xattrs=[], objects=[])
     return spark.createDataFrame([tuple(row[f] for f in SNAPSHOT_FIELDS)], snapshot_struct_type())
 

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 
 from epochsync.core.gluster import GlusterError
 from epochsync.core.schema import Record
+from epochsync.formats.common import ByteOrder
 from epochsync.formats.gluster import header_end, scan_records
 
 CHANGELOG_DIR = os.path.join(".glusterfs", "changelogs")
@@ -114,7 +115,7 @@ def htime_names(changelog_dir: str) -> list[str]:
         files = sorted((int(m.group(1)), n) for n in os.listdir(d) if (m := _HTIME.fullmatch(n)))
     except FileNotFoundError:
         return []
-    out = []
+    out: list[str] = []
     for _ts, name in files:
         out.extend(
             os.path.basename(p.decode("utf-8", "replace")) for p in _read(os.path.join(d, name)).split(b"\0") if p
@@ -155,7 +156,7 @@ def end_position(changelog_dir: str) -> Position:
     )
 
 
-def live_records(changelog_dir: str, *, byteorder: str = "little") -> list[Record]:
+def live_records(changelog_dir: str, *, byteorder: ByteOrder = "little") -> list[Record]:
     """The whole records of the live CHANGELOG in ``changelog_dir`` (empty when there is none)."""
     path = os.path.join(changelog_dir, LIVE)
     data = _read(path) if os.path.exists(path) else b""
@@ -174,7 +175,7 @@ def _whole_records_end(data: bytes, path: str) -> int:
         raise GlusterError(f"changelog {path}: {exc}") from None
 
 
-def read_slice(changelog_dir: str, after: Position, *, byteorder: str = "little") -> Slice:
+def read_slice(changelog_dir: str, after: Position, *, byteorder: ByteOrder = "little") -> Slice:
     """The records of ``changelog_dir`` after position ``after``, and the position at their end.
 
     Refuses with :class:`ChangelogGap` when the files no longer continue ``after`` (see the module

@@ -71,7 +71,7 @@ def data_roots(rec: dict) -> dict[str, str]:
 class ReadCounters:
     """Counts a reader's work in the shape of the S3 counters (``as_dict``/``add``)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.requests: Counter = Counter()
         self.bytes_received = 0
 
@@ -92,6 +92,11 @@ class ReadCounters:
         self.bytes_received += other.get("bytes_received", 0)
 
 
+#: a located file: where its data is, its shard block size (None: not sharded) and its size. The
+#: place is a path in the cut (CutReader) or the agent's ``{"url", "brick", "snapshot"}`` (AgentCutReader)
+Located = tuple[str | dict, int | None, int]
+
+
 class CutReader:
     """Reads files by gfid from one cut of a gluster source (see the module docstring)."""
 
@@ -104,7 +109,7 @@ class CutReader:
         self.epoch = epoch
         self.roots = roots  # (brick, the brick's directory in the cut)
         self.counters = ReadCounters()
-        self._where: dict[str, tuple[str, int | None, int]] = {}
+        self._where: dict[str, Located] = {}
         self._lock = threading.Lock()
 
     def __getstate__(self):
@@ -121,7 +126,7 @@ class CutReader:
     def _views(self) -> list[BrickView]:
         return [BrickView(name, root) for name, root in self.roots]
 
-    def _locate(self, gfid: str) -> tuple[str, int | None, int]:
+    def _locate(self, gfid: str) -> Located:
         """Returns ``(path of the data, shard block size or None, size)`` of ``gfid`` in the cut."""
         found = self._where.get(gfid)
         if found is not None:
@@ -168,6 +173,7 @@ class CutReader:
         while pos < end:
             index, within = divmod(pos, block)
             n = min(block - within, end - pos)
+            path: str | None
             if index == 0:
                 path = base
             else:
@@ -224,7 +230,7 @@ class AgentCutReader(CutReader):
                 self._clients[url] = self.agents.client(url)
             return self._clients[url]
 
-    def _locate(self, gfid: str):
+    def _locate(self, gfid: str) -> Located:
         from epochsync.agent.protocol import AgentGone, AgentNotFound
 
         found = self._where.get(gfid)

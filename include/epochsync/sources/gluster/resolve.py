@@ -144,7 +144,10 @@ class Resolver:
         found there as a file on the others."""
         self.figures["looked_up"] += len(gfids)
         names = [b.name for b in self.bricks]
-        pref = {g: (known[g].brick if g in known and known[g].brick in names else names[0]) for g in gfids}
+        pref: dict[str, str] = {}
+        for g in gfids:
+            was = known[g].brick if g in known else None
+            pref[g] = was if was is not None and was in names else names[0]
         found: dict[str, dict[str, Node | None]] = {g: {} for g in gfids}
         for b in self.bricks:
             mine = [g for g in gfids if pref[g] == b.name]
@@ -344,17 +347,16 @@ class Resolver:
                 return [], brick
             kind = "RMDIR" if k.type == "dir" else "UNLNK"
             return [self._rec(brick, kind, g, pfid=p, name=n) for p, n in k.names], brick
-        brick = a.brick if node.type != "dir" else self.first
-        brick = brick or self.first
+        brick = (a.brick if node.type != "dir" else None) or self.first
         out: list[Record] = []
         before = set(k.names) if k else set()
         now = set(node.names)
         if k is None:
-            first, *more = sorted(now) or [(None, None)]
-            if first[0] is not None or g == ROOT_GFID:
+            names = sorted(now)
+            if names or g == ROOT_GFID:
                 if g != ROOT_GFID:
-                    out.append(self._creator(brick, g, node, first))
-                out.extend(self._rec(brick, "HLINK", g, pfid=p, name=n) for p, n in more)
+                    out.append(self._creator(brick, g, node, names[0]))
+                out.extend(self._rec(brick, "HLINK", g, pfid=p, name=n) for p, n in names[1:])
         else:
             gone, new = sorted(before - now), sorted(now - before)
             if len(gone) == 1 and len(new) == 1:
@@ -489,6 +491,8 @@ class Resolver:
             n_old = max(0, min(block, old.size - lo))
             if n_new == 0:
                 continue
+            old_path: str | None
+            new_path: str | None
             if i == 0:
                 old_path, new_path = old.path, node.path
             else:
