@@ -191,8 +191,8 @@ class S3Reads(S3Versions):
                 if w.get("version") == cur["version"]:
                     h = {"Metadata": w["meta"], "ContentLength": cur["size"], "VersionId": cur["version"]}
                     return self._entry(k, h, hashes=False), h
-            h = self.head(k)
-            return (None, {}) if h is None else (self._entry(k, h, hashes=False), h)
+            head = self.head(k)
+            return (None, {}) if head is None else (self._entry(k, head, hashes=False), head)
 
         return self._in_threads(one, keys, "s3-stat")
 

@@ -193,9 +193,10 @@ class S3Target(S3Undo):
         for k in alone:
             self.io.call(f"DELETE {k}", lambda c, k=k: c.delete_object(Bucket=self.bucket, Key=k))
         for start in range(0, len(batch), self.DELETE_BATCH):
-            chunk = {"Objects": [{"Key": k} for k in batch[start : start + self.DELETE_BATCH]], "Quiet": True}
+            objects = [{"Key": k} for k in batch[start : start + self.DELETE_BATCH]]
+            chunk = {"Objects": objects, "Quiet": True}
             resp = self.io.call(
-                f"DELETE {len(chunk['Objects'])} layout-1 directory objects",
+                f"DELETE {len(objects)} layout-1 directory objects",
                 lambda c, chunk=chunk: c.delete_objects(Bucket=self.bucket, Delete=chunk),
             )
             if resp.get("Errors"):

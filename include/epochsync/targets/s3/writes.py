@@ -327,7 +327,7 @@ class S3Writes(S3Reads):
                 Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": done}
             ),
         )
-        size = max((p.get("copy") or p.get("upload"))[1] for p in parts) if parts else 0
+        size = max(_part_end(p) for p in parts) if parts else 0
         fact: dict[str, Any] = {"parts": made}
         if pulled_from is not None:
             fact["pulled_from"] = [list(kv) for kv in pulled_from]
@@ -361,3 +361,10 @@ class S3Writes(S3Reads):
             self.delete(journal, state, op["key"])
         else:
             self.run_namespace_op(op, journal, state)
+
+
+def _part_end(part: dict) -> int:
+    """Where a part plan's entry ends in the object: its copied or its uploaded range's end."""
+    span = part.get("copy") or part.get("upload")
+    assert span is not None, part  # a part is copied or uploaded (translate.part_plan)
+    return int(span[1])
