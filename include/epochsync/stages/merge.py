@@ -58,9 +58,9 @@ Only fids a record touches are recomputed; every other row of snapshot E-1 is co
 
 Three ways to run it (:func:`run_merge`, ``merge_path`` in its stats): a window below
 ``EPOCHSYNC_MERGE_LOCAL_MAX_ROWS`` records plus named fids (250,000) is merged in this
-process by :mod:`epochsync.stages.merge_local`, a line-by-line mirror of these transforms in
-pyarrow and Python that the tests hold equal to them (no Spark job: up to there Spark's
-fixed costs and shuffles cost more than the rows); a larger one below
+process by :func:`epochsync.stages.merge_rules.merge_outcome`, the same rules in DuckDB SQL
+over Arrow tables, which the tests hold equal to these transforms (no Spark job: up to there
+Spark's fixed costs and shuffles cost more than the rows); a larger one below
 ``EPOCHSYNC_MERGE_CACHE_MIN_ROWS`` in one Spark collect; the largest on Spark end to end.
 Each variable sets one boundary: ``EPOCHSYNC_MERGE_LOCAL_MAX_ROWS=0`` sends every window to
 Spark, ``EPOCHSYNC_MERGE_CACHE_MIN_ROWS=0`` every window that reaches Spark to the large path.
@@ -868,7 +868,7 @@ def run_merge(
     ``records`` (records in the window), ``merged_records`` (those the merge reads),
     ``changes`` and per-kind counts, ``range_bytes``, ``snapshot_fids``,
     ``net_to_raw_ratio`` (change rows / merged records), ``cookie_groups``, ``seconds``,
-    ``merge_path``: ``empty``, ``local`` (below :func:`~epochsync.stages.merge_local.local_max_rows`
+    ``merge_path``: ``empty``, ``local`` (below :func:`local_max_rows`
     records plus named fids: computed in this process, no Spark job), ``small`` (one Spark
     collect, written here) or ``large`` (from :func:`cache_min_rows`: written on Spark).
     ``spark`` default: :func:`epochsync.spark.spark_session` (opened before the path is
@@ -883,7 +883,6 @@ def run_merge(
 
 def _run_merge_spark(cfg: Config, target_name: str, first_epoch: int, last_epoch: int, spark: SparkSession) -> dict:
     from epochsync.stages.ingest import read_records
-    from epochsync.stages.merge_local import local_max_rows
     from epochsync.warehouse.paths import Warehouse
     from epochsync.warehouse.snapshots import snapshot_files
 
@@ -991,17 +990,57 @@ def _window_facts(records_uri: str, first: int, last: int) -> WindowFacts:
 
 
 def _merge_local(cfg, out, epoch, prev, window, source, first_epoch, extents_known, target_name) -> None:
-    """A window below :func:`~epochsync.stages.merge_local.local_max_rows`: the outcome
-    :func:`_merge_small` would collect, computed in this process (no Spark job), written the same way."""
-    from epochsync.stages.merge_local import local_outcome, read_window_records
+    """A window below :func:`local_max_rows`: the outcome :func:`_merge_small` would collect,
+    computed in this process by :func:`epochsync.stages.merge_rules.merge_outcome` (no Spark
+    job), written the same way."""
+    from epochsync.stages.merge_rules import merge_outcome
     from epochsync.warehouse.paths import Warehouse
 
     records = read_window_records(Warehouse(cfg.warehouse).records(source.name), first_epoch, epoch)
     try:
-        table = local_outcome(prev.rows(window.fids), records, source.root_fid, extents_known)
+        table = merge_outcome(prev.rows(window.fids), records, source.root_fid, extents_known)
     except EpochError as exc:
         raise _clean_error(exc, target_name, epoch, epoch) from None
     _publish_small(out, epoch, prev, table, extents_known)
+
+
+#: merge inputs (records + snapshot rows named) below which the merge runs in this process.
+#: Measured with the line-by-line Python mirror this replaced (about 60 µs of CPU and 4.5 KB
+#: per row: 12.1-13.5 s and 1 GB for a Gluster epoch of 150,173 records + 50,075 fids, against
+#: 23.1 s on the Spark small path); docs/INTERNALS.md, "Merge: small windows in this process"
+LOCAL_MAX_ROWS = 250_000
+
+
+def local_max_rows() -> int:
+    """Input rows below which the merge runs here (``EPOCHSYNC_MERGE_LOCAL_MAX_ROWS``; 0: never)."""
+    return int(os.environ.get("EPOCHSYNC_MERGE_LOCAL_MAX_ROWS", LOCAL_MAX_ROWS))
+
+
+def read_window_records(records_uri: str, first: int, last: int):
+    """The records of epochs ``first..last`` (``records_uri`` = ``Warehouse.records(source)``) as
+    an Arrow table, every column of the canonical schema: ``epoch`` and ``server`` come from the
+    partition directories, as Spark's read derives them (:func:`epochsync.stages.ingest.read_records`)."""
+    import pyarrow as pa
+
+    from epochsync.core.schema import record_arrow_schema
+    from epochsync.warehouse import fs as warehouse_fs
+    from epochsync.warehouse.paths import local_path
+
+    ds = dataset_module()
+
+    schema = record_arrow_schema()
+    in_files = pa.schema([f for f in schema if f.name not in ("epoch", "server")])
+    server = ds.partitioning(pa.schema([("server", pa.string())]), flavor="hive")
+    tables = []
+    for e in range(first, last + 1):
+        uri = f"{records_uri}/epoch={e}"
+        if not warehouse_fs.exists(uri):
+            raise EpochError(f"not ingested yet: {uri}")
+        t = ds.dataset(local_path(uri), format="parquet", partitioning=server, schema=in_files.append(server.schema[0]))
+        t = t.to_table()
+        t = t.append_column("epoch", array([e] * t.num_rows, pa.int64()))
+        tables.append(t.select(schema.names).cast(schema))
+    return pa.concat_tables(tables) if tables else schema.empty_table()
 
 
 def _merge_small(spark, out, epoch, prev, records_of, window, root_fid, extents_known, target_name) -> None:

@@ -429,8 +429,9 @@ def outcome_arrow_schema() -> pa.Schema:
     return pa.schema(fields)
 
 
-def _threads() -> int:
-    return int(os.environ.get("EPOCHSYNC_MERGE_THREADS", "2"))
+def _threads(rows: int) -> int:
+    """DuckDB's threads: one for a small window (a second costs more than it brings there)."""
+    return int(os.environ.get("EPOCHSYNC_MERGE_THREADS", "1" if rows < 50_000 else "2"))
 
 
 def merge_outcome(
@@ -488,6 +489,7 @@ def _ranked(prev_rows: pa.Table, records: pa.Table):
     """A DuckDB connection holding ``prev`` (the snapshot rows), ``recs`` (the records) and
     ``ranked`` (the merged records with their ``fid``, ``rid`` and rank ``o``)."""
     import duckdb
+    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -508,20 +510,22 @@ def _ranked(prev_rows: pa.Table, records: pa.Table):
             "time_ns": recs["time_ns"],
         }
     )
-    con = duckdb.connect(config={"threads": _threads()})
+    con = duckdb.connect(config={"threads": _threads(recs.num_rows)})
     try:
         con.register("narrow", narrow)
-        order = con.sql(_RANK).to_arrow_table().sort_by("rid")
-        # the records the merge reads, with their fid and their rank; in input order
-        ranked = (
-            recs.drop_columns(["cookie"])
-            .append_column("rid", rid)
-            .append_column("fid", fid)
-            .take(order["rid"])
-            .append_column("o", order["o"])
-        )
+        order = con.sql(_RANK).to_arrow_table()
+        # each record's rank in input order (null: a type the merge does not read), scattered
+        # here rather than joined or taken: the records' nested columns are never copied
+        o = np.zeros(recs.num_rows, np.int64)
+        valid = np.zeros(recs.num_rows, np.bool_)
+        at = order["rid"].to_numpy()
+        o[at] = order["o"].to_numpy()
+        valid[at] = True
+        with_o = recs.append_column("rid", rid).append_column("fid", fid)
+        with_o = with_o.append_column("o", pa.array(o, pa.int64(), mask=~valid))
         con.register("recs", recs)
-        con.register("ranked", ranked)
+        con.register("recs_o", with_o)
+        con.execute("CREATE VIEW ranked AS SELECT * EXCLUDE (cookie) FROM recs_o WHERE o IS NOT NULL")
         con.register("prev", prev_rows.select(list(SNAPSHOT_FIELDS)))
     except BaseException:
         con.close()
