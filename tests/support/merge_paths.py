@@ -1,6 +1,6 @@
 """The merge's in-process path held to its Spark path: the same outcome, the same errors.
 
-:func:`epochsync.stages.merge_local.local_outcome` must compute what the Spark merge
+:func:`epochsync.stages.merge_rules.merge_outcome` must compute what the Spark merge
 computes for the same snapshot rows and records. The tests that check the Spark merge
 against the oracle and the rules compare the local path with the rows they already
 collected (:func:`assert_local_equals_merge`: no Spark job more); one property test
@@ -43,11 +43,10 @@ def _plain(v):
 
 
 def outcomes():
-    """The in-process definitions of the outcome held to the Spark path."""
-    from epochsync.stages.merge_local import local_outcome
+    """The in-process definitions of the outcome held to the Spark path (one since issue 52)."""
     from epochsync.stages.merge_rules import merge_outcome
 
-    return (local_outcome, merge_outcome)
+    return (merge_outcome,)
 
 
 def local_tables(prev_t, rec_t, roots: str | Iterable[str], extents_known: bool, outcome=None) -> tuple[list, list]:

@@ -411,3 +411,44 @@ def test_change_rows_have_the_model_columns(spark):
     )
     assert [f.name for f in changes.schema.fields] == [f.name for f in change_struct_type().fields]
     assert [f.name for f in snap.schema.fields] == list(SNAPSHOT_FIELDS)
+
+
+@pytest.mark.parametrize("extents_known", [True, False], ids=["extents", "gluster-like"])
+def test_fid_partitions_give_the_whole_windows_outcome(spark, extents_known):
+    """The large path's plan (``merge.partitioned_outcome``: the records and snapshot rows
+    partitioned by fid, ``merge_rules`` run on each partition) gives the outcome of the whole
+    window in one call, whatever the number of partitions: renames over another fid put a
+    copy of the record in that fid's partition, and each partition answers for its own fids."""
+    import pyarrow as pa
+    from support.merge_paths import arrow_inputs
+
+    from epochsync.spark import collect_arrow
+    from epochsync.stages.merge import partitioned_outcome
+    from epochsync.stages.merge_rules import merge_outcome
+
+    rng = random.Random(5)
+    items = [
+        it
+        for n in range(5)
+        for it in items_of(
+            n,
+            Params(
+                rng.randint(0, 2**31), rng.randint(1, 4), rng.randint(2, 14), rng.randint(1, 3), rng.randint(1, 4), 40
+            ),
+            skew=Skew(rng.randint(0, 2**31), rng.choice([0, 3000]), rng.choice([1, 1000])),
+        )
+    ]
+    prev = [_rename_row(it.prefix, row) for it in items for row in it.prev]
+    recs = [_rename_record(it.prefix, r) for it in items for r in it.records]
+    if not extents_known:
+        recs = [_gluster_like(r) for r in recs]
+    roots = [it.root for it in items]
+    assert any(r.type == "RENME" and r.tfid is not None for r in recs)  # the copies are exercised
+    want = merge_outcome(*arrow_inputs(prev, recs), roots, extents_known, cookies=False)
+    want_rows = sorted(want.drop_columns([c for c in want.column_names if c.startswith("g_")]).to_pylist(), key=repr)
+    prev_df = spark.createDataFrame(prev, snapshot_struct_type())
+    rec_df = spark.createDataFrame([r.to_row() for r in recs], record_struct_type())
+    for partitions in (1, 3, 8):
+        got = collect_arrow(partitioned_outcome(prev_df, rec_df, roots, extents_known, partitions))
+        assert isinstance(got, pa.Table)
+        assert sorted(got.to_pylist(), key=repr) == want_rows, partitions

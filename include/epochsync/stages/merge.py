@@ -800,6 +800,41 @@ def merge_epoch(
     return snapshot, state_changes(st, extents_known)
 
 
+def partitioned_outcome(
+    prev_snapshot: DataFrame, records: DataFrame, root_fid: str | Iterable[str], extents_known: bool, partitions: int
+) -> DataFrame:
+    """The outcome of :func:`epochsync.stages.merge_rules.merge_outcome` without cookie groups,
+    computed by the same definition on ``partitions`` fid partitions that Spark distributes
+    (``mapInArrow``; :func:`~epochsync.stages.merge_rules.partition_merger` says what each
+    partition holds). ``prev_snapshot``: snapshot E-1's rows of the named fids (or more)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from epochsync.core.schema import record_struct_type
+    from epochsync.stages.merge_rules import fid_outcome_schema, partition_merger
+
+    rec = F.struct(*(F.col(c) for c in record_struct_type().fieldNames())).alias("rec")
+    snap = F.struct(*(F.col(c) for c in SNAPSHOT_FIELDS)).alias("snap")
+    about = F.when(F.col("type") == "RENME", F.col("sfid")).otherwise(F.col("tfid"))
+    overwritten = "type = 'RENME' AND tfid IS NOT NULL AND sfid IS NOT NULL AND tfid != sfid"
+    rows = (
+        records.select(about.alias("home"), F.lit(False).alias("dup"), rec)
+        .unionByName(records.filter(overwritten).select(F.col("tfid").alias("home"), F.lit(True).alias("dup"), rec))
+        .withColumn("snap", F.lit(None).cast(_snapshot_type()))
+    )
+    prev_rows = prev_snapshot.select(
+        F.col("fid").alias("home"),
+        F.lit(False).alias("dup"),
+        F.lit(None).cast(rows.schema["rec"].dataType).alias("rec"),
+        snap,
+    )
+    return (
+        rows.unionByName(prev_rows)
+        .repartition(partitions, "home")
+        .mapInArrow(partition_merger(root_fid, extents_known), from_arrow_schema(fid_outcome_schema()))
+    )
+
+
 def cookie_groups(records: DataFrame) -> DataFrame:
     """Distributed operations: records that share a ``cookie`` across two or more servers.
 
@@ -1168,7 +1203,7 @@ def _merge_large(spark, out, epoch, prev, records, window, root_fid, extents_kno
     from epochsync.warehouse.snapshots import read_snapshot_files, stage_snapshot_files
     from epochsync.warehouse.tables import discard_staged, publish_staged, stage_tables
 
-    size_partitions(spark, window.records + prev.rows_count)
+    partitions = size_partitions(spark, window.records + prev.rows_count)
     named = records.select(F.explode(F.array("tfid", "sfid")).alias("fid")).filter("fid IS NOT NULL").distinct()
     prev_all = read_snapshot_files(spark, prev)
     prev_df = prev_all.join(named, "fid", "left_semi")
@@ -1176,12 +1211,19 @@ def _merge_large(spark, out, epoch, prev, records, window, root_fid, extents_kno
     staged: list[tuple[str, str]] = []
     snapshot = None
     try:
-        st = merge_state(prev_df, records, root_fid, extents_known, cache=persisted)
-        st = st.persist(StorageLevel.MEMORY_AND_DISK)
-        persisted.append(st)
-        staged = stage_tables(
-            [(state_changes(st, extents_known), out.changes), (cookie_groups(records), out.cookie_groups)]
-        )
+        if large_engine() == "rules":
+            st = _outcome_as_state(partitioned_outcome(prev_df, records, root_fid, extents_known, partitions))
+            st = st.persist(StorageLevel.MEMORY_AND_DISK)
+            persisted.append(st)
+            changes = conform(
+                st.filter("_changed").select(*(F.col("c_" + c).alias(c) for c in CHANGE_FIELDS)), _change_type()
+            )
+        else:
+            st = merge_state(prev_df, records, root_fid, extents_known, cache=persisted)
+            st = st.persist(StorageLevel.MEMORY_AND_DISK)
+            persisted.append(st)
+            changes = state_changes(st, extents_known)
+        staged = stage_tables([(changes, out.changes), (cookie_groups(records), out.cookie_groups)])
         counts = _table_counts(MergeOutputs("", staged[0][0], ""), snapshot=False)
         live_rows = prev.rows_count + counts["created"] - counts["deleted"]
         if compaction_due(prev, len(window.fids), live_rows):
@@ -1212,6 +1254,32 @@ def _merge_large(spark, out, epoch, prev, records, window, root_fid, extents_kno
         discard_staged(staged)
         if snapshot is not None:
             snapshot.discard()
+
+
+def large_engine() -> str:
+    """What merges a large window (``EPOCHSYNC_MERGE_LARGE_ENGINE``): ``spark`` (the Spark SQL
+    transforms of this module, the default) or ``rules`` (:func:`partitioned_outcome`:
+    :mod:`epochsync.stages.merge_rules` on fid partitions)."""
+    engine = os.environ.get("EPOCHSYNC_MERGE_LARGE_ENGINE", "spark")
+    if engine not in ("spark", "rules"):
+        raise EpochError(f"EPOCHSYNC_MERGE_LARGE_ENGINE={engine!r}: use 'spark' or 'rules'")
+    return engine
+
+
+def _outcome_as_state(outcome: DataFrame) -> DataFrame:
+    """Outcome rows (``s_``/``c_`` columns) with the per-fid state columns :func:`_merge_large`
+    writes the snapshot from: ``fid``, ``type``, ``links``, ``n_<column>``, ``existed_before``,
+    ``exists_after``, ``_changed``."""
+    from pyspark.sql import functions as F
+
+    kept = ("fid", "type", "links")
+    return outcome.select(
+        "*",
+        *(F.col("s_" + c).alias(c if c in kept else "n_" + c) for c in SNAPSHOT_FIELDS),
+        F.col("c__changed").alias("_changed"),
+        # a fid in the outcome existed before or exists after (merge_outcome's filter)
+        (~F.col("exists_after") | ~F.coalesce(F.col("c_created"), F.lit(False))).alias("existed_before"),
+    )
 
 
 #: merge inputs (records + snapshot rows named) from which the merge runs on Spark end to end

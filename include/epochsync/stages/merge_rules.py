@@ -435,7 +435,14 @@ def _threads(rows: int) -> int:
 
 
 def merge_outcome(
-    prev_rows: pa.Table, records: pa.Table, root_fid: str | Iterable[str], extents_known: bool = True
+    prev_rows: pa.Table,
+    records: pa.Table,
+    root_fid: str | Iterable[str],
+    extents_known: bool = True,
+    *,
+    cookies: bool = True,
+    fids: pa.Array | None = None,
+    threads: int | None = None,
 ) -> pa.Table:
     """The outcome (:func:`outcome_arrow_schema`) of merging ``records`` (canonical record
     columns) onto ``prev_rows`` (snapshot E-1's rows of the fids the records name, snapshot
@@ -445,10 +452,13 @@ def merge_outcome(
     Raises :class:`EpochError` with the sentence the Spark merge's ``raise_error`` carries
     (``record ... has no fid, parent fid or name``, ``fid F gains a name ...``, ``fid F: name
     n in P is added and removed in no order that applies (...)``): a record's first, then the
-    first fid's in fid order.
+    first fid's in fid order. ``cookies=False``: no cookie group rows (a caller that merges
+    a part of the window computes them over the whole window). ``fids``: the outcome and the
+    errors of these fids only (the others' records in ``records`` are incomplete).
+    ``threads``: DuckDB's (default: one below 50,000 records, else ``EPOCHSYNC_MERGE_THREADS`` or 2).
     """
     roots = [root_fid] if isinstance(root_fid, str) else sorted(root_fid)
-    con = _ranked(prev_rows, records)
+    con = _ranked(prev_rows, records, threads)
     try:
         con.execute(f"CREATE TEMP TABLE attrs AS {_ATTRS}")
         con.execute(f"CREATE TEMP TABLE events AS {_EVENTS}")
@@ -460,13 +470,66 @@ def merge_outcome(
         con.execute(f"CREATE TEMP TABLE intervals AS {_INTERVALS}")
         con.execute(f"CREATE TEMP TABLE data AS {_WRITE_DATA}")
         con.execute(f"CREATE TEMP TABLE state AS {_state(roots, extents_known)}")
+        if fids is not None:
+            import pyarrow as pa
+
+            con.register("owned", pa.table({"fid": fids}))
+            con.execute("DELETE FROM state WHERE fid NOT IN (SELECT fid FROM owned WHERE fid IS NOT NULL)")
         _check_state(con)
         con.execute(f"CREATE TEMP TABLE ranges AS {_RANGES}")
         fids = con.sql(_outcome(extents_known)).to_arrow_table()
-        cookies = con.sql(_COOKIES).to_arrow_table()
+        groups = con.sql(_COOKIES if cookies else f"{_COOKIES} LIMIT 0").to_arrow_table()
     finally:
         con.close()
-    return _conform(fids, cookies)
+    return _conform(fids, groups)
+
+
+def fid_outcome_schema() -> pa.Schema:
+    """:func:`outcome_arrow_schema` without the cookie group columns: what :func:`partition_merger` yields."""
+    import pyarrow as pa
+
+    return pa.schema([f for f in outcome_arrow_schema() if not f.name.startswith("g_")])
+
+
+def partition_merger(root_fid: str | Iterable[str], extents_known: bool):
+    """A ``mapInArrow`` function that merges one fid partition.
+
+    Its input rows are ``home`` (the fid whose partition the row is in), ``dup``, ``rec``
+    (a record, or null) and ``snap`` (a snapshot E-1 row, or null): every record with home its
+    fid (``sfid`` for a rename, ``tfid`` otherwise), a rename that overwrites another fid once
+    more with home that ``tfid`` and ``dup`` true (the overwritten fid loses its name there),
+    and the snapshot rows of the named fids with home their fid. It yields the outcome rows
+    (:func:`fid_outcome_schema`) of the fids that are the home of a row here: what a copy of
+    a rename would make of its ``sfid`` in ``tfid``'s partition is dropped (rows and errors),
+    and a copy that lands in its own ``sfid``'s partition is dropped before the merge.
+    """
+    roots = [root_fid] if isinstance(root_fid, str) else sorted(root_fid)
+
+    def merge_partition(batches):
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from epochsync.core.schema import record_arrow_schema
+        from epochsync.warehouse.snapshot_files import snapshot_arrow_schema
+
+        batches = list(batches)
+        if not batches:
+            return
+        t = pa.Table.from_batches(batches)
+        is_rec = pc.is_valid(t["rec"])
+        recs = pa.Table.from_struct_array(pc.filter(t["rec"], is_rec).combine_chunks())
+        dup = pc.filter(t["dup"], is_rec)
+        key = pc.binary_join_element_wise(recs["server"], pc.cast(recs["index"], pa.string()), ":")
+        once = pc.invert(pc.and_(dup, pc.is_in(key, value_set=pc.filter(key, pc.invert(dup)))))
+        recs = recs.filter(once).cast(record_arrow_schema())
+        snap = pa.Table.from_struct_array(pc.filter(t["snap"], pc.invert(is_rec)).combine_chunks())
+        snap = snap.cast(snapshot_arrow_schema())
+        homes = pc.unique(t["home"].combine_chunks())
+        # one thread: Spark runs a task per core beside this one
+        out = merge_outcome(snap, recs, roots, extents_known, cookies=False, fids=homes, threads=1)
+        yield from out.select(fid_outcome_schema().names).cast(fid_outcome_schema()).to_batches()
+
+    return merge_partition
 
 
 def link_changes(records: pa.Table) -> pa.Table:
@@ -485,7 +548,7 @@ def link_changes(records: pa.Table) -> pa.Table:
         con.close()
 
 
-def _ranked(prev_rows: pa.Table, records: pa.Table):
+def _ranked(prev_rows: pa.Table, records: pa.Table, threads: int | None = None):
     """A DuckDB connection holding ``prev`` (the snapshot rows), ``recs`` (the records) and
     ``ranked`` (the merged records with their ``fid``, ``rid`` and rank ``o``)."""
     import duckdb
@@ -510,7 +573,7 @@ def _ranked(prev_rows: pa.Table, records: pa.Table):
             "time_ns": recs["time_ns"],
         }
     )
-    con = duckdb.connect(config={"threads": _threads(recs.num_rows)})
+    con = duckdb.connect(config={"threads": threads or _threads(recs.num_rows)})
     try:
         con.register("narrow", narrow)
         order = con.sql(_RANK).to_arrow_table()
