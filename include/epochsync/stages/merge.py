@@ -64,6 +64,9 @@ Spark's fixed costs and shuffles cost more than the rows); a larger one below
 ``EPOCHSYNC_MERGE_CACHE_MIN_ROWS`` in one Spark collect; the largest on Spark end to end.
 Each variable sets one boundary: ``EPOCHSYNC_MERGE_LOCAL_MAX_ROWS=0`` sends every window to
 Spark, ``EPOCHSYNC_MERGE_CACHE_MIN_ROWS=0`` every window that reaches Spark to the large path.
+``EPOCHSYNC_MERGE_LARGE_ENGINE=rules`` (opt-in, not yet faster: ``docs/INTERNALS.md``) runs the
+large path's merge as :func:`partitioned_outcome`: ``merge_rules`` on fid partitions through
+``mapInArrow``, the step of issue 52 that will leave these transforms unused.
 """
 
 from __future__ import annotations
@@ -1040,9 +1043,10 @@ def _merge_local(cfg, out, epoch, prev, window, source, first_epoch, extents_kno
 
 
 #: merge inputs (records + snapshot rows named) below which the merge runs in this process.
-#: Measured with the line-by-line Python mirror this replaced (about 60 µs of CPU and 4.5 KB
-#: per row: 12.1-13.5 s and 1 GB for a Gluster epoch of 150,173 records + 50,075 fids, against
-#: 23.1 s on the Spark small path); docs/INTERNALS.md, "Merge: small windows in this process"
+#: Set with the Python mirror merge_rules replaced (12.1-13.5 s and 1 GB for a Gluster epoch of
+#: 150,173 records + 50,075 fids, against 23.1 s on the Spark small path); merge_rules takes
+#: 3.4-3.6 CPU-s and 0.7 GB for 150,173 bench records (docs/INTERNALS.md, "Merge: small
+#: windows in this process")
 LOCAL_MAX_ROWS = 250_000
 
 
