@@ -29,7 +29,18 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 #: what only the extras bring (Airflow, Spark, S3 and what they pull in)
-EXTRAS_ONLY = {"airflow", "pyspark", "pyarrow", "pandas", "numpy", "boto3", "botocore", "sqlalchemy", "pendulum"}
+EXTRAS_ONLY = {
+    "airflow",
+    "pyspark",
+    "pyarrow",
+    "duckdb",
+    "pandas",
+    "numpy",
+    "boto3",
+    "botocore",
+    "sqlalchemy",
+    "pendulum",
+}
 
 
 def _run(cmd, **kw) -> subprocess.CompletedProcess:

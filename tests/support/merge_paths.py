@@ -1,6 +1,6 @@
 """The merge's in-process path held to its Spark path: the same outcome, the same errors.
 
-:func:`epochsync.stages.merge_local.local_outcome` must compute what the Spark merge
+:func:`epochsync.stages.merge_rules.merge_outcome` must compute what the Spark merge
 computes for the same snapshot rows and records. The tests that check the Spark merge
 against the oracle and the rules compare the local path with the rows they already
 collected (:func:`assert_local_equals_merge`: no Spark job more); one property test
@@ -19,7 +19,7 @@ def arrow_inputs(prev: list[tuple], records: list):
     Arrow tables the local path reads, built here (no Spark round trip)."""
     import pyarrow as pa
 
-    from epochsync.stages.merge_local import record_arrow_schema
+    from epochsync.core.schema import record_arrow_schema
     from epochsync.warehouse.snapshot_files import snapshot_arrow_schema
 
     snap, rec = snapshot_arrow_schema(), record_arrow_schema()
@@ -42,13 +42,21 @@ def _plain(v):
     return v
 
 
-def local_tables(prev_t, rec_t, roots: str | Iterable[str], extents_known: bool) -> tuple[list, list]:
-    """Snapshot E and the change set from the local outcome, as ``merge_epoch`` returns them
+def outcomes():
+    """The in-process definitions of the outcome held to the Spark path (one since issue 52)."""
+    from epochsync.stages.merge_rules import merge_outcome
+
+    return (merge_outcome,)
+
+
+def local_tables(prev_t, rec_t, roots: str | Iterable[str], extents_known: bool, outcome=None) -> tuple[list, list]:
+    """Snapshot E and the change set from an in-process outcome, as ``merge_epoch`` returns them
     (sorted by fid): what ``_publish_small`` writes, read back."""
     from epochsync.core.model import CHANGE_FIELDS, SNAPSHOT_FIELDS
-    from epochsync.stages.merge_local import local_outcome
+    from epochsync.stages.merge_rules import merge_outcome
 
-    out = [r for r in local_outcome(prev_t, rec_t, roots, extents_known).to_pylist() if r["s_fid"] is not None]
+    outcome = outcome or merge_outcome
+    out = [r for r in outcome(prev_t, rec_t, roots, extents_known).to_pylist() if r["s_fid"] is not None]
     touched = {r["s_fid"] for r in out}
     snap = [r for r in prev_t.to_pylist() if r["fid"] not in touched]
     snap += [{c: r["s_" + c] for c in SNAPSHOT_FIELDS} for r in out if r["exists_after"]]
@@ -57,13 +65,15 @@ def local_tables(prev_t, rec_t, roots: str | Iterable[str], extents_known: bool)
 
 
 def assert_local_equals_merge(prev: list[tuple], records: list, roots, extents_known: bool, snap_rows, change_rows):
-    """The local path gives the snapshot rows and change rows ``merge_epoch`` gave (collected)."""
-    snap, changes = local_tables(*arrow_inputs(prev, records), roots, extents_known)
-    for got, want in ((snap, snap_rows), (changes, change_rows)):
-        want = sorted((_plain(r) for r in want), key=lambda r: r["fid"])
-        for g, w in zip(got, want, strict=False):
-            assert g == w, {k: (g[k], w[k]) for k in g if g[k] != w.get(k)}
-        assert len(got) == len(want)
+    """Each in-process path gives the snapshot rows and change rows ``merge_epoch`` gave (collected)."""
+    inputs = arrow_inputs(prev, records)
+    for outcome in outcomes():
+        snap, changes = local_tables(*inputs, roots, extents_known, outcome)
+        for got, want in ((snap, snap_rows), (changes, change_rows)):
+            want = sorted((_plain(r) for r in want), key=lambda r: r["fid"])
+            for g, w in zip(got, want, strict=False):
+                assert g == w, (outcome.__name__, {k: (g[k], w[k]) for k in g if g[k] != w.get(k)})
+            assert len(got) == len(want), outcome.__name__
 
 
 def spark_outcome(prev, records, roots: str | Iterable[str], extents_known: bool):
@@ -91,7 +101,6 @@ def assert_local_equals_spark(spark, prev: list[tuple], records: list, roots, ex
     from epochsync.core.model import snapshot_struct_type
     from epochsync.core.schema import record_struct_type
     from epochsync.stages.merge import _clean_error
-    from epochsync.stages.merge_local import local_outcome
 
     prev_t, rec_t = arrow_inputs(prev, records)
     prev_df = spark.createDataFrame(prev, snapshot_struct_type())
@@ -100,14 +109,17 @@ def assert_local_equals_spark(spark, prev: list[tuple], records: list, roots, ex
         want = spark_outcome(prev_df, rec_df, roots, extents_known)
     except Exception as exc:  # noqa: BLE001 (the message is what is compared)
         wanted = str(_clean_error(exc, "t", 1, 1))
-        with pytest.raises(Exception) as err:  # noqa: PT011
-            local_outcome(prev_t, rec_t, roots, extents_known)
-        assert str(_clean_error(err.value, "t", 1, 1)) == wanted
+        for outcome in outcomes():
+            with pytest.raises(Exception) as err:  # noqa: PT011
+                outcome(prev_t, rec_t, roots, extents_known)
+            assert str(_clean_error(err.value, "t", 1, 1)) == wanted, outcome.__name__
         return 0
-    got = local_outcome(prev_t, rec_t, roots, extents_known)
-    assert [(f.name, f.type) for f in got.schema] == [(f.name, f.type) for f in want.schema]
-    got_rows, want_rows = _sorted_rows(got), _sorted_rows(want)
-    for g, w in zip(got_rows, want_rows, strict=False):
-        assert g == w, {k: (g[k], w[k]) for k in g if g[k] != w.get(k)}
-    assert len(got_rows) == len(want_rows)
+    want_rows = _sorted_rows(want)
+    for outcome in outcomes():
+        got = outcome(prev_t, rec_t, roots, extents_known)
+        assert [(f.name, f.type) for f in got.schema] == [(f.name, f.type) for f in want.schema], outcome.__name__
+        got_rows = _sorted_rows(got)
+        for g, w in zip(got_rows, want_rows, strict=False):
+            assert g == w, (outcome.__name__, {k: (g[k], w[k]) for k in g if g[k] != w.get(k)})
+        assert len(got_rows) == len(want_rows), outcome.__name__
     return len(want_rows)

@@ -67,7 +67,7 @@ def test_generators_and_other_types():
 
 
 def test_table_from_pylist_equals_pyarrows():
-    from epochsync.stages.merge_local import outcome_arrow_schema
+    from epochsync.stages.merge_rules import outcome_arrow_schema
 
     schema = outcome_arrow_schema()  # what the local merge builds: lists, structs, binary
     rows = [

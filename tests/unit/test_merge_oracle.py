@@ -354,12 +354,15 @@ def test_merge_refuses_exactly_the_names_no_order_applies(spark, histories):
         ).collect()
     }
     # the in-process merge's check says the same of every name
-    from epochsync.stages import merge_local
+    from support.merge_paths import arrow_inputs
 
-    local = merge_local.link_changes(merge_local.prepare_records([_plain_record(r) for r in recs]))
+    from epochsync.stages import merge_rules
+
+    local = {r["fid"]: r for r in merge_rules.link_changes(arrow_inputs([], recs)[1]).to_pylist()}
     for fid, row in got.items():
         for col in ("added", "removed", "bad_absent", "bad_present"):
-            assert sorted(local[fid][col]) == sorted((p.pfid, p.name) for p in row[col]), (fid, col)
+            mine = sorted((p["pfid"], p["name"]) for p in local[fid][col] or [])
+            assert mine == sorted((p.pfid, p.name) for p in row[col]), (fid, col)
     assert set(local) == set(got)
     for i, per_server in enumerate(histories):
         row = got.get(f"F{i}")
@@ -374,10 +377,6 @@ def test_merge_refuses_exactly_the_names_no_order_applies(spark, histories):
         d = sum(sum(seq) for seq in per_server)
         if any(_orderable(per_server, h) for h in (0, 1)) and d != 0:
             assert (len(row.added), len(row.removed)) == ((1, 0) if d == 1 else (0, 1)), where
-
-
-def _plain_record(r: Record) -> dict:
-    return dict(zip(record_struct_type().fieldNames(), r.to_row(), strict=True))
 
 
 def test_data_check_is_not_vacuous():
@@ -412,3 +411,44 @@ def test_change_rows_have_the_model_columns(spark):
     )
     assert [f.name for f in changes.schema.fields] == [f.name for f in change_struct_type().fields]
     assert [f.name for f in snap.schema.fields] == list(SNAPSHOT_FIELDS)
+
+
+@pytest.mark.parametrize("extents_known", [True, False], ids=["extents", "gluster-like"])
+def test_fid_partitions_give_the_whole_windows_outcome(spark, extents_known):
+    """The large path's plan (``merge.partitioned_outcome``: the records and snapshot rows
+    partitioned by fid, ``merge_rules`` run on each partition) gives the outcome of the whole
+    window in one call, whatever the number of partitions: renames over another fid put a
+    copy of the record in that fid's partition, and each partition answers for its own fids."""
+    import pyarrow as pa
+    from support.merge_paths import arrow_inputs
+
+    from epochsync.spark import collect_arrow
+    from epochsync.stages.merge import partitioned_outcome
+    from epochsync.stages.merge_rules import merge_outcome
+
+    rng = random.Random(5)
+    items = [
+        it
+        for n in range(5)
+        for it in items_of(
+            n,
+            Params(
+                rng.randint(0, 2**31), rng.randint(1, 4), rng.randint(2, 14), rng.randint(1, 3), rng.randint(1, 4), 40
+            ),
+            skew=Skew(rng.randint(0, 2**31), rng.choice([0, 3000]), rng.choice([1, 1000])),
+        )
+    ]
+    prev = [_rename_row(it.prefix, row) for it in items for row in it.prev]
+    recs = [_rename_record(it.prefix, r) for it in items for r in it.records]
+    if not extents_known:
+        recs = [_gluster_like(r) for r in recs]
+    roots = [it.root for it in items]
+    assert any(r.type == "RENME" and r.tfid is not None for r in recs)  # the copies are exercised
+    want = merge_outcome(*arrow_inputs(prev, recs), roots, extents_known, cookies=False)
+    want_rows = sorted(want.drop_columns([c for c in want.column_names if c.startswith("g_")]).to_pylist(), key=repr)
+    prev_df = spark.createDataFrame(prev, snapshot_struct_type())
+    rec_df = spark.createDataFrame([r.to_row() for r in recs], record_struct_type())
+    for partitions in (1, 3, 8):
+        got = collect_arrow(partitioned_outcome(prev_df, rec_df, roots, extents_known, partitions))
+        assert isinstance(got, pa.Table)
+        assert sorted(got.to_pylist(), key=repr) == want_rows, partitions

@@ -427,12 +427,17 @@ def test_names_in_no_consistent_order_fail_naming_the_records(spark, records, na
 
 def _local_error(prev: list, records: list, root: str) -> str:
     """The message ``run_merge`` gives when its in-process path fails on these inputs."""
-    from epochsync.stages.merge import _clean_error
-    from epochsync.stages.merge_local import local_outcome
+    from support.merge_paths import outcomes
 
-    with pytest.raises(Exception) as err:  # noqa: PT011 (the message is checked by the caller)
-        local_outcome(*arrow_inputs(prev, records), root)
-    return str(_clean_error(err.value, "t", 3, 3))
+    from epochsync.stages.merge import _clean_error
+
+    messages = []
+    for outcome in outcomes():
+        with pytest.raises(Exception) as err:  # noqa: PT011 (the message is checked by the caller)
+            outcome(*arrow_inputs(prev, records), root)
+        messages.append(str(_clean_error(err.value, "t", 3, 3)))
+    assert len(set(messages)) == 1, messages
+    return messages[0]
 
 
 def test_nameless_link_record_fails_naming_it(spark):

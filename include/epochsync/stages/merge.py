@@ -58,12 +58,15 @@ Only fids a record touches are recomputed; every other row of snapshot E-1 is co
 
 Three ways to run it (:func:`run_merge`, ``merge_path`` in its stats): a window below
 ``EPOCHSYNC_MERGE_LOCAL_MAX_ROWS`` records plus named fids (250,000) is merged in this
-process by :mod:`epochsync.stages.merge_local`, a line-by-line mirror of these transforms in
-pyarrow and Python that the tests hold equal to them (no Spark job: up to there Spark's
-fixed costs and shuffles cost more than the rows); a larger one below
+process by :func:`epochsync.stages.merge_rules.merge_outcome`, the same rules in DuckDB SQL
+over Arrow tables, which the tests hold equal to these transforms (no Spark job: up to there
+Spark's fixed costs and shuffles cost more than the rows); a larger one below
 ``EPOCHSYNC_MERGE_CACHE_MIN_ROWS`` in one Spark collect; the largest on Spark end to end.
 Each variable sets one boundary: ``EPOCHSYNC_MERGE_LOCAL_MAX_ROWS=0`` sends every window to
 Spark, ``EPOCHSYNC_MERGE_CACHE_MIN_ROWS=0`` every window that reaches Spark to the large path.
+``EPOCHSYNC_MERGE_LARGE_ENGINE=rules`` (opt-in, not yet faster: ``docs/INTERNALS.md``) runs the
+large path's merge as :func:`partitioned_outcome`: ``merge_rules`` on fid partitions through
+``mapInArrow``, the step of issue 52 that will leave these transforms unused.
 """
 
 from __future__ import annotations
@@ -800,6 +803,41 @@ def merge_epoch(
     return snapshot, state_changes(st, extents_known)
 
 
+def partitioned_outcome(
+    prev_snapshot: DataFrame, records: DataFrame, root_fid: str | Iterable[str], extents_known: bool, partitions: int
+) -> DataFrame:
+    """The outcome of :func:`epochsync.stages.merge_rules.merge_outcome` without cookie groups,
+    computed by the same definition on ``partitions`` fid partitions that Spark distributes
+    (``mapInArrow``; :func:`~epochsync.stages.merge_rules.partition_merger` says what each
+    partition holds). ``prev_snapshot``: snapshot E-1's rows of the named fids (or more)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from epochsync.core.schema import record_struct_type
+    from epochsync.stages.merge_rules import fid_outcome_schema, partition_merger
+
+    rec = F.struct(*(F.col(c) for c in record_struct_type().fieldNames())).alias("rec")
+    snap = F.struct(*(F.col(c) for c in SNAPSHOT_FIELDS)).alias("snap")
+    about = F.when(F.col("type") == "RENME", F.col("sfid")).otherwise(F.col("tfid"))
+    overwritten = "type = 'RENME' AND tfid IS NOT NULL AND sfid IS NOT NULL AND tfid != sfid"
+    rows = (
+        records.select(about.alias("home"), F.lit(False).alias("dup"), rec)
+        .unionByName(records.filter(overwritten).select(F.col("tfid").alias("home"), F.lit(True).alias("dup"), rec))
+        .withColumn("snap", F.lit(None).cast(_snapshot_type()))
+    )
+    prev_rows = prev_snapshot.select(
+        F.col("fid").alias("home"),
+        F.lit(False).alias("dup"),
+        F.lit(None).cast(rows.schema["rec"].dataType).alias("rec"),
+        snap,
+    )
+    return (
+        rows.unionByName(prev_rows)
+        .repartition(partitions, "home")
+        .mapInArrow(partition_merger(root_fid, extents_known), from_arrow_schema(fid_outcome_schema()))
+    )
+
+
 def cookie_groups(records: DataFrame) -> DataFrame:
     """Distributed operations: records that share a ``cookie`` across two or more servers.
 
@@ -868,7 +906,7 @@ def run_merge(
     ``records`` (records in the window), ``merged_records`` (those the merge reads),
     ``changes`` and per-kind counts, ``range_bytes``, ``snapshot_fids``,
     ``net_to_raw_ratio`` (change rows / merged records), ``cookie_groups``, ``seconds``,
-    ``merge_path``: ``empty``, ``local`` (below :func:`~epochsync.stages.merge_local.local_max_rows`
+    ``merge_path``: ``empty``, ``local`` (below :func:`local_max_rows`
     records plus named fids: computed in this process, no Spark job), ``small`` (one Spark
     collect, written here) or ``large`` (from :func:`cache_min_rows`: written on Spark).
     ``spark`` default: :func:`epochsync.spark.spark_session` (opened before the path is
@@ -883,7 +921,6 @@ def run_merge(
 
 def _run_merge_spark(cfg: Config, target_name: str, first_epoch: int, last_epoch: int, spark: SparkSession) -> dict:
     from epochsync.stages.ingest import read_records
-    from epochsync.stages.merge_local import local_max_rows
     from epochsync.warehouse.paths import Warehouse
     from epochsync.warehouse.snapshots import snapshot_files
 
@@ -991,17 +1028,58 @@ def _window_facts(records_uri: str, first: int, last: int) -> WindowFacts:
 
 
 def _merge_local(cfg, out, epoch, prev, window, source, first_epoch, extents_known, target_name) -> None:
-    """A window below :func:`~epochsync.stages.merge_local.local_max_rows`: the outcome
-    :func:`_merge_small` would collect, computed in this process (no Spark job), written the same way."""
-    from epochsync.stages.merge_local import local_outcome, read_window_records
+    """A window below :func:`local_max_rows`: the outcome :func:`_merge_small` would collect,
+    computed in this process by :func:`epochsync.stages.merge_rules.merge_outcome` (no Spark
+    job), written the same way."""
+    from epochsync.stages.merge_rules import merge_outcome
     from epochsync.warehouse.paths import Warehouse
 
     records = read_window_records(Warehouse(cfg.warehouse).records(source.name), first_epoch, epoch)
     try:
-        table = local_outcome(prev.rows(window.fids), records, source.root_fid, extents_known)
+        table = merge_outcome(prev.rows(window.fids), records, source.root_fid, extents_known)
     except EpochError as exc:
         raise _clean_error(exc, target_name, epoch, epoch) from None
     _publish_small(out, epoch, prev, table, extents_known)
+
+
+#: merge inputs (records + snapshot rows named) below which the merge runs in this process.
+#: Set with the Python mirror merge_rules replaced (12.1-13.5 s and 1 GB for a Gluster epoch of
+#: 150,173 records + 50,075 fids, against 23.1 s on the Spark small path); merge_rules takes
+#: 3.4-3.6 CPU-s and 0.7 GB for 150,173 bench records (docs/INTERNALS.md, "Merge: small
+#: windows in this process")
+LOCAL_MAX_ROWS = 250_000
+
+
+def local_max_rows() -> int:
+    """Input rows below which the merge runs here (``EPOCHSYNC_MERGE_LOCAL_MAX_ROWS``; 0: never)."""
+    return int(os.environ.get("EPOCHSYNC_MERGE_LOCAL_MAX_ROWS", LOCAL_MAX_ROWS))
+
+
+def read_window_records(records_uri: str, first: int, last: int):
+    """The records of epochs ``first..last`` (``records_uri`` = ``Warehouse.records(source)``) as
+    an Arrow table, every column of the canonical schema: ``epoch`` and ``server`` come from the
+    partition directories, as Spark's read derives them (:func:`epochsync.stages.ingest.read_records`)."""
+    import pyarrow as pa
+
+    from epochsync.core.schema import record_arrow_schema
+    from epochsync.warehouse import fs as warehouse_fs
+    from epochsync.warehouse.paths import local_path
+
+    ds = dataset_module()
+
+    schema = record_arrow_schema()
+    in_files = pa.schema([f for f in schema if f.name not in ("epoch", "server")])
+    server = ds.partitioning(pa.schema([("server", pa.string())]), flavor="hive")
+    tables = []
+    for e in range(first, last + 1):
+        uri = f"{records_uri}/epoch={e}"
+        if not warehouse_fs.exists(uri):
+            raise EpochError(f"not ingested yet: {uri}")
+        t = ds.dataset(local_path(uri), format="parquet", partitioning=server, schema=in_files.append(server.schema[0]))
+        t = t.to_table()
+        t = t.append_column("epoch", array([e] * t.num_rows, pa.int64()))
+        tables.append(t.select(schema.names).cast(schema))
+    return pa.concat_tables(tables) if tables else schema.empty_table()
 
 
 def _merge_small(spark, out, epoch, prev, records_of, window, root_fid, extents_known, target_name) -> None:
@@ -1129,7 +1207,7 @@ def _merge_large(spark, out, epoch, prev, records, window, root_fid, extents_kno
     from epochsync.warehouse.snapshots import read_snapshot_files, stage_snapshot_files
     from epochsync.warehouse.tables import discard_staged, publish_staged, stage_tables
 
-    size_partitions(spark, window.records + prev.rows_count)
+    partitions = size_partitions(spark, window.records + prev.rows_count)
     named = records.select(F.explode(F.array("tfid", "sfid")).alias("fid")).filter("fid IS NOT NULL").distinct()
     prev_all = read_snapshot_files(spark, prev)
     prev_df = prev_all.join(named, "fid", "left_semi")
@@ -1137,12 +1215,19 @@ def _merge_large(spark, out, epoch, prev, records, window, root_fid, extents_kno
     staged: list[tuple[str, str]] = []
     snapshot = None
     try:
-        st = merge_state(prev_df, records, root_fid, extents_known, cache=persisted)
-        st = st.persist(StorageLevel.MEMORY_AND_DISK)
-        persisted.append(st)
-        staged = stage_tables(
-            [(state_changes(st, extents_known), out.changes), (cookie_groups(records), out.cookie_groups)]
-        )
+        if large_engine() == "rules":
+            st = _outcome_as_state(partitioned_outcome(prev_df, records, root_fid, extents_known, partitions))
+            st = st.persist(StorageLevel.MEMORY_AND_DISK)
+            persisted.append(st)
+            changes = conform(
+                st.filter("_changed").select(*(F.col("c_" + c).alias(c) for c in CHANGE_FIELDS)), _change_type()
+            )
+        else:
+            st = merge_state(prev_df, records, root_fid, extents_known, cache=persisted)
+            st = st.persist(StorageLevel.MEMORY_AND_DISK)
+            persisted.append(st)
+            changes = state_changes(st, extents_known)
+        staged = stage_tables([(changes, out.changes), (cookie_groups(records), out.cookie_groups)])
         counts = _table_counts(MergeOutputs("", staged[0][0], ""), snapshot=False)
         live_rows = prev.rows_count + counts["created"] - counts["deleted"]
         if compaction_due(prev, len(window.fids), live_rows):
@@ -1173,6 +1258,32 @@ def _merge_large(spark, out, epoch, prev, records, window, root_fid, extents_kno
         discard_staged(staged)
         if snapshot is not None:
             snapshot.discard()
+
+
+def large_engine() -> str:
+    """What merges a large window (``EPOCHSYNC_MERGE_LARGE_ENGINE``): ``spark`` (the Spark SQL
+    transforms of this module, the default) or ``rules`` (:func:`partitioned_outcome`:
+    :mod:`epochsync.stages.merge_rules` on fid partitions)."""
+    engine = os.environ.get("EPOCHSYNC_MERGE_LARGE_ENGINE", "spark")
+    if engine not in ("spark", "rules"):
+        raise EpochError(f"EPOCHSYNC_MERGE_LARGE_ENGINE={engine!r}: use 'spark' or 'rules'")
+    return engine
+
+
+def _outcome_as_state(outcome: DataFrame) -> DataFrame:
+    """Outcome rows (``s_``/``c_`` columns) with the per-fid state columns :func:`_merge_large`
+    writes the snapshot from: ``fid``, ``type``, ``links``, ``n_<column>``, ``existed_before``,
+    ``exists_after``, ``_changed``."""
+    from pyspark.sql import functions as F
+
+    kept = ("fid", "type", "links")
+    return outcome.select(
+        "*",
+        *(F.col("s_" + c).alias(c if c in kept else "n_" + c) for c in SNAPSHOT_FIELDS),
+        F.col("c__changed").alias("_changed"),
+        # a fid in the outcome existed before or exists after (merge_outcome's filter)
+        (~F.col("exists_after") | ~F.coalesce(F.col("c_created"), F.lit(False))).alias("existed_before"),
+    )
 
 
 #: merge inputs (records + snapshot rows named) from which the merge runs on Spark end to end

@@ -1,5 +1,5 @@
 """What the merge's two engines share: the record types each rule reads and the cookie groups'
-Arrow schema (:mod:`epochsync.stages.merge`, Spark; :mod:`epochsync.stages.merge_local`, this
+Arrow schema (:mod:`epochsync.stages.merge`, Spark; :mod:`epochsync.stages.merge_rules`, this
 process). A module of its own so that neither engine imports the other's module."""
 
 from __future__ import annotations
