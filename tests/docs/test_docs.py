@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from support.docs import GETTING_STARTED, README, ROOT, TOUR_MARK, commands, fenced_blocks, tour_block
+from support.docs import GETTING_STARTED, README, ROOT, TOUR_MARK, commands, fenced_blocks, install_block, tour_block
 
 DOCS = ROOT / "docs"
 #: pages that may tell how a figure was reached (commit ids, hours, before/after): the design
@@ -157,8 +157,14 @@ def test_the_expensive_blocks_are_what_make_demo_and_make_test_run():
 CHEAP = [
     pytest.param(page, body, after, id=f"{page.stem}-{i}")
     for page, i, body, after in _getting_started_blocks()
-    if not body.startswith(TOUR_MARK) and body.strip() not in EXPENSIVE
+    if not body.startswith(TOUR_MARK) and body.strip() not in EXPENSIVE and body != install_block()
 ]
+
+
+def test_the_install_block_is_run_by_the_wheel_test():
+    """``pip install 'epochsync[all]'`` needs an index that has the package: the wheel test runs the
+    page's block as written, in a fresh venv, with the wheel it built as that index."""
+    assert "install_block()" in (ROOT / "tests" / "integration" / "test_wheel.py").read_text()
 
 
 @pytest.mark.parametrize(("page", "body", "output"), CHEAP)

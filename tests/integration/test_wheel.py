@@ -21,6 +21,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from support.docs import install_block
 from support.histories import assert_equals_truth, simulate
 
 from epochsync.targets import open_target
@@ -102,6 +103,20 @@ def test_the_wheel_alone_installs_and_replicates_an_epoch(seaweed, spark, tmp_pa
     assert installed.returncode == 0, installed.stderr[-2000:]
     site = Path(_run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip())
     (site / "pinned-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # then Getting started's install block, as written, with the wheel as the only index: pip finds
+    # the package installed and every requirement of its extras met by the pinned set (through the
+    # .pth; the checkout's own editable install is behind the venv's copy on sys.path)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL")}
+    env.update(PATH=f"{venv / 'bin'}:{env.get('PATH', '')}", PIP_NO_INDEX="1", PIP_FIND_LINKS=str(dist))
+    installed = subprocess.run(
+        ["bash", "-e", "-o", "pipefail", "-c", install_block()],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert installed.returncode == 0, installed.stdout[-2000:] + installed.stderr[-2000:]
 
     where = _run([py, "-c", "import epochsync; print(epochsync.__file__)"], cwd=tmp_path)
     assert where.stdout.startswith(str(site)), where.stdout + where.stderr

@@ -41,6 +41,17 @@ def tour_block(text: str) -> str:
     return found[0]
 
 
+#: the page whose Install block installs the package (run by the wheel test, from a local index)
+INSTALL_PAGE = GETTING_STARTED / "real-source.md"
+
+
+def install_block() -> str:
+    """The body of :data:`INSTALL_PAGE`'s one shell block of ``pip install`` lines."""
+    found = [b for lang, _, b in fenced_blocks(INSTALL_PAGE.read_text()) if lang == "bash" and "pip install" in b]
+    assert len(found) == 1, f"expected one pip install block in {INSTALL_PAGE.name}, found {len(found)}"
+    return found[0]
+
+
 def run_tour(workdir: Path, epochs: int) -> dict[str, subprocess.CompletedProcess]:
     """Run the README's five-minute tour on the output of a demo run with ``--workdir workdir
     --epochs epochs`` (instead of ``var/demo`` and the full demo's epochs); returns each
