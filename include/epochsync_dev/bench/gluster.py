@@ -1114,6 +1114,15 @@ class Bench:
                 if t not in conv and w.complete(n):
                     conv[t] = w.seen_all_at - t_end
             time.sleep(0.5)
+        # every file is whole; the journal's last lines may still be on their way (a cut between a
+        # file and its journal line): the schedule goes on until each replica equals the source
+        expect = Expect.of(self.mnt, sub, [])
+        equal_at: dict[str, float] = {}
+        while time.time() < deadline and len(equal_at) < len(watchers):
+            for t, read in self.readers().items():
+                if t not in equal_at and not expect.differences(read(), limit=1):
+                    equal_at[t] = time.time() - t_end
+            time.sleep(0.5)
         done.set()
         schedule.stop()
         if "rsync" in self.tools:
@@ -1127,7 +1136,6 @@ class Bench:
             self.es_cpu.read() - es_c0,
         )
         hosts = {t: v - hosts0.get(t, 0) for t, v in self.between_hosts().items()}
-        expect = Expect.of(self.mnt, sub, [])
         compared = self.compare(expect)
         stats = [r for c in es_cycles for r in c.get("stats") or []]
         figures = {
@@ -1161,6 +1169,9 @@ class Bench:
                 row["lag_p95_s"] = lags[min(len(lags) - 1, int(round(0.95 * (len(lags) - 1))))]
             row["consistent_fraction"] = w.fraction()
             row["samples"] = w.samples
+            if w.inconsistent:
+                row["inconsistent_examples"] = w.inconsistent
+            row["equal_s"] = equal_at.get(t)
             row["files"] = n
             row["visible"] = len(lags)
             diffs, lost = compared[t]
@@ -1564,6 +1575,7 @@ class SteadyWatcher:
 
     def __init__(self, tool: str, read: Callable[[], str], written: dict[int, float], *, sub: str = "steady"):
         self.tool, self.read, self.written, self.sub = tool, read, written, sub
+        self.inconsistent: list[str] = []
         self.seen: dict[int, float] = {}
         self.samples = 0
         self.good = 0
@@ -1595,24 +1607,38 @@ class SteadyWatcher:
             self._stop.wait(max(0.0, 0.5 - (time.time() - t)))
 
     def _consistent(self, d: str, names: set[str], files: set[int]) -> bool:
+        why = self.inconsistency(d, names)
+        if why is not None and len(self.inconsistent) < 5:
+            self.inconsistent.append(why)
+        return why is None
+
+    def inconsistency(self, d: str, names: set[str]) -> str | None:
+        """How the folder ``d`` (its ``names``) differs from every state the writer's steps made
+        (None: it equals one), in words for the row (the first few, ``inconsistent_examples``)."""
         try:
             with open(os.path.join(d, "journal"), "rb") as f:
                 journal = f.read()
         except OSError:
-            return False
+            return "no journal"
         k = journal.count(b"\n")
         if journal != "".join(f"{i}\n" for i in range(1, k + 1)).encode():
-            return False
-        if names != {"journal"} | {f"f{i:06d}" for i in range(1, k + 1)}:
-            return False
+            return f"a journal of {len(journal)} bytes that is not lines 1..{k}"
+        want = {"journal"} | {f"f{i:06d}" for i in range(1, k + 1)}
+        if names != want:
+            extra, missing = sorted(names - want), sorted(want - names)
+            sizes = []
+            for n in extra[:2]:
+                with contextlib.suppress(OSError):
+                    sizes.append(f"{n} {os.path.getsize(os.path.join(d, n))} B")
+            return f"journal {k} lines; files beyond it: {', '.join(sizes) or extra[:2]}; missing: {missing[:2]}"
         for i in range(1, k + 1):
             try:
                 with open(os.path.join(d, f"f{i:06d}"), "rb") as f:
                     if f.read() != content(i):
-                        return False
+                        return f"journal {k} lines; f{i:06d} not whole"
             except OSError:
-                return False
-        return True
+                return f"journal {k} lines; f{i:06d} unreadable"
+        return None
 
     def complete(self, n: int) -> bool:
         if len(self.seen) >= n:

@@ -102,11 +102,6 @@ class PoolBench(Bench):
 
         a = self.args
         check_peers()
-        self.server = SparkConnectServer(
-            "local[2]", work_dir=self.work / "spark", event_log=self.work / "spark-events", warm_up=True
-        )
-        stack.callback(self.server.stop)
-        spark = self.background("the Spark Connect server", self.server.start, cancel=self.server.stop)
         self.pool = GlusterPool(nodes=SLAVE_NODE, image_size="3G" if a.size == "full" else "2G", rollover=a.rollover)
         stack.callback(self.pool.stop)
         self.pool.start(progress=say)
@@ -121,11 +116,18 @@ class PoolBench(Bench):
         self.agents = PoolAgents(self.pool, self.pool.work_dir / "agents")
         stack.callback(self.agents.stop)
         say(f"agents: one per server, {', '.join(self.agents.urls.values())}")
-        url = spark.result()
-        say(f"Spark Connect server {url} (warming up)")
+        # the agents' secret in the environment before the Spark server starts: its workers pull from the agents
+        self.agents_conn = "bench_pool_agents"
+        os.environ[f"AIRFLOW_CONN_{self.agents_conn.upper()}"] = self.agents.conn_json()
+        self.server = SparkConnectServer(
+            "local[2]", work_dir=self.work / "spark", event_log=self.work / "spark-events", warm_up=True
+        )
+        stack.callback(self.server.stop)
+        spark = self.background("the Spark Connect server", self.server.start, cancel=self.server.stop)
         self.geo = PoolGeoRep(self.pool, self.master.name, self.slave.name, SLAVE_NODE, self.work / "geo")
         stack.callback(self.geo.stop)
         peers = self.background("geo-replication's set-up", self._setup_geo)
+        say(f"Spark Connect server {spark.result()} (warming up)")
         self._setup_epochsync(stack)
         peers.result()
         first = self.driver.call("cycle")
@@ -156,14 +158,12 @@ class PoolBench(Bench):
             "view": {"snapshots": "required", "path": self.view_es, "keep": 3},
         }
         doc = self.master.config(str(self.work / "warehouse"), [target], source="vol", interval=f"{a.rollover}s")
-        conn = "bench_pool_agents"
+        conn = self.agents_conn
         doc["sources"][0].update(agents=self.agents.urls, agent_conn_id=conn)
         doc["sources"][0]["cut"] = {"barrier": False, "bricks_here": True}
         self.config = self.work / "epochsync.yaml"
         self.config.write_text(yaml.safe_dump(doc, sort_keys=False))
-        self.env = dict(
-            os.environ, **{REMOTE_ENV: self.server.url, f"AIRFLOW_CONN_{conn.upper()}": self.agents.conn_json()}
-        )
+        self.env = dict(os.environ, **{REMOTE_ENV: self.server.url})
         self.server.wait_warm_up(300)
         self.driver = Driver(self.config, "vol", "es", self.env, self.work / "driver.log")
         stack.callback(self.driver.stop)
@@ -327,7 +327,11 @@ class PoolBench(Bench):
         events["t_back"] = time.time()
         self.agents.start(node)
         events["t_agent"] = time.time()
-        events["active_after"] = self.geo.active_nodes()
+        # the restarted server's worker starts Initializing: who is Active once that settles (30 s at most)
+        until = time.time() + 30
+        while not (active := self.geo.active_nodes()) and time.time() < until:
+            time.sleep(2)
+        events["active_after"] = active
         say(
             f"server-kill: server {node}'s bricks online {events['t_back'] - events['t_start_again']:.1f} s after its "
             f"start, its agent {events['t_agent'] - events['t_back']:.1f} s later; geo-replication Active on "

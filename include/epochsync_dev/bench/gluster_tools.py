@@ -622,9 +622,11 @@ class PoolGeoRep(GeoRep):
 
     def active_nodes(self) -> list[int]:
         """The servers whose worker is Active now."""
-        return sorted(
-            {self.pool._node_of(f"{w['node']}:{w['brick']}") for w in self.workers() if w["state"] == "Active"}
-        )
+        return sorted({n for w in self.workers() if w["state"] == "Active" and (n := self.node_of_brick(w["brick"]))})
+
+    def node_of_brick(self, brick: str) -> int | None:
+        """The server whose file system holds ``brick`` (a path: the pool's are unique per server)."""
+        return next((n for n in range(1, self.pool.nodes + 1) if brick.startswith(f"{self.pool.node_dir(n)}/")), None)
 
     def start(self, *, active_timeout: float = 180, say=print) -> None:
         pool, first = self.pool, self.masters[0]
@@ -647,15 +649,26 @@ class PoolGeoRep(GeoRep):
             raise RuntimeError(
                 f"root cannot ssh from server {first} into {self.host}:{port}: {check.stderr.strip()[-300:]}"
             )
-        pool.gluster(first, "system::", "execute", "gsec_create", timeout=120)
-        self.geo("create", "ssh-port", str(port), "push-pem", "force")
+        self._retried(first, "system::", "execute", "gsec_create", timeout=120)
+        self._retried(
+            self.node(),
+            "volume",
+            "geo-replication",
+            self.master,
+            f"{self.host}::{self.slave}",
+            "create",
+            "ssh-port",
+            str(port),
+            "push-pem",
+            "force",
+        )
         self.created = True
         # the create hook copies the keys to the secondary and adds them to root's authorized_keys
         # there; do that step ourselves too (idempotent)
         name = f"{self.master}_{self.slave}_common_secret.pem.pub"
         shutil.copyfile(self.geo_dir(first) / "common_secret.pem.pub", self.geo_dir(first) / name)
-        pool.gluster(first, "system::", "copy", "file", f"/geo-replication/{name}")
-        pool.gluster(first, "system::", "execute", "add_secret_pub", "root", f"geo-replication/{name}")
+        self._retried(first, "system::", "copy", "file", f"/geo-replication/{name}")
+        self._retried(first, "system::", "execute", "add_secret_pub", "root", f"geo-replication/{name}")
         # every master server's tar key: the secondary's tar reports its totals (bytes_sent)
         auth = Path("/root/.ssh/authorized_keys")
         plain = 'command="tar ${SSH_ORIGINAL_COMMAND#* }" '
@@ -667,9 +680,22 @@ class PoolGeoRep(GeoRep):
                 lines.append(line)
         auth.write_text("\n".join(lines) + "\n")
         for k, v in (("ssh_port", str(port)), ("sync_method", "tarssh"), ("change_interval", "1")):
-            self.geo("config", k, v)
-        self.geo("start")
+            self._retried(
+                self.node(), "volume", "geo-replication", self.master, f"{self.host}::{self.slave}", "config", k, v
+            )
+        self._retried(self.node(), "volume", "geo-replication", self.master, f"{self.host}::{self.slave}", "start")
         self.wait_active(active_timeout, say)
+
+    def _retried(self, node: int, *args: str, timeout: float = 180, attempts: int = 30):
+        """``gluster ARGS`` on server ``node``, again while glusterd says another transaction is in
+        progress (the create hook's own ``system::`` commands run on after ``create`` returns)."""
+        for attempt in range(attempts):
+            try:
+                return self.pool.gluster(node, *args, timeout=timeout)
+            except RuntimeError as exc:
+                if "Another transaction is in progress" not in str(exc) or attempt == attempts - 1:
+                    raise
+                time.sleep(2)
 
     def wait_active(self, active_timeout: float, say) -> None:
         """Until every worker is Active or Passive and one is Active (one replica set); a
