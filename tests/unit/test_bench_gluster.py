@@ -79,10 +79,17 @@ def test_steady_consistency_is_a_prefix_of_whole_files_with_its_journal(tmp_path
     assert check()  # state 2
     (d / "f000003").write_bytes(content(3))
     assert not check()  # a file the journal does not list yet
+    assert w.mid_step(str(d), set(os.listdir(d)))  # ... a moment inside step 3: the source was so
+    (d / "f000003").write_bytes(content(3)[:4096])
+    assert w.mid_step(str(d), set(os.listdir(d)))  # half written, before its journal line
+    (d / "f000003").write_bytes(b"other")
+    assert not w.mid_step(str(d), set(os.listdir(d)))  # bytes the writer never wrote
+    (d / "f000003").write_bytes(content(3))
     (d / "journal").write_bytes(b"1\n2\n3\n")
     assert check()
     (d / "f000003").write_bytes(content(3)[:4096])
     assert not check()  # half a file
+    assert not w.mid_step(str(d), set(os.listdir(d)))  # listed in the journal: it must be whole
     (d / "f000003").write_bytes(content(3))
     os.remove(d / "f000002")
     assert not check()  # a gap

@@ -350,7 +350,7 @@ def _window(cfg, source: str, target: str, log) -> dict:
         from epochsync.stages.rollback import rollback_target
 
         log(f"{target}: {pre['message']}")
-        rolled_back = rollback_target(cfg, tcfg, lambda: spark, progress=log)["message"]
+        rolled_back = rollback_target(cfg, tcfg, spark, progress=log)["message"]
         pre = check_preconditions(cfg, tcfg, through, first_epoch=committed_epoch(cfg, tcfg) + 1)
     if pre["action"] != "run":
         raise RuntimeError(pre["message"])
@@ -1168,6 +1168,7 @@ class Bench:
                 row["lag_median_s"] = statistics.median(lags)
                 row["lag_p95_s"] = lags[min(len(lags) - 1, int(round(0.95 * (len(lags) - 1))))]
             row["consistent_fraction"] = w.fraction()
+            row["instant_fraction"] = w.instant_fraction()
             row["samples"] = w.samples
             if w.inconsistent:
                 row["inconsistent_examples"] = w.inconsistent
@@ -1576,6 +1577,7 @@ class SteadyWatcher:
     def __init__(self, tool: str, read: Callable[[], str], written: dict[int, float], *, sub: str = "steady"):
         self.tool, self.read, self.written, self.sub = tool, read, written, sub
         self.inconsistent: list[str] = []
+        self.instants = 0  # samples equal to a step boundary or to a moment inside one step (mid_step)
         self.seen: dict[int, float] = {}
         self.samples = 0
         self.good = 0
@@ -1603,7 +1605,9 @@ class SteadyWatcher:
                     pass
             if tick % 2 == 0:
                 self.samples += 1
-                self.good += int(self._consistent(d, names, files))
+                whole = self._consistent(d, names, files)
+                self.good += int(whole)
+                self.instants += int(whole or self.mid_step(d, names))
             self._stop.wait(max(0.0, 0.5 - (time.time() - t)))
 
     def _consistent(self, d: str, names: set[str], files: set[int]) -> bool:
@@ -1611,6 +1615,34 @@ class SteadyWatcher:
         if why is not None and len(self.inconsistent) < 5:
             self.inconsistent.append(why)
         return why is None
+
+    def mid_step(self, d: str, names: set[str]) -> bool:
+        """Does folder ``d`` equal a moment inside one of the writer's steps, a state the source
+        was in between two step boundaries: the journal's lines 1..k and their files whole, and
+        file k+1 there with a prefix of its bytes (created, half written, or whole before its
+        journal line)? A cut is an instant of the source, so it may fall there."""
+        try:
+            with open(os.path.join(d, "journal"), "rb") as f:
+                journal = f.read()
+        except OSError:
+            return False
+        k = journal.count(b"\n")
+        nxt = f"f{k + 1:06d}"
+        if journal != "".join(f"{i}\n" for i in range(1, k + 1)).encode():
+            return False
+        if names != {"journal", nxt} | {f"f{i:06d}" for i in range(1, k + 1)}:
+            return False
+        try:
+            with open(os.path.join(d, nxt), "rb") as f:
+                if not content(k + 1).startswith(f.read()):
+                    return False
+            for i in range(1, k + 1):
+                with open(os.path.join(d, f"f{i:06d}"), "rb") as f:
+                    if f.read() != content(i):
+                        return False
+        except OSError:
+            return False
+        return True
 
     def inconsistency(self, d: str, names: set[str]) -> str | None:
         """How the folder ``d`` (its ``names``) differs from every state the writer's steps made
@@ -1654,6 +1686,10 @@ class SteadyWatcher:
 
     def fraction(self) -> float | None:
         return self.good / self.samples if self.samples else None
+
+    def instant_fraction(self) -> float | None:
+        """The share of samples equal to an instant of the source (a step boundary or inside a step)."""
+        return self.instants / self.samples if self.samples else None
 
     def start(self) -> None:
         self._thread.start()
