@@ -566,9 +566,19 @@ def _gluster_pool_tools(data: Any) -> list[str]:
             ("lag median s", _field("lag_median_s")),
             ("lag p95 s", _field("lag_p95_s")),
             ("consistent", _field("consistent_fraction", lambda v: f"{v:.0%}" if isinstance(v, (int, float)) else "")),
+            ("an instant", _field("instant_fraction", lambda v: f"{v:.0%}" if isinstance(v, (int, float)) else "")),
             ("load", _field("loadavg_1m", _load)),
         ],
     )
+    if any(r.get("instant_fraction") is not None for r in data):
+        out += [
+            "Consistent: the share of samples of the replica (every second, through its read path) equal to the "
+            "source after one of the writer's steps (a file whole, then its journal line); an instant: equal to a "
+            "state the source was in at some instant, a step boundary or a moment inside a step (a file created, "
+            "half written, or whole before its journal line). A cut is an instant of the source, so it may fall "
+            "inside a step.",
+            "",
+        ]
     kills = [r for r in data if r.get("killed_server") is not None]
     if kills:
         k = kills[0]
@@ -1019,6 +1029,18 @@ def headline_rows(results: Path) -> list[list[str]]:
                 f"{_num(off['end_to_end_s_median'], 3)} s (max {_num(off['end_to_end_s_max'], 3)} s)"
                 + (f" / {_num(on['end_to_end_s_median'], 2)} s" if on else ""),
                 str(_meta(results, "gluster.pool", None).get("written_at", ""))[:10],
+            ]
+        )
+    kill = {r.get("tool"): r for r in get("gluster-pool") or [] if r.get("workload") == "server-kill"}
+    if "epochsync" in kill and "geo-replication" in kill:
+        es, geo = kill["epochsync"], kill["geo-replication"]
+        rows.append(
+            [
+                "a server killed in a steady writer on a replica 3 volume over three servers: current again after "
+                "its bricks are back, files lost: epochsync / geo-replication",
+                f"{_seconds(es.get('current_after_back_s'))}, {_num(es.get('files_lost'))} / "
+                f"{_seconds(geo.get('current_after_back_s'))}, {_num(geo.get('files_lost'))}",
+                date("gluster-pool"),
             ]
         )
     return rows
