@@ -122,12 +122,14 @@ bench-warm: $(STAMP) ## small epochs on one warm Spark Connect server: a DAG run
 bench-rollback: $(STAMP) ## roll back a 2,000-file directory rename on SeaweedFS, undo replayed one at a time and in threads (not part of make bench)
 	$(BIN)/python -m epochsync_dev.bench rollback --files 2000 --rounds 2
 
-bench-gluster: $(STAMP) ## epochsync beside geo-replication and rsync on a live GlusterFS volume (issue 33); root; under 20 minutes; keeps bench-gluster-source's rows; then make docs-ref
+bench-gluster: $(STAMP) ## epochsync beside geo-replication and rsync on a live GlusterFS volume (issue 33), topology single-host; root; under 20 minutes; keeps bench-gluster-source's rows; the three-server topology: make bench-gluster-pool; then make docs-ref
 	$(BIN)/python -m epochsync_dev.bench gluster --merge $(BENCH_GLUSTER_ARGS)
 	$(BIN)/python -m epochsync_dev.docs
 
-bench-gluster-pool: $(STAMP) ## cuts with and without the barrier and a 64 KiB append on a replica 3 volume over a pool of three servers on this machine; root; about 2 minutes
+bench-gluster-pool: $(STAMP) ## a replica 3 volume over three servers on this machine: cuts with and without the barrier, a 64 KiB append (about 2 minutes), then beside geo-replication: append, small-writes, steady writer, a server killed in it (bench gluster --topology replica3-3servers, about 15 minutes); root; then make docs-ref
 	$(BIN)/python -m epochsync_dev.bench gluster-pool
+	$(BIN)/python -m epochsync_dev.bench gluster --topology replica3-3servers $(BENCH_GLUSTER_POOL_ARGS)
+	$(BIN)/python -m epochsync_dev.docs
 
 bench-gluster-audit: $(STAMP) ## epochsync audit of a 50,000-file Gluster volume against its cut, metadata only and deep; root; about 10 minutes
 	$(BIN)/python -m epochsync_dev.bench gluster-audit

@@ -317,16 +317,22 @@ class GlusterPool:
         replica: int | None = None,
         sets: int = 1,
         options: dict[str, str] | None = None,
+        servers: list[int] | None = None,
         progress=None,
     ) -> PoolVolume:
         """Creates, starts and FUSE-mounts a volume with a brick per server per set: ``replica``
         (one set over every server), ``dist-replica`` (``sets`` sets), ``arbiter`` (``sets`` sets of
-        replica 3 arbiter 1), ``distribute`` (one brick per server). Changelog on, rollover as the pool's."""
+        replica 3 arbiter 1), ``distribute`` (one brick per server). Changelog on, rollover as the pool's.
+        ``servers`` (1-based): the servers that hold its bricks, in that order (default: every one),
+        e.g. a geo-replication secondary on a server of its own."""
         say = progress or (lambda _l: None)
         if type not in TYPES:
             raise ValueError(f"volume type {type!r}: one of {', '.join(TYPES)}")
         name = name or f"es-{self.id}-{len(self.volumes) + 1}"
-        n = self.nodes
+        on = list(servers or range(1, self.nodes + 1))
+        if not on or any(not 1 <= s <= self.nodes for s in on):
+            raise ValueError(f"servers {servers}: each one of 1..{self.nodes}")
+        n = len(on)
         if type == "replica":
             sets = 1
         if type == "distribute":
@@ -342,7 +348,7 @@ class GlusterPool:
             else [(j, 0) for j in range(n)]
         )
         for idx, (k, j) in enumerate(slots):
-            node = (idx % n) + 1
+            node = on[idx % n]
             sub = self.node_dir(node) / "fs" / f"{name}-{k}-{j}"
             run(["btrfs", "subvolume", "create", str(sub)])
             (sub / "brick").mkdir()

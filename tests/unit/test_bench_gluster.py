@@ -79,10 +79,17 @@ def test_steady_consistency_is_a_prefix_of_whole_files_with_its_journal(tmp_path
     assert check()  # state 2
     (d / "f000003").write_bytes(content(3))
     assert not check()  # a file the journal does not list yet
+    assert w.mid_step(str(d), set(os.listdir(d)))  # ... a moment inside step 3: the source was so
+    (d / "f000003").write_bytes(content(3)[:4096])
+    assert w.mid_step(str(d), set(os.listdir(d)))  # half written, before its journal line
+    (d / "f000003").write_bytes(b"other")
+    assert not w.mid_step(str(d), set(os.listdir(d)))  # bytes the writer never wrote
+    (d / "f000003").write_bytes(content(3))
     (d / "journal").write_bytes(b"1\n2\n3\n")
     assert check()
     (d / "f000003").write_bytes(content(3)[:4096])
     assert not check()  # half a file
+    assert not w.mid_step(str(d), set(os.listdir(d)))  # listed in the journal: it must be whole
     (d / "f000003").write_bytes(content(3))
     os.remove(d / "f000002")
     assert not check()  # a gap
@@ -457,3 +464,133 @@ def test_missing_packages_names_a_callers_commands_too(monkeypatch):
     monkeypatch.setattr(gluster, "_which", lambda cmd: None if cmd in ("rsync", "btrfs") else "/bin/x")
     assert gluster.missing_packages() == ["btrfs-progs"]
     assert gluster.missing_packages({**gluster.PACKAGES, "rsync": "rsync"}) == ["btrfs-progs", "rsync"]
+
+
+def test_files_lost_counts_files_missing_wrong_or_left_over_not_directories(tmp_path):
+    from epochsync_dev.bench.gluster_tools import files_lost
+
+    want = {"d": ("d",), "d/a": ("f", 3, 0o644, 1), "d/b": ("f", 3, 0o644, 1), "d/l": ("l", "a"), "e": ("d",)}
+    assert files_lost(want, dict(want)) == 0
+    have = {k: v for k, v in want.items() if k not in ("d/b", "e")}  # a file lost; an empty folder lost
+    have["d/a"] = ("f", 2, 0o644, 1)  # wrong size
+    have["d/stale"] = ("f", 1, 0o644, 1)  # left over
+    have["x"] = ("d",)  # a folder left over: counted through its files (none)
+    assert files_lost(want, have) == 3
+    assert files_lost(want, dict(want), bad_bytes={"d/a"}) == 1  # the same entry, other bytes
+    # a directory where the source has a file is a wrong file
+    assert files_lost({"p": ("f", 1, 0o644, 1)}, {"p": ("d",)}) == 1
+    # through Expect: the tree and the probed tails
+    _tree(tmp_path / "src", {"s/f1": b"one", "s/f2": b"two"})
+    expect = Expect.of(str(tmp_path / "src"), "s", ["s/f1", "s/f2"])
+    shutil.copytree(tmp_path / "src", tmp_path / "rep")
+    assert expect.lost(str(tmp_path / "rep")) == 0
+    (tmp_path / "rep/s/f2").unlink()
+    (tmp_path / "rep/s/f1").write_bytes(b"ONE")  # same size, other bytes
+    os.utime(tmp_path / "rep/s/f1", (os.path.getmtime(tmp_path / "src/s/f1"),) * 2)
+    assert expect.lost(str(tmp_path / "rep")) == 2
+    assert expect.lost(str(tmp_path / "nowhere")) == 2
+
+
+def test_current_again_waits_for_every_file_written_before_the_event():
+    from epochsync_dev.bench.gluster_tools import current_again
+
+    written = {1: 10.0, 2: 11.0, 3: 12.0, 4: 20.0}
+    seen = {1: 10.5, 2: 18.0, 3: 15.0, 4: 21.0}
+    assert current_again(written, seen, 12.0) == pytest.approx(6.0)  # file 2, written before, seen at 18
+    assert current_again(written, seen, 30.0) == 0.0  # all seen before the event
+    assert current_again(written, {1: 10.5, 3: 15.0, 4: 21.0}, 12.0) is None  # file 2 never seen
+    assert current_again(written, seen, 5.0) == 0.0  # nothing written yet
+
+
+def test_geo_workers_read_the_status_table():
+    from epochsync_dev.bench.gluster_tools import geo_workers
+
+    status = """
+PRIMARY NODE    PRIMARY VOL    PRIMARY BRICK                      SECONDARY USER    SECONDARY              SECONDARY NODE    STATUS     CRAWL STATUS       LAST_SYNCED
+---------------------------------------------------------------------------------------------------------------------------------------------------------------------
+10.78.0.11      gmab12         /var/tmp/p/n1/fs/gmab12-0-0/brick    root              10.78.0.14::gsab12                       Active     Changelog Crawl    2026-12-03 15:20:01
+10.78.0.12      gmab12         /var/tmp/p/n2/fs/gmab12-0-1/brick    root              10.78.0.14::gsab12                       Passive    N/A                N/A
+10.78.0.13      gmab12         /var/tmp/p/n3/fs/gmab12-0-2/brick    root              10.78.0.14::gsab12                       Faulty     N/A                N/A
+"""
+    rows = geo_workers(status, "gmab12")
+    assert [(r["node"], r["state"], r["crawl"]) for r in rows] == [
+        ("10.78.0.11", "Active", "Changelog Crawl"),
+        ("10.78.0.12", "Passive", "N/A"),
+        ("10.78.0.13", "Faulty", "N/A"),
+    ]
+    assert rows[0]["brick"] == "/var/tmp/p/n1/fs/gmab12-0-0/brick"
+    assert geo_workers(status, "other") == [] and geo_workers("No active geo-replication sessions", "gmab12") == []
+
+
+def test_epoch_schedule_with_retry_records_a_failed_window_and_goes_on():
+    from epochsync_dev.bench.gluster import EpochSchedule
+
+    src = _FakeSource(window_s=0.01)
+    real = src.driver()
+    failed = {"n": 0}
+
+    class Flaky:
+        def call(self, op):
+            if failed["n"] < 2:
+                failed["n"] += 1
+                raise RuntimeError("epochsync window: agent of server 1 unreachable")
+            return real.call(op)
+
+    schedule = EpochSchedule(src.cutter(), Flaky(), interval=0.05, retry=True).start()
+    time.sleep(0.3)
+    final = schedule.finish(timeout=10)
+    assert final["through"] == src.published == src.committed
+    assert [f["op"] for f in schedule.failures] == ["window", "window"]
+    assert "unreachable" in schedule.failures[0]["error"]
+
+
+def test_results_page_layout_of_the_pool_rows_and_the_server_kill():
+    kill = {
+        "killed_server": 1,
+        "reader_server": 1,
+        "active_server": [1],
+        "same_server": True,
+        "kill_at_s": 40.0,
+        "down_s": 52.3,
+        "healed_after_back_s": 9.5,
+        "workload": "server-kill",
+        "topology": "replica3-3servers",
+    }
+    rows = [
+        {
+            "workload": "append",
+            "tool": "epochsync",
+            "convergence_s": 6.0,
+            "files_lost": 0,
+            "bytes_between_hosts": 70000,
+        },
+        {"workload": "append", "tool": "geo-replication", "convergence_s": None, "files_lost": 2},
+        kill
+        | {"tool": "epochsync", "current_after_kill_s": 8.0, "current_after_kill_epochs": 1.6}
+        | {"current_after_back_s": 4.0, "current_after_back_epochs": 0.8, "failed_cuts": 1, "failed_windows": 3}
+        | {"files_lost": 0, "convergence_s": 5.0},
+        kill
+        | {"tool": "geo-replication", "current_after_kill_s": None, "current_after_back_s": 30.0}
+        | {"current_after_back_epochs": 6.0, "files_lost": 1, "convergence_s": 40.0},
+    ]
+    text = "\n".join(LAYOUTS["gluster-pool"](rows))
+    assert "`replica3-3servers`" in text and "`single-host`" in text  # the append rows carry no topology
+    assert "| append | `geo-replication` | **did not converge** | **2** |" in text
+    assert "server 1, which held both epochsync's reader and geo-replication's Active worker" in text
+    assert "| `epochsync` | 8.0 s (1.6 epochs) | 4.0 s (0.8 epochs) |" in text
+    assert "| `geo-replication` | **never** | 30.0 s (6.0 epochs) |" in text
+    assert "| 1 / 3 |" in text and "server-kill: convergence" in text
+    # the single-host table gains the files-lost column once its rows have the field
+    single = "\n".join(LAYOUTS["gluster"]([{"workload": "append", "tool": "rsync", "files_lost": 0}]))
+    assert "files lost" in single and "`single-host`" in single
+    lag = "\n".join(
+        LAYOUTS["gluster-pool.lag"](
+            [
+                {"workload": "steady", "tool": "epochsync", "points": [[0.0, 1.0], [2.0, 3.0]]},
+                {"workload": "server-kill", "tool": "epochsync", "points": [[0.0, 1.0], [2.0, 9.0]]},
+            ]
+        )
+    )
+    assert "steady writer: lag" in lag and "server-kill (the steady writer, a server killed): lag" in lag
+    cuts = LAYOUTS["gluster-pool.source"]([{"row": "server-kill-cuts", "cuts": 30, "end_to_end_s_median": 0.4}])
+    assert cuts[0].startswith("- server-kill: 30 scheduled cuts")

@@ -104,6 +104,8 @@ from pathlib import Path
 from epochsync_dev.bench.gluster_tools import CpuMeter, Expect, GeoRep, rsync, walk
 
 TOOLS = ("epochsync", "geo-replication", "rsync")
+#: every row's ``topology``: one host with every brick (the pool's rows say ``replica3-3servers``)
+TOPOLOGY = "single-host"
 PARTS = ("airflow", "issue33", "steady", "cuts")
 #: the parts that run the peers (geo-replication and rsync)
 PEER_PARTS = {"issue33", "steady"}
@@ -340,10 +342,19 @@ def _window(cfg, source: str, target: str, log) -> dict:
     pre = check_preconditions(cfg, tcfg, through, first_epoch=committed_epoch(cfg, tcfg) + 1)
     if pre["action"] == "noop":
         return {"t0": t0, "t_end": time.time(), "first": through + 1, "through": through, "stats": []}
+    spark = spark_session(f"epochsync-bench-{target}", cfg=cfg, session_key=f"bench/{cfg.file}/{target}")
+    rolled_back = None
+    if pre["action"] == "rollback_first":
+        # a window that failed half way (a server killed during its pull): undone first, as the
+        # DAG's next run does (replicate's own rule), then the window plans from the committed epoch
+        from epochsync.stages.rollback import rollback_target
+
+        log(f"{target}: {pre['message']}")
+        rolled_back = rollback_target(cfg, tcfg, spark, progress=log)["message"]
+        pre = check_preconditions(cfg, tcfg, through, first_epoch=committed_epoch(cfg, tcfg) + 1)
     if pre["action"] != "run":
         raise RuntimeError(pre["message"])
     first = pre["committed"] + 1
-    spark = spark_session(f"epochsync-bench-{target}", cfg=cfg, session_key=f"bench/{cfg.file}/{target}")
     durations = {}
     with target_lease(cfg, tcfg):
         for e in range(first, through + 1):
@@ -365,7 +376,14 @@ def _window(cfg, source: str, target: str, log) -> dict:
         step("apply", lambda: run_apply(cfg, target, through, spark, first_epoch=first))
         step("verify", lambda: run_verify(cfg, target, through, spark, first_epoch=first))
         row = step("commit", lambda: run_commit(cfg, target, through, first_epoch=first))
-    return {"t0": t0, "t_end": time.time(), "first": first, "through": through, "stats": [row]}
+    return {
+        "t0": t0,
+        "t_end": time.time(),
+        "first": first,
+        "through": through,
+        "stats": [row],
+        "rolled_back": rolled_back,
+    }
 
 
 class EpochSchedule:
@@ -379,10 +397,15 @@ class EpochSchedule:
     has committed the epoch of that cut. A window running at the end is waited for (the driver
     serves one call at a time), as an operator's on-demand epoch would queue behind it: that wait
     is part of the convergence. :meth:`stop` ends the schedule without a final cut (the steady
-    writer's, whose convergence is what its watchers see)."""
+    writer's, whose convergence is what its watchers see).
 
-    def __init__(self, cutter: Driver, driver: Driver, interval: float):
-        self.cutter, self.driver, self.interval = cutter, driver, interval
+    ``retry``: a cut or a window that fails is recorded (:attr:`failures`: time, op, error) and
+    tried again, at the next scheduled cut or after a second, as Airflow retries a failed task
+    (a server killed in the middle of a workload); without it the first failure ends the schedule."""
+
+    def __init__(self, cutter: Driver, driver: Driver, interval: float, *, retry: bool = False):
+        self.cutter, self.driver, self.interval, self.retry = cutter, driver, interval, retry
+        self.failures: list[dict] = []
         self.cuts: list[dict] = []  # the scheduled cuts, in order
         self.passes: list[dict] = []  # every window that replicated something, in order
         self.final_cut: dict | None = None
@@ -417,13 +440,25 @@ class EpochSchedule:
             with self._cut_gate:
                 if self._no_more_cuts.is_set():
                     break
-                self.cuts.append(self.cutter.call("cut"))
+                try:
+                    self.cuts.append(self.cutter.call("cut"))
+                except RuntimeError as exc:
+                    if not self.retry or not _running(self.cutter):
+                        raise
+                    self.failures.append({"t": time.time(), "op": "cut", "error": str(exc)[:300]})
 
     def _window_loop(self) -> None:
         while not self._stop.is_set():
             if self.final_epoch is not None and self.committed >= self.final_epoch:
                 return
-            out = self.driver.call("window")
+            try:
+                out = self.driver.call("window")
+            except RuntimeError as exc:
+                if not self.retry or not _running(self.driver):
+                    raise
+                self.failures.append({"t": time.time(), "op": "window", "error": str(exc)[:300]})
+                self._stop.wait(1.0)
+                continue
             if out["stats"]:
                 self.passes.append(out)
                 self.committed = max(self.committed, out["through"])
@@ -476,6 +511,17 @@ class EpochSchedule:
 
 
 class Bench:
+    """The single-host bench (the module docstring); :class:`epochsync_dev.bench.gluster_pool_tools.PoolBench`
+    runs the same workloads on a pool of servers."""
+
+    #: the rows' ``topology``
+    topology = TOPOLOGY
+    #: the tools compared, their rows in this order
+    tools: tuple[str, ...] = TOOLS
+    #: the parts this bench has, in the order they run
+    parts_all: tuple[str, ...] = PARTS
+    make_target = "bench-gluster"
+
     def __init__(self, args):
         self.args = args
         self.size = SIZES[args.size]
@@ -707,13 +753,16 @@ class Bench:
         self.es_cycle()
         t_es = time.monotonic() - t0
         view = committed_view(self.view_es)
-        for sub in subs:
-            dst = os.path.join(self.replica_rsync, sub)
-            shutil.rmtree(dst, ignore_errors=True)
-            os.makedirs(os.path.dirname(dst) or ".", exist_ok=True)
-            subprocess.run(["cp", "-a", os.path.join(view, sub), dst], check=True)
+        copy = {"bytes_read": 0}
+        if "rsync" in self.tools:
+            for sub in subs:
+                dst = os.path.join(self.replica_rsync, sub)
+                shutil.rmtree(dst, ignore_errors=True)
+                os.makedirs(os.path.dirname(dst) or ".", exist_ok=True)
+                subprocess.run(["cp", "-a", os.path.join(view, sub), dst], check=True)
         t_seed = time.monotonic() - t0
-        copy = rsync(self.mnt, self.replica_rsync)
+        if "rsync" in self.tools:
+            copy = rsync(self.mnt, self.replica_rsync)
         t_rsync = time.monotonic() - t0
         t_geo = None
         for expect in walks.result():
@@ -725,14 +774,22 @@ class Bench:
             f"rsync -a done by {t_rsync:.0f} s ({copy['bytes_read']:,} bytes sent); geo-replication equal by {t_geo:.0f} s"
         )
 
-    def compare(self, expect: Expect) -> dict[str, list[str]]:
-        """Per tool, how its replica read through its read path differs from ``expect`` (the
-        three walks at once: the slave's FUSE mount is the slow one)."""
+    def compare(self, expect: Expect) -> dict[str, tuple[list[str], int]]:
+        """Per tool, how its replica read through its read path differs from ``expect`` and how many
+        files it lacks or has wrong (:meth:`Expect.lost`; the walks at once: the slave's FUSE mount
+        is the slow one)."""
         walks = {
-            t: Background(f"{t}'s comparison", lambda read=read: expect.differences(read()))
+            t: Background(
+                f"{t}'s comparison", lambda read=read: (lambda r: (expect.differences(r), expect.lost(r)))(read())
+            )
             for t, read in self.readers().items()
         }
         return {t: w.result() for t, w in walks.items()}
+
+    def between_hosts(self) -> dict[str, int]:
+        """Per tool, the bytes it has moved between hosts so far (a reading: rows take differences);
+        empty on one host."""
+        return {}
 
     def sh(self, script: str) -> float:
         t0 = time.monotonic()
@@ -747,6 +804,7 @@ class Bench:
         say(f"{name}: workload ..." + (" (epochsync's schedule live)" if live else ""))
         geo_c0, geo_b0 = self.geo_cpu.read(), self.geo.bytes_sent()
         es_c0 = self.es_cpu.read()
+        hosts0 = self.between_hosts()
         l0 = load()
         if sampler:
             sampler.start()
@@ -786,9 +844,13 @@ class Bench:
         if sampler:
             sampler.stop()
         expect: Expect = result["expect"]
-        say(f"{name}: rsync ...")
-        rs = rsync(self.mnt, self.replica_rsync)
-        equal = self.compare(expect)
+        hosts = {t: v - hosts0.get(t, 0) for t, v in self.between_hosts().items()}
+        rs = {"bytes_read": None, "bytes_written": None, "cpu_s": None, "seconds": None}
+        if "rsync" in self.tools:
+            say(f"{name}: rsync ...")
+            rs = rsync(self.mnt, self.replica_rsync)
+        compared = self.compare(expect)
+        equal = {t: d for t, (d, _n) in compared.items()}
         stats = [r for c in passes for r in c.get("stats") or []]
         es_row = {
             "convergence_s": final["t_end"] - t_end,
@@ -808,8 +870,13 @@ class Bench:
         }
         rs_row = {k: rs[k] for k in ("bytes_read", "bytes_written", "cpu_s")} | {"convergence_s": rs["seconds"]}
         fractions = sampler.fractions() if sampler else {}
-        for tool, r in (("epochsync", es_row), ("geo-replication", geo_row), ("rsync", rs_row)):
-            row = {f: None for f in FIELDS} | r | {"workload": name, "tool": tool}
+        by_tool = {"epochsync": es_row, "geo-replication": geo_row, "rsync": rs_row}
+        for tool in self.tools:
+            row = {f: None for f in FIELDS} | by_tool[tool] | {"workload": name, "tool": tool}
+            row["topology"] = self.topology
+            row["files_lost"] = compared[tool][1]
+            if tool in hosts:
+                row["bytes_between_hosts"] = hosts[tool]
             row["consistent_fraction"] = fractions.get(tool)
             row["replica_equals_source"] = not equal[tool]
             if equal[tool]:
@@ -826,7 +893,7 @@ class Bench:
             self.stage_rows.append(_stage_row(name, final))
         line = ", ".join(
             f"{r['tool']} {r['convergence_s'] if r['convergence_s'] is not None else 'TIMEOUT'} s"
-            for r in self.rows[-3:]
+            for r in self.rows[-len(self.tools) :]
         )
         epochs = f" (epochsync: {es_row['epochs']} epochs in {len(passes)} passes)" if schedule is not None else ""
         say(f"{name}: convergence {line}{epochs}; load {load()}")
@@ -925,9 +992,9 @@ class Bench:
 
         self.measure("delete", "data/small", deletes)
 
-    def _setup_steady(self) -> None:
-        os.makedirs(os.path.join(self.mnt, "steady"), exist_ok=True)
-        open(os.path.join(self.mnt, "steady/journal"), "wb").close()
+    def _setup_steady(self, sub: str = "steady") -> None:
+        os.makedirs(os.path.join(self.mnt, sub), exist_ok=True)
+        open(os.path.join(self.mnt, sub, "journal"), "wb").close()
 
     def _setup_append_small(self) -> None:
         """The append and small-write data, written through the mount and a second FUSE client of
@@ -983,14 +1050,31 @@ class Bench:
 
     # ------------------------------------------------------------------ steady writer
     def run_steady(self) -> None:
+        self._steady("steady", "steady")
+
+    def write_steady(self, sub: str, k: int) -> None:
+        """The steady writer's step ``k``: file ``k`` in two writes, then its line in the journal."""
+        data = content(k)
+        with open(os.path.join(self.mnt, sub, f"f{k:06d}"), "wb") as f:
+            f.write(data[:4096])
+            f.flush()
+            f.write(data[4096:])
+        with open(os.path.join(self.mnt, sub, "journal"), "ab") as f:
+            f.write(f"{k}\n".encode())
+
+    def _steady(self, name: str, sub: str, fault=None, seconds: float | None = None) -> None:
+        """The steady writer as workload ``name`` in folder ``sub``; ``fault(t_start, events)``, when
+        given, runs in a thread beside it (a server killed and brought back) and records what it did
+        and when in ``events``, which the rows get."""
         s = self.size
-        if not os.path.exists(os.path.join(self.mnt, "steady/journal")):  # without the issue33 part
-            self._setup_steady()
-            self.converge_all(["steady"])
-        n = int(s["steady_s"] * s["steady_rate"])
+        if not os.path.exists(os.path.join(self.mnt, sub, "journal")):  # without the issue33 part
+            self._setup_steady(sub)
+            self.converge_all([sub])
+        n = int((seconds or s["steady_s"]) * s["steady_rate"])
         written: dict[int, float] = {}
-        watchers = {t: SteadyWatcher(t, read, written) for t, read in self.readers().items()}
+        watchers = {t: SteadyWatcher(t, read, written, sub=sub) for t, read in self.readers().items()}
         geo_c0, geo_b0, es_c0 = self.geo_cpu.read(), self.geo.bytes_sent(), self.es_cpu.read()
+        hosts0 = self.between_hosts()
         l0 = load()
         done = threading.Event()
         rs_runs: list[dict] = []
@@ -1002,37 +1086,47 @@ class Bench:
         rs_thread = threading.Thread(target=rsync_loop, daemon=True)
         for w in watchers.values():
             w.start()
-        schedule = EpochSchedule(self.cutter, self.driver, self.args.rollover).start()
-        rs_thread.start()
+        schedule = EpochSchedule(self.cutter, self.driver, self.args.rollover, retry=fault is not None).start()
+        if "rsync" in self.tools:
+            rs_thread.start()
         say(
-            f"steady: {n} files in {s['steady_s']} s; epochsync cuts every {self.args.rollover} s and replicates "
-            "every cut epoch since its last commit in one pass (as a DAG run's window), rsync back to back"
+            f"{name}: {n} files in {n / s['steady_rate']:.0f} s; epochsync cuts every {self.args.rollover} s and "
+            "replicates every cut epoch since its last commit in one pass (as a DAG run's window)"
+            + (", rsync back to back" if "rsync" in self.tools else "")
         )
         t_start = time.time()
+        events: dict = {}
+        faulted = Background(f"{name}'s fault", lambda: fault(t_start, events)) if fault else None
         for k in range(1, n + 1):
             delay = t_start + k / s["steady_rate"] - time.time()
             if delay > 0:
                 time.sleep(delay)
-            data = content(k)
-            with open(os.path.join(self.mnt, f"steady/f{k:06d}"), "wb") as f:
-                f.write(data[:4096])
-                f.flush()
-                f.write(data[4096:])
-            with open(os.path.join(self.mnt, "steady/journal"), "ab") as f:
-                f.write(f"{k}\n".encode())
+            self.write_steady(sub, k)
             written[k] = time.time()
         t_end = time.time()
-        say(f"steady: writer done in {t_end - t_start:.0f} s; waiting for the replicas to show every file")
+        if faulted is not None:
+            faulted.result()
+        say(f"{name}: writer done in {t_end - t_start:.0f} s; waiting for the replicas to show every file")
         deadline = time.time() + self.args.converge_timeout
         conv: dict[str, float | None] = {}
-        while time.time() < deadline and len(conv) < 3:
+        while time.time() < deadline and len(conv) < len(watchers):
             for t, w in watchers.items():
                 if t not in conv and w.complete(n):
                     conv[t] = w.seen_all_at - t_end
             time.sleep(0.5)
+        # every file is whole; the journal's last lines may still be on their way (a cut between a
+        # file and its journal line): the schedule goes on until each replica equals the source
+        expect = Expect.of(self.mnt, sub, [])
+        equal_at: dict[str, float] = {}
+        while time.time() < deadline and len(equal_at) < len(watchers):
+            for t, read in self.readers().items():
+                if t not in equal_at and not expect.differences(read(), limit=1):
+                    equal_at[t] = time.time() - t_end
+            time.sleep(0.5)
         done.set()
         schedule.stop()
-        rs_thread.join(600)
+        if "rsync" in self.tools:
+            rs_thread.join(600)
         es_cycles, es_cuts = schedule.passes, schedule.cuts
         for w in watchers.values():
             w.stop()
@@ -1041,8 +1135,8 @@ class Bench:
             self.geo.bytes_sent() - geo_b0,
             self.es_cpu.read() - es_c0,
         )
-        expect = Expect.of(self.mnt, "steady", [])
-        diffs_of = self.compare(expect)
+        hosts = {t: v - hosts0.get(t, 0) for t, v in self.between_hosts().items()}
+        compared = self.compare(expect)
         stats = [r for c in es_cycles for r in c.get("stats") or []]
         figures = {
             "epochsync": {
@@ -1052,6 +1146,8 @@ class Bench:
                 "cpu_s": es_cpu,
                 "epochs": len(es_cuts),
                 "passes": len(es_cycles),
+                "failed_cuts": sum(1 for f in schedule.failures if f["op"] == "cut"),
+                "failed_windows": sum(1 for f in schedule.failures if f["op"] == "window"),
             },
             "geo-replication": {"bytes_read": geo_bytes, "bytes_written": geo_bytes, "cpu_s": geo_cpu},
             "rsync": {
@@ -1061,26 +1157,39 @@ class Bench:
                 "runs": len(rs_runs),
             },
         }
+        if schedule.failures:
+            figures["epochsync"]["failures"] = [{**f, "t": round(f["t"] - t_start, 1)} for f in schedule.failures[:10]]
         for t, w in watchers.items():
             lags = sorted(w.lags())
-            row = {f: None for f in FIELDS} | figures[t] | {"workload": "steady", "tool": t}
+            row = {f: None for f in FIELDS} | figures[t] | {"workload": name, "tool": t}
+            row["topology"] = self.topology
             row["convergence_s"] = conv.get(t)
             if lags:
                 row["lag_median_s"] = statistics.median(lags)
                 row["lag_p95_s"] = lags[min(len(lags) - 1, int(round(0.95 * (len(lags) - 1))))]
             row["consistent_fraction"] = w.fraction()
+            row["instant_fraction"] = w.instant_fraction()
             row["samples"] = w.samples
+            if w.inconsistent:
+                row["inconsistent_examples"] = w.inconsistent
+            row["equal_s"] = equal_at.get(t)
             row["files"] = n
             row["visible"] = len(lags)
-            diffs = diffs_of[t]
+            diffs, lost = compared[t]
+            row["files_lost"] = lost
             row["replica_equals_source"] = not diffs
             if diffs:
                 row["differences"] = diffs[:3]
+            if t in hosts:
+                row["bytes_between_hosts"] = hosts[t]
+            if fault is not None:
+                row.update(self.fault_figures(t, events, written, w.seen, t_start))
             row["workload_s"] = round(t_end - t_start, 2)
             row["loadavg_1m"] = [l0, load()]
             self.rows.append(_rounded(row))
             self.lag_series.append(
                 {
+                    "workload": name,
                     "tool": t,
                     "points": [
                         [round(written[k] - t_start, 2), round(v, 2)] for k, v in sorted(w.lag_by_file().items())
@@ -1088,11 +1197,11 @@ class Bench:
                 }
             )
         for c in es_cycles:
-            self.stage_rows.append(_stage_row("steady", c))
+            self.stage_rows.append(_stage_row(name, c))
         self.source_rows.append(
             _rounded(
                 {
-                    "row": "steady-cuts",
+                    "row": "steady-cuts" if name == "steady" else f"{name}-cuts",
                     "cuts": len(es_cuts),
                     "end_to_end_s_median": statistics.median(c["t_cut"] - c["t0"] for c in es_cuts)
                     if es_cuts
@@ -1102,12 +1211,19 @@ class Bench:
                 }
             )
         )
+        mine = self.rows[-len(watchers) :]
         say(
-            "steady: lag median "
-            + ", ".join(f"{r['tool']} {r['lag_median_s']}" for r in self.rows[-3:])
+            f"{name}: lag median "
+            + ", ".join(f"{r['tool']} {r['lag_median_s']}" for r in mine)
             + "; consistent "
-            + ", ".join(f"{r['tool']} {r['consistent_fraction']}" for r in self.rows[-3:])
+            + ", ".join(f"{r['tool']} {r['consistent_fraction']}" for r in mine)
+            + "; files lost "
+            + ", ".join(f"{r['tool']} {r['files_lost']}" for r in mine)
         )
+
+    def fault_figures(self, tool: str, events: dict, written: dict, seen: dict, t_start: float) -> dict:
+        """A faulted workload's figures for one tool (the pool's bench has them)."""
+        return {}
 
     # ------------------------------------------------------------------ issue 31: cuts with probes
     def run_cuts(self) -> None:
@@ -1209,6 +1325,8 @@ class Bench:
     def write(self, seconds: float, complete: bool) -> None:
         from epochsync_dev.bench import results_dir, write_results
 
+        for r in self.rows + self.source_rows + self.stage_rows:
+            r.setdefault("topology", self.topology)
         if self.args.no_write:
             for r in self.rows + self.source_rows:
                 print(json.dumps(r))
@@ -1245,7 +1363,8 @@ class Bench:
     def run_doc(self, seconds: float, complete: bool) -> dict:
         """What the meta file says of this run: sizes, parts, phases (seconds and load), overlaps."""
         return {
-            "make_target": "bench-gluster",
+            "make_target": self.make_target,
+            "topology": self.topology,
             "size": self.args.size,
             "sizes": self.size,
             "rollover_s": self.args.rollover,
@@ -1455,8 +1574,10 @@ class SteadyWatcher:
     """One replica during the steady writer: each file's first moment whole on it (every 0.5 s) and,
     every other look, whether the whole folder equals the source after some number of steps."""
 
-    def __init__(self, tool: str, read: Callable[[], str], written: dict[int, float]):
-        self.tool, self.read, self.written = tool, read, written
+    def __init__(self, tool: str, read: Callable[[], str], written: dict[int, float], *, sub: str = "steady"):
+        self.tool, self.read, self.written, self.sub = tool, read, written, sub
+        self.inconsistent: list[str] = []
+        self.instants = 0  # samples equal to a step boundary or to a moment inside one step (mid_step)
         self.seen: dict[int, float] = {}
         self.samples = 0
         self.good = 0
@@ -1469,7 +1590,7 @@ class SteadyWatcher:
         while not self._stop.is_set():
             t = time.time()
             tick += 1
-            d = os.path.join(self.read(), "steady")  # one folder per look (epochsync: current resolved)
+            d = os.path.join(self.read(), self.sub)  # one folder per look (epochsync: current resolved)
             try:
                 names = set(os.listdir(d))
             except OSError:
@@ -1484,28 +1605,72 @@ class SteadyWatcher:
                     pass
             if tick % 2 == 0:
                 self.samples += 1
-                self.good += int(self._consistent(d, names, files))
+                whole = self._consistent(d, names, files)
+                self.good += int(whole)
+                self.instants += int(whole or self.mid_step(d, names))
             self._stop.wait(max(0.0, 0.5 - (time.time() - t)))
 
     def _consistent(self, d: str, names: set[str], files: set[int]) -> bool:
+        why = self.inconsistency(d, names)
+        if why is not None and len(self.inconsistent) < 5:
+            self.inconsistent.append(why)
+        return why is None
+
+    def mid_step(self, d: str, names: set[str]) -> bool:
+        """Does folder ``d`` equal a moment inside one of the writer's steps, a state the source
+        was in between two step boundaries: the journal's lines 1..k and their files whole, and
+        file k+1 there with a prefix of its bytes (created, half written, or whole before its
+        journal line)? A cut is an instant of the source, so it may fall there."""
         try:
             with open(os.path.join(d, "journal"), "rb") as f:
                 journal = f.read()
         except OSError:
             return False
         k = journal.count(b"\n")
+        nxt = f"f{k + 1:06d}"
         if journal != "".join(f"{i}\n" for i in range(1, k + 1)).encode():
             return False
-        if names != {"journal"} | {f"f{i:06d}" for i in range(1, k + 1)}:
+        if names != {"journal", nxt} | {f"f{i:06d}" for i in range(1, k + 1)}:
             return False
+        try:
+            with open(os.path.join(d, nxt), "rb") as f:
+                if not content(k + 1).startswith(f.read()):
+                    return False
+            for i in range(1, k + 1):
+                with open(os.path.join(d, f"f{i:06d}"), "rb") as f:
+                    if f.read() != content(i):
+                        return False
+        except OSError:
+            return False
+        return True
+
+    def inconsistency(self, d: str, names: set[str]) -> str | None:
+        """How the folder ``d`` (its ``names``) differs from every state the writer's steps made
+        (None: it equals one), in words for the row (the first few, ``inconsistent_examples``)."""
+        try:
+            with open(os.path.join(d, "journal"), "rb") as f:
+                journal = f.read()
+        except OSError:
+            return "no journal"
+        k = journal.count(b"\n")
+        if journal != "".join(f"{i}\n" for i in range(1, k + 1)).encode():
+            return f"a journal of {len(journal)} bytes that is not lines 1..{k}"
+        want = {"journal"} | {f"f{i:06d}" for i in range(1, k + 1)}
+        if names != want:
+            extra, missing = sorted(names - want), sorted(want - names)
+            sizes = []
+            for n in extra[:2]:
+                with contextlib.suppress(OSError):
+                    sizes.append(f"{n} {os.path.getsize(os.path.join(d, n))} B")
+            return f"journal {k} lines; files beyond it: {', '.join(sizes) or extra[:2]}; missing: {missing[:2]}"
         for i in range(1, k + 1):
             try:
                 with open(os.path.join(d, f"f{i:06d}"), "rb") as f:
                     if f.read() != content(i):
-                        return False
+                        return f"journal {k} lines; f{i:06d} not whole"
             except OSError:
-                return False
-        return True
+                return f"journal {k} lines; f{i:06d} unreadable"
+        return None
 
     def complete(self, n: int) -> bool:
         if len(self.seen) >= n:
@@ -1521,6 +1686,10 @@ class SteadyWatcher:
 
     def fraction(self) -> float | None:
         return self.good / self.samples if self.samples else None
+
+    def instant_fraction(self) -> float | None:
+        """The share of samples equal to an instant of the source (a step boundary or inside a step)."""
+        return self.instants / self.samples if self.samples else None
 
     def start(self) -> None:
         self._thread.start()
@@ -1575,6 +1744,12 @@ class Background:
         if "error" in self._out:
             raise self._out["error"]
         return self._out.get("value")
+
+
+def _running(driver) -> bool:
+    """Is a :class:`Driver`'s process still there (a failure it answered can be retried)?"""
+    proc = getattr(driver, "proc", None)
+    return proc is None or proc.poll() is None
 
 
 def _rounded(row: dict) -> dict:
@@ -1673,8 +1848,16 @@ def parse_args(argv):
         help="full (the issue's sizes, default) or quick (a check of the harness)",
     )
     p.add_argument(
+        "--topology",
+        choices=(TOPOLOGY, "replica3-3servers"),
+        default=TOPOLOGY,
+        help="single-host (default): every brick on this host; replica3-3servers: a replica 3 volume over a pool "
+        "of three servers on this machine, geo-replication to a fourth (epochsync_dev.bench.gluster_pool_tools; "
+        "its own parts, sizes and results name)",
+    )
+    p.add_argument(
         "--parts",
-        default=",".join(DEFAULT_PARTS),
+        default=None,
         help=f"which parts, in this order: {', '.join(PARTS)} (issue33: the five workloads; steady: the steady writer; "
         f"airflow: live 10 s epochs under airflow standalone; cuts: cuts with and without the barrier; "
         f"default {','.join(DEFAULT_PARTS)})",
@@ -1707,6 +1890,18 @@ def parse_args(argv):
     )
     p.add_argument("--active-timeout", type=float, default=180, help="seconds for geo-replication to reach Active")
     p.add_argument(
+        "--kill-at",
+        type=float,
+        default=40,
+        help="replica3-3servers' server-kill: seconds into the writer when the server is killed",
+    )
+    p.add_argument(
+        "--down",
+        type=float,
+        default=40,
+        help="replica3-3servers' server-kill: seconds from the kill until the server is started again",
+    )
+    p.add_argument(
         "--converge-timeout",
         type=float,
         default=300,
@@ -1720,15 +1915,25 @@ def parse_args(argv):
         help="live (default): epochsync's schedule runs during each workload (a cut every --rollover s, windows "
         "back to back), then an on-demand cut at its end; at-end: the old way, one cut and one epoch after the end",
     )
-    p.add_argument("--workdir", default="bench/scratch/gluster")
-    p.add_argument("--results-name", default="gluster")
+    p.add_argument(
+        "--workdir", default=None, help="default bench/scratch/gluster (the pool's: bench/scratch/gluster-pool)"
+    )
+    p.add_argument("--results-name", default=None, help="default gluster (the pool's: gluster-pool)")
     p.add_argument("--no-write", action="store_true", help="print the rows, do not write bench/results/")
     p.add_argument(
         "--merge",
         action="store_true",
         help="keep the rows of the results files' other workloads and parts (a rerun of some --parts)",
     )
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.topology != TOPOLOGY:
+        from epochsync_dev.bench.gluster_pool_tools import pool_defaults
+
+        pool_defaults(args)
+    args.parts = args.parts or ",".join(DEFAULT_PARTS)
+    args.workdir = args.workdir or "bench/scratch/gluster"
+    args.results_name = args.results_name or "gluster"
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1738,12 +1943,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # a run that seems stuck: kill -USR1 <pid> prints where each of its threads is
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    kind: type[Bench] = Bench
+    if args.topology != TOPOLOGY:
+        from epochsync_dev.bench.gluster_pool_tools import PoolBench
+
+        kind = PoolBench
     parts = [x.strip() for x in args.parts.split(",") if x.strip()]
-    unknown = [x for x in parts if x not in PARTS]
+    unknown = [x for x in parts if x not in kind.parts_all]
     if unknown:
-        say(f"--parts: no part named {', '.join(unknown)} (parts: {', '.join(PARTS)})")
+        say(f"--parts: no part named {', '.join(unknown)} (parts: {', '.join(kind.parts_all)})")
         return 2
-    bench = Bench(args)
+    bench = kind(args)
     bench.load_before = [round(x, 2) for x in os.getloadavg()]
     shutil.rmtree(bench.work, ignore_errors=True)
     bench.work.mkdir(parents=True)
@@ -1754,7 +1964,7 @@ def main(argv: list[str] | None = None) -> int:
         with signals_raise(), contextlib.ExitStack() as stack:
             try:
                 steps = [("set-up", lambda: bench.setup(stack))]
-                steps += [(p, getattr(bench, f"run_{p}")) for p in PARTS if p in parts]
+                steps += [(p, getattr(bench, f"run_{p.replace('-', '_')}")) for p in bench.parts_all if p in parts]
                 for name, fn in steps:
                     t_part, load0 = time.monotonic(), load()
                     fn()

@@ -8,6 +8,7 @@ volumes of ours and restores root's ``~/.ssh`` as it found it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -197,6 +198,14 @@ class Expect:
         probes = {p: tail_sha(os.path.join(root, p), entries[p][1]) for p in probe_paths if p in entries}
         return cls(sub, entries, probes)
 
+    def lost(self, root: str, *, mtimes: bool = True) -> int:
+        """How many files (anything but a directory) the tree at ``root`` lacks or has wrong
+        (:func:`files_lost`): 0 when it equals the source."""
+        have = walk(root, self.sub, mtimes=mtimes)
+        want = self.entries if mtimes else {k: (v[:3] + (0,) if v[0] == "f" else v) for k, v in self.entries.items()}
+        bad = {p for p, sha in self.probes.items() if tail_sha(os.path.join(root, p), self.entries[p][1]) != sha}
+        return files_lost(want, have, bad)
+
     def differences(self, root: str, *, mtimes: bool = True, limit: int = 5) -> list[str]:
         """How the tree at ``root`` differs (empty: equal)."""
         have = walk(root, self.sub, mtimes=mtimes)
@@ -215,6 +224,36 @@ class Expect:
         return out
 
 
+def files_lost(want: dict[str, tuple], have: dict[str, tuple], bad_bytes=()) -> int:
+    """The files of a replica that are lost or wrong: every path, other than a directory on both
+    sides, whose entry (:func:`walk`'s) differs between the source's tree ``want`` and the
+    replica's ``have`` (missing, left over, another type, size, mode or mtime), plus the paths of
+    ``bad_bytes`` (files whose bytes differ, by their probed tails). A directory missing or left
+    over counts through the files in it, not itself."""
+    wrong = set(bad_bytes)
+    for p in set(want) | set(have):
+        a, b = want.get(p), have.get(p)
+        if a != b and not (a in (("d",), None) and b in (("d",), None)):
+            wrong.add(p)
+    return len(wrong)
+
+
+def current_again(written: dict[int, float], seen: dict[int, float], at: float) -> float | None:
+    """Seconds from ``at`` until the replica was current again: every file written up to ``at``
+    (``written``: file -> its write time) was whole on it (``seen``: file -> the first moment it
+    was); None when one never was. 0 when nothing was written before ``at``."""
+    due = [k for k, t in written.items() if t <= at]
+    if any(k not in seen for k in due):
+        return None
+    return max((max(0.0, seen[k] - at) for k in due), default=0.0)
+
+
+def link_bytes(link: str) -> tuple[int, int]:
+    """``(received, sent)`` bytes of network interface ``link`` of this namespace (its counters)."""
+    base = Path("/sys/class/net") / link / "statistics"
+    return int((base / "rx_bytes").read_text()), int((base / "tx_bytes").read_text())
+
+
 # --------------------------------------------------------------------------- sshd
 
 
@@ -225,10 +264,21 @@ def free_port() -> int:
 
 
 class Sshd:
-    """An sshd of our own on a free loopback port (root logs in with a key), for geo-replication."""
+    """An sshd of our own (root logs in with a key), for geo-replication: by default on a free
+    loopback port here; on a server of a pool, ``listen`` is its address, ``prefix`` the command
+    that enters its namespaces and ``run_dir`` its privilege-separation folder as seen from here."""
 
-    def __init__(self, work: Path):
+    def __init__(
+        self,
+        work: Path,
+        *,
+        listen: str = "127.0.0.1",
+        port: int | None = None,
+        prefix: list[str] | tuple[str, ...] = (),
+        run_dir: str | os.PathLike = "/run/sshd",
+    ):
         self.work = Path(work)
+        self.listen, self.fixed_port, self.prefix, self.run_dir = listen, port, list(prefix), Path(run_dir)
         self.port = 0
         self.proc: subprocess.Popen | None = None
 
@@ -237,7 +287,7 @@ class Sshd:
         key = self.work / "host_ed25519"
         if not key.exists():
             run(["ssh-keygen", "-q", "-N", "", "-t", "ed25519", "-f", str(key)])
-        self.port = free_port()
+        self.port = self.fixed_port or free_port()
         sftp = next(
             (p for p in ("/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/sftp-server") if os.path.exists(p)),
             "internal-sftp",
@@ -246,7 +296,7 @@ class Sshd:
         conf.write_text(
             "\n".join(
                 [
-                    "ListenAddress 127.0.0.1",
+                    f"ListenAddress {self.listen}",
                     f"Port {self.port}",
                     f"HostKey {key}",
                     f"PidFile {self.work / 'sshd.pid'}",
@@ -264,20 +314,20 @@ class Sshd:
                 ]
             )
         )
-        os.makedirs("/run/sshd", exist_ok=True)
+        os.makedirs(self.run_dir, exist_ok=True)
         sshd = shutil.which("sshd") or "/usr/sbin/sshd"
         self.proc = subprocess.Popen(
-            [sshd, "-D", "-f", str(conf), "-E", str(self.work / "sshd.log")], start_new_session=True
+            [*self.prefix, sshd, "-D", "-f", str(conf), "-E", str(self.work / "sshd.log")], start_new_session=True
         )
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"sshd exited with {self.proc.returncode}: {_tail(self.work / 'sshd.log')}")
             with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                if s.connect_ex((self.listen, self.port)) == 0:
                     return self.port
             time.sleep(0.2)
-        raise RuntimeError(f"sshd did not listen on 127.0.0.1:{self.port} within 20 s")
+        raise RuntimeError(f"sshd did not listen on {self.listen}:{self.port} within 20 s")
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -497,6 +547,198 @@ class GeoRep:
         if not self._gsec_existed:
             for n in ("common_secret.pem.pub", "secret.pem", "secret.pem.pub", "tar_ssh.pem", "tar_ssh.pem.pub"):
                 (GEO_DIR / n).unlink(missing_ok=True)
+
+
+#: a worker's states in ``gluster volume geo-replication ... status``
+WORKER_STATES = ("Active", "Passive", "Faulty", "Initializing...", "Created", "Stopped")
+
+
+def geo_workers(status: str, master: str) -> list[dict]:
+    """The worker rows of a ``gluster volume geo-replication MASTER HOST::SLAVE status`` answer:
+    ``{"node", "brick", "state", "crawl"}`` each (the master node's address, the brick's path,
+    one of :data:`WORKER_STATES` or ``?``, the crawl status or ``N/A``)."""
+    out = []
+    for line in status.splitlines():
+        words = line.split()
+        if len(words) < 3 or master not in words or not any("::" in w for w in words):
+            continue
+        state = next((w for w in words if w in WORKER_STATES), "?")
+        crawl = next((c for c in ("Changelog Crawl", "History Crawl", "Hybrid Crawl") if c in line), "N/A")
+        out.append({"node": words[0], "brick": words[2], "state": state, "crawl": crawl})
+    return out
+
+
+class PoolGeoRep(GeoRep):
+    """A geo-replication session from a volume of a :class:`epochsync_dev.pool.GlusterPool` to a
+    volume on another server of the same pool (the secondary's server: ``slave_node``), as
+    ``../shared/gluster-multinode.md`` verified it: an sshd of ours in that server's namespaces
+    (port 22 of its own address), the pool's ``gluster`` on a master server that is up, the keys
+    that ``push-pem`` spreads added to root's ``authorized_keys`` (the servers share this host's
+    ``/root``; :meth:`stop` restores it). One worker per master brick: one Active per replica set,
+    the others Passive."""
+
+    def __init__(self, pool, master: str, slave: str, slave_node: int, work: Path):
+        super().__init__(master, slave, pool.address(slave_node), work)
+        self.pool = pool
+        self.slave_node = slave_node
+        self.masters = sorted({pool._node_of(b) for b in pool.volumes[master].bricks})
+        self.sshd = Sshd(
+            self.work / "sshd",
+            listen=pool.address(slave_node),
+            port=22,
+            prefix=pool.nsenter(slave_node),
+            run_dir=pool.node_dir(slave_node) / "run" / "sshd",
+        )
+
+    def geo_dir(self, node: int) -> Path:
+        """Server ``node``'s ``/var/lib/glusterd/geo-replication``, as seen from here."""
+        return self.pool.node_dir(node) / "lib" / "geo-replication"
+
+    def node(self) -> int:
+        """A master server whose glusterd runs (the one the session's commands go to)."""
+        up = [n for n in self.masters if n in self.pool.up_nodes()]
+        if not up:
+            raise RuntimeError(f"geo-replication {self.session}: no master server is up")
+        return up[0]
+
+    def geo(self, *args: str, timeout: float = 180, check: bool = True):
+        return self.pool.gluster(
+            self.node(),
+            "volume",
+            "geo-replication",
+            self.master,
+            f"{self.host}::{self.slave}",
+            *args,
+            timeout=timeout,
+            check=check,
+        )
+
+    def workers(self) -> list[dict]:
+        """The session's workers now (:func:`geo_workers`); empty when the status cannot be read."""
+        try:
+            return geo_workers(self.geo("status", check=False, timeout=60).stdout, self.master)
+        except (RuntimeError, subprocess.TimeoutExpired):
+            return []
+
+    def active_nodes(self) -> list[int]:
+        """The servers whose worker is Active now."""
+        return sorted({n for w in self.workers() if w["state"] == "Active" and (n := self.node_of_brick(w["brick"]))})
+
+    def node_of_brick(self, brick: str) -> int | None:
+        """The server whose file system holds ``brick`` (a path: the pool's are unique per server)."""
+        return next((n for n in range(1, self.pool.nodes + 1) if brick.startswith(f"{self.pool.node_dir(n)}/")), None)
+
+    def start(self, *, active_timeout: float = 180, say=print) -> None:
+        pool, first = self.pool, self.masters[0]
+        self._keys()
+        port = self.sshd.start()
+        say(f"geo-replication: sshd on {self.host}:{port} (server {self.slave_node}); session {self.session}")
+        check = pool.sh(
+            first,
+            "ssh",
+            "-p",
+            str(port),
+            "-oBatchMode=yes",
+            "-oStrictHostKeyChecking=no",
+            self.host,
+            "true",
+            check=False,
+            timeout=60,
+        )
+        if check.returncode != 0:
+            raise RuntimeError(
+                f"root cannot ssh from server {first} into {self.host}:{port}: {check.stderr.strip()[-300:]}"
+            )
+        self._retried(first, "system::", "execute", "gsec_create", timeout=120)
+        self._retried(
+            self.node(),
+            "volume",
+            "geo-replication",
+            self.master,
+            f"{self.host}::{self.slave}",
+            "create",
+            "ssh-port",
+            str(port),
+            "push-pem",
+            "force",
+        )
+        self.created = True
+        # the create hook copies the keys to the secondary and adds them to root's authorized_keys
+        # there; do that step ourselves too (idempotent)
+        name = f"{self.master}_{self.slave}_common_secret.pem.pub"
+        shutil.copyfile(self.geo_dir(first) / "common_secret.pem.pub", self.geo_dir(first) / name)
+        self._retried(first, "system::", "copy", "file", f"/geo-replication/{name}")
+        self._retried(first, "system::", "execute", "add_secret_pub", "root", f"geo-replication/{name}")
+        # every master server's tar key: the secondary's tar reports its totals (bytes_sent)
+        auth = Path("/root/.ssh/authorized_keys")
+        plain = 'command="tar ${SSH_ORIGINAL_COMMAND#* }" '
+        counted = f'command="tar --totals ${{SSH_ORIGINAL_COMMAND#* }} 2>>{self.totals_log}" '
+        lines: list[str] = []
+        for line in auth.read_text().splitlines():
+            line = line.replace(plain, counted)
+            if line not in lines:
+                lines.append(line)
+        auth.write_text("\n".join(lines) + "\n")
+        for k, v in (("ssh_port", str(port)), ("sync_method", "tarssh"), ("change_interval", "1")):
+            self._retried(
+                self.node(), "volume", "geo-replication", self.master, f"{self.host}::{self.slave}", "config", k, v
+            )
+        self._retried(self.node(), "volume", "geo-replication", self.master, f"{self.host}::{self.slave}", "start")
+        self.wait_active(active_timeout, say)
+
+    def _retried(self, node: int, *args: str, timeout: float = 180, attempts: int = 30):
+        """``gluster ARGS`` on server ``node``, again while glusterd says another transaction is in
+        progress (the create hook's own ``system::`` commands run on after ``create`` returns)."""
+        for attempt in range(attempts):
+            try:
+                return self.pool.gluster(node, *args, timeout=timeout)
+            except RuntimeError as exc:
+                if "Another transaction is in progress" not in str(exc) or attempt == attempts - 1:
+                    raise
+                time.sleep(2)
+
+    def wait_active(self, active_timeout: float, say) -> None:
+        """Until every worker is Active or Passive and one is Active (one replica set); a
+        RuntimeError naming the workers' states after ``active_timeout``."""
+        t0 = time.monotonic()
+        while True:
+            rows = self.workers()
+            if (
+                rows
+                and all(w["state"] in ("Active", "Passive") for w in rows)
+                and any(w["state"] == "Active" for w in rows)
+            ):
+                say(f"geo-replication: Active on server(s) {self.active_nodes()} after {time.monotonic() - t0:.0f} s")
+                return
+            if time.monotonic() - t0 > active_timeout:
+                states = sorted({w["state"] for w in rows})
+                raise RuntimeError(
+                    f"geo-replication {self.session} had no Active worker within {active_timeout:.0f} s "
+                    f"(workers: {', '.join(states) or 'none listed'}; logs in each server's log/geo-replication/)"
+                )
+            time.sleep(2)
+
+    def wait_changelog_crawl(self, timeout: float) -> bool:
+        """Until the Active workers are in ``Changelog Crawl``; False after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            active = [w for w in self.workers() if w["state"] == "Active"]
+            if active and all(w["crawl"] == "Changelog Crawl" for w in active):
+                return True
+            time.sleep(2)
+        return False
+
+    def stop(self) -> None:
+        """Stops and deletes the session (when a master server still answers), stops sshd,
+        restores root's ~/.ssh; the pool's teardown removes the rest (idempotent)."""
+        if self.created:
+            with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
+                self.geo("stop", "force", check=False, timeout=120)
+                self.geo("delete", "reset-sync-time", check=False, timeout=120)
+            self.created = False
+        self.sshd.stop()
+        self._restore_keys()
+        self._ssh_before = {}
 
 
 # --------------------------------------------------------------------------- rsync
