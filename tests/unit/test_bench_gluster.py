@@ -591,6 +591,6 @@ def test_results_page_layout_of_the_pool_rows_and_the_server_kill():
             ]
         )
     )
-    assert "steady writer: lag" in lag and "server-kill (the steady writer, a server killed): lag" in lag
+    assert "steady writer: lag" in lag and "server-kill: lag of each file, a server killed" in lag
     cuts = LAYOUTS["gluster-pool.source"]([{"row": "server-kill-cuts", "cuts": 30, "end_to_end_s_median": 0.4}])
     assert cuts[0].startswith("- server-kill: 30 scheduled cuts")
