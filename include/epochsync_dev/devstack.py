@@ -167,18 +167,21 @@ class AirflowStandalone:
     def start(self, *, timeout: float = 300) -> AirflowStandalone:
         self.home.mkdir(parents=True, exist_ok=True)
         self.wrapper = write_airflow_wrapper(self.home, self.env)
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [str(Path(sys.executable).parent / "airflow"), "standalone"],
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=self.home,
-            start_new_session=True,
-        )
-        log.close()
+        self.proc = self._spawn("standalone")
         self.wait_healthy(timeout=timeout)
         return self
+
+    def _spawn(self, command: str) -> subprocess.Popen:
+        """``airflow COMMAND`` in its own process group, appending to :attr:`log_path`."""
+        with open(self.log_path, "ab") as log:
+            return subprocess.Popen(
+                [str(Path(sys.executable).parent / "airflow"), command],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.home,
+                start_new_session=True,
+            )
 
     def create_pools(self, config: Path) -> list[str]:
         """One pool with one slot per target of ``config`` (every task that writes a target takes it).
@@ -320,17 +323,8 @@ class AirflowServices(AirflowStandalone):
         self.home.mkdir(parents=True, exist_ok=True)
         self.wrapper = write_airflow_wrapper(self.home, self.env)
         self.airflow("db", "migrate", timeout=600)
-        log = open(self.log_path, "ab")
         for name in self.COMPONENTS:
-            self.procs[name] = subprocess.Popen(
-                [str(Path(sys.executable).parent / "airflow"), name],
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.home,
-                start_new_session=True,
-            )
-        log.close()
+            self.procs[name] = self._spawn(name)
         self.wait_healthy(timeout=timeout)
         return self
 
